@@ -1,0 +1,180 @@
+"""Exit codes and the one error tree imexctl raises.
+
+Inner layers raise an :class:`ImexctlError` subclass that carries data; only
+``cli.main()`` logs it and maps it to an exit code.  Exit codes follow BSD
+``sysexits`` so that they mean something to operators reading slurmd's log.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import ClassVar, Sequence
+
+__all__ = [
+    "CommandError",
+    "ConfigError",
+    "DaemonError",
+    "DeviceError",
+    "DomainBusyError",
+    "EnvironmentError_",
+    "ExitCode",
+    "GpuError",
+    "HealthTimeout",
+    "ImexctlError",
+    "LockTimeout",
+    "NodeListError",
+    "NotPrivilegedError",
+    "OutputError",
+    "ResolveError",
+    "UnsafeNodeError",
+]
+
+
+class ExitCode(enum.IntEnum):
+    """Process exit codes (``sysexits.h``); documented in docs/exit-codes.md."""
+
+    OK = 0
+    FAILURE = 1
+    USAGE = 64
+    DATAERR = 65
+    UNAVAILABLE = 69
+    SOFTWARE = 70
+    OSERR = 71
+    TEMPFAIL = 75
+    NOPERM = 77
+    CONFIG = 78
+
+
+class ImexctlError(Exception):
+    """Base for every failure imexctl expects and reports."""
+
+    code: ClassVar[str] = "error"
+    exit_code: ClassVar[ExitCode] = ExitCode.FAILURE
+
+
+class ConfigError(ImexctlError):
+    """The imexctl configuration file is invalid."""
+
+    code = "config_invalid"
+    exit_code = ExitCode.CONFIG
+
+
+class NodeListError(ImexctlError):
+    """A Slurm node list could not be parsed; keeps the faulty part."""
+
+    code = "nodelist_invalid"
+    exit_code = ExitCode.DATAERR
+
+    def __init__(self, nodelist: str, part: str, reason: str) -> None:
+        super().__init__(f"invalid node list: {reason}: {part!r} in {nodelist!r}")
+        self.nodelist = nodelist
+        self.part = part
+        self.reason = reason
+
+
+class EnvironmentError_(ImexctlError):
+    """The job environment given by slurmd is missing or malformed."""
+
+    code = "job_env_invalid"
+    exit_code = ExitCode.DATAERR
+
+
+class ResolveError(ImexctlError):
+    """A tray name could not be turned into exactly one address."""
+
+    code = "resolve_failed"
+    exit_code = ExitCode.UNAVAILABLE
+
+
+class NotPrivilegedError(ImexctlError):
+    """The command needs root."""
+
+    code = "not_root"
+    exit_code = ExitCode.NOPERM
+
+
+class LockTimeout(ImexctlError):
+    """The per-node lock was not acquired in time."""
+
+    code = "lock_timeout"
+    exit_code = ExitCode.TEMPFAIL
+
+
+class DomainBusyError(ImexctlError):
+    """Another job (or a stray daemon) holds this node's IMEX domain."""
+
+    code = "domain_busy"
+    exit_code = ExitCode.UNAVAILABLE
+
+
+class CommandError(ImexctlError):
+    """An external command could not be run, timed out, or failed."""
+
+    code = "command_failed"
+    exit_code = ExitCode.UNAVAILABLE
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        reason: str,
+        *,
+        returncode: int | None = None,
+        output: str = "",
+    ) -> None:
+        tail = output.strip()[-400:]
+        msg = f"{argv[0] if argv else '?'}: {reason}"
+        if tail:
+            msg += f": {tail}"
+        super().__init__(msg)
+        self.argv = tuple(argv)
+        self.reason = reason
+        self.returncode = returncode
+        self.output = output
+
+
+class OutputError(ImexctlError):
+    """An external command printed something imexctl cannot parse."""
+
+    code = "output_invalid"
+    exit_code = ExitCode.UNAVAILABLE
+
+
+class DaemonError(ImexctlError):
+    """The IMEX daemon could not be started or stopped."""
+
+    code = "daemon_failed"
+    exit_code = ExitCode.UNAVAILABLE
+
+
+class HealthTimeout(ImexctlError):
+    """The IMEX domain did not become ready before the deadline."""
+
+    code = "not_ready"
+    exit_code = ExitCode.TEMPFAIL
+
+    def __init__(self, message: str, *, last_status: str, attempts: int, waited_s: float) -> None:
+        super().__init__(message)
+        self.last_status = last_status
+        self.attempts = attempts
+        self.waited_s = waited_s
+
+
+class DeviceError(ImexctlError):
+    """An IMEX channel device node could not be found, created or removed."""
+
+    code = "device_failed"
+    exit_code = ExitCode.OSERR
+
+
+class GpuError(ImexctlError):
+    """NVML is missing or reports that the NVLink fabric is not usable."""
+
+    code = "gpu_failed"
+    exit_code = ExitCode.UNAVAILABLE
+
+
+class UnsafeNodeError(ImexctlError):
+    """Teardown could not leave the node safe for the next job."""
+
+    code = "node_unsafe"
+    exit_code = ExitCode.SOFTWARE
