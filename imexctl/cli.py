@@ -1,0 +1,198 @@
+"""Command line: argparse and dispatch; the one place that maps errors to exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from imexctl import __version__
+from imexctl.errors import ExitCode, ImexctlError, NotPrivilegedError
+
+__all__ = ["main"]
+
+_HOOK_HELP = "reads the job from slurmd's environment (SLURM_JOB_ID, SLURM_JOB_NODELIST, SLURMD_NODENAME, ...)"
+_EPILOG = """exit codes: 0 ok; 64 usage; 65 bad node list or job environment; 69 IMEX/systemd/resolution
+unavailable; 70 node left unsafe or internal error; 71 device node error; 75 not ready in time;
+77 not root; 78 invalid configuration (docs/exit-codes.md)."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="imexctl", description="Per-job NVIDIA IMEX domains for Slurm.",
+                                epilog=_EPILOG)  # fmt: skip
+    p.add_argument("--version", action="version", version=f"imexctl {__version__}")
+    p.add_argument("--config", metavar="FILE",
+                   help="config file (default: $IMEXCTL_CONFIG, imexctl.conf beside $SLURM_CONF, "
+                        "/etc/imexctl/imexctl.conf)")  # fmt: skip
+    p.add_argument("-v", "--verbose", action="store_true", help="also print info-level log lines on stderr")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub.add_parser("prolog", help="set up this job's IMEX domain (Slurm Prolog=)", description=_HOOK_HELP)
+    sub.add_parser("epilog", help="tear down this job's IMEX domain (Slurm Epilog=)", description=_HOOK_HELP)
+    st = sub.add_parser("status", help="show this node's IMEX domain, channels and stale state")
+    st.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    cl = sub.add_parser("cleanup", help="reset the node after failed jobs")
+    cl.add_argument("--job", type=int, metavar="ID", help="only this job")
+    cl.add_argument("--dry-run", action="store_true", help="show what would be done")
+    cl.add_argument("--force", action="store_true", help="also tear down jobs that still run here")
+    cl.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    hl = sub.add_parser("hostlist", help="expand or fold Slurm node lists (no slurmctld needed)")
+    hsub = hl.add_subparsers(dest="hostlist_command", metavar="ACTION", required=True)
+    ex = hsub.add_parser("expand", help="one host per line, like 'scontrol show hostnames'")
+    ex.add_argument("expr", nargs="+", metavar="EXPR")
+    fo = hsub.add_parser("fold", help="compressed list, like 'scontrol show hostlist'")
+    fo.add_argument("names", nargs="*", metavar="NAME", help="names (default: read from stdin)")
+    de = sub.add_parser("demo", help="run a multi-tray job on the IMEX simulator (no GPU needed)")
+    de.add_argument("--trays", type=int, default=4, metavar="N", help="simulated trays (default 4, at most 64)")
+    de.add_argument("--fault", metavar="NAME", help="inject a simulator fault (see 'imexctl demo --help')")
+    de.add_argument("--keep", action="store_true", help="keep the demo's temporary directory")
+    return p
+
+
+def main(
+    argv: Optional[Sequence[str]] = None,
+    *,
+    env: Optional[Mapping[str, str]] = None,
+    host: Any = None,
+    gpu: Any = None,
+) -> int:
+    """Run one command; returns the exit code.  Tests call this directly."""
+    args = _parser().parse_args(argv)
+    env = dict(os.environ) if env is None else dict(env)
+    try:
+        if args.command == "hostlist":
+            return _cmd_hostlist(args)
+        if args.command == "demo":
+            from imexctl import demo
+
+            return int(demo.run(trays=args.trays, fault=args.fault, keep=args.keep))
+        return _with_runtime(args, env, host, gpu)
+    except ImexctlError as exc:
+        if not getattr(exc, "logged", False):
+            _log_failure(exc)
+        if args.command in ("status", "cleanup") and getattr(args, "json", False):
+            _print_json(None, errors=[exc])
+        return int(exc.exit_code)
+    except KeyboardInterrupt:
+        return 130
+    except Exception:  # a bug: leave a structured trace, never a bare traceback in slurmd's log only
+        _log_crash()
+        return int(ExitCode.SOFTWARE)
+
+
+def _with_runtime(args: argparse.Namespace, env: Dict[str, str], host: Any, gpu: Any) -> int:
+    from imexctl import lifecycle, settings
+    from imexctl.host import RealHost
+
+    host = host if host is not None else RealHost()
+    node = env.get("SLURMD_NODENAME") or _short_hostname()
+    path, required = settings.find_config(args.config, env)
+    _configure_logging(None, args, hook=args.command)
+    cfg = settings.load(path, node=node, required=required, euid=host.euid())
+    _configure_logging(cfg, args, hook=args.command)
+    if args.command in ("prolog", "epilog", "cleanup") and host.euid() != 0:
+        raise NotPrivilegedError(f"imexctl {args.command} must run as root")
+    if gpu is None:
+        from imexctl.gpu import NvmlGpu
+
+        gpu = NvmlGpu()
+    import structlog
+
+    rt = lifecycle.Runtime(host, gpu, cfg, structlog.get_logger())
+    if args.command == "prolog":
+        lifecycle.prolog(env, rt)
+    elif args.command == "epilog":
+        lifecycle.epilog(env, rt)
+    elif args.command == "status":
+        return _cmd_status(args, rt, node)
+    elif args.command == "cleanup":
+        report = lifecycle.cleanup(rt, job_id=args.job, dry_run=args.dry_run, force=args.force)
+        _print_json(report) if args.json else _print_cleanup(report)
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace, rt: Any, node: str) -> int:
+    from imexctl import status
+
+    data = status.collect(rt, node)
+    if args.json:
+        _print_json(data)
+    else:
+        sys.stdout.write(status.render_text(data))
+    return 0
+
+
+def _cmd_hostlist(args: argparse.Namespace) -> int:
+    from imexctl import nodelist
+
+    if args.hostlist_command == "expand":
+        names = [n for expr in args.expr for n in nodelist.expand(expr)]
+        sys.stdout.write("".join(f"{n}\n" for n in names))
+        return 0
+    names = args.names or sys.stdin.read().split()
+    if names:
+        sys.stdout.write(nodelist.fold(names) + "\n")
+    return 0
+
+
+def _print_cleanup(report: Dict[str, Any]) -> None:
+    for line in report["actions"] or ["nothing to clean up"]:
+        print(line)
+    for line in report["skipped"]:
+        print(f"skipped: {line}")
+
+
+def _print_json(data: Any, errors: Sequence[ImexctlError] = ()) -> None:
+    import json
+
+    out = {
+        "imexctl_result_version": "1",
+        "status": "error" if errors else "ok",
+        "exit_code": int(errors[0].exit_code) if errors else 0,
+        "data": data,
+        "errors": [{"code": e.code, "message": str(e)} for e in errors],
+    }
+    print(json.dumps(out, indent=2))
+
+
+def _configure_logging(cfg: Any, args: argparse.Namespace, *, hook: str) -> None:
+    import structlog
+
+    from imexctl.log import configure_logging
+
+    level = cfg.get("log", "level") if cfg else "info"
+    log_file = cfg.paths.log_file if cfg and os.geteuid() == 0 else None
+    problem = configure_logging(level=level, log_file=log_file, stderr_level="info" if args.verbose else "warning")
+    structlog.contextvars.bind_contextvars(hook=hook)
+    if problem:
+        structlog.get_logger().warning("imexctl.failed", error_code="log_file", reason=problem)
+
+
+def _log_failure(exc: ImexctlError) -> None:
+    import structlog
+
+    _ensure_logging()
+    structlog.get_logger().error("imexctl.failed", error_code=exc.code, exit_code=int(exc.exit_code),
+                                 reason=str(exc))  # fmt: skip
+
+
+def _log_crash() -> None:
+    import structlog
+
+    _ensure_logging()
+    structlog.get_logger().exception("imexctl.crashed")
+
+
+def _ensure_logging() -> None:
+    import structlog
+
+    if not structlog.is_configured():
+        from imexctl.log import configure_logging
+
+        configure_logging()
+
+
+def _short_hostname() -> str:
+    import socket
+
+    return socket.gethostname().split(".", 1)[0]

@@ -1,0 +1,194 @@
+"""Start and stop the job's IMEX daemon: through systemd, or detached (``exec``).
+
+Both backends run ``nvidia-imex -c <job config>`` with ``DAEMONIZE=0`` and
+never leave a child in slurmd's process group or holding its pipe
+(slurm.md §1.5).  The daemon of a job is recognised by its argv containing the
+job's config path, which no other job shares.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+from pathlib import Path
+from typing import Dict, List, Optional, Protocol
+
+from imexctl.errors import CommandError, DaemonError, DomainBusyError, UnsafeNodeError
+from imexctl.fsutil import atomic_write, read_text_nofollow
+from imexctl.host import Host, ProcInfo
+from imexctl.settings import Settings
+
+__all__ = ["Backend", "DaemonInfo", "ExecBackend", "SystemdBackend", "make_backend", "parse_systemctl_show"]
+
+PID_FILE = "daemon.pid"
+
+
+@dataclasses.dataclass(frozen=True)
+class DaemonInfo:
+    """What ``status`` shows about a job's daemon."""
+
+    backend: str
+    state: str
+    pid: Optional[int]
+    unit: str = ""
+
+
+class Backend(Protocol):
+    """How the daemon is started and stopped."""
+
+    def start(self, job_id: int, config: Path) -> None: ...
+
+    def stop(self, job_id: int, config: Path) -> None: ...
+
+    def info(self, job_id: int, config: Path) -> DaemonInfo: ...
+
+
+def make_backend(host: Host, settings: Settings, name: Optional[str] = None) -> Backend:
+    """The backend ``name`` (default: ``[daemon] backend``)."""
+    if (name or settings.get("daemon", "backend")) == "exec":
+        return ExecBackend(host, settings)
+    return SystemdBackend(host, settings)
+
+
+def job_processes(host: Host, config: Path) -> List[ProcInfo]:
+    """Live daemon processes of the job whose config is ``config``."""
+    return host.processes_with_arg(str(config))
+
+
+def ensure_gone(host: Host, settings: Settings, config: Path) -> List[int]:
+    """Make sure no daemon of this job survives: SIGTERM, grace period, then SIGKILL.
+
+    Returns:
+        PIDs that needed SIGKILL.
+
+    Raises:
+        UnsafeNodeError: a process is still alive after SIGKILL.
+    """
+    procs = job_processes(host, config)
+    if not procs:
+        return []
+    for p in procs:
+        host.send_signal(p, signal.SIGTERM)
+    procs = _wait_dead(host, procs, settings.get("daemon", "kill_grace_s"))
+    killed = [p.pid for p in procs]
+    for p in procs:
+        host.send_signal(p, signal.SIGKILL)
+    procs = _wait_dead(host, procs, 2.0)
+    if procs:
+        raise UnsafeNodeError(f"IMEX daemon pid {procs[0].pid} of {config} survives SIGKILL")
+    return killed
+
+
+def _wait_dead(host: Host, procs: List[ProcInfo], timeout_s: float) -> List[ProcInfo]:
+    deadline = host.monotonic() + timeout_s
+    while True:
+        procs = [p for p in procs if host.is_alive(p)]
+        if not procs or host.monotonic() >= deadline:
+            return procs
+        host.sleep(0.05)
+
+
+class ExecBackend:
+    """Spawn the daemon detached (new session, stdio to the IMEX log) and track its pid."""
+
+    def __init__(self, host: Host, settings: Settings) -> None:
+        self.host, self.settings = host, settings
+
+    def start(self, job_id: int, config: Path) -> None:
+        """Start the daemon; the pid file records ``pid start_time`` against pid reuse."""
+        argv = (self.settings.get("commands", "nvidia_imex"), "-c", str(config))
+        try:
+            proc = self.host.spawn_detached(argv, log_path=self.settings.paths.imex_log_file)
+        except CommandError as exc:
+            raise DaemonError(f"start IMEX daemon: {exc}") from exc
+        atomic_write(config.parent / PID_FILE, f"{proc.pid} {proc.create_time!r}\n", mode=0o600)
+
+    def stop(self, job_id: int, config: Path) -> None:
+        """SIGTERM the recorded daemon and wait; :func:`ensure_gone` does the rest."""
+        proc = self._recorded(config)
+        if proc is not None:
+            self.host.send_signal(proc, signal.SIGTERM)
+            _wait_dead(self.host, [proc], self.settings.get("daemon", "stop_timeout_s"))
+
+    def info(self, job_id: int, config: Path) -> DaemonInfo:
+        """Running or not, by the recorded pid (or by argv when the pid file is gone)."""
+        proc = self._recorded(config)
+        alive = [proc] if proc is not None and self.host.is_alive(proc) else job_processes(self.host, config)
+        if alive:
+            return DaemonInfo("exec", "running", alive[0].pid)
+        return DaemonInfo("exec", "dead" if proc is not None else "absent", None)
+
+    def _recorded(self, config: Path) -> Optional[ProcInfo]:
+        try:
+            pid_text, ctime_text = read_text_nofollow(config.parent / PID_FILE).split()
+            return ProcInfo(int(pid_text), float(ctime_text), ())
+        except (OSError, ValueError):
+            return None
+
+
+class SystemdBackend:
+    """Run the daemon as instance ``<unit>@<job>.service`` of the template unit we ship."""
+
+    def __init__(self, host: Host, settings: Settings) -> None:
+        self.host, self.settings = host, settings
+        self.systemctl = settings.get("commands", "systemctl")
+
+    def unit(self, job_id: int) -> str:
+        """The job's unit name, e.g. ``imexctl-imex@42.service``."""
+        return f"{self.settings.get('daemon', 'unit')}@{job_id}.service"
+
+    def start(self, job_id: int, config: Path) -> None:
+        """Check the stock unit is off and our unit runs this config, then start it."""
+        unit, stock = self.unit(job_id), self.settings.get("daemon", "stock_unit")
+        shown = self._show(unit, stock)
+        if shown.get(stock, {}).get("ActiveState") in ("active", "activating", "reloading"):
+            raise DomainBusyError(f"{stock} is running: disable it (systemctl disable --now {stock}); "
+                                  "imexctl runs one daemon per job")  # fmt: skip
+        ours = shown.get(unit, {})
+        if ours.get("LoadState") != "loaded":
+            raise DaemonError(f"{unit}: unit not loaded ({ours.get('LoadState', '?')}); install systemd/ units")
+        exec_start = ours.get("ExecStart", "")
+        want = f"{self.settings.get('commands', 'nvidia_imex')} -c {config} "
+        if f"argv[]={want}" not in exec_start + " ":
+            raise DaemonError(f"{unit}: ExecStart does not run '{want.strip()}' ({exec_start or 'none'}); "
+                              "[paths] and [commands] must match the installed unit")  # fmt: skip
+        self._ctl("start", unit, timeout_s=self.settings.get("daemon", "start_timeout_s"))
+
+    def stop(self, job_id: int, config: Path) -> None:
+        """Stop the unit (systemd escalates to SIGKILL after TimeoutStopSec) and forget failures."""
+        unit = self.unit(job_id)
+        self._ctl("stop", unit, timeout_s=self.settings.get("daemon", "stop_timeout_s") + 5)
+        self._ctl("reset-failed", unit, timeout_s=10, check=False)
+
+    def info(self, job_id: int, config: Path) -> DaemonInfo:
+        """ActiveState/SubState and MainPID of the job's unit."""
+        unit = self.unit(job_id)
+        props = self._show(unit).get(unit, {})
+        pid = int(props.get("MainPID", "0") or 0) or None
+        state = f"{props.get('ActiveState', '?')}/{props.get('SubState', '?')}"
+        return DaemonInfo("systemd", state, pid, unit)
+
+    def _show(self, *units: str) -> Dict[str, Dict[str, str]]:
+        props = "Id,LoadState,ActiveState,SubState,MainPID,ExecStart"
+        done = self.host.run((self.systemctl, "show", f"--property={props}", "--", *units), timeout_s=10)
+        if done.returncode != 0:
+            raise DaemonError(f"systemctl show {' '.join(units)}: exit {done.returncode}: {done.stderr.strip()}")
+        return parse_systemctl_show(done.stdout)
+
+    def _ctl(self, verb: str, unit: str, *, timeout_s: float, check: bool = True) -> None:
+        try:
+            done = self.host.run((self.systemctl, verb, "--", unit), timeout_s=timeout_s)
+        except CommandError as exc:
+            raise DaemonError(f"systemctl {verb} {unit}: {exc}") from exc
+        if check and done.returncode != 0:
+            raise DaemonError(f"systemctl {verb} {unit}: exit {done.returncode}: {done.stderr.strip()[-300:]}")
+
+
+def parse_systemctl_show(text: str) -> Dict[str, Dict[str, str]]:
+    """Parse ``systemctl show`` output for one or more units (blank-line separated, keyed by Id)."""
+    units: Dict[str, Dict[str, str]] = {}
+    for block in text.strip().split("\n\n"):
+        props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+        if props.get("Id"):
+            units[props["Id"]] = props
+    return units

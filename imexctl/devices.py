@@ -1,0 +1,143 @@
+"""IMEX channel device nodes: ``/proc/devices`` parsing and per-job channels.
+
+The channel file is the security boundary (imex.md §9.4): the job gets exactly
+one channel, owned by the job's user with a restrictive mode, with the same
+minor on every tray of the job, and it is removed in the epilog.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import stat
+from pathlib import Path
+from typing import List, Optional
+
+from imexctl.errors import DeviceError
+from imexctl.fsutil import ensure_dir, read_text_nofollow
+
+__all__ = ["DEVICE_NAME", "Channel", "channel_minor", "find_major", "list_channels", "remove_channel"]
+
+DEVICE_NAME = "nvidia-caps-imex-channels"
+
+
+@dataclasses.dataclass(frozen=True)
+class Channel:
+    """One channel node as found on disk."""
+
+    path: Path
+    minor: int
+    major: int
+    uid: int
+    gid: int
+    mode: int
+
+
+def find_major(proc_devices_text: str, name: str = DEVICE_NAME) -> Optional[int]:
+    """Major number of ``name`` in the ``Character devices:`` section, or None.
+
+    Exact name match only: ``nvidia-caps`` is a different device (imex.md §9.2).
+
+    Raises:
+        DeviceError: the text does not look like /proc/devices, or names the device twice.
+    """
+    section = None
+    found: List[int] = []
+    for line in proc_devices_text.splitlines():
+        stripped = line.strip()
+        if stripped in ("Character devices:", "Block devices:"):
+            section = stripped
+            continue
+        if not stripped or section != "Character devices:":
+            continue
+        number, _, dev = stripped.partition(" ")
+        if dev.strip() == name:
+            if not number.isdigit():
+                raise DeviceError(f"/proc/devices: malformed line {line!r}")
+            found.append(int(number))
+    if section is None:
+        raise DeviceError("/proc/devices: no 'Character devices:' section")
+    if len(found) > 1:
+        raise DeviceError(f"/proc/devices: {name} listed {len(found)} times")
+    return found[0] if found else None
+
+
+def read_major(proc_devices: Path) -> int:
+    """The IMEX channel major from the node's /proc/devices.
+
+    Raises:
+        DeviceError: the file is unreadable or has no IMEX entry.
+    """
+    try:
+        text = read_text_nofollow(proc_devices)
+    except OSError as exc:
+        raise DeviceError(f"cannot read {proc_devices}: {exc.strerror}") from exc
+    major = find_major(text)
+    if major is None:
+        raise DeviceError(
+            f"{proc_devices} has no {DEVICE_NAME} entry: the NVIDIA driver is not loaded "
+            "or IMEX channels are disabled (NVreg_ImexChannelCount=0)"
+        )
+    return major
+
+
+def channel_minor(job_id: int, channel_count: int) -> int:
+    """The job's channel number, identical on every tray; never 0 (shared by convention)."""
+    return 1 + job_id % (channel_count - 1)
+
+
+def channel_path(channel_dir: Path, minor: int) -> Path:
+    """``<channel_dir>/channel<minor>``."""
+    return channel_dir / f"channel{minor}"
+
+
+def ensure_channel_dir(channel_dir: Path) -> None:
+    """Create the channel directory (0755, root) and refuse one anybody else can write."""
+    try:
+        ensure_dir(channel_dir, 0o755)
+        st = os.lstat(channel_dir)
+    except OSError as exc:
+        raise DeviceError(f"cannot create {channel_dir}: {exc.strerror}") from exc
+    if st.st_uid != 0 or st.st_mode & 0o022:
+        raise DeviceError(f"{channel_dir} must be owned by root and not group/world writable")
+
+
+def list_channels(channel_dir: Path) -> List[Channel]:
+    """Every ``channel<N>`` character device in the directory, sorted by minor."""
+    out = []
+    try:
+        entries = list(os.scandir(channel_dir))
+    except FileNotFoundError:
+        return []
+    for entry in entries:
+        if not entry.name.startswith("channel"):
+            continue
+        st = os.lstat(entry.path)
+        if stat.S_ISCHR(st.st_mode):
+            out.append(
+                Channel(Path(entry.path), os.minor(st.st_rdev), os.major(st.st_rdev), st.st_uid, st.st_gid,
+                        stat.S_IMODE(st.st_mode))  # fmt: skip
+            )
+    return sorted(out, key=lambda c: c.minor)
+
+
+def remove_channel(path: Path, minor: int) -> bool:
+    """Remove the job's channel node if it is the character device we expect.
+
+    Returns:
+        True if a node was removed.
+
+    Raises:
+        DeviceError: something else sits at that path, or unlink failed.
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISCHR(st.st_mode) or os.minor(st.st_rdev) != minor:
+        raise DeviceError(f"{path} is not the expected channel device (minor {minor}); left alone")
+    try:
+        os.unlink(path)
+    except OSError as exc:
+        raise DeviceError(f"cannot remove {path}: {exc.strerror}") from exc
+    return True

@@ -1,0 +1,160 @@
+"""Readiness of the job's IMEX domain, polled under a deadline (imex.md §8.6).
+
+Local: ``nvidia-imex-ctl -c <cfg> -q`` prints ``READY`` and exits 0.  Domain:
+``-N -j`` reports status ``UP``, the node map equals the job's nodes file, this
+tray is ``READY`` and every one of its connections to a peer is ``CONNECTED``.
+A probe never raises for "not ready"; it returns a :class:`Readiness`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Callable, Optional, Tuple
+
+from imexctl import imexstatus
+from imexctl.errors import CommandError, DaemonError, HealthTimeout, OutputError
+from imexctl.host import Host
+from imexctl.settings import Settings
+
+__all__ = ["NOT_READY_STATES", "Probe", "Readiness", "wait_ready"]
+
+# A peer daemon that answers with one of these is alive and says it is not ready
+# (imex.md §8.2); UNAVAILABLE is not among them: it may be our own network's fault.
+NOT_READY_STATES = frozenset(
+    {"INITIALIZING", "STARTING_AUTH_SERVER", "WAITING_FOR_PEERS", "WAITING_FOR_RECOVERY", "INIT_GPU", "SHUTTING_DOWN"}
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Readiness:
+    """Outcome of one probe."""
+
+    ready: bool
+    status: str
+    domain: Optional[imexstatus.DomainStatus] = None
+    blamed: Tuple[str, ...] = ()
+    fatal: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """What to ask and what to expect."""
+
+    config: Path
+    own_address: str
+    addresses: Tuple[str, ...]
+    level: str
+    daemon_alive: Callable[[], bool]
+
+
+def probe(host: Host, settings: Settings, p: Probe) -> Readiness:
+    """One readiness check: local state, then (level ``domain``) the whole domain."""
+    if not p.daemon_alive():
+        return Readiness(False, "daemon exited", fatal="the IMEX daemon exited during start-up")
+    rc, out = _ctl(host, settings, p.config, "-q")
+    if rc == 255 or "Failed to read node configuration file" in out:
+        return Readiness(False, "ctl: config", fatal=f"nvidia-imex-ctl cannot read the node config: {out.strip()}")
+    if rc is None:
+        return Readiness(False, f"ctl -q: {out}")
+    try:
+        state = imexstatus.parse_query(out)
+    except OutputError as exc:
+        return Readiness(False, f"ctl -q: {exc}")
+    if state != "READY" or rc != 0:
+        return Readiness(False, f"local {state} (exit {rc})")
+    if p.level == "local":
+        return Readiness(True, "local READY")
+    return _domain(host, settings, p)
+
+
+def _domain(host: Host, settings: Settings, p: Probe) -> Readiness:
+    rc, out = _ctl(host, settings, p.config, "-N", "-j")
+    if rc is None:
+        return Readiness(False, f"ctl -N -j: {out}")
+    try:
+        dom = imexstatus.parse_domain_json(out)
+    except OutputError as exc:
+        return Readiness(False, f"ctl -N -j: {exc}")
+    hosts = tuple(n.host for n in sorted(dom.nodes, key=lambda n: n.node_id))
+    if hosts != p.addresses:
+        return Readiness(False, "node map", dom, fatal=f"daemon reports nodes {list(hosts)}, "
+                                                      f"but the job's nodes file is {list(p.addresses)}")  # fmt: skip
+    mismatch = [(a, b, s) for a, b, s in dom.not_connected() if "MISMATCH" in s]
+    if mismatch:
+        a, b, s = mismatch[0]
+        return Readiness(False, s, dom, fatal=f"node {a} -> node {b}: {s} (nodes files or driver versions differ)")
+    me = dom.node_by_host(p.own_address)
+    if me is None or me.status != "READY":
+        return Readiness(False, f"own node {me.status if me else 'missing'}", dom)
+    own_bad = [c for c in me.connections if c.peer_id != me.node_id and c.status != "CONNECTED"]
+    if dom.status == "UP" and not own_bad:
+        return Readiness(True, "domain UP", dom)
+    blamed = tuple(n.host for n in dom.nodes if n.status in NOT_READY_STATES)
+    return Readiness(False, f"domain {dom.status}", dom, blamed=blamed)
+
+
+def _ctl(host: Host, settings: Settings, config: Path, *args: str) -> Tuple[Optional[int], str]:
+    argv = (settings.get("commands", "nvidia_imex_ctl"), "-c", str(config), *args)
+    try:
+        done = host.run(argv, timeout_s=settings.get("readiness", "ctl_timeout_s"))
+    except CommandError as exc:
+        return None, exc.reason
+    return done.returncode, done.stdout + done.stderr if done.returncode else done.stdout
+
+
+def wait_ready(host: Host, settings: Settings, p: Probe, *, deadline: float, log: Any) -> Readiness:
+    """Poll until ready, fatal, or ``deadline`` (``host.monotonic()`` time).
+
+    Waits start at ``poll_initial_s`` and double up to ``poll_max_s``.
+
+    Returns:
+        The ready result, or a not-ready one that blames peers (caller decides).
+
+    Raises:
+        DaemonError: a fatal condition (daemon died, node map or version mismatch).
+        HealthTimeout: the deadline passed and no peer is to blame.
+    """
+    import tenacity
+
+    start = host.monotonic()
+    initial, cap = settings.get("readiness", "poll_initial_s"), settings.get("readiness", "poll_max_s")
+    backoff = tenacity.wait_exponential(multiplier=initial, min=initial, max=cap)
+
+    def wait(rs: tenacity.RetryCallState) -> float:
+        return max(0.0, min(backoff(rs), deadline - host.monotonic()))
+
+    def before_sleep(rs: tenacity.RetryCallState) -> None:
+        r = rs.outcome.result() if rs.outcome else None
+        log.debug("imex.health.poll", attempt=rs.attempt_number, status=r.status if r else "?")
+
+    retrying = tenacity.Retrying(
+        stop=lambda rs: host.monotonic() >= deadline,
+        wait=wait,
+        retry=tenacity.retry_if_result(lambda r: not r.ready and not r.fatal),
+        sleep=host.sleep,
+        before_sleep=before_sleep,
+        retry_error_callback=lambda rs: rs.outcome.result() if rs.outcome else None,
+    )
+    attempts = [0]
+
+    def counted() -> Readiness:
+        attempts[0] += 1
+        return probe(host, settings, p)
+
+    result: Readiness = retrying(counted)
+    waited = round(host.monotonic() - start, 3)
+    if result.ready:
+        log.info("imex.ready", attempts=attempts[0], waited_s=waited, status=result.status)
+        return result
+    if result.fatal:
+        raise DaemonError(f"IMEX not ready: {result.fatal}")
+    table = imexstatus.format_domain_table(result.domain) if result.domain else ""
+    log.warning("imex.not_ready", attempts=attempts[0], waited_s=waited, status=result.status, table=table)
+    if result.blamed:
+        return result
+    raise HealthTimeout(
+        f"IMEX not ready after {waited:.1f}s ({attempts[0]} probes): {result.status}",
+        last_status=result.status, attempts=attempts[0], waited_s=waited,
+    )  # fmt: skip
+

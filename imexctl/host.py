@@ -1,0 +1,358 @@
+"""Every effect imexctl has on the machine except plain files: the ``Host`` seam.
+
+``RealHost`` is thin and makes no decisions; ``imexctl.testing.FakeHost``
+records calls and refuses what it does not know.  Foreign exceptions
+(``OSError``, ``subprocess.TimeoutExpired``, ``psutil.Error``) do not leave
+this module except as :class:`~imexctl.errors.CommandError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import stat
+import time
+from pathlib import Path
+from typing import List, Optional, Protocol, Sequence, Tuple
+
+from imexctl.errors import CommandError, DeviceError
+
+__all__ = ["SAFE_ENV", "Completed", "Host", "ProcInfo", "RealHost"]
+
+# The environment of every child: slurmd gives hooks none worth passing on.
+SAFE_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Completed:
+    """A finished command."""
+
+    argv: Tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcInfo:
+    """A live process, identified by ``(pid, create_time)`` against pid reuse."""
+
+    pid: int
+    create_time: float
+    cmdline: Tuple[str, ...]
+    pgid: int = 0
+    sid: int = 0
+
+
+class Host(Protocol):
+    """Every effect imexctl has on the machine, except plain files under ``Paths``."""
+
+    def run(self, argv: Sequence[str], *, timeout_s: float) -> Completed: ...
+
+    def spawn_detached(self, argv: Sequence[str], *, log_path: Path) -> ProcInfo: ...
+
+    def resolve(self, name: str) -> List[str]: ...
+
+    def mknod_char(self, path: Path, major: int, minor: int, *, mode: int, uid: int, gid: int) -> None: ...
+
+    def processes_with_arg(self, arg: str, *, prefix: bool = False) -> List[ProcInfo]: ...
+
+    def is_alive(self, proc: ProcInfo) -> bool: ...
+
+    def send_signal(self, proc: ProcInfo, signum: int) -> None: ...
+
+    def job_is_running(self, job_id: int) -> bool: ...
+
+    def port_in_use(self, address: str, port: int) -> bool: ...
+
+    def monotonic(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+    def time(self) -> float: ...
+
+    def euid(self) -> int: ...
+
+
+class RealHost:
+    """The production Host: every subprocess bounded, no shell, absolute argv[0]."""
+
+    def run(self, argv: Sequence[str], *, timeout_s: float) -> Completed:
+        """Run a command to completion with a timeout; never raises for a non-zero exit."""
+        import subprocess
+
+        argv = tuple(argv)
+        try:
+            p = subprocess.run(
+                argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
+                timeout=timeout_s, check=False, env=SAFE_ENV, close_fds=True,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired as exc:
+            out = exc.stdout or b""
+            text = out.decode(errors="replace") if isinstance(out, bytes) else out
+            raise CommandError(argv, f"no answer within {timeout_s:g}s", output=text) from exc
+        except OSError as exc:
+            raise CommandError(argv, f"cannot run: {exc.strerror}") from exc
+        return Completed(argv, p.returncode, p.stdout, p.stderr)
+
+    def spawn_detached(self, argv: Sequence[str], *, log_path: Path) -> ProcInfo:
+        """Start a daemon outside our session and process group, stdio on a log file.
+
+        slurmd kills the hook's process group and reads its pipe until EOF
+        (slurm.md §1.5): the child gets a new session, ``/dev/null`` as stdin
+        and the log file as stdout/stderr, and inherits no other descriptor.
+        """
+        import subprocess
+
+        argv = tuple(argv)
+        try:
+            fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+            try:
+                p = subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
+                    close_fds=True, env=SAFE_ENV, cwd="/",
+                )  # fmt: skip
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise CommandError(argv, f"cannot start: {exc.strerror} ({exc.filename or argv[0]})") from exc
+        return self._info(p.pid) or ProcInfo(p.pid, 0.0, argv)
+
+    def resolve(self, name: str) -> List[str]:
+        """All addresses of ``name`` (IPv4 and IPv6), in resolver order, without repeats."""
+        import socket
+
+        try:
+            infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+        except (socket.gaierror, UnicodeError) as exc:
+            raise CommandError(("getaddrinfo", name), f"cannot resolve {name!r}: {exc}") from exc
+        out: List[str] = []
+        for info in infos:
+            addr = str(info[4][0]).split("%", 1)[0]
+            if addr not in out:
+                out.append(addr)
+        return out
+
+    def mknod_char(self, path: Path, major: int, minor: int, *, mode: int, uid: int, gid: int) -> None:
+        """Create a character device node with exactly this owner and mode."""
+        old = os.umask(0)
+        try:
+            # root-owned with the final mode first, then handed to the job's owner
+            os.mknod(path, stat.S_IFCHR | mode, os.makedev(major, minor))
+            os.chown(path, uid, gid, follow_symlinks=False)
+        except OSError as exc:
+            raise DeviceError(f"mknod {path} c {major} {minor}: {exc.strerror}") from exc
+        finally:
+            os.umask(old)
+
+    def processes_with_arg(self, arg: str, *, prefix: bool = False) -> List[ProcInfo]:
+        """Live (non-zombie) processes with an argv element equal to (or starting with) ``arg``."""
+        import psutil
+
+        found = []
+        for p in psutil.process_iter(["cmdline", "create_time", "status"]):
+            cmd = p.info.get("cmdline") or []
+            hit = any(a.startswith(arg) for a in cmd) if prefix else arg in cmd
+            if hit and p.info.get("status") != psutil.STATUS_ZOMBIE:
+                found.append(self._info(p.pid) or ProcInfo(p.pid, p.info["create_time"], tuple(cmd)))
+        return found
+
+    def is_alive(self, proc: ProcInfo) -> bool:
+        """True while the same process (pid and start time) runs and is not a zombie."""
+        info = self._info(proc.pid)
+        return info is not None and (not proc.create_time or info.create_time == proc.create_time)
+
+    def send_signal(self, proc: ProcInfo, signum: int) -> None:
+        """Signal the process if it is still the same one; a vanished process is fine."""
+        if self.is_alive(proc):
+            try:
+                os.kill(proc.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def job_is_running(self, job_id: int) -> bool:
+        """Whether job ``job_id`` still has anything on this node (slurmstepd or cgroup)."""
+        import glob
+
+        import psutil
+
+        tag = f"[{job_id}."
+        for p in psutil.process_iter(["name", "cmdline"]):
+            name = p.info.get("name") or ""
+            if name.startswith("slurmstepd") and tag in " ".join(p.info.get("cmdline") or []):
+                return True
+        # cgroup v2 (slurmstepd.scope) and v1 (<controller>/slurm*/uid_*/job_N) layouts
+        patterns = (
+            f"/sys/fs/cgroup/system.slice/slurmstepd.scope/job_{job_id}",
+            f"/sys/fs/cgroup/*/slurm*/uid_*/job_{job_id}",
+        )
+        return any(glob.glob(pattern) for pattern in patterns)
+
+    def port_in_use(self, address: str, port: int) -> bool: ...
+
+    def monotonic(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+    def time(self) -> float: ...
+
+    def euid(self) -> int: ...
+
+
+class RealHost:
+    """The production Host: every subprocess bounded, no shell, absolute argv[0]."""
+
+    def run(self, argv: Sequence[str], *, timeout_s: float) -> Completed:
+        """Run a command to completion with a timeout; never raises for a non-zero exit."""
+        import subprocess
+
+        argv = tuple(argv)
+        try:
+            p = subprocess.run(
+                argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
+                timeout=timeout_s, check=False, env=SAFE_ENV, close_fds=True,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired as exc:
+            out = exc.stdout or b""
+            text = out.decode(errors="replace") if isinstance(out, bytes) else out
+            raise CommandError(argv, f"no answer within {timeout_s:g}s", output=text) from exc
+        except OSError as exc:
+            raise CommandError(argv, f"cannot run: {exc.strerror}") from exc
+        return Completed(argv, p.returncode, p.stdout, p.stderr)
+
+    def spawn_detached(self, argv: Sequence[str], *, log_path: Path) -> ProcInfo:
+        """Start a daemon outside our session and process group, stdio on a log file.
+
+        slurmd kills the hook's process group and reads its pipe until EOF
+        (slurm.md §1.5): the child gets a new session, ``/dev/null`` as stdin
+        and the log file as stdout/stderr, and inherits no other descriptor.
+        """
+        import subprocess
+
+        argv = tuple(argv)
+        try:
+            fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+            try:
+                p = subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
+                    close_fds=True, env=SAFE_ENV, cwd="/",
+                )  # fmt: skip
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise CommandError(argv, f"cannot start: {exc.strerror} ({exc.filename or argv[0]})") from exc
+        return self._info(p.pid) or ProcInfo(p.pid, 0.0, argv)
+
+    def resolve(self, name: str) -> List[str]:
+        """All addresses of ``name`` (IPv4 and IPv6), in resolver order, without repeats."""
+        import socket
+
+        try:
+            infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+        except (socket.gaierror, UnicodeError) as exc:
+            raise CommandError(("getaddrinfo", name), f"cannot resolve {name!r}: {exc}") from exc
+        out: List[str] = []
+        for info in infos:
+            addr = str(info[4][0]).split("%", 1)[0]
+            if addr not in out:
+                out.append(addr)
+        return out
+
+    def mknod_char(self, path: Path, major: int, minor: int, *, mode: int, uid: int, gid: int) -> None:
+        """Create a character device node with exactly this owner and mode."""
+        old = os.umask(0)
+        try:
+            # root-owned with the final mode first, then handed to the job's owner
+            os.mknod(path, stat.S_IFCHR | mode, os.makedev(major, minor))
+            os.chown(path, uid, gid, follow_symlinks=False)
+        except OSError as exc:
+            raise DeviceError(f"mknod {path} c {major} {minor}: {exc.strerror}") from exc
+        finally:
+            os.umask(old)
+
+    def processes_with_arg(self, arg: str, *, prefix: bool = False) -> List[ProcInfo]:
+        """Live (non-zombie) processes with an argv element equal to (or starting with) ``arg``."""
+        import psutil
+
+        found = []
+        for p in psutil.process_iter(["cmdline", "create_time", "status"]):
+            cmd = p.info.get("cmdline") or []
+            hit = any(a.startswith(arg) for a in cmd) if prefix else arg in cmd
+            if hit and p.info.get("status") != psutil.STATUS_ZOMBIE:
+                found.append(self._info(p.pid) or ProcInfo(p.pid, p.info["create_time"], tuple(cmd)))
+        return found
+
+    def is_alive(self, proc: ProcInfo) -> bool:
+        """True while the same process (pid and start time) runs and is not a zombie."""
+        info = self._info(proc.pid)
+        return info is not None and (not proc.create_time or info.create_time == proc.create_time)
+
+    def send_signal(self, proc: ProcInfo, signum: int) -> None:
+        """Signal the process if it is still the same one; a vanished process is fine."""
+        if self.is_alive(proc):
+            try:
+                os.kill(proc.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def job_is_running(self, job_id: int) -> bool:
+        """Whether job ``job_id`` still has anything on this node (slurmstepd or cgroup)."""
+        import glob
+
+        import psutil
+
+        tag = f"[{job_id}."
+        for p in psutil.process_iter(["name", "cmdline"]):
+            if (p.info.get("name") or "").startswith("slurmstepd") and tag in " ".join(p.info.get("cmdline") or []):
+                return True
+        patterns = (f"/sys/fs/cgroup/**/job_{job_id}", f"/sys/fs/cgroup/*/slurm*/uid_*/job_{job_id}")
+        return any(glob.glob(pat) for pat in patterns[1:]) or bool(
+            glob.glob(f"/sys/fs/cgroup/system.slice/slurmstepd.scope/job_{job_id}")
+        )
+
+    def port_in_use(self, address: str, port: int) -> bool:
+        """Whether a TCP listener could not bind ``address:port`` now."""
+        import errno
+        import socket
+
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((address, port))
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    return True
+                if exc.errno == errno.EADDRNOTAVAIL:
+                    return False
+                raise CommandError(("bind", f"{address}:{port}"), exc.strerror or str(exc)) from exc
+        return False
+
+    def monotonic(self) -> float:
+        """Monotonic clock, seconds."""
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep."""
+        time.sleep(max(0.0, seconds))
+
+    def time(self) -> float:
+        """Wall clock, seconds since the epoch."""
+        return time.time()
+
+    def euid(self) -> int:
+        """Effective user id."""
+        return os.geteuid()
+
+    @staticmethod
+    def _info(pid: int) -> Optional[ProcInfo]:
+        import psutil
+
+        try:
+            p = psutil.Process(pid)
+            with p.oneshot():
+                if p.status() == psutil.STATUS_ZOMBIE:
+                    return None
+                return ProcInfo(pid, p.create_time(), tuple(p.cmdline()), os.getpgid(pid), os.getsid(pid))
+        except (psutil.Error, ProcessLookupError):
+            return None

@@ -1,0 +1,79 @@
+"""Render a complete IMEX ``config.cfg`` and ``nodes_config.cfg`` for one job (pure).
+
+We never patch NVIDIA's shipped file: every key we rely on is written, with
+comments on lines of their own (imex.md §2, §13 #17) and nodes one address
+per line with nothing else (imex.md §3, §13 #4).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Mapping, Sequence
+
+__all__ = ["DEFAULTS", "nodes_hash", "render_config", "render_nodes", "server_port"]
+
+# Shipped defaults (imex.md §2) for keys a site may override through [imex].
+DEFAULTS: Mapping[str, str] = {
+    "LOG_LEVEL": "4",
+    "LOG_APPEND_TO_LOG": "1",
+    "LOG_FILE_MAX_SIZE": "1024",
+    "LOG_MAX_ROTATE_COUNT": "3",
+    "LOG_USE_SYSLOG": "0",
+    "NETWORK_INTERFACE": "",
+    # A per-job domain has no earlier importers to wait for; RECOVERY would make a
+    # rerun on the same trays wait after an unclean stop (imex.md §5).
+    "IMEX_WAIT_FOR_QUORUM": "NONE",
+    "IMEX_ENABLE_AUTH_ENCRYPTION": "0",
+    "IMEX_NODE_DISCONNECTED_GRACE_TIME": "-1",
+}
+
+
+def server_port(job_id: int, port_range: tuple[int, int]) -> int:
+    """The job's SERVER_PORT: a pure function of the job id, so identical on every tray."""
+    lo, hi = port_range
+    return lo + job_id % (hi - lo + 1)
+
+
+def render_nodes(addresses: Sequence[str]) -> str:
+    """One address per line, in node-list order (line index = IMEX node id)."""
+    return "".join(f"{a}\n" for a in addresses)
+
+
+def nodes_hash(addresses: Sequence[str]) -> str:
+    """Short hash of the nodes file, logged on every tray so mismatches are easy to spot."""
+    return hashlib.sha256(render_nodes(addresses).encode()).hexdigest()[:16]
+
+
+def render_config(
+    *,
+    job_id: int,
+    port: int,
+    bind_ip: str,
+    nodes_path: Path,
+    cmd_socket: Path,
+    log_file: Path,
+    overrides: Mapping[str, str],
+) -> str:
+    """The job's complete config.cfg.
+
+    ``DAEMONIZE=0``: both backends supervise the daemon themselves (systemd
+    ``Type=simple`` or our detached spawn), so it must stay in the foreground.
+    """
+    values = {**DEFAULTS, **overrides}
+    lines = [
+        f"# IMEX config for Slurm job {job_id}, written by imexctl. Do not edit: rewritten per job.",
+        f"LOG_FILE_NAME={log_file}",
+        *(f"{k}={values[k]}" for k in sorted(values)),
+        "# the unit (Type=simple) or imexctl's exec backend supervises the daemon",
+        "DAEMONIZE=0",
+        "# this tray's own address, so a daemon never binds another tray's address",
+        f"BIND_INTERFACE_IP={bind_ip}",
+        "# per-job port, identical on every tray of the job",
+        f"SERVER_PORT={port}",
+        f"IMEX_NODE_CONFIG_FILE={nodes_path}",
+        "# command service only on a root-owned Unix socket; IMEX_CMD_PORT unset: no TCP port",
+        "IMEX_CMD_ENABLED=1",
+        f"IMEX_CMD_UNIX_DOMAIN_PATH={cmd_socket}",
+    ]
+    return "\n".join(lines) + "\n"

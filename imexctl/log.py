@@ -1,0 +1,119 @@
+"""structlog set-up (called once from ``cli.main``) and the event catalogue.
+
+Event names are an interface: docs/events.md lists each one and a test keeps
+the two in sync.  Every line carries ``hook``, ``job_id`` and ``node`` once
+they are bound with ``structlog.contextvars.bind_contextvars``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import IO, Any, Dict, List, Optional
+
+__all__ = ["EVENTS", "configure_logging"]
+
+# name -> one-line meaning (docs/events.md is checked against this table)
+EVENTS: Dict[str, str] = {
+    "prolog.done": "summary of one prolog run: ok, reason, timings, port, channel",
+    "epilog.done": "summary of one epilog run: ok, what was removed",
+    "cleanup.done": "summary of one cleanup run",
+    "imex.skipped": "the job gets no IMEX domain on this node (policy, fabric, shared node)",
+    "imex.nodes.resolved": "the job's trays in this NVLink domain, their addresses and the list's hash",
+    "imex.config.written": "config.cfg and nodes_config.cfg written for the job",
+    "imex.daemon.started": "the IMEX daemon was started for the job",
+    "imex.daemon.stopped": "the job's IMEX daemon stopped",
+    "imex.daemon.killed": "the job's IMEX daemon ignored SIGTERM and was killed",
+    "imex.health.poll": "one readiness probe (debug)",
+    "imex.ready": "the local daemon is READY and (level domain) the domain is UP",
+    "imex.not_ready": "readiness deadline passed; carries the last connection table",
+    "imex.peer_blamed": "the domain is not UP because a peer daemon reports itself not ready",
+    "device.channel.created": "the job's IMEX channel device node was created",
+    "device.channel.removed": "the job's IMEX channel device node was removed",
+    "device.channel.foreign": "other channel nodes are visible next to the job's channel",
+    "state.removed": "the job's per-job directory and state were removed",
+    "prolog.rolled_back": "a failed prolog undid what it had done",
+    "imexctl.failed": "a command failed with an expected error (error_code, exit_code)",
+    "imexctl.crashed": "a command failed with an unexpected exception (a bug)",
+}
+
+_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
+
+
+class _Sinks:
+    """A structlog logger writing each rendered line to several places."""
+
+    def __init__(self, file: Optional[IO[str]], stderr: Optional[IO[str]], stderr_level: int, syslog: bool):
+        self._file, self._stderr, self._stderr_level, self._syslog = file, stderr, stderr_level, syslog
+
+    def msg(self, message: str, level: int = 20) -> None:
+        if self._file is not None:
+            self._file.write(message + "\n")
+            self._file.flush()
+        if self._stderr is not None and level >= self._stderr_level:
+            self._stderr.write(message + "\n")
+            self._stderr.flush()
+        if self._syslog:
+            import syslog
+
+            priority = syslog.LOG_ERR if level >= 40 else syslog.LOG_WARNING if level >= 30 else syslog.LOG_INFO
+            syslog.syslog(priority, message)
+
+
+def configure_logging(
+    *, level: str = "info", log_file: Optional[Path] = None, stderr_level: str = "warning", syslog: bool = False
+) -> Optional[str]:
+    """Configure structlog once: JSON lines to ``log_file``, ``stderr`` and optionally syslog.
+
+    Returns:
+        A warning text if the log file could not be opened (logging then goes to stderr only).
+    """
+    import structlog
+
+    problem = None
+    file = None
+    if log_file is not None:
+        try:
+            file = _open_log(log_file)
+        except OSError as exc:
+            problem = f"cannot open log file {log_file}: {exc.strerror}"
+    sinks = _Sinks(file, sys.stderr, _LEVELS[stderr_level], syslog)
+
+    def emit(_logger: Any, method: str, event: Dict[str, Any]) -> str:
+        line = structlog.processors.JSONRenderer(sort_keys=False)(_logger, method, event)
+        sinks.msg(str(line), _LEVELS.get(method if method != "exception" else "error", 40))
+        return ""
+
+    processors: List[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.format_exc_info,
+        emit,
+    ]
+    structlog.configure(
+        processors=processors,
+        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
+        logger_factory=lambda *a: _Null(),
+        cache_logger_on_first_use=False,
+    )
+    return problem
+
+
+class _Null:
+    """The final logger: rendering already wrote the line in ``emit``."""
+
+    def msg(self, message: str) -> None:
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        return self.msg
+
+
+def _open_log(path: Path) -> IO[str]:
+    from imexctl.fsutil import ensure_dir
+
+    ensure_dir(path.parent)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+    return os.fdopen(fd, "a", encoding="utf-8")

@@ -1,0 +1,356 @@
+"""imexctl configuration: an INI file validated against one schema.
+
+Every key has a built-in default; a missing default config file means "all
+defaults".  Unknown sections or keys, wrong types and a file that anyone but
+root may write are errors that name file, section and key.  Reference:
+docs/configuration.md (kept in sync with ``SCHEMA`` by tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import stat
+from pathlib import Path
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+
+from imexctl.errors import ConfigError
+
+__all__ = ["DEFAULT_CONFIG", "OWNED_IMEX_KEYS", "SCHEMA", "Paths", "Settings", "find_config", "load"]
+
+DEFAULT_CONFIG = Path("/etc/imexctl/imexctl.conf")
+
+# IMEX config.cfg keys imexctl decides itself; [imex] may not override them.
+OWNED_IMEX_KEYS = frozenset(
+    {
+        "SERVER_PORT", "IMEX_NODE_CONFIG_FILE", "BIND_INTERFACE_IP", "DAEMONIZE", "LOG_FILE_NAME",
+        "IMEX_CMD_ENABLED", "IMEX_CMD_PORT", "IMEX_CMD_BIND_INTERFACE_IP", "IMEX_CMD_UNIX_DOMAIN_PATH",
+    }
+)  # fmt: skip
+# Keys of NVIDIA's config.cfg (imex.md §2) a site may set through [imex].
+IMEX_KEYS = frozenset(
+    {
+        "LOG_LEVEL", "STATS_FILE_NAME", "LOG_APPEND_TO_LOG", "LOG_FILE_MAX_SIZE", "LOG_MAX_ROTATE_COUNT",
+        "LOG_USE_SYSLOG", "NETWORK_INTERFACE", "IMEX_WAIT_FOR_QUORUM", "IMEX_ENABLE_AUTH_ENCRYPTION",
+        "IMEX_AUTH_ENCRYPTION_MODE", "IMEX_AUTH_SOURCE", "IMEX_SERVER_KEY", "IMEX_SERVER_CERT",
+        "IMEX_SERVER_CERT_AUTH", "IMEX_CLIENT_KEY", "IMEX_CLIENT_CERT", "IMEX_CLIENT_CERT_AUTH",
+        "IMEX_SECURITY_TARGET_OVERRIDE", "IMEX_GSS_SERVICE_NAME", "IMEX_GSS_TIMEOUT_SEC",
+        "IMEX_GSS_RETRY_INTERVAL_SEC", "IMEX_GSS_SEC_CONTEXT_LIFETIME_SEC", "IMEX_GSS_SHUTDOWN_ON_FAILURE",
+        "IMEX_NODE_DISCONNECTED_GRACE_TIME",
+        # read only by the simulator (imexctl/sim): fault switches for tests and demos
+        "IMEX_SIM_FAULTS_FILE",
+    }
+)  # fmt: skip
+
+Parser = Callable[[str], Any]
+
+
+def _abs_path(v: str) -> str:
+    if not v.startswith("/"):
+        raise ValueError("must be an absolute path")
+    return os.path.normpath(v)
+
+
+def _opt_abs_path(v: str) -> str:
+    return _abs_path(v) if v else ""
+
+
+def _choice(*options: str) -> Parser:
+    def parse(v: str) -> str:
+        if v not in options:
+            raise ValueError(f"must be one of {', '.join(options)}")
+        return v
+
+    return parse
+
+
+def _number(kind: Callable[[str], Any], lo: float, hi: float) -> Parser:
+    def parse(v: str) -> Any:
+        try:
+            n = kind(v)
+        except ValueError:
+            raise ValueError(f"must be a{'n integer' if kind is int else ' number'}") from None
+        if not lo <= n <= hi:
+            raise ValueError(f"must be between {lo:g} and {hi:g}")
+        return n
+
+    return parse
+
+
+def _mode(v: str) -> int:
+    try:
+        m = int(v, 8)
+    except ValueError:
+        raise ValueError("must be an octal mode such as 0600") from None
+    if m & ~0o666:
+        raise ValueError("must be a subset of 0666 (no execute, setuid or sticky bits)")
+    return m
+
+
+def _port_range(v: str) -> Tuple[int, int]:
+    lo_s, sep, hi_s = v.partition("-")
+    try:
+        lo, hi = int(lo_s), int(hi_s if sep else lo_s)
+    except ValueError:
+        raise ValueError("must be LOW-HIGH, e.g. 61000-61999") from None
+    if not 1024 <= lo <= hi <= 65535:
+        raise ValueError("must satisfy 1024 <= LOW <= HIGH <= 65535")
+    return lo, hi
+
+
+def _csv(v: str) -> Tuple[str, ...]:
+    return tuple(p.strip() for p in v.split(",") if p.strip())
+
+
+def _name(v: str) -> str:
+    if not v or any(c in v for c in "/ \t\n@"):
+        raise ValueError("must be a plain name without '/', '@' or blanks")
+    return v
+
+
+# section -> key -> (default text, parser).  Defaults go through the parser too.
+SCHEMA: Dict[str, Dict[str, Tuple[str, Parser]]] = {
+    "paths": {
+        "root": ("/", _abs_path),
+        "run_dir": ("/run/imexctl", _abs_path),
+        "channel_dir": ("/dev/nvidia-caps-imex-channels", _abs_path),
+        "proc_devices": ("/proc/devices", _abs_path),
+        "log_file": ("/var/log/imexctl.log", _opt_abs_path),
+        "imex_log_file": ("/var/log/nvidia-imex.log", _abs_path),
+        "hosts_file": ("/etc/imexctl/hosts", _abs_path),
+        "topology_file": ("", _opt_abs_path),
+    },
+    "commands": {
+        "nvidia_imex": ("/usr/bin/nvidia-imex", _abs_path),
+        "nvidia_imex_ctl": ("/usr/bin/nvidia-imex-ctl", _abs_path),
+        "systemctl": ("/usr/bin/systemctl", _abs_path),
+    },
+    "daemon": {
+        "backend": ("systemd", _choice("systemd", "exec")),
+        "unit": ("imexctl-imex", _name),
+        "stock_unit": ("nvidia-imex.service", _name),
+        "start_timeout_s": ("30", _number(float, 1, 600)),
+        "stop_timeout_s": ("15", _number(float, 1, 600)),
+        "kill_grace_s": ("5", _number(float, 0.1, 120)),
+        "lock_timeout_s": ("30", _number(float, 0.1, 600)),
+    },
+    "policy": {
+        "jobs": ("all", _choice("all", "partitions", "feature")),
+        "partitions": ("", _csv),
+        "feature": ("imex", _name),
+        "shared": ("refuse", _choice("refuse", "skip")),
+        "channels": ("job", _choice("job", "none")),
+        "channel_mode": ("0600", _mode),
+        "channel_count": ("2048", _number(int, 2, 1 << 20)),
+        "fabric": ("nvml", _choice("nvml", "none")),
+    },
+    "readiness": {
+        "level": ("domain", _choice("local", "domain")),
+        "deadline_s": ("60", _number(float, 0.1, 3600)),
+        "poll_initial_s": ("0.03", _number(float, 0.001, 10)),
+        "poll_max_s": ("1.0", _number(float, 0.001, 60)),
+        "ctl_timeout_s": ("5", _number(float, 0.1, 120)),
+    },
+    "ports": {
+        "server_port_range": ("61000-61999", _port_range),
+    },
+    "resolve": {
+        "method": ("dns", _choice("dns", "hosts_file")),
+    },
+    "log": {
+        "level": ("info", _choice("debug", "info", "warning", "error")),
+    },
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Paths:
+    """Every path imexctl reads or writes on a node, already under ``root``."""
+
+    root: Path
+    run_dir: Path
+    channel_dir: Path
+    proc_devices: Path
+    log_file: Optional[Path]
+    imex_log_file: Path
+    hosts_file: Path
+    topology_file: Optional[Path]
+
+    @property
+    def jobs_dir(self) -> Path:
+        """Directory holding one subdirectory per job that owns (or owned) the domain."""
+        return self.run_dir / "jobs"
+
+    @property
+    def lock_file(self) -> Path:
+        """The per-node lock serialising prologs, epilogs and cleanup."""
+        return self.run_dir / "lock"
+
+    def job_dir(self, job_id: int) -> Path:
+        """The per-job directory: config.cfg, nodes_config.cfg, cmd.sock, state.json."""
+        return self.jobs_dir / str(job_id)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The validated configuration; ``values[section][key]`` holds parsed values."""
+
+    source: Optional[Path]
+    paths: Paths
+    values: Mapping[str, Mapping[str, Any]]
+    imex: Mapping[str, str]
+
+    def get(self, section: str, key: str) -> Any:
+        """Return one parsed value (KeyError for names outside the schema)."""
+        return self.values[section][key]
+
+    def replace(self, **changes: Any) -> Settings:
+        """Return a copy with ``section__key=value`` overrides (values already parsed)."""
+        values = {s: dict(kv) for s, kv in self.values.items()}
+        for name, value in changes.items():
+            section, _, key = name.partition("__")
+            if key not in values.get(section, {}):
+                raise KeyError(name)
+            values[section][key] = value
+        return dataclasses.replace(self, values=values)
+
+
+def find_config(explicit: Optional[str], env: Mapping[str, str]) -> Tuple[Optional[Path], bool]:
+    """Choose the config file: ``--config``, ``$IMEXCTL_CONFIG``, beside ``$SLURM_CONF``, default.
+
+    Returns:
+        The path (or None) and whether it must exist.
+    """
+    if explicit:
+        return Path(explicit), True
+    if env.get("IMEXCTL_CONFIG"):
+        return Path(env["IMEXCTL_CONFIG"]), True
+    slurm_conf = env.get("SLURM_CONF")
+    if slurm_conf:
+        beside = Path(slurm_conf).parent / "imexctl.conf"
+        if beside.is_file():
+            return beside, True
+    return DEFAULT_CONFIG, False
+
+
+def load(path: Optional[Path], *, node: str, required: bool = True, euid: int = 0) -> Settings:
+    """Read and validate the configuration for this node.
+
+    Args:
+        path: the INI file, or None for built-in defaults.
+        node: the Slurm node name, substituted for ``%n`` in ``[paths] root``.
+        required: whether a missing file is an error (False for the default path).
+        euid: the effective uid; the file must be owned by root (or by this uid).
+
+    Raises:
+        ConfigError: naming file, section and key.
+    """
+    raw: Dict[str, Dict[str, str]] = {}
+    source: Optional[Path] = None
+    if path is not None:
+        text = _read_config(path, required=required, euid=euid)
+        if text is not None:
+            raw, source = _parse_ini(path, text), path
+    values: Dict[str, Dict[str, Any]] = {}
+    for section, keys in SCHEMA.items():
+        given = raw.pop(section, {})
+        values[section] = {}
+        for key, (default, parse) in keys.items():
+            text_value = given.pop(key, default)
+            values[section][key] = _parse_value(path, section, key, text_value, parse)
+        if given:
+            _fail(path, section, sorted(given)[0], "unknown key")
+    imex = _imex_section(path, raw.pop("imex", {}))
+    if raw:
+        _fail(path, sorted(raw)[0], None, f"unknown section (known: {', '.join([*SCHEMA, 'imex'])})")
+    _cross_check(path, values)
+    return Settings(source, _paths(values["paths"], node), values, imex)
+
+
+def _read_config(path: Path, *, required: bool, euid: int) -> Optional[str]:
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            data = f.read()
+    except FileNotFoundError:
+        if required:
+            raise ConfigError(f"{path}: config file not found") from None
+        return None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from exc
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{path}: not a regular file")
+    if st.st_uid not in (0, euid) or st.st_mode & 0o022:
+        raise ConfigError(
+            f"{path}: config file must be owned by root and not writable by group or others "
+            f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})"
+        )
+    try:
+        return data.decode()
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text") from exc
+
+
+def _parse_ini(path: Path, text: str) -> Dict[str, Dict[str, str]]:
+    import configparser
+
+    parser = configparser.ConfigParser(interpolation=None, strict=True, default_section="\0none")
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    try:
+        parser.read_string(text, source=str(path))
+    except configparser.Error as exc:
+        raise ConfigError(f"{path}: {exc.message.splitlines()[0]}") from exc  # type: ignore[attr-defined]
+    return {s: dict(parser.items(s)) for s in parser.sections()}
+
+
+def _parse_value(path: Optional[Path], section: str, key: str, text: str, parse: Parser) -> Any:
+    try:
+        return parse(text.strip())
+    except ValueError as exc:
+        _fail(path, section, key, f"{text.strip()!r} {exc}")
+
+
+def _imex_section(path: Optional[Path], given: Dict[str, str]) -> Dict[str, str]:
+    out: Dict[str, str] = {}
+    for key, value in given.items():
+        if key in OWNED_IMEX_KEYS:
+            _fail(path, "imex", key, "is set by imexctl for every job and cannot be overridden")
+        if key not in IMEX_KEYS:
+            _fail(path, "imex", key, "unknown IMEX config.cfg key (see docs/configuration.md)")
+        if "\n" in value.strip() or "#" in value:
+            _fail(path, "imex", key, "value must be one line without '#'")
+        out[key] = value.strip()
+    return out
+
+
+def _cross_check(path: Optional[Path], values: Dict[str, Dict[str, Any]]) -> None:
+    policy, readiness = values["policy"], values["readiness"]
+    if policy["jobs"] == "partitions" and not policy["partitions"]:
+        _fail(path, "policy", "partitions", "must list partitions when jobs = partitions")
+    if readiness["poll_initial_s"] > readiness["poll_max_s"]:
+        _fail(path, "readiness", "poll_initial_s", "must not exceed poll_max_s")
+
+
+def _paths(p: Mapping[str, str], node: str) -> Paths:
+    root_text = p["root"].replace("%n", node) if "%n" in p["root"] else p["root"]
+    root = Path(root_text)
+
+    def under(v: str) -> Path:
+        return root / v.lstrip("/")
+
+    return Paths(
+        root=root,
+        run_dir=under(p["run_dir"]),
+        channel_dir=under(p["channel_dir"]),
+        proc_devices=under(p["proc_devices"]),
+        log_file=under(p["log_file"]) if p["log_file"] else None,
+        imex_log_file=under(p["imex_log_file"]),
+        hosts_file=under(p["hosts_file"]),
+        topology_file=under(p["topology_file"]) if p["topology_file"] else None,
+    )
+
+
+def _fail(path: Optional[Path], section: str, key: Optional[str], reason: str) -> Any:
+    where = f"{path or '<defaults>'}: [{section}]" + (f" {key}" if key else "")
+    raise ConfigError(f"{where}: {reason}")
+

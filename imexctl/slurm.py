@@ -1,0 +1,107 @@
+"""The job as slurmd describes it to Prolog/Epilog, read from the environment (pure)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Optional, Tuple
+
+from imexctl import nodelist
+from imexctl.errors import EnvironmentError_
+
+__all__ = ["JobContext", "constraint_features"]
+
+# slurmd sets SLURM_JOB_NODELIST from 23.02 on; 22.05 only SLURM_NODELIST (slurm.md §1.2).
+_NODELIST_VARS = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
+_EXCLUSIVE = frozenset({"NO", "TOPO"})
+
+
+@dataclasses.dataclass(frozen=True)
+class JobContext:
+    """One job on one node.  ``nodes`` keeps Slurm's order; empty when not needed."""
+
+    job_id: int
+    node: str
+    nodes: Tuple[str, ...] = ()
+    uid: Optional[int] = None
+    gid: Optional[int] = None
+    user: str = ""
+    partition: str = ""
+    constraints: str = ""
+    oversubscribe: str = ""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], *, need_nodes: bool) -> JobContext:
+        """Build the context from slurmd's environment.
+
+        Args:
+            env: the process environment (a plain mapping).
+            need_nodes: the prolog needs the node list and the job owner; the epilog does not.
+
+        Raises:
+            EnvironmentError_: a variable is missing or malformed (named in the message).
+        """
+        job_id = _int(env, "SLURM_JOB_ID", fallback="SLURM_JOBID", required=True, minimum=1)
+        node = env.get("SLURMD_NODENAME", "").strip()
+        if not node:
+            raise EnvironmentError_("SLURMD_NODENAME is not set: imexctl must run as slurmd's Prolog/Epilog")
+        nodes: Tuple[str, ...] = ()
+        if need_nodes:
+            nodes = _nodes(env, node)
+        uid = _int(env, "SLURM_JOB_UID", fallback="SLURM_UID", required=need_nodes, minimum=0)
+        gid = _int(env, "SLURM_JOB_GID", required=False, minimum=0)
+        assert job_id is not None
+        return cls(
+            job_id=job_id,
+            node=node,
+            nodes=nodes,
+            uid=uid,
+            gid=gid,
+            user=env.get("SLURM_JOB_USER", ""),
+            partition=env.get("SLURM_JOB_PARTITION", ""),
+            constraints=env.get("SLURM_JOB_CONSTRAINTS", ""),
+            oversubscribe=env.get("SLURM_JOB_OVERSUBSCRIBE", "").strip().upper(),
+        )
+
+    @property
+    def is_shared(self) -> Optional[bool]:
+        """True if the job may share its nodes; None when Slurm (< 23.02) does not say."""
+        if not self.oversubscribe:
+            return None
+        return self.oversubscribe not in _EXCLUSIVE
+
+
+def constraint_features(constraints: str) -> frozenset[str]:
+    """Feature names in a ``--constraint`` expression (operators and counts dropped)."""
+    text = constraints
+    for op in "&|,[]()":
+        text = text.replace(op, " ")
+    return frozenset(tok.split("*", 1)[0] for tok in text.split() if tok.split("*", 1)[0])
+
+
+def _nodes(env: Mapping[str, str], node: str) -> Tuple[str, ...]:
+    var = next((v for v in _NODELIST_VARS if env.get(v, "").strip()), None)
+    if var is None:
+        raise EnvironmentError_("neither SLURM_JOB_NODELIST nor SLURM_NODELIST is set")
+    nodes = tuple(nodelist.expand(env[var]))
+    if not nodes:
+        raise EnvironmentError_(f"{var}={env[var]!r} names no node")
+    dupes = sorted({n for n in nodes if nodes.count(n) > 1}) if len(set(nodes)) != len(nodes) else []
+    if dupes:
+        raise EnvironmentError_(f"{var}={env[var]!r} names {', '.join(dupes)} more than once")
+    if node not in nodes:
+        raise EnvironmentError_(f"this node {node!r} (SLURMD_NODENAME) is not in {var}={env[var]!r}")
+    return nodes
+
+
+def _int(
+    env: Mapping[str, str], name: str, *, fallback: str = "", required: bool, minimum: int
+) -> Optional[int]:
+    key = name if env.get(name, "").strip() or not fallback else fallback
+    text = env.get(key, "").strip()
+    if not text:
+        if required:
+            raise EnvironmentError_(f"{name} is not set")
+        return None
+    if not (text.isascii() and text.isdigit()) or int(text) < minimum:
+        raise EnvironmentError_(f"{key}={text!r} is not a valid number")
+    return int(text)

@@ -1,0 +1,127 @@
+"""``imexctl status``: what this node's IMEX domain looks like, for an admin."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Dict, List
+
+from imexctl import daemon, devices
+from imexctl.errors import CommandError, ImexctlError
+from imexctl.fsutil import read_text_nofollow
+from imexctl.lifecycle import CONFIG_FILE, Runtime, _known_jobs
+from imexctl.state import read_state
+
+__all__ = ["collect", "render_text"]
+
+
+def collect(rt: Runtime, node: str) -> Dict[str, Any]:
+    """Owner job, daemon, port, nodes, domain and peer states, channels, staleness."""
+    paths = rt.settings.paths
+    jobs = [_job(jid, rt) for jid in _known_jobs(rt)]
+    claimed = {j["channel"]["minor"] for j in jobs if j.get("channel")}
+    channels = [_channel(c, claimed) for c in devices.list_channels(paths.channel_dir)]
+    stale = [f"job {j['job_id']}: {why}" for j in jobs for why in j["stale"]]
+    stale += [f"channel {c['path']}: not owned by any job" for c in channels if c["stale"]]
+    return {
+        "node": node,
+        "owner_job": jobs[0]["job_id"] if len(jobs) == 1 else None,
+        "jobs": jobs,
+        "channels": channels,
+        "stale": stale,
+    }
+
+
+def _job(job_id: int, rt: Runtime) -> Dict[str, Any]:
+    host, s = rt.host, rt.settings
+    job_dir = s.paths.job_dir(job_id)
+    config, state = job_dir / CONFIG_FILE, read_state(job_dir)
+    backend = daemon.make_backend(host, s, state.backend if state else None)
+    out: Dict[str, Any] = {"job_id": job_id, "job_dir": str(job_dir), "stale": []}
+    try:
+        out["daemon"] = dataclasses.asdict(backend.info(job_id, config))
+    except ImexctlError as exc:
+        out["daemon"] = {"error": str(exc)}
+    procs = daemon.job_processes(host, config)
+    if procs:
+        out["daemon"]["pid"] = procs[0].pid
+        out["daemon"]["uptime_s"] = round(host.time() - procs[0].create_time, 1)
+    if state is not None:
+        out.update(user=state.user, uid=state.uid, port=state.port, trays=list(state.nodes),
+                   addresses=list(state.addresses))  # fmt: skip
+        if state.channel_minor is not None:
+            out["channel"] = {"path": state.channel_path, "minor": state.channel_minor}
+    out["nodes_config"] = _read(job_dir / "nodes_config.cfg")
+    out["domain"] = _domain(config, rt) if procs else None
+    out["running"] = host.job_is_running(job_id)
+    if not out["running"]:
+        out["stale"].append("job no longer runs on this node")
+    if not procs:
+        out["stale"].append("no daemon process")
+    if not job_dir.exists():
+        out["stale"].append("daemon without job directory")
+    return out
+
+
+def _domain(config: Path, rt: Runtime) -> Dict[str, Any]:
+    from imexctl import imexstatus
+
+    argv = (rt.settings.get("commands", "nvidia_imex_ctl"), "-c", str(config), "-N", "-j")
+    try:
+        done = rt.host.run(argv, timeout_s=rt.settings.get("readiness", "ctl_timeout_s"))
+        dom = imexstatus.parse_domain_json(done.stdout)
+    except (CommandError, ImexctlError) as exc:
+        return {"error": str(exc)}
+    return {
+        "status": dom.status,
+        "nodes": [
+            {"id": n.node_id, "host": n.host, "status": n.status, "version": n.version,
+             "connections": {str(c.peer_id): c.status for c in n.connections}}  # fmt: skip
+            for n in dom.nodes
+        ],
+    }
+
+
+def _channel(c: devices.Channel, claimed: Any) -> Dict[str, Any]:
+    import pwd
+
+    try:
+        owner = pwd.getpwuid(c.uid).pw_name
+    except KeyError:
+        owner = str(c.uid)
+    return {"path": str(c.path), "minor": c.minor, "owner": owner, "uid": c.uid, "mode": f"{c.mode:04o}",
+            "stale": c.minor not in claimed and c.minor != 0}  # fmt: skip
+
+
+def _read(path: Path) -> List[str]:
+    try:
+        return read_text_nofollow(path).split()
+    except OSError:
+        return []
+
+
+def render_text(st: Dict[str, Any]) -> str:
+    """Human-readable status."""
+    lines = [f"node: {st['node']}", f"owner job: {st['owner_job'] if st['owner_job'] is not None else '-'}"]
+    if not st["jobs"]:
+        lines.append("no IMEX domain on this node")
+    for j in st["jobs"]:
+        d = j.get("daemon", {})
+        lines.append(f"job {j['job_id']} (user {j.get('user', '?')}, port {j.get('port', '?')}, "
+                     f"{'running' if j['running'] else 'not running'})")  # fmt: skip
+        lines.append(f"  daemon: {d.get('backend', '?')} {d.get('unit', '')} {d.get('state', d.get('error', '?'))} "
+                     f"pid {d.get('pid', '-')} uptime {d.get('uptime_s', '-')}s")  # fmt: skip
+        lines.append(f"  nodes_config: {' '.join(j['nodes_config']) or '-'}")
+        dom = j.get("domain")
+        if dom and "status" in dom:
+            lines.append(f"  domain: {dom['status']}")
+            for n in dom["nodes"]:
+                conns = " ".join(f"{k}:{v}" for k, v in sorted(n["connections"].items()))
+                lines.append(f"    node {n['id']} {n['host']} {n['status']} v{n['version']}  {conns}")
+        elif dom:
+            lines.append(f"  domain: unknown ({dom['error']})")
+    for c in st["channels"]:
+        lines.append(f"channel {c['path']} minor {c['minor']} owner {c['owner']} mode {c['mode']}"
+                     + (" STALE" if c["stale"] else ""))  # fmt: skip
+    lines += [f"stale: {s}" for s in st["stale"]] or ["stale: nothing"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,236 @@
+"""Fakes shipped with the package (like ``structlog.testing``): they record and refuse.
+
+``FakeHost`` answers only ``systemctl`` (show/start/stop/reset-failed) and
+``nvidia-imex-ctl`` (``-q``, ``-N -j``); any other command raises
+``AssertionError``.  Files stay real, under a temporary root.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import stat
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+from imexctl.errors import CommandError
+from imexctl.gpu import FabricInfo
+from imexctl.host import Completed, ProcInfo
+
+__all__ = ["FakeGpu", "FakeHost", "job_env", "domain_json"]
+
+
+def job_env(
+    *, job_id: int = 42, nodelist: str = "gb[01-02]", node: str = "gb01", uid: int = 1000, **extra: str
+) -> Dict[str, str]:
+    """The environment slurmd (23.02+) gives a prolog, as a plain dict."""
+    env = {
+        "SLURM_JOB_ID": str(job_id), "SLURM_JOB_NODELIST": nodelist, "SLURM_NODELIST": nodelist,
+        "SLURMD_NODENAME": node, "SLURM_JOB_UID": str(uid), "SLURM_JOB_GID": str(uid),
+        "SLURM_JOB_USER": "alice", "SLURM_JOB_PARTITION": "gpu", "SLURM_SCRIPT_CONTEXT": "prolog_slurmd",
+    }  # fmt: skip
+    env.update(extra)
+    return env
+
+
+def domain_json(
+    hosts: Sequence[str], *, status: str = "UP", node_status: Optional[Dict[int, str]] = None,
+    conn_status: str = "CONNECTED",
+) -> str:
+    """A ``nvidia-imex-ctl -N -j`` document in the documented shape (imex.md §8.4)."""
+    node_status = node_status or {}
+    nodes = {}
+    for i, h in enumerate(hosts):
+        conns = {str(j): {"host": p, "status": conn_status, "changed": False} for j, p in enumerate(hosts) if j != i}
+        nodes[str(i)] = {"status": node_status.get(i, "READY"), "host": h, "connections": conns,
+                         "changed": False, "version": "580.95.05", "hostName": ""}  # fmt: skip
+    return json.dumps({"nodes": nodes, "timestamp": "12/2/2026 10:00:00.000", "status": status})
+
+
+@dataclasses.dataclass
+class FakeGpu:
+    """Canned NVML fabric facts; ``error`` makes the query raise it."""
+
+    infos: List[Optional[FabricInfo]] = dataclasses.field(
+        default_factory=lambda: [FabricInfo(i, b"\x11" * 16, 7, 3, 0) for i in range(4)]
+    )
+    error: Optional[Exception] = None
+    calls: int = 0
+
+    def fabric_infos(self) -> List[Optional[FabricInfo]]:
+        self.calls += 1
+        if self.error is not None:
+            raise self.error
+        return list(self.infos)
+
+
+@dataclasses.dataclass
+class _Proc:
+    info: ProcInfo
+    alive: bool = True
+    ignores_sigterm: bool = False
+    unkillable: bool = False
+
+
+@dataclasses.dataclass
+class FakeHost:
+    """A scriptable host.  The clock moves only when code sleeps."""
+
+    addresses: Dict[str, List[str]] = dataclasses.field(default_factory=dict)
+    ready_after: int = 1
+    q_outputs: List[Tuple[int, str]] = dataclasses.field(default_factory=list)
+    domain: Optional[Callable[[List[str]], Tuple[int, str]]] = None
+    hang_ctl: bool = False
+    units: Dict[str, Dict[str, str]] = dataclasses.field(default_factory=dict)
+    unit_exec: str = "/usr/bin/nvidia-imex -c /run/imexctl/jobs/{job}/config.cfg"
+    fail_verbs: Set[str] = dataclasses.field(default_factory=set)
+    ports_in_use: Set[Tuple[str, int]] = dataclasses.field(default_factory=set)
+    running_jobs: Set[int] = dataclasses.field(default_factory=set)
+    daemon_ignores_sigterm: bool = False
+    daemon_unkillable: bool = False
+    daemon_dies: bool = False
+    euid_value: int = 0
+    calls: List[Tuple[str, ...]] = dataclasses.field(default_factory=list)
+    slept: List[float] = dataclasses.field(default_factory=list)
+    signals: List[Tuple[int, int]] = dataclasses.field(default_factory=list)
+    mknods: List[Tuple[str, int, int, int, int, int]] = dataclasses.field(default_factory=list)
+    now: float = 1000.0
+    procs: Dict[int, _Proc] = dataclasses.field(default_factory=dict)
+    _q_probes: int = 0
+    _next_pid: int = 4000
+
+    # -- commands
+    def run(self, argv: Sequence[str], *, timeout_s: float) -> Completed:
+        argv = tuple(argv)
+        self.calls.append(argv)
+        name = Path(argv[0]).name
+        if name == "systemctl":
+            return self._systemctl(argv)
+        if name == "nvidia-imex-ctl":
+            if self.hang_ctl:
+                self.now += timeout_s
+                raise CommandError(argv, f"no answer within {timeout_s:g}s")
+            return self._ctl(argv)
+        raise AssertionError(f"FakeHost: unexpected command {argv}")
+
+    def _ctl(self, argv: Tuple[str, ...]) -> Completed:
+        cfg = Path(argv[argv.index("-c") + 1])
+        if "-q" in argv:
+            self._q_probes += 1
+            if self.q_outputs:
+                rc, out = self.q_outputs.pop(0) if len(self.q_outputs) > 1 else self.q_outputs[0]
+            else:
+                rc, out = (0, "READY\n") if self._q_probes >= self.ready_after else (0, "WAITING_FOR_PEERS\n")
+            return Completed(argv, rc, out, "")
+        if argv[-2:] == ("-N", "-j"):
+            hosts = self._nodes_of(cfg)
+            rc, out = self.domain(hosts) if self.domain else (0, domain_json(hosts))
+            return Completed(argv, rc, out, "")
+        raise AssertionError(f"FakeHost: unexpected nvidia-imex-ctl arguments {argv}")
+
+    @staticmethod
+    def _nodes_of(cfg: Path) -> List[str]:
+        for line in cfg.read_text().splitlines():
+            if line.startswith("IMEX_NODE_CONFIG_FILE="):
+                return Path(line.split("=", 1)[1]).read_text().split()
+        raise AssertionError(f"FakeHost: {cfg} has no IMEX_NODE_CONFIG_FILE")
+
+    def _systemctl(self, argv: Tuple[str, ...]) -> Completed:
+        verb, units = argv[1], [a for a in argv[2:] if not a.startswith("-")]
+        if verb in self.fail_verbs:
+            return Completed(argv, 1, "", f"Job for {units[0]} failed.")
+        if verb == "show":
+            return Completed(argv, 0, "\n\n".join(self._show(u) for u in units) + "\n", "")
+        if verb not in ("start", "stop", "reset-failed"):
+            raise AssertionError(f"FakeHost: unexpected systemctl verb {argv}")
+        unit = units[0]
+        state = self.units.setdefault(unit, {"ActiveState": "inactive"})
+        if verb == "start":
+            job = unit.split("@", 1)[1].split(".", 1)[0]
+            state["ActiveState"] = "active"
+            state["pid"] = str(self._spawn(tuple(self.unit_exec.format(job=job).split())).pid)
+        elif verb == "stop":
+            for p in self.procs.values():
+                if str(p.info.pid) == state.get("pid"):
+                    p.alive = p.unkillable
+            state["ActiveState"] = "inactive"
+        return Completed(argv, 0, "", "")
+
+    def _show(self, unit: str) -> str:
+        st = self.units.get(unit, {})
+        if "@" in unit and "LoadState" not in st:
+            job = unit.split("@", 1)[1].split(".", 1)[0]
+            argv = self.unit_exec.format(job=job)
+            exec_start = f"{{ path={argv.split()[0]} ; argv[]={argv} ; ignore_errors=no }}"
+            st = {"LoadState": "loaded", "ExecStart": exec_start, **st}
+        props = {"Id": unit, "LoadState": "not-found", "ActiveState": "inactive", "SubState": "dead",
+                 "MainPID": st.get("pid", "0"), "ExecStart": "", **{k: v for k, v in st.items() if k != "pid"}}
+        return "\n".join(f"{k}={v}" for k, v in props.items())
+
+    # -- processes
+    def spawn_detached(self, argv: Sequence[str], *, log_path: Path) -> ProcInfo:
+        self.calls.append(("spawn", *argv))
+        return self._spawn(tuple(argv)).info
+
+    def _spawn(self, argv: Tuple[str, ...]) -> _Proc:
+        self._next_pid += 1
+        proc = _Proc(ProcInfo(self._next_pid, self.now, argv, self._next_pid, self._next_pid),
+                     alive=not self.daemon_dies, ignores_sigterm=self.daemon_ignores_sigterm,
+                     unkillable=self.daemon_unkillable)  # fmt: skip
+        self.procs[proc.info.pid] = proc
+        return proc
+
+    def processes_with_arg(self, arg: str, *, prefix: bool = False) -> List[ProcInfo]:
+        return [p.info for p in self.procs.values() if p.alive
+                and any(a.startswith(arg) if prefix else a == arg for a in p.info.cmdline)]  # fmt: skip
+
+    def is_alive(self, proc: ProcInfo) -> bool:
+        p = self.procs.get(proc.pid)
+        return p is not None and p.alive
+
+    def send_signal(self, proc: ProcInfo, signum: int) -> None:
+        self.signals.append((proc.pid, signum))
+        p = self.procs.get(proc.pid)
+        if p is None or not p.alive:
+            return
+        if signum == signal.SIGKILL:
+            p.alive = p.unkillable
+        elif signum == signal.SIGTERM and not p.ignores_sigterm:
+            p.alive = False
+
+    def job_is_running(self, job_id: int) -> bool:
+        return job_id in self.running_jobs
+
+    # -- name resolution, ports, devices
+    def resolve(self, name: str) -> List[str]:
+        if name not in self.addresses:
+            raise CommandError(("getaddrinfo", name), f"cannot resolve {name!r}: Name or service not known")
+        return list(self.addresses[name])
+
+    def port_in_use(self, address: str, port: int) -> bool:
+        return (address, port) in self.ports_in_use
+
+    def mknod_char(self, path: Path, major: int, minor: int, *, mode: int, uid: int, gid: int) -> None:
+        self.mknods.append((str(path), major, minor, mode, uid, gid))
+        old = os.umask(0)
+        try:
+            os.mknod(path, stat.S_IFCHR | mode, os.makedev(major, minor))
+            os.chown(path, uid, gid, follow_symlinks=False)
+        finally:
+            os.umask(old)
+
+    # -- clock and identity
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+    def time(self) -> float:
+        return 1_800_000_000.0 + self.now
+
+    def euid(self) -> int:
+        return self.euid_value
