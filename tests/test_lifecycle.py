@@ -1,0 +1,190 @@
+"""Prolog, epilog and cleanup end to end over FakeHost, with real files under a temporary root."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+from pathlib import Path
+from typing import Any, Callable, List
+
+import pytest
+from structlog.testing import capture_logs
+
+from imexctl import lifecycle
+from imexctl.errors import (
+    DaemonError, DeviceError, DomainBusyError, EnvironmentError_, GpuError, HealthTimeout, ResolveError,
+    UnsafeNodeError,
+)  # fmt: skip
+from imexctl.gpu import FabricInfo
+from imexctl.testing import FakeHost, domain_json, job_env
+
+
+def events(logs: List[dict], level: str = "info") -> List[str]:
+    return [e["event"] for e in logs if e["log_level"] == level]
+
+
+def leftovers(root: Path) -> List[str]:
+    """Everything a job may leave: job dirs and channel nodes."""
+    found = [str(p) for p in (root / "run/imexctl/jobs").glob("*")]
+    found += [str(p) for p in (root / "dev/nvidia-caps-imex-channels").glob("*")]
+    return found
+
+
+def live(host: FakeHost) -> List[int]:
+    return [pid for pid, p in host.procs.items() if p.alive]
+
+
+class TestProlog:
+    def test_writes_config_starts_daemon_waits_and_creates_channel(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """A 2-tray prolog writes both files, spawns the daemon, waits for UP and creates the channel."""
+        host.ready_after = 3
+        with capture_logs() as logs:
+            out = lifecycle.prolog(job_env(job_id=42, nodelist="gb[01-02]", node="gb01", uid=1234), rt)
+
+        job_dir = root / "run/imexctl/jobs/42"
+        assert (job_dir / "nodes_config.cfg").read_text() == "10.0.0.1\n10.0.0.2\n"
+        cfg = (job_dir / "config.cfg").read_text().splitlines()
+        assert "SERVER_PORT=61042" in cfg and "BIND_INTERFACE_IP=10.0.0.1" in cfg and "DAEMONIZE=0" in cfg
+        assert f"IMEX_CMD_UNIX_DOMAIN_PATH={job_dir}/cmd.sock" in cfg
+        assert ("spawn", "/usr/bin/nvidia-imex", "-c", f"{job_dir}/config.cfg") in host.calls
+        chan = root / "dev/nvidia-caps-imex-channels/channel43"
+        st = os.lstat(chan)
+        assert stat.S_ISCHR(st.st_mode) and os.major(st.st_rdev) == 234 and os.minor(st.st_rdev) == 43
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (1234, 0o600)
+        assert host.slept == [0.03, 0.06]
+        assert out["ok"] and out["port"] == 61042 and out["ready"]
+        assert events(logs) == [
+            "imex.nodes.resolved", "imex.config.written", "imex.daemon.started", "imex.ready",
+            "device.channel.created", "prolog.done",
+        ]
+
+    def test_health_timeout_rolls_back_everything(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """A daemon that never gets READY fails the prolog within the deadline and leaves nothing."""
+        host.ready_after = 10**6
+        with pytest.raises(HealthTimeout, match="WAITING_FOR_PEERS"):
+            lifecycle.prolog(job_env(), rt)
+        assert leftovers(root) == [] and live(host) == []
+        assert host.now - 1000.0 <= 5.0 + 0.5
+
+    def test_missing_proc_devices_entry_fails_before_start(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """Without the IMEX entry in /proc/devices the daemon is never started and nothing is left."""
+        (root / "proc/devices").write_text("Character devices:\n195 nvidia\nBlock devices:\n")
+        with pytest.raises(DeviceError, match="nvidia-caps-imex-channels"):
+            lifecycle.prolog(job_env(), rt)
+        assert not any(c[0] == "spawn" for c in host.calls) and leftovers(root) == []
+
+    def test_unresolvable_tray_is_named(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """A tray without an address fails the prolog with that tray's name."""
+        with pytest.raises(ResolveError, match="nope"):
+            lifecycle.prolog(job_env(nodelist="gb01,nope"), rt)
+        assert leftovers(root) == [] and host.calls == []
+
+    def test_daemon_that_dies_fails_fast(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """A daemon that exits during start-up fails the prolog at once, not at the deadline."""
+        host.daemon_dies = True
+        with pytest.raises(DaemonError, match="exited"):
+            lifecycle.prolog(job_env(), rt)
+        assert host.slept == [] and leftovers(root) == []
+
+    def test_blamed_peer_leaves_failure_to_that_tray(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """When a live peer reports itself not ready, this tray keeps its domain and exits 0."""
+        host.domain = lambda hosts: (0, domain_json(hosts, status="DEGRADED", node_status={1: "WAITING_FOR_PEERS"},
+                                                    conn_status="CONNECTED"))  # fmt: skip
+        with capture_logs() as logs:
+            out = lifecycle.prolog(job_env(), rt)
+        assert out["blamed"] == ["10.0.0.2"] and not out["ready"]
+        assert "imex.peer_blamed" in events(logs, "warning")
+
+    def test_unavailable_peer_is_not_blamed(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """An UNAVAILABLE peer may be our own network's fault: the prolog fails."""
+        host.domain = lambda hosts: (0, domain_json(hosts, status="DEGRADED", node_status={1: "UNAVAILABLE"}))
+        with pytest.raises(HealthTimeout):
+            lifecycle.prolog(job_env(), rt)
+        assert leftovers(root) == []
+
+    def test_other_jobs_domain_is_refused_and_untouched(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """A prolog on a node whose domain belongs to another job fails without touching it."""
+        lifecycle.prolog(job_env(job_id=7), rt)
+        before = leftovers(root)
+        with pytest.raises(DomainBusyError, match="job 7"):
+            lifecycle.prolog(job_env(job_id=8), rt)
+        assert leftovers(root) == before and len(live(host)) == 1
+
+    def test_port_in_use_is_refused(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """A stale process on the job's SERVER_PORT fails the prolog before starting a daemon."""
+        host.ports_in_use.add(("10.0.0.1", 61042))
+        with pytest.raises(DomainBusyError, match="61042"):
+            lifecycle.prolog(job_env(job_id=42), rt)
+        assert leftovers(root) == [] and not any(c[0] == "spawn" for c in host.calls)
+
+    def test_policy_gate_skips_without_touching_anything(self, host: FakeHost, gpu: Any, root: Path,
+                                                         make_settings: Callable[..., Any]) -> None:
+        """A job outside the configured partitions exits 0 and touches nothing."""
+        rt = lifecycle.Runtime(host, gpu, make_settings(policy={"jobs": "partitions", "partitions": "nvl72"}),
+                               __import__("structlog").get_logger())  # fmt: skip
+        with capture_logs() as logs:
+            out = lifecycle.prolog(job_env(SLURM_JOB_PARTITION="cpu"), rt)
+        assert "cpu" in out["skipped"] and host.calls == [] and gpu.calls == 0
+        assert events(logs) == ["imex.skipped", "prolog.done"]
+
+    def test_unregistered_fabric_fails(self, rt: Any, gpu: Any, host: FakeHost) -> None:
+        """A GPU whose NVLink fabric is still registering fails the prolog before any change."""
+        gpu.infos = [FabricInfo(0, b"\x11" * 16, 7, 2, 0)]
+        with pytest.raises(GpuError, match="not attached"):
+            lifecycle.prolog(job_env(), rt)
+        assert host.calls == []
+
+    def test_bad_environment_is_named(self, rt: Any) -> None:
+        """A job id that is not a number is reported with its variable name."""
+        with pytest.raises(EnvironmentError_, match="SLURM_JOB_ID"):
+            lifecycle.prolog(job_env(SLURM_JOB_ID="4x2"), rt)
+
+
+class TestEpilog:
+    def test_removes_everything_and_is_idempotent(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """The epilog stops the daemon, removes channel and files, and a second run is a no-op."""
+        lifecycle.prolog(job_env(job_id=42), rt)
+        out = lifecycle.epilog(job_env(job_id=42), rt)
+        assert leftovers(root) == [] and live(host) == []
+        assert any("channel" in a for a in out["actions"])
+        assert lifecycle.epilog(job_env(job_id=42), rt)["actions"] == []
+
+    def test_never_touches_another_job(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """The epilog of a job that never ran here leaves the owner's domain alone."""
+        lifecycle.prolog(job_env(job_id=7), rt)
+        before = leftovers(root)
+        assert lifecycle.epilog(job_env(job_id=8), rt)["actions"] == []
+        assert leftovers(root) == before and len(live(host)) == 1
+
+    def test_sigkill_after_grace(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """A daemon ignoring SIGTERM is killed after the grace period."""
+        host.daemon_ignores_sigterm = True
+        lifecycle.prolog(job_env(job_id=42), rt)
+        lifecycle.epilog(job_env(job_id=42), rt)
+        assert [s for _, s in host.signals][-1] == signal.SIGKILL and live(host) == []
+
+    def test_unkillable_daemon_fails_the_epilog(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """A daemon that survives SIGKILL makes the epilog fail (the node is unsafe)."""
+        host.daemon_ignores_sigterm = host.daemon_unkillable = True
+        lifecycle.prolog(job_env(job_id=42), rt)
+        with pytest.raises(UnsafeNodeError, match="survives"):
+            lifecycle.epilog(job_env(job_id=42), rt)
+
+
+class TestCleanup:
+    def test_skips_running_jobs_unless_forced(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """Cleanup leaves a job that still runs here, and removes it with --force."""
+        lifecycle.prolog(job_env(job_id=42), rt)
+        host.running_jobs.add(42)
+        assert lifecycle.cleanup(rt)["skipped"] and leftovers(root)
+        lifecycle.cleanup(rt, force=True)
+        assert leftovers(root) == [] and live(host) == []
+
+    def test_dry_run_changes_nothing(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """A dry run reports the teardown of a dead job and performs none of it."""
+        lifecycle.prolog(job_env(job_id=42), rt)
+        before = leftovers(root)
+        report = lifecycle.cleanup(rt, dry_run=True)
+        assert report["actions"] and all(a.startswith("would ") for a in report["actions"])
+        assert leftovers(root) == before and len(live(host)) == 1
