@@ -1,0 +1,411 @@
+"""Parse what ``nvidia-imex-ctl`` prints: ``-q`` states and ``-N`` domain status.
+
+Pure functions over strings (house rule 1): nothing here runs a process.
+Formats follow docs/reference imex.md §8.2-§8.4; spellings that are not
+confirmed (§13 #3) are kept verbatim, so callers compare against ``READY``,
+``CONNECTED`` and ``UP`` only and log anything else as it came.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Final, Mapping
+
+from imexctl.errors import OutputError
+
+__all__ = [
+    "CONNECTION_LETTERS",
+    "Connection",
+    "DomainStatus",
+    "NodeStatus",
+    "QUERY_STATES",
+    "format_domain_table",
+    "parse_domain_json",
+    "parse_domain_text",
+    "parse_query",
+]
+
+#: The eight ``-q`` states, in DCGM's enum order (imex.md §8.2).
+QUERY_STATES: Final = (
+    "INITIALIZING",
+    "STARTING_AUTH_SERVER",
+    "WAITING_FOR_PEERS",
+    "WAITING_FOR_RECOVERY",
+    "INIT_GPU",
+    "READY",
+    "SHUTTING_DOWN",
+    "UNAVAILABLE",
+)
+
+#: Connectivity-table letter (``-N`` text) -> connection status (``-N -j`` spelling).
+CONNECTION_LETTERS: Final[Mapping[str, str]] = {
+    "C": "CONNECTED",
+    "I": "INVALID",
+    "N": "NEVER_CONNECTED",
+    "R": "RECOVERING",
+    "D": "DISCONNECTED",
+    "A": "AUTHENTICATING",
+    "!V!": "VERSION_MISMATCH",
+    "!M!": "NODE_MAP_MISMATCH",
+}
+
+_NOT_CONFIGURED: Final = "Failed to read node configuration file"
+_SHOWN_CHARS: Final = 200
+
+
+def _shown(text: str) -> str:
+    """Return ``text`` quoted and cut short enough for an error message."""
+    if len(text) > _SHOWN_CHARS:
+        return repr(text[:_SHOWN_CHARS]) + "..."
+    return repr(text)
+
+
+@dataclasses.dataclass(frozen=True)
+class Connection:
+    """One cell of the connectivity table: how ``node`` sees ``peer_id``."""
+
+    peer_id: int
+    host: str
+    status: str
+
+    @property
+    def is_connected(self) -> bool:
+        """Whether the link is ``CONNECTED``."""
+        return self.status == "CONNECTED"
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeStatus:
+    """One line of the nodes file as the queried daemon reports it."""
+
+    node_id: int
+    host: str
+    status: str
+    version: str
+    hostname: str
+    connections: tuple[Connection, ...]
+
+    @property
+    def is_ready(self) -> bool:
+        """Whether the node reports ``READY``."""
+        return self.status == "READY"
+
+    def connection_to(self, peer_id: int) -> Connection | None:
+        """Return this node's connection to ``peer_id``, if listed."""
+        for conn in self.connections:
+            if conn.peer_id == peer_id:
+                return conn
+        return None
+
+    def peer_connections(self) -> tuple[Connection, ...]:
+        """Return the connections to other nodes (the self entry left out, imex.md §13 #3)."""
+        return tuple(c for c in self.connections if c.peer_id != self.node_id)
+
+
+@dataclasses.dataclass(frozen=True)
+class DomainStatus:
+    """The whole ``-N`` answer: domain state, timestamp and one entry per node."""
+
+    status: str
+    timestamp: str
+    nodes: tuple[NodeStatus, ...]
+
+    @property
+    def is_up(self) -> bool:
+        """Whether the domain state is ``UP``."""
+        return self.status == "UP"
+
+    def node(self, node_id: int) -> NodeStatus | None:
+        """Return the node with this ID, if present."""
+        for node in self.nodes:
+            if node.node_id == node_id:
+                return node
+        return None
+
+    def node_by_host(self, addr: str) -> NodeStatus | None:
+        """Return the node whose ``host`` (or, failing that, ``hostname``) is ``addr``."""
+        for node in self.nodes:
+            if node.host == addr:
+                return node
+        for node in self.nodes:
+            if addr and node.hostname == addr:
+                return node
+        return None
+
+    def not_connected(self, *, include_self: bool = False) -> list[tuple[int, int, str]]:
+        """Return ``(from_id, to_id, status)`` for every link that is not ``CONNECTED``.
+
+        Args:
+            include_self: also report a node's entry for itself (the table's
+                diagonal); left out by default, as imex.md §13 #3 advises.
+        """
+        out = []
+        for node in self.nodes:
+            for conn in node.connections:
+                if conn.peer_id == node.node_id and not include_self:
+                    continue
+                if not conn.is_connected:
+                    out.append((node.node_id, conn.peer_id, conn.status))
+        return out
+
+
+def parse_query(output: str) -> str:
+    """Return the daemon state printed by ``nvidia-imex-ctl -q``.
+
+    Args:
+        output: stdout (or stdout+stderr) of the command.
+
+    Returns:
+        One of :data:`QUERY_STATES`, exactly as printed.
+
+    Raises:
+        OutputError: the output says the node configuration could not be
+            read, or is not exactly one known state word.
+    """
+    if _NOT_CONFIGURED in output:
+        line = next(ln for ln in output.splitlines() if _NOT_CONFIGURED in ln)
+        raise OutputError(f"nvidia-imex-ctl -q: not configured: {line.strip()!r}")
+    word = output.strip()
+    if not word:
+        raise OutputError("nvidia-imex-ctl -q: empty output, expected one state word")
+    if word not in QUERY_STATES:
+        raise OutputError(f"nvidia-imex-ctl -q: unknown state {_shown(word)}")
+    return word
+
+
+# ---------------------------------------------------------------- -N -j
+
+
+def _want(obj: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
+    """Return ``obj[key]`` checked to be a ``kind``, else raise naming ``where``."""
+    if key not in obj:
+        raise OutputError(f"nvidia-imex-ctl -N -j: {where}: missing key {key!r}")
+    value = obj[key]
+    if not isinstance(value, kind):
+        raise OutputError(
+            f"nvidia-imex-ctl -N -j: {where}: {key!r} is {type(value).__name__}, "
+            f"expected {kind.__name__}"
+        )
+    return value
+
+
+def _optional_str(obj: Mapping[str, Any], key: str, where: str) -> str:
+    """Return ``obj[key]`` if it is a string, ``""`` if absent, else raise."""
+    if key not in obj:
+        return ""
+    return str(_want(obj, key, str, where))
+
+
+def _node_id(key: str, where: str) -> int:
+    """Turn a JSON object key such as ``"17"`` into a node ID."""
+    if not (key.isascii() and key.isdigit()):
+        raise OutputError(f"nvidia-imex-ctl -N -j: {where}: node ID {key!r} is not a number")
+    return int(key)
+
+
+def _json_connections(raw: Mapping[str, Any], where: str) -> tuple[Connection, ...]:
+    """Build the connections of one node from its ``connections`` object."""
+    conns = []
+    for key, value in raw.items():
+        cwhere = f"{where}.connections[{key!r}]"
+        peer = _node_id(key, cwhere)
+        if not isinstance(value, dict):
+            raise OutputError(f"nvidia-imex-ctl -N -j: {cwhere} is {type(value).__name__}, expected object")
+        status = _want(value, "status", str, cwhere)
+        conns.append(Connection(peer, _optional_str(value, "host", cwhere), status))
+    return tuple(sorted(conns, key=lambda c: c.peer_id))
+
+
+def _json_node(key: str, raw: Any) -> NodeStatus:
+    """Build one :class:`NodeStatus` from ``nodes[key]``."""
+    where = f"nodes[{key!r}]"
+    node_id = _node_id(key, where)
+    if not isinstance(raw, dict):
+        raise OutputError(f"nvidia-imex-ctl -N -j: {where} is {type(raw).__name__}, expected object")
+    conns = raw.get("connections", {})
+    if not isinstance(conns, dict):
+        raise OutputError(f"nvidia-imex-ctl -N -j: {where}.connections is {type(conns).__name__}, expected object")
+    return NodeStatus(
+        node_id=node_id,
+        host=_want(raw, "host", str, where),
+        status=_want(raw, "status", str, where),
+        version=_optional_str(raw, "version", where),
+        hostname=_optional_str(raw, "hostName", where),
+        connections=_json_connections(conns, where),
+    )
+
+
+def parse_domain_json(text: str) -> DomainStatus:
+    """Parse ``nvidia-imex-ctl -N -j`` output (imex.md §8.4).
+
+    Required: top-level ``status`` and ``nodes``; per node ``status`` and
+    ``host``; per connection ``status``.  ``timestamp``, ``version``,
+    ``hostName`` and a connection's ``host`` default to ``""``.  Unknown
+    keys are ignored and status spellings are kept verbatim.
+
+    Raises:
+        OutputError: not JSON, not an object, or a required key is missing
+            or has the wrong type; the message names the offending key.
+    """
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise OutputError(f"nvidia-imex-ctl -N -j: not JSON ({exc}): {_shown(text)}") from exc
+    if not isinstance(data, dict):
+        raise OutputError(f"nvidia-imex-ctl -N -j: top level is {type(data).__name__}, expected object")
+    status = _want(data, "status", str, "top level")
+    nodes_raw = _want(data, "nodes", dict, "top level")
+    nodes = sorted((_json_node(k, v) for k, v in nodes_raw.items()), key=lambda n: n.node_id)
+    return DomainStatus(status, _optional_str(data, "timestamp", "top level"), tuple(nodes))
+
+
+# ---------------------------------------------------------------- -N text
+
+# Node line, as in imex.md §8.3, widened to accept the ``*`` local-node marker
+# (``* host *``), a missing Version column (older drivers) and ``- Hostname:``.
+_NODE_LINE: Final = (
+    r"^Node\s+#(?P<id>\d+)\s+(?P<mark>[-*])\s+(?P<host>\S+)\s+(?:\*\s+)?-\s+(?P<status>\S+)"
+    r"(?:\s+-\s+Version:[ \t]*(?P<version>\S*))?"
+    r"(?:\s+-\s+Hostname:[ \t]*(?P<hostname>\S*))?\s*$"
+)
+_HEADER: Final = r"^\s*Nodes From\\To\s+(?P<cols>.*)$"
+_DOMAIN: Final = r"^Domain State:\s*(?P<state>\S+)\s*$"
+
+
+class _TextParts:
+    """What :func:`parse_domain_text` collects while reading lines."""
+
+    def __init__(self) -> None:
+        self.timestamp = ""
+        self.nodes: dict[int, tuple[str, str, str, str]] = {}
+        self.columns: list[int] | None = None
+        self.rows: dict[int, list[str]] = {}
+        self.state: str | None = None
+
+
+def _parse_columns(cols: str) -> list[int]:
+    """Return the peer IDs of the table header."""
+    out = []
+    for token in cols.split():
+        if not token.isdigit():
+            raise OutputError(f"nvidia-imex-ctl -N: table header: column {token!r} is not a node ID")
+        out.append(int(token))
+    return out
+
+
+def _parse_row(line: str, columns: list[int]) -> tuple[int, list[str]]:
+    """Return ``(from_id, statuses)`` for one table row."""
+    tokens = line.split()
+    if not tokens[0].isdigit():
+        raise OutputError(f"nvidia-imex-ctl -N: table row {line.strip()!r}: {tokens[0]!r} is not a node ID")
+    cells = tokens[1:]
+    if len(cells) != len(columns):
+        raise OutputError(
+            f"nvidia-imex-ctl -N: table row {line.strip()!r}: {len(cells)} cells for {len(columns)} columns"
+        )
+    for cell in cells:
+        if cell not in CONNECTION_LETTERS:
+            raise OutputError(f"nvidia-imex-ctl -N: table row {line.strip()!r}: unknown cell {cell!r}")
+    return int(tokens[0]), [CONNECTION_LETTERS[c] for c in cells]
+
+
+def _read_line(line: str, parts: _TextParts) -> None:
+    """Feed one line of ``-N`` text into ``parts``."""
+    import re
+
+    if parts.columns is not None and parts.state is None and line.strip():
+        if not line.lstrip().startswith("Domain State:"):
+            row_id, statuses = _parse_row(line, parts.columns)
+            parts.rows[row_id] = statuses
+            return
+    if m := re.match(_NODE_LINE, line):
+        parts.nodes[int(m["id"])] = (m["host"], m["status"], m["version"] or "", m["hostname"] or "")
+    elif m := re.match(_HEADER, line):
+        parts.columns = _parse_columns(m["cols"])
+    elif m := re.match(_DOMAIN, line.strip()):
+        parts.state = m["state"]
+    elif re.match(r"^\d{1,2}/\d{1,2}/\d{4} \d{1,2}:\d{2}:\d{2}\.\d{3}$", line.strip()):
+        parts.timestamp = line.strip()
+    elif line.startswith("Node #"):
+        raise OutputError(f"nvidia-imex-ctl -N: unparseable node line {line!r}")
+
+
+def _assemble(parts: _TextParts) -> DomainStatus:
+    """Check that the pieces fit together and build the :class:`DomainStatus`."""
+    if parts.state is None:
+        raise OutputError("nvidia-imex-ctl -N: no 'Domain State:' line")
+    if parts.columns is None:
+        raise OutputError("nvidia-imex-ctl -N: no 'Nodes From\\To' connectivity table")
+    if set(parts.columns) != set(parts.nodes) or set(parts.rows) != set(parts.nodes):
+        raise OutputError(
+            f"nvidia-imex-ctl -N: node lines {sorted(parts.nodes)}, table columns "
+            f"{sorted(parts.columns)} and table rows {sorted(parts.rows)} do not match"
+        )
+    nodes = []
+    for node_id in sorted(parts.nodes):
+        host, status, version, hostname = parts.nodes[node_id]
+        conns = tuple(
+            Connection(peer, parts.nodes[peer][0], st)
+            for peer, st in sorted(zip(parts.columns, parts.rows[node_id]))
+        )
+        nodes.append(NodeStatus(node_id, host, status, version, hostname, conns))
+    return DomainStatus(parts.state, parts.timestamp, tuple(nodes))
+
+
+def parse_domain_text(text: str) -> DomainStatus:
+    """Parse the human ``nvidia-imex-ctl -N`` output, with or without ``-H``.
+
+    Accepts the 570.172 layout of imex.md §8.3, the older layout without a
+    Version column, the ``* host *`` local-node marker and a trailing
+    ``- Hostname: name``.  Table letters become the ``-j`` spellings of
+    :data:`CONNECTION_LETTERS`.  Prefer :func:`parse_domain_json`; this is
+    for logs and for checking what humans see.
+
+    Raises:
+        OutputError: a table row or node line does not parse, a section is
+            missing, or node lines, columns and rows disagree.
+    """
+    parts = _TextParts()
+    for line in text.splitlines():
+        _read_line(line, parts)
+    return _assemble(parts)
+
+
+# ---------------------------------------------------------------- log table
+
+_LETTERS: Final = {status: letter for letter, status in CONNECTION_LETTERS.items()}
+
+
+def _cell(node: NodeStatus, peer_id: int) -> str:
+    """Return the table letter of ``node``'s link to ``peer_id`` (``-`` if not listed)."""
+    conn = node.connection_to(peer_id)
+    if conn is None:
+        return "-"
+    return _LETTERS.get(conn.status, "?")
+
+
+def format_domain_table(d: DomainStatus) -> str:
+    """Render a compact table for logs: one line per node plus its links.
+
+    Example::
+
+        domain DEGRADED at 5/22/2025 19:46:40.891 (2 nodes)
+          id host           status       version    links
+           0 10.0.0.1       READY        580.95.05  C R
+           1 10.0.0.2       UNAVAILABLE  -          I I
+
+    Letters as in ``nvidia-imex-ctl -N``; ``-`` = not listed, ``?`` = a
+    status spelling this module does not know.
+    """
+    ids = [n.node_id for n in d.nodes]
+    width = max([len(n.host) for n in d.nodes] + [4])
+    lines = [
+        f"domain {d.status} at {d.timestamp or '?'} ({len(d.nodes)} nodes)",
+        f"  {'id':>2} {'host':<{width}} {'status':<20} {'version':<10} links",
+    ]
+    for n in d.nodes:
+        name = f" ({n.hostname})" if n.hostname else ""
+        links = " ".join(_cell(n, peer) for peer in ids)
+        lines.append(f"  {n.node_id:>2} {n.host:<{width}} {n.status:<20} {n.version or '-':<10} {links}{name}")
+    return "\n".join(lines)
