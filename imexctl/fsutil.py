@@ -64,12 +64,21 @@ def atomic_write(path: Path, data: str, *, mode: int = 0o644) -> bool:
 
 
 def read_text_nofollow(path: Path) -> str:
-    """Read a regular file, refusing symlinks and other file types."""
+    """Read a regular UTF-8 file, refusing symlinks and other file types.
+
+    Raises:
+        OSError: also for a file that is not UTF-8 text (``EILSEQ``), so callers
+            that handle unreadable files handle this one too.
+    """
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
-        return f.read().decode()
+        data = f.read()
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        raise OSError(errno.EILSEQ, "not UTF-8 text", str(path)) from None
 
 
 def remove_file(path: Path) -> bool:
