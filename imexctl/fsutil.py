@@ -70,7 +70,9 @@ def read_text_nofollow(path: Path) -> str:
         OSError: also for a file that is not UTF-8 text (``EILSEQ``), so callers
             that handle unreadable files handle this one too.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    # O_NONBLOCK: opening a FIFO would otherwise block until a writer appears;
+    # it has no effect on reading regular files.
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
