@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from imexctl import imexstatus
 from imexctl.errors import CommandError, DaemonError, HealthTimeout, OutputError
@@ -62,7 +62,7 @@ def probe(host: Host, settings: Settings, p: Probe) -> Readiness:
     except OutputError as exc:
         return Readiness(False, f"ctl -q: {exc}")
     if state != "READY" or rc != 0:
-        return Readiness(False, f"local {state} (exit {rc})")
+        return Readiness(False, f"local {state}" + (f" (exit {rc})" if rc else ""))
     if p.level == "local":
         return Readiness(True, "local READY")
     return _domain(host, settings, p)
@@ -128,8 +128,17 @@ def wait_ready(host: Host, settings: Settings, p: Probe, *, deadline: float, log
         r = rs.outcome.result() if rs.outcome else None
         log.debug("imex.health.poll", attempt=rs.attempt_number, status=r.status if r else "?")
 
+    # A tray that can blame a peer decides a little before the deadline, while the
+    # culprit (which waits until the full deadline) still runs and can be seen.
+    early = deadline - min(2.0, 0.1 * (deadline - start))
+
+    def stop(rs: tenacity.RetryCallState) -> bool:
+        now = host.monotonic()
+        last = rs.outcome.result() if rs.outcome and not rs.outcome.failed else None
+        return now >= deadline or (now >= early and last is not None and bool(last.blamed))
+
     retrying = tenacity.Retrying(
-        stop=lambda rs: host.monotonic() >= deadline,
+        stop=stop,
         wait=wait,
         retry=tenacity.retry_if_result(lambda r: not r.ready and not r.fatal),
         sleep=host.sleep,
@@ -137,10 +146,11 @@ def wait_ready(host: Host, settings: Settings, p: Probe, *, deadline: float, log
         retry_error_callback=lambda rs: rs.outcome.result() if rs.outcome else None,
     )
     attempts = [0]
+    seen: Dict[str, str] = {}  # peer -> last status it reported while reachable
 
     def counted() -> Readiness:
         attempts[0] += 1
-        return probe(host, settings, p)
+        return _sticky_blame(probe(host, settings, p), seen)
 
     result: Readiness = retrying(counted)
     waited = round(host.monotonic() - start, 3)
@@ -158,3 +168,20 @@ def wait_ready(host: Host, settings: Settings, p: Probe, *, deadline: float, log
         last_status=result.status, attempts=attempts[0], waited_s=waited,
     )  # fmt: skip
 
+
+
+def _sticky_blame(r: Readiness, seen: Dict[str, str]) -> Readiness:
+    """Blame peers whose last word, while reachable, was "not ready" and who are still not READY.
+
+    The culprit's own prolog fails at its deadline and takes its daemon down;
+    a tray polling a moment later sees it UNAVAILABLE, but its last word stands.
+    """
+    if r.domain is None:
+        return r
+    for n in r.domain.nodes:
+        if n.status != "UNAVAILABLE":
+            seen[n.host] = n.status
+    if r.ready or r.status.startswith("own node"):
+        return r
+    blamed = tuple(n.host for n in r.domain.nodes if n.status != "READY" and seen.get(n.host) in NOT_READY_STATES)
+    return dataclasses.replace(r, blamed=blamed)
