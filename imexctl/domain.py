@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
 from imexctl import nodelist
-from imexctl.errors import CommandError, ConfigError, ResolveError
+from imexctl.errors import CommandError, ConfigError, NodeListError, ResolveError
 from imexctl.fsutil import read_text_nofollow
 from imexctl.host import Host
 
@@ -38,7 +38,11 @@ def parse_topology(text: str, source: str) -> Dict[str, str]:
         block, nodes = fields.get("BlockName", ""), fields.get("Nodes", "")
         if not block or not nodes:
             raise ConfigError(f"{source}:{lineno}: block line needs BlockName= and Nodes=: {line!r}")
-        for name in nodelist.expand(nodes):
+        try:
+            names = nodelist.expand(nodes)
+        except NodeListError as exc:
+            raise ConfigError(f"{source}:{lineno}: {exc}") from exc
+        for name in names:
             if owner.setdefault(name, block) != block:
                 raise ConfigError(f"{source}:{lineno}: node {name} is in blocks {owner[name]} and {block}")
     return owner
