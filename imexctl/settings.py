@@ -71,7 +71,8 @@ def _number(kind: Callable[[str], Any], lo: float, hi: float) -> Parser:
         except ValueError:
             raise ValueError(f"must be a{'n integer' if kind is int else ' number'}") from None
         if not lo <= n <= hi:
-            raise ValueError(f"must be between {lo:g} and {hi:g}")
+            # ".15g", not "g": "g" prints the channel_count limit 1048576 as 1.04858e+06
+            raise ValueError(f"must be between {lo:.15g} and {hi:.15g}")
         return n
 
     return parse
