@@ -109,6 +109,14 @@ def _name(v: str) -> str:
     return v
 
 
+def _service(v: str) -> str:
+    # systemctl show keys its output by the canonical Id ("nvidia-imex.service"); a
+    # short name would never match it and the "stock unit is running" check would pass.
+    if not _name(v).endswith(".service") or v == ".service":
+        raise ValueError("must be a full unit name ending in .service, e.g. nvidia-imex.service")
+    return v
+
+
 # section -> key -> (default text, parser).  Defaults go through the parser too.
 SCHEMA: Dict[str, Dict[str, Tuple[str, Parser]]] = {
     "paths": {
@@ -129,7 +137,7 @@ SCHEMA: Dict[str, Dict[str, Tuple[str, Parser]]] = {
     "daemon": {
         "backend": ("systemd", _choice("systemd", "exec")),
         "unit": ("imexctl-imex", _name),
-        "stock_unit": ("nvidia-imex.service", _name),
+        "stock_unit": ("nvidia-imex.service", _service),
         "start_timeout_s": ("30", _number(float, 1, 600)),
         "stop_timeout_s": ("15", _number(float, 1, 600)),
         "kill_grace_s": ("5", _number(float, 0.1, 120)),
