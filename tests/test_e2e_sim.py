@@ -1,0 +1,201 @@
+"""End to end on the simulator: real prolog/epilog processes, real daemons, real TCP.
+
+Every simulated tray has its own root directory and loopback address
+(127.0.0.11 and up) and the same SERVER_PORT, like trays of one rack.
+Each test asserts the node state afterwards: no process, file or channel left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, Iterator, List
+
+import pytest
+
+from imexctl.demo import HookResult, SimRack
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the prolog needs root (device nodes, chown)")
+
+
+@pytest.fixture
+def make_rack() -> Iterator[Any]:
+    """Build racks under short temporary directories; kill and remove everything afterwards."""
+    racks: List[SimRack] = []
+
+    def make(trays: int, deadline_s: float = 20) -> SimRack:
+        rack = SimRack(Path(tempfile.mkdtemp(prefix="imxe", dir="/tmp")), trays, deadline_s=deadline_s, uid=4242)
+        racks.append(rack)
+        return rack
+
+    yield make
+    for rack in racks:
+        rack.kill_all()
+        shutil.rmtree(rack.base, ignore_errors=True)
+
+
+def codes(results: List[HookResult]) -> List[int]:
+    return [r.returncode for r in results]
+
+
+def summary(r: HookResult) -> Dict[str, Any]:
+    """The last prolog.done / epilog.done line in the tray's JSON log (failures also reach stderr)."""
+    log = r.tray.root / "var/log/imexctl.log"
+    for line in reversed(log.read_text().splitlines()):
+        rec = json.loads(line)
+        if rec["event"] in ("prolog.done", "epilog.done"):
+            return dict(rec)
+    raise AssertionError(f"no summary line in {log}; output: {r.output!r}")
+
+
+def domain(rack: SimRack, tray: Any, job_id: int) -> Dict[str, Any]:
+    done = rack.ctl(tray, job_id, "-N", "-j")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return dict(json.loads(done.stdout))
+
+
+def status(rack: SimRack, tray: Any) -> Dict[str, Any]:
+    done = rack.imexctl(tray, "status", "--json")
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout)["data"])
+
+
+@pytest.mark.parametrize("trays", [1, 2, 4, 18])
+def test_job_gets_a_domain_and_leaves_nothing(make_rack: Any, trays: int) -> None:
+    """A job of N trays gets a domain UP on every tray, one channel each, and the epilog removes it all."""
+    rack = make_rack(trays, deadline_s=60)
+    assert codes(rack.run_hooks("prolog", 500)) == [0] * trays
+    minors = set()
+    for t in rack.trays:
+        dom = domain(rack, t, 500)
+        assert dom["status"] == "UP"
+        assert [n["host"] for _, n in sorted(dom["nodes"].items(), key=lambda kv: int(kv[0]))] == [
+            x.address for x in rack.trays]  # fmt: skip
+        assert all(c["status"] == "CONNECTED" for n in dom["nodes"].values() for c in n["connections"].values())
+        (chan,) = (t.root / "dev/nvidia-caps-imex-channels").iterdir()
+        st = os.lstat(chan)
+        assert stat.S_ISCHR(st.st_mode) and (st.st_uid, stat.S_IMODE(st.st_mode)) == (4242, 0o600)
+        minors.add(os.minor(st.st_rdev))
+    assert len(minors) == 1
+    assert codes(rack.run_hooks("epilog", 500)) == [0] * trays
+    assert rack.leftovers() == []
+
+
+def test_peer_that_never_starts_times_out_and_rolls_back_everywhere(make_rack: Any) -> None:
+    """When one tray's prolog never runs, the others time out within the deadline and roll back."""
+    rack = make_rack(3, deadline_s=4)
+    present = [rack.trays[0], rack.trays[2]]
+    results = _prologs_without(rack, 501, missing=rack.trays[1])
+    assert [r.tray for r in results] == present and codes(results) == [75, 75]
+    for r in results:
+        s = summary(r)
+        assert s["error_code"] == "not_ready" and s["duration_s"] < 4 + 3
+    assert rack.leftovers() == []
+
+
+def _prologs_without(rack: SimRack, job_id: int, *, missing: Any) -> List[HookResult]:
+    import subprocess
+    import sys
+
+    procs = [(t, subprocess.Popen([sys.executable, "-m", "imexctl", "prolog"],
+                                  env=rack.job_env(t, job_id, "prolog", rack.trays), stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, cwd="/"))
+             for t in rack.trays if t is not missing]  # fmt: skip
+    return [HookResult(t, p.wait(), p.communicate()[0].decode()) for t, p in procs]
+
+
+def test_never_ready_peer_fails_alone(make_rack: Any) -> None:
+    """A tray whose daemon never gets READY fails; the others blame it and exit 0; epilogs clean all."""
+    rack = make_rack(3, deadline_s=5)
+    rack.set_faults(f"@{rack.trays[1].address} never_ready")
+    results = rack.run_hooks("prolog", 502)
+    assert codes(results) == [0, 75, 0]
+    assert "local WAITING_FOR_PEERS" in summary(results[1])["reason"]
+    assert summary(results[0])["blamed"] == [rack.trays[1].address]
+    assert codes(rack.run_hooks("epilog", 502)) == [0, 0, 0]
+    assert rack.leftovers() == []
+
+
+def test_daemon_crash_mid_job_shows_in_status_and_epilog_cleans(make_rack: Any) -> None:
+    """A daemon killed mid-job shows as stale in status and as UNAVAILABLE to peers; the epilog cleans up."""
+    rack = make_rack(2)
+    assert codes(rack.run_hooks("prolog", 503)) == [0, 0]
+    t1, t2 = rack.trays
+    pid = status(rack, t2)["jobs"][0]["daemon"]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    _wait(lambda: status(rack, t2)["jobs"][0]["daemon"]["state"] != "running")
+    st = status(rack, t2)
+    assert "no daemon process" in " ".join(st["stale"])
+    _wait(lambda: domain(rack, t1, 503)["nodes"]["1"]["status"] == "UNAVAILABLE")
+    assert domain(rack, t1, 503)["status"] != "UP"
+    assert codes(rack.run_hooks("epilog", 503)) == [0, 0]
+    assert rack.leftovers() == []
+
+
+def test_nodes_file_mismatch_is_detected(make_rack: Any) -> None:
+    """Trays that resolve a name differently get different nodes files: the prolog fails with !M!."""
+    rack = make_rack(2, deadline_s=8)
+    t1, t2 = rack.trays
+    hosts = rack.hosts_file(t2)
+    hosts.write_text(hosts.read_text().replace(f"{t1.address} ", "127.0.0.250 ", 1))
+    results = rack.run_hooks("prolog", 504)
+    assert all(code != 0 for code in codes(results))
+    assert any("NODE_MAP_MISMATCH" in summary(r)["reason"] for r in results)
+    assert rack.leftovers() == []
+
+
+def test_stale_daemon_of_previous_job_blocks_until_cleanup(make_rack: Any) -> None:
+    """A previous job's daemon left running (epilog lost) refuses the next job until cleanup."""
+    rack = make_rack(2)
+    assert codes(rack.run_hooks("prolog", 505)) == [0, 0]
+    # job 1505 gets the same SERVER_PORT as 505; its prolog must not start a second daemon
+    results = rack.run_hooks("prolog", 1505)
+    assert codes(results) == [69, 69]
+    assert all("belongs to job 505" in summary(r)["reason"] for r in results)
+    for t in rack.trays:
+        done = rack.imexctl(t, "cleanup")
+        assert done.returncode == 0 and "job 505" in done.stdout
+    assert rack.leftovers() == []
+    assert codes(rack.run_hooks("prolog", 1505)) == [0, 0]
+    assert codes(rack.run_hooks("epilog", 1505)) == [0, 0]
+    assert rack.leftovers() == []
+
+
+def test_stray_daemon_without_state_is_refused(make_rack: Any) -> None:
+    """A daemon whose job directory vanished still blocks the node and is found by cleanup."""
+    rack = make_rack(1)
+    t = rack.trays[0]
+    assert codes(rack.run_hooks("prolog", 506)) == [0]
+    os.rename(t.root / "run/imexctl/jobs/506", t.root / "run/imexctl/jobs/.moved")
+    result = rack.run_hooks("prolog", 507)[0]
+    assert result.returncode == 69 and "stray IMEX daemon" in summary(result)["reason"]
+    assert rack.imexctl(t, "cleanup").returncode == 0
+    assert not [x for x in rack.leftovers() if x.startswith("process")]
+
+
+def test_back_to_back_jobs_on_the_same_trays(make_rack: Any) -> None:
+    """Consecutive jobs on the same trays each get a fresh domain on their own port."""
+    rack = make_rack(2)
+    ports = set()
+    for job_id in (510, 511, 512):
+        results = rack.run_hooks("prolog", job_id)
+        assert codes(results) == [0, 0]
+        ports.add(summary(results[0])["port"])
+        assert domain(rack, rack.trays[0], job_id)["status"] == "UP"
+        assert codes(rack.run_hooks("epilog", job_id)) == [0, 0]
+        assert rack.leftovers() == []
+    assert len(ports) == 3
+
+
+def _wait(cond: Any, timeout_s: float = 10) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.1)
