@@ -162,7 +162,9 @@ def _configure_logging(cfg: Any, args: argparse.Namespace, *, hook: str) -> None
 
     level = cfg.get("log", "level") if cfg else "info"
     log_file = cfg.paths.log_file if cfg and os.geteuid() == 0 else None
-    problem = configure_logging(level=level, log_file=log_file, stderr_level="info" if args.verbose else "warning")
+    syslog = bool(cfg and cfg.get("log", "syslog") == "yes")
+    problem = configure_logging(level=level, log_file=log_file, stderr_level="info" if args.verbose else "warning",
+                                syslog=syslog)  # fmt: skip
     structlog.contextvars.bind_contextvars(hook=hook)
     if problem:
         structlog.get_logger().warning("imexctl.failed", error_code="log_file", reason=problem)

@@ -57,6 +57,8 @@ class _Sinks:
         if self._syslog:
             import syslog
 
+            syslog.openlog("imexctl", syslog.LOG_PID, syslog.LOG_DAEMON)
+
             priority = syslog.LOG_ERR if level >= 40 else syslog.LOG_WARNING if level >= 30 else syslog.LOG_INFO
             syslog.syslog(priority, message)
 

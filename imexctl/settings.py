@@ -168,6 +168,8 @@ SCHEMA: Dict[str, Dict[str, Tuple[str, Parser]]] = {
     },
     "log": {
         "level": ("info", _choice("debug", "info", "warning", "error")),
+        # also send every line to syslog (the journal on systemd hosts), ident "imexctl"
+        "syslog": ("no", _choice("yes", "no")),
     },
 }
 
