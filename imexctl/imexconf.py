@@ -72,8 +72,11 @@ def render_config(
         "# per-job port, identical on every tray of the job",
         f"SERVER_PORT={port}",
         f"IMEX_NODE_CONFIG_FILE={nodes_path}",
-        "# command service only on a root-owned Unix socket; IMEX_CMD_PORT unset: no TCP port",
+        "# command service only on a root-owned Unix socket; IMEX_CMD_PORT empty: no TCP port",
         "IMEX_CMD_ENABLED=1",
         f"IMEX_CMD_UNIX_DOMAIN_PATH={cmd_socket}",
+        "IMEX_CMD_PORT=",
+        "# should a daemon version default the TCP port anyway, it stays on loopback",
+        "IMEX_CMD_BIND_INTERFACE_IP=127.0.0.1",
     ]
     return "\n".join(lines) + "\n"
