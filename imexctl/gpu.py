@@ -92,7 +92,10 @@ class NvmlGpu:
         except pynvml.NVMLError_NotSupported:
             return None
         except (pynvml.NVMLError_ArgumentVersionMismatch, pynvml.NVMLError_FunctionNotFound):
-            # older driver: the legacy call and struct
+            # older driver: the legacy call and struct, which may equally say "not supported"
             info = pynvml.c_nvmlGpuFabricInfo_t()
-            pynvml.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))
+            try:
+                pynvml.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))
+            except pynvml.NVMLError_NotSupported:
+                return None
         return FabricInfo(index, bytes(info.clusterUuid), int(info.cliqueId), int(info.state), int(info.status))
