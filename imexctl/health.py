@@ -109,7 +109,7 @@ def wait_ready(host: Host, settings: Settings, p: Probe, *, deadline: float, log
     Waits start at ``poll_initial_s`` and double up to ``poll_max_s``.
 
     Returns:
-        The ready result, or a not-ready one that blames peers (caller decides).
+        The ready result, or (``blame_peers = yes``) a not-ready one that blames peers.
 
     Raises:
         DaemonError: a fatal condition (daemon died, node map or version mismatch).
@@ -131,11 +131,12 @@ def wait_ready(host: Host, settings: Settings, p: Probe, *, deadline: float, log
     # A tray that can blame a peer decides a little before the deadline, while the
     # culprit (which waits until the full deadline) still runs and can be seen.
     early = deadline - min(2.0, 0.1 * (deadline - start))
+    blame = settings.get("readiness", "blame_peers") == "yes"
 
     def stop(rs: tenacity.RetryCallState) -> bool:
         now = host.monotonic()
         last = rs.outcome.result() if rs.outcome and not rs.outcome.failed else None
-        return now >= deadline or (now >= early and last is not None and bool(last.blamed))
+        return now >= deadline or (blame and now >= early and last is not None and bool(last.blamed))
 
     retrying = tenacity.Retrying(
         stop=stop,
@@ -161,10 +162,11 @@ def wait_ready(host: Host, settings: Settings, p: Probe, *, deadline: float, log
         raise DaemonError(f"IMEX not ready: {result.fatal}")
     table = imexstatus.format_domain_table(result.domain) if result.domain else ""
     log.warning("imex.not_ready", attempts=attempts[0], waited_s=waited, status=result.status, table=table)
-    if result.blamed:
+    if result.blamed and blame:
         return result
+    culprits = f"; not ready: {', '.join(result.blamed)}" if result.blamed else ""
     raise HealthTimeout(
-        f"IMEX not ready after {waited:.1f}s ({attempts[0]} probes): {result.status}",
+        f"IMEX not ready after {waited:.1f}s ({attempts[0]} probes): {result.status}{culprits}",
         last_status=result.status, attempts=attempts[0], waited_s=waited,
     )  # fmt: skip
 

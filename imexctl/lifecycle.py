@@ -152,6 +152,7 @@ def _setup(job: JobContext, members: Tuple[str, ...], rt: Runtime, deadline: flo
     ready = health.wait_ready(host, s, probe, deadline=deadline, log=rt.log)
     if ready.blamed:
         rt.log.warning("imex.peer_blamed", peers=list(ready.blamed), status=ready.status)
+    _grant_cmd_socket(job, config.parent / SOCKET_FILE, rt)
     if major is not None and minor is not None and chan is not None:
         _create_channel(job, major, minor, chan, rt)
     return {"trays": len(members), "port": port, "channel": str(chan or ""), "ready": ready.ready,
@@ -174,6 +175,22 @@ def _write_files(job: JobContext, addresses: Tuple[str, ...], own: str, port: in
     atomic_write(config, text, mode=0o644)
     rt.log.info("imex.config.written", config=str(config), nodes=str(nodes))
     return config
+
+
+def _grant_cmd_socket(job: JobContext, sock: Path, rt: Runtime) -> None:
+    """Let the job's user (and root) query its own domain with ``nvidia-imex-ctl -c``."""
+    import stat
+
+    try:
+        if not stat.S_ISSOCK(os.lstat(sock).st_mode):
+            return
+        os.chown(sock, job.uid or 0, job.gid if job.gid is not None else 0, follow_symlinks=False)
+        os.chmod(sock, 0o600)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise DeviceError(f"cannot hand {sock} to uid {job.uid}: {exc.strerror}") from exc
+    rt.log.info("imex.cmd_socket.granted", path=str(sock), uid=job.uid)
 
 
 def _create_channel(job: JobContext, major: int, minor: int, path: Path, rt: Runtime) -> None:

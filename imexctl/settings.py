@@ -159,6 +159,10 @@ SCHEMA: Dict[str, Dict[str, Tuple[str, Parser]]] = {
         "poll_initial_s": ("0.03", _number(float, 0.001, 10)),
         "poll_max_s": ("1.0", _number(float, 0.001, 60)),
         "ctl_timeout_s": ("5", _number(float, 0.1, 120)),
+        # yes: a tray whose domain is not UP only because a live peer reports itself not
+        # ready exits 0 and leaves the failure (and the drain) to that peer; Slurm may then
+        # start the batch script once before it requeues the job (docs/design.md)
+        "blame_peers": ("no", _choice("yes", "no")),
     },
     "ports": {
         "server_port_range": ("61000-61999", _port_range),

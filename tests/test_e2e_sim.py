@@ -109,31 +109,45 @@ def _prologs_without(rack: SimRack, job_id: int, *, missing: Any) -> List[HookRe
     return [HookResult(t, p.wait(), p.communicate()[0].decode()) for t, p in procs]
 
 
-def test_never_ready_peer_fails_alone(make_rack: Any) -> None:
-    """A tray whose daemon never gets READY fails; the others blame it and exit 0; epilogs clean all."""
+def test_never_ready_peer_fails_every_tray_and_is_named(make_rack: Any) -> None:
+    """A tray whose daemon never gets READY fails the job on every tray; the others name it; epilogs clean all."""
     rack = make_rack(3, deadline_s=5)
-    rack.set_faults(f"@{rack.trays[1].address} never_ready")
+    bad = rack.trays[1].address
+    rack.set_faults(f"@{bad} never_ready")
     results = rack.run_hooks("prolog", 502)
-    assert codes(results) == [0, 75, 0]
+    assert codes(results) == [75, 75, 75]
     assert "local WAITING_FOR_PEERS" in summary(results[1])["reason"]
-    assert summary(results[0])["blamed"] == [rack.trays[1].address]
+    assert f"not ready: {bad}" in summary(results[0])["reason"]
     assert codes(rack.run_hooks("epilog", 502)) == [0, 0, 0]
+    assert rack.leftovers() == []
+
+
+def test_blame_peers_leaves_the_failure_to_the_culprit(make_rack: Any) -> None:
+    """With blame_peers = yes only the tray whose daemon never gets READY fails."""
+    rack = make_rack(3, deadline_s=5)
+    for t in rack.trays:
+        t.config.write_text(t.config.read_text().replace("[readiness]\n", "[readiness]\nblame_peers = yes\n"))
+    rack.set_faults(f"@{rack.trays[1].address} never_ready")
+    results = rack.run_hooks("prolog", 503)
+    assert codes(results) == [0, 75, 0]
+    assert summary(results[0])["blamed"] == [rack.trays[1].address]
+    assert codes(rack.run_hooks("epilog", 503)) == [0, 0, 0]
     assert rack.leftovers() == []
 
 
 def test_daemon_crash_mid_job_shows_in_status_and_epilog_cleans(make_rack: Any) -> None:
     """A daemon killed mid-job shows as stale in status and as UNAVAILABLE to peers; the epilog cleans up."""
     rack = make_rack(2)
-    assert codes(rack.run_hooks("prolog", 503)) == [0, 0]
+    assert codes(rack.run_hooks("prolog", 504)) == [0, 0]
     t1, t2 = rack.trays
     pid = status(rack, t2)["jobs"][0]["daemon"]["pid"]
     os.kill(pid, signal.SIGKILL)
     _wait(lambda: status(rack, t2)["jobs"][0]["daemon"]["state"] != "running")
     st = status(rack, t2)
     assert "no daemon process" in " ".join(st["stale"])
-    _wait(lambda: domain(rack, t1, 503)["nodes"]["1"]["status"] == "UNAVAILABLE")
-    assert domain(rack, t1, 503)["status"] != "UP"
-    assert codes(rack.run_hooks("epilog", 503)) == [0, 0]
+    _wait(lambda: domain(rack, t1, 504)["nodes"]["1"]["status"] == "UNAVAILABLE")
+    assert domain(rack, t1, 504)["status"] != "UP"
+    assert codes(rack.run_hooks("epilog", 504)) == [0, 0]
     assert rack.leftovers() == []
 
 
@@ -143,7 +157,7 @@ def test_nodes_file_mismatch_is_detected(make_rack: Any) -> None:
     t1, t2 = rack.trays
     hosts = rack.hosts_file(t2)
     hosts.write_text(hosts.read_text().replace(f"{t1.address} ", "127.0.0.250 ", 1))
-    results = rack.run_hooks("prolog", 504)
+    results = rack.run_hooks("prolog", 509)
     assert all(code != 0 for code in codes(results))
     assert any("NODE_MAP_MISMATCH" in summary(r)["reason"] for r in results)
     assert rack.leftovers() == []

@@ -87,14 +87,24 @@ class TestProlog:
             lifecycle.prolog(job_env(), rt)
         assert host.slept == [] and leftovers(root) == []
 
-    def test_blamed_peer_leaves_failure_to_that_tray(self, rt: Any, host: FakeHost, root: Path) -> None:
-        """When a live peer reports itself not ready, this tray keeps its domain and exits 0."""
-        host.domain = lambda hosts: (0, domain_json(hosts, status="DEGRADED", node_status={1: "WAITING_FOR_PEERS"},
-                                                    conn_status="CONNECTED"))  # fmt: skip
+    def test_not_ready_peer_fails_every_tray_and_is_named(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """By default a domain that is not UP fails this tray too, naming the peer that says it is not ready."""
+        host.domain = lambda hosts: (0, domain_json(hosts, status="DEGRADED", node_status={1: "WAITING_FOR_PEERS"}))
+        with pytest.raises(HealthTimeout, match=r"not ready: 10\.0\.0\.2"):
+            lifecycle.prolog(job_env(), rt)
+        assert leftovers(root) == [] and live(host) == []
+
+    def test_blamed_peer_leaves_failure_to_that_tray(self, host: FakeHost, gpu: Any, root: Path,
+                                                     make_settings: Callable[..., Any]) -> None:
+        """With blame_peers = yes, a live peer reporting itself not ready lets this tray exit 0."""
+        rt = lifecycle.Runtime(host, gpu, make_settings(readiness={"blame_peers": "yes"}),
+                               __import__("structlog").get_logger())  # fmt: skip
+        host.domain = lambda hosts: (0, domain_json(hosts, status="DEGRADED", node_status={1: "WAITING_FOR_PEERS"}))
         with capture_logs() as logs:
             out = lifecycle.prolog(job_env(), rt)
         assert out["blamed"] == ["10.0.0.2"] and not out["ready"]
         assert "imex.peer_blamed" in events(logs, "warning")
+        assert host.now - 1000.0 < 5.0  # decided before the deadline, while the culprit still runs
 
     def test_unavailable_peer_is_not_blamed(self, rt: Any, host: FakeHost, root: Path) -> None:
         """An UNAVAILABLE peer may be our own network's fault: the prolog fails."""
