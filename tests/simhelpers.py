@@ -7,7 +7,6 @@ under /tmp (AF_UNIX paths must stay under 108 bytes).
 
 from __future__ import annotations
 
-import itertools
 import os
 import random
 import shutil
@@ -18,7 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import psutil
 
@@ -29,7 +28,6 @@ __all__ = ["SimCluster", "free_port", "wait_for"]
 REPO: Path = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
 
-_PORTS: Iterator[int] = itertools.count(random.randrange(61000, 61800, 7))
 
 
 def _bindable(addr: str, port: int) -> bool:
@@ -43,10 +41,13 @@ def _bindable(addr: str, port: int) -> bool:
 
 
 def free_port(addresses: Sequence[str]) -> int:
-    """Return a port in 61000..61999 that every address can bind."""
-    for port in _PORTS:
-        if port > 61999:
-            break
+    """Return a random port in 61000..61999 that every address can bind.
+
+    Random rather than sequential, so that test runs sharing the machine
+    rarely pick the same (address, port) pair.
+    """
+    for _ in range(200):
+        port = random.randrange(61000, 62000)
         if all(_bindable(a, port) for a in addresses):
             return port
     raise RuntimeError("no free port in 61000..61999")
@@ -67,8 +68,10 @@ def wait_for(probe: Callable[[], T | None], timeout: float = 15.0, interval: flo
 class SimCluster:
     """A set of simulated trays sharing one nodes file; kills everything it started."""
 
-    def __init__(self, size: int, *, first: int = 11) -> None:
+    def __init__(self, size: int, *, first: int | None = None) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="imx", dir="/tmp"))
+        if first is None:
+            first = random.randrange(10, 250 - size)  # spread parallel runs over 127.0.0.x
         self.addresses = [f"127.0.0.{first + i}" for i in range(size)]
         self.port = free_port(self.addresses)
         self.procs: dict[int, subprocess.Popen[str]] = {}
@@ -199,10 +202,10 @@ class SimCluster:
             proc.wait(timeout=10)
             if proc.stderr is not None:
                 proc.stderr.close()
-        for proc in self.ours():
+        for stray in self.ours():
             try:
-                proc.kill()
-                proc.wait(timeout=10)
+                stray.kill()
+                stray.wait(timeout=10)
             except psutil.NoSuchProcess:
                 pass
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -18,7 +18,7 @@ from typing import Iterator
 import pytest
 
 from imexctl.imexstatus import parse_domain_json, parse_domain_text
-from tests.simhelpers import REPO, SimCluster, wait_for
+from tests.simhelpers import REPO, SimCluster, free_port, wait_for
 
 
 @pytest.fixture
@@ -67,7 +67,7 @@ class TestDomainUp:
 
     def test_tcp_command_port(self, cluster: SimCluster) -> None:
         """The command service also answers on IMEX_CMD_BIND_INTERFACE_IP:IMEX_CMD_PORT (-i and -c)."""
-        cmd_port = cluster.port + 1
+        cmd_port = free_port(cluster.addresses[:1])
         cluster.start(0, IMEX_CMD_UNIX_DOMAIN_PATH="", IMEX_CMD_PORT=cmd_port,
                       IMEX_CMD_BIND_INTERFACE_IP=cluster.addresses[0])
         cluster.start(1)
@@ -133,7 +133,7 @@ class TestFailures:
 
     def test_slow_start(self, cluster: SimCluster) -> None:
         """slow_start holds INITIALIZING (domain DOWN locally), then the tray becomes READY."""
-        cluster.start(0, faults="slow_start=1.5")
+        cluster.start(0, faults="slow_start=2.5")
         assert "INITIALIZING" == wait_for(lambda: cluster.state(0), what="an answer")
         snap = cluster.domain(0)
         assert snap is not None and "DOWN" == snap["status"]
@@ -150,7 +150,7 @@ class TestFailures:
     def test_crash_after(self, cluster: SimCluster) -> None:
         """crash_after exits 134 without notice; peers show it UNAVAILABLE with INVALID links."""
         cluster.start(0)
-        crashing = cluster.start(1, faults=f"@{cluster.addresses[1]} crash_after=2.0")
+        crashing = cluster.start(1, faults=f"@{cluster.addresses[1]} crash_after=3.0")
         wait_for(lambda: cluster.link(0, 0, 1) == "CONNECTED", what="tray 1 connected before its crash")
         assert 134 == _exit_code(crashing)
         wait_for(lambda: (cluster.domain(0) or {}).get("nodes", {}).get("1", {}).get("status") == "UNAVAILABLE",
@@ -165,6 +165,7 @@ class TestFailures:
         """refuse_peer keeps both directions NEVER_CONNECTED."""
         cluster.start(0, faults=f"@{cluster.addresses[0]} refuse_peer={cluster.addresses[1]}")
         cluster.start(1)
+        wait_for(lambda: cluster.link(0, 0, 0) == "CONNECTED", what="tray 0 up")
         wait_for(lambda: cluster.link(1, 1, 1) == "CONNECTED", what="tray 1 up")
         wait_for(lambda: "Attempting connection for target node 0" in cluster.log_text(1), what="attempt")
         assert ("NEVER_CONNECTED", "NEVER_CONNECTED") == (cluster.link(0, 0, 1), cluster.link(1, 1, 0))
@@ -196,7 +197,7 @@ class TestSignals:
         cluster.wait_up(0)
         log = cluster.log_text(0)
         assert "Node 1 reconnected as a new IMEX instance" in log
-        assert "node 1 with ip address 127.0.0.12. Number of times connected: 2" in log
+        assert f"node 1 with ip address {cluster.addresses[1]}. Number of times connected: 2" in log
 
     @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGQUIT], ids=["SIGINT", "SIGQUIT"])
     def test_other_stop_signals(self, cluster: SimCluster, sig: signal.Signals) -> None:
@@ -222,8 +223,8 @@ class TestSignals:
         wait_for(lambda: "Received SIGUSR1" in cluster.log_text(0), what="first SIGUSR1")
         cluster.procs[0].send_signal(signal.SIGUSR1)
         wait_for(lambda: "Ignoring SIGUSR1" in cluster.log_text(0), what="second SIGUSR1 ignored")
-        wait_for(lambda: "node 1 with ip address 127.0.0.12. Number of times connected: 2" in cluster.log_text(0),
-                 what="reconnect")
+        again = f"node 1 with ip address {cluster.addresses[1]}. Number of times connected: 2"
+        wait_for(lambda: again in cluster.log_text(0), what="reconnect")
         log = cluster.log_text(0)
         assert (1, 1) == (log.count("Received SIGUSR1"), log.count("Ignoring SIGUSR1"))
         assert "Number of times connected: 3" not in log
@@ -275,7 +276,8 @@ class TestStartup:
         """A command socket a live daemon serves is refused, not replaced."""
         cluster.start(0)
         wait_for(lambda: cluster.state(0) == "READY", what="first daemon")
-        cfg = cluster.write("dup.cfg", cluster.config(0, SERVER_PORT=cluster.port + 2, LOG_FILE_NAME="").read_text())
+        other_port = free_port(cluster.addresses[:1])
+        cfg = cluster.write("dup.cfg", cluster.config(0, SERVER_PORT=other_port, LOG_FILE_NAME="").read_text())
         done = subprocess.run(cluster.argv(cfg), env=cluster.env(), capture_output=True, text=True, timeout=15)
         assert 1 == done.returncode and f"{cluster.sock(0)}: Address already in use" in done.stderr
         assert "READY" == cluster.state(0)
@@ -284,7 +286,7 @@ class TestStartup:
         ("nodes", "message"),
         [
             pytest.param(None, "Failed to read node configuration file", id="unreadable-nodes-file"),
-            pytest.param("127.0.0.11\n\n127.0.0.12\n", "invalid entry '' on line 2", id="blank-line"),
+            pytest.param("127.0.0.1\n\n127.0.0.2\n", "invalid entry '' on line 2", id="blank-line"),
             pytest.param("192.0.2.7\n", "No matching network interface found for any IP addresses in the node "
                          "configuration file", id="no-own-address"),
         ],
@@ -293,15 +295,15 @@ class TestStartup:
         """Nodes-file problems are logged with the real messages and the daemon exits 1."""
         path = cluster.dir / "missing.cfg" if nodes is None else cluster.write("bad.cfg", nodes)
         cfg = cluster.config(0, IMEX_NODE_CONFIG_FILE=path, BIND_INTERFACE_IP="", LOG_FILE_NAME="")
-        done = subprocess.run(cluster.argv(cfg), env=cluster.env(extra={"IMEX_SIM_LOCAL_ADDRS": "127.0.0.11"}),
+        done = subprocess.run(cluster.argv(cfg), env=cluster.env(extra={"IMEX_SIM_LOCAL_ADDRS": "127.0.0.1"}),
                               capture_output=True, text=True, timeout=15)
         assert 1 == done.returncode and message in done.stderr
 
     def test_bind_ip_not_in_nodes_file(self, cluster: SimCluster) -> None:
         """A BIND_INTERFACE_IP that is not in the nodes file is refused."""
-        cfg = cluster.config(0, BIND_INTERFACE_IP="127.0.0.99", LOG_FILE_NAME="")
+        cfg = cluster.config(0, BIND_INTERFACE_IP="127.0.0.253", LOG_FILE_NAME="")
         done = subprocess.run(cluster.argv(cfg), env=cluster.env(), capture_output=True, text=True, timeout=15)
-        assert 1 == done.returncode and "BIND_INTERFACE_IP '127.0.0.99' does not match" in done.stderr
+        assert 1 == done.returncode and "BIND_INTERFACE_IP '127.0.0.253' does not match" in done.stderr
 
     @pytest.mark.parametrize(
         ("faults", "message"),
@@ -327,10 +329,11 @@ class TestStartup:
     def test_nogpu_and_port_option(self, cluster: SimCluster) -> None:
         """--nogpu reports version NO_GPU and -p overrides SERVER_PORT."""
         cluster.write("nodes.cfg", f"{cluster.addresses[0]}\n")
-        cluster.start(0, args=["--nogpu", "-p", str(cluster.port + 3)], SERVER_PORT=1)
+        port = free_port(cluster.addresses[:1])
+        cluster.start(0, args=["--nogpu", "-p", str(port)], SERVER_PORT=1)
         snap = cluster.wait_up(0)
         assert "NO_GPU" == snap["nodes"]["0"]["version"]
-        assert f"bind port = {cluster.port + 3}" in cluster.log_text(0)
+        assert f"bind port = {port}" in cluster.log_text(0)
 
     def test_inherited_fds_are_closed(self, cluster: SimCluster) -> None:
         """A descriptor inherited from the caller (a prolog's pipe) is not kept open."""
