@@ -100,7 +100,8 @@ def _ctl(host: Host, settings: Settings, config: Path, *args: str) -> Tuple[Opti
         done = host.run(argv, timeout_s=settings.get("readiness", "ctl_timeout_s"))
     except CommandError as exc:
         return None, exc.reason
-    return done.returncode, done.stdout + done.stderr if done.returncode else done.stdout
+    # the state word is on stdout; stderr only explains a failure
+    return done.returncode, done.stdout if not done.returncode or done.stdout.strip() else done.stderr
 
 
 def wait_ready(host: Host, settings: Settings, p: Probe, *, deadline: float, log: Any) -> Readiness:
