@@ -1,0 +1,238 @@
+"""cli: ``imexctl.cli.main`` in-process over the fakes: exit codes, output and the JSON envelope."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any, Callable, Dict, List
+
+import pytest
+
+from imexctl.cli import main
+from imexctl.errors import ExitCode
+from imexctl.settings import Settings
+from imexctl.testing import FakeGpu, FakeHost, job_env
+
+
+@pytest.fixture
+def cfg(make_settings: Callable[..., Settings]) -> str:
+    """The path of a valid config under the test root (exec backend, 5 s deadline)."""
+    return str(make_settings().source)
+
+
+def run(cfg: str, *argv: str, host: FakeHost, gpu: Any = None, env: Dict[str, str] | None = None) -> int:
+    return main(["--config", cfg, *argv], env=job_env() if env is None else env, host=host,
+                gpu=FakeGpu() if gpu is None else gpu)  # fmt: skip
+
+
+def envelope(capsys: pytest.CaptureFixture[str]) -> Dict[str, Any]:
+    out: Dict[str, Any] = json.loads(capsys.readouterr().out)
+    assert set(out) == {"imexctl_result_version", "status", "exit_code", "data", "errors"}
+    assert out["imexctl_result_version"] == "1"
+    return out
+
+
+class TestHostlist:
+    def test_expand(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """hostlist expand prints one host per line for every expression, in order."""
+        assert main(["hostlist", "expand", "gb[01-03]", "x1"]) == 0
+        assert capsys.readouterr().out == "gb01\ngb02\ngb03\nx1\n"
+
+    def test_fold_arguments(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """hostlist fold prints the compressed list of its arguments, keeping order."""
+        assert main(["hostlist", "fold", "gb03", "gb01", "gb02"]) == 0
+        assert capsys.readouterr().out == "gb[03,01-02]\n"
+
+    def test_fold_stdin(self, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+        """Without arguments hostlist fold reads blank-separated names from stdin."""
+        monkeypatch.setattr("sys.stdin", io.StringIO("gb01 gb02\ngb03\n"))
+        assert main(["hostlist", "fold"]) == 0
+        assert capsys.readouterr().out == "gb[01-03]\n"
+
+    def test_fold_empty_stdin_prints_nothing(self, capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+        """Empty stdin folds to no output and success."""
+        monkeypatch.setattr("sys.stdin", io.StringIO(""))
+        assert main(["hostlist", "fold"]) == 0
+        assert capsys.readouterr().out == ""
+
+    def test_bad_node_list_exits_65_with_message(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """A malformed expression exits 65 and stderr names the faulty part; stdout stays empty."""
+        assert main(["hostlist", "expand", "gb01", "gb[01-"]) == 65
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        line = json.loads(captured.err.strip().splitlines()[-1])
+        assert (line["event"], line["error_code"], line["exit_code"]) == ("imexctl.failed", "nodelist_invalid", 65)
+        assert "'gb[01-'" in line["reason"]
+
+
+class TestHooks:
+    def test_prolog_success_exits_0(self, cfg: str, host: FakeHost, root: Path) -> None:
+        """A working prolog exits 0 and leaves the job's files."""
+        assert run(cfg, "prolog", host=host) == 0
+        assert (root / "run/imexctl/jobs/42/nodes_config.cfg").read_text() == "10.0.0.1\n10.0.0.2\n"
+
+    def test_epilog_after_prolog_exits_0_and_cleans(self, cfg: str, host: FakeHost, root: Path) -> None:
+        """The epilog after a prolog exits 0 and removes the job directory."""
+        assert run(cfg, "prolog", host=host) == 0
+        assert run(cfg, "epilog", host=host) == 0
+        assert not (root / "run/imexctl/jobs/42").exists()
+
+    def test_health_timeout_exits_75(self, cfg: str, host: FakeHost, capsys: pytest.CaptureFixture[str]) -> None:
+        """A daemon that is never ready makes the prolog exit 75 (TEMPFAIL)."""
+        host.ready_after = 10**6
+        assert run(cfg, "prolog", host=host) == ExitCode.TEMPFAIL == 75
+        assert '"error_code": "not_ready"' in capsys.readouterr().err
+
+    def test_config_error_exits_78(self, root: Path, host: FakeHost, capsys: pytest.CaptureFixture[str]) -> None:
+        """An invalid config file makes the prolog exit 78 and names the bad key."""
+        bad = root / "bad.conf"
+        bad.write_text("[readiness]\ndeadline = 5\n")
+        assert run(str(bad), "prolog", host=host) == ExitCode.CONFIG == 78
+        assert "[readiness] deadline: unknown key" in capsys.readouterr().err
+        assert host.calls == []
+
+    def test_missing_explicit_config_exits_78(self, root: Path, host: FakeHost) -> None:
+        """A --config that does not exist exits 78."""
+        assert run(str(root / "nope.conf"), "prolog", host=host) == 78
+
+    @pytest.mark.parametrize("command", ["prolog", "epilog", "cleanup"])
+    def test_not_root_exits_77(self, cfg: str, host: FakeHost, command: str, root: Path) -> None:
+        """Hooks and cleanup refuse to run without root and change nothing."""
+        host.euid_value = 1000
+        assert run(cfg, command, host=host) == ExitCode.NOPERM == 77
+        assert host.calls == [] and not (root / "run/imexctl/jobs").exists()
+
+    def test_bad_job_environment_exits_65(self, cfg: str, host: FakeHost) -> None:
+        """A malformed SLURM_JOB_ID exits 65."""
+        assert run(cfg, "prolog", host=host, env=job_env(SLURM_JOB_ID="x")) == 65
+
+    def test_busy_node_exits_69(self, cfg: str, host: FakeHost) -> None:
+        """A node whose domain belongs to another job exits 69 for the second job."""
+        assert run(cfg, "prolog", host=host, env=job_env(job_id=7)) == 0
+        assert run(cfg, "prolog", host=host, env=job_env(job_id=8)) == ExitCode.UNAVAILABLE == 69
+
+    def test_unexpected_exception_exits_70_with_trace(self, cfg: str, host: FakeHost,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+        """An exception imexctl does not expect exits 70 and logs imexctl.crashed with the traceback."""
+        assert run(cfg, "prolog", host=host, gpu=FakeGpu(error=RuntimeError("boom"))) == ExitCode.SOFTWARE == 70
+        err = capsys.readouterr().err
+        assert '"event": "imexctl.crashed"' in err and "RuntimeError: boom" in err
+
+    def test_keyboard_interrupt_exits_130(self, cfg: str, host: FakeHost) -> None:
+        """An interrupted command exits 128 + SIGINT."""
+        assert run(cfg, "prolog", host=host, gpu=FakeGpu(error=KeyboardInterrupt())) == 130  # type: ignore[arg-type]
+
+    def test_skipped_job_exits_0(self, cfg: str, host: FakeHost) -> None:
+        """A tray without NVLink fabric is skipped with exit 0, touching nothing."""
+        assert run(cfg, "prolog", host=host, gpu=FakeGpu(infos=[None, None])) == 0
+        assert host.calls == []
+
+
+class TestStatus:
+    def test_json_after_prolog_running_job(self, cfg: str, host: FakeHost, root: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+        """status --json after a prolog shows the job, its channel and nothing stale while the job runs."""
+        assert run(cfg, "prolog", host=host) == 0
+        host.running_jobs.add(42)
+        capsys.readouterr()
+        assert run(cfg, "status", "--json", host=host) == 0
+        out = envelope(capsys)
+        assert (out["status"], out["exit_code"], out["errors"]) == ("ok", 0, [])
+        data = out["data"]
+        assert data["node"] == "gb01" and data["owner_job"] == 42 and data["stale"] == []
+        (job,) = data["jobs"]
+        assert job["job_id"] == 42 and job["running"] is True and job["trays"] == ["gb01", "gb02"]
+        assert job["port"] == 61042 and job["daemon"]["state"] == "running"
+        assert job["nodes_config"] == ["10.0.0.1", "10.0.0.2"] and job["domain"]["status"] == "UP"
+        chan = str(root / "dev/nvidia-caps-imex-channels/channel43")
+        assert [(c["path"], c["minor"], c["mode"], c["stale"]) for c in data["channels"]] == [
+            (chan, 43, "0600", False)]  # fmt: skip
+
+    def test_json_lists_stale_job(self, cfg: str, host: FakeHost, capsys: pytest.CaptureFixture[str]) -> None:
+        """A job that no longer runs on the node is listed as stale."""
+        assert run(cfg, "prolog", host=host) == 0
+        capsys.readouterr()
+        assert run(cfg, "status", "--json", host=host) == 0
+        assert envelope(capsys)["data"]["stale"] == ["job 42: job no longer runs on this node"]
+
+    def test_json_lists_stray_channel(self, cfg: str, host: FakeHost, root: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+        """A channel node no job claims is reported as stale."""
+        chan_dir = root / "dev/nvidia-caps-imex-channels"
+        chan_dir.mkdir(parents=True)
+        os.mknod(chan_dir / "channel9", stat.S_IFCHR | 0o600, os.makedev(234, 9))
+        assert run(cfg, "status", "--json", host=host) == 0
+        data = envelope(capsys)["data"]
+        assert data["jobs"] == [] and data["stale"] == [f"channel {chan_dir}/channel9: not owned by any job"]
+
+    def test_text_without_domain(self, cfg: str, host: FakeHost, capsys: pytest.CaptureFixture[str]) -> None:
+        """status without --json says in words that there is no domain and nothing is stale."""
+        assert run(cfg, "status", host=host) == 0
+        out = capsys.readouterr().out
+        assert "no IMEX domain on this node" in out and "stale: nothing" in out
+
+    def test_json_error_envelope(self, root: Path, host: FakeHost, capsys: pytest.CaptureFixture[str]) -> None:
+        """A failing status --json still prints the envelope, with the error and its exit code."""
+        bad = root / "bad.conf"
+        bad.write_text("[nope]\n")
+        assert run(str(bad), "status", "--json", host=host) == 78
+        out = envelope(capsys)
+        assert (out["status"], out["exit_code"], out["data"]) == ("error", 78, None)
+        assert out["errors"][0]["code"] == "config_invalid" and "[nope]" in out["errors"][0]["message"]
+
+
+class TestCleanup:
+    def test_dry_run_json_reports_and_changes_nothing(self, cfg: str, host: FakeHost, root: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+        """cleanup --dry-run --json lists what it would do for a dead job and does none of it."""
+        assert run(cfg, "prolog", host=host) == 0
+        capsys.readouterr()
+        before = sorted(p.name for p in (root / "run/imexctl/jobs/42").iterdir())
+        assert run(cfg, "cleanup", "--dry-run", "--json", host=host) == 0
+        data = envelope(capsys)["data"]
+        assert data["dry_run"] is True and data["errors"] == [] and data["skipped"] == []
+        assert data["actions"] and all(a.startswith("would ") for a in data["actions"])
+        assert any("channel" in a for a in data["actions"])
+        assert sorted(p.name for p in (root / "run/imexctl/jobs/42").iterdir()) == before
+        assert [p for p in host.procs.values() if p.alive]
+
+    def test_running_job_is_skipped(self, cfg: str, host: FakeHost, capsys: pytest.CaptureFixture[str]) -> None:
+        """cleanup leaves a job that still runs here and says so."""
+        assert run(cfg, "prolog", host=host) == 0
+        host.running_jobs.add(42)
+        capsys.readouterr()
+        assert run(cfg, "cleanup", "--json", host=host) == 0
+        data = envelope(capsys)["data"]
+        assert data["actions"] == [] and data["skipped"] == ["job 42 still runs on this node (use --force)"]
+
+    def test_text_output_when_nothing_to_do(self, cfg: str, host: FakeHost,
+                                            capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+        """cleanup on a clean node says there is nothing to clean up."""
+        assert run(cfg, "cleanup", host=host) == 0
+        assert capsys.readouterr().out == "nothing to clean up\n"
+
+
+HELP: List[List[str]] = [
+    [], ["prolog"], ["epilog"], ["status"], ["cleanup"], ["hostlist"], ["hostlist", "expand"], ["hostlist", "fold"],
+    ["demo"],
+]
+
+
+@pytest.mark.parametrize("argv", [pytest.param(a, id=" ".join(a) or "top") for a in HELP])
+def test_help_exits_0(argv: List[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """--help of every command prints its usage and exits 0."""
+    with pytest.raises(SystemExit) as info:
+        main([*argv, "--help"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: imexctl" + "".join(f" {a}" for a in argv))
+
+
+def test_unknown_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """An unknown subcommand is refused by argparse with exit 2."""
+    with pytest.raises(SystemExit) as info:
+        main(["prologue"])
+    assert info.value.code == 2 and "invalid choice" in capsys.readouterr().err

@@ -1,0 +1,264 @@
+"""daemon: the systemd and exec backends over FakeHost, and parsing of ``systemctl show``."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Callable, List
+
+import pytest
+import structlog
+
+from imexctl import lifecycle, testing
+from imexctl.daemon import PID_FILE, ExecBackend, SystemdBackend, ensure_gone, make_backend, parse_systemctl_show
+from imexctl.errors import DaemonError, DomainBusyError, UnsafeNodeError
+from imexctl.settings import Settings
+from imexctl.testing import FakeGpu, FakeHost, job_env
+
+UNIT = "imexctl-imex@42.service"
+SHOW = """\
+Id=imexctl-imex@42.service
+LoadState=loaded
+ActiveState=active
+SubState=running
+MainPID=4242
+ExecStart={ path=/usr/bin/nvidia-imex ; argv[]=/usr/bin/nvidia-imex -c /run/imexctl/jobs/42/config.cfg ; ignore_errors=no ; start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }
+
+Id=nvidia-imex.service
+LoadState=not-found
+ActiveState=inactive
+SubState=dead
+MainPID=0
+ExecStart=
+"""
+
+
+class TestParseSystemctlShow:
+    def test_two_units_keyed_by_id(self) -> None:
+        """Two blank-line separated blocks give two units keyed by their Id."""
+        units = parse_systemctl_show(SHOW)
+        assert list(units) == ["imexctl-imex@42.service", "nvidia-imex.service"]
+        assert units["imexctl-imex@42.service"]["MainPID"] == "4242"
+        assert units["nvidia-imex.service"]["LoadState"] == "not-found"
+
+    def test_value_containing_equals_is_kept_whole(self) -> None:
+        """Only the first '=' separates key and value (ExecStart contains many)."""
+        exec_start = parse_systemctl_show(SHOW)[UNIT]["ExecStart"]
+        assert exec_start.startswith("{ path=/usr/bin/nvidia-imex ; argv[]=/usr/bin/nvidia-imex -c ")
+        assert exec_start.endswith("status=0/0 }")
+
+    def test_empty_value(self) -> None:
+        """An empty property is an empty string, not missing."""
+        assert parse_systemctl_show(SHOW)["nvidia-imex.service"]["ExecStart"] == ""
+
+    def test_block_without_id_is_dropped(self) -> None:
+        """A block without an Id cannot be attributed and is ignored."""
+        assert parse_systemctl_show("LoadState=loaded\n\nId=a.service\nLoadState=masked\n") == {
+            "a.service": {"Id": "a.service", "LoadState": "masked"}}  # fmt: skip
+
+    def test_empty_output(self) -> None:
+        """No output means no units."""
+        assert parse_systemctl_show("") == {}
+
+
+@pytest.fixture
+def fake_systemctl_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Work around FakeHost's broken ``systemctl start`` (see test_fake_systemctl_start_records_main_pid).
+
+    ``FakeHost._systemctl`` reads ``_Proc.pid``, which does not exist (the pid is
+    ``_Proc.info.pid``); this adds the attribute for one test so that the systemd
+    backend can be exercised at all.  Harmless once testing.py is fixed.
+    """
+    monkeypatch.setattr(testing._Proc, "pid", property(lambda p: p.info.pid), raising=False)
+
+
+@pytest.mark.xfail(strict=True, raises=AttributeError,
+                   reason="bug: FakeHost._systemctl('start') uses _Proc.pid instead of _Proc.info.pid")  # fmt: skip
+def test_fake_systemctl_start_records_main_pid() -> None:
+    """FakeHost's systemctl start marks the unit active and records the spawned daemon as MainPID."""
+    host = FakeHost()
+    host.run(("/usr/bin/systemctl", "start", "--", UNIT), timeout_s=1)
+    (pid,) = host.procs
+    assert host.units[UNIT] == {"ActiveState": "active", "pid": str(pid)}
+
+
+@pytest.fixture
+def systemd(make_settings: Callable[..., Settings], fake_systemctl_start: None) -> Settings:
+    return make_settings(daemon={"backend": "systemd"})
+
+
+@pytest.fixture
+def config(root: Path) -> Path:
+    return root / "run/imexctl/jobs/42/config.cfg"
+
+
+@pytest.fixture
+def shost(host: FakeHost, root: Path) -> FakeHost:
+    """A FakeHost whose template unit runs the config under ``root``."""
+    host.unit_exec = "/usr/bin/nvidia-imex -c " + str(root) + "/run/imexctl/jobs/{job}/config.cfg"
+    return host
+
+
+def verbs(host: FakeHost) -> List[str]:
+    return [c[1] for c in host.calls if c[0].endswith("systemctl")]
+
+
+class TestSystemdBackend:
+    def test_make_backend_follows_setting(self, shost: FakeHost, systemd: Settings) -> None:
+        """[daemon] backend picks the backend; an explicit name overrides it."""
+        assert isinstance(make_backend(shost, systemd), SystemdBackend)
+        assert isinstance(make_backend(shost, systemd, "exec"), ExecBackend)
+
+    def test_start_shows_both_units_then_starts(self, shost: FakeHost, systemd: Settings, config: Path) -> None:
+        """start asks systemctl show once for our unit and the stock unit, then starts our unit."""
+        SystemdBackend(shost, systemd).start(42, config)
+        assert shost.calls == [
+            ("/usr/bin/systemctl", "show", "--property=Id,LoadState,ActiveState,SubState,MainPID,ExecStart", "--",
+             UNIT, "nvidia-imex.service"),
+            ("/usr/bin/systemctl", "start", "--", UNIT),
+        ]  # fmt: skip
+        assert shost.units[UNIT]["ActiveState"] == "active"
+
+    @pytest.mark.parametrize("state", ["active", "activating", "reloading"])
+    def test_running_stock_unit_is_busy(self, shost: FakeHost, systemd: Settings, config: Path, state: str) -> None:
+        """A running stock nvidia-imex.service refuses the start and says how to disable it."""
+        shost.units["nvidia-imex.service"] = {"LoadState": "loaded", "ActiveState": state}
+        with pytest.raises(DomainBusyError, match=r"nvidia-imex.service is running.*disable --now nvidia-imex"):
+            SystemdBackend(shost, systemd).start(42, config)
+        assert verbs(shost) == ["show"]
+
+    def test_failed_stock_unit_is_not_busy(self, shost: FakeHost, systemd: Settings, config: Path) -> None:
+        """A stock unit that is loaded but failed does not block the job."""
+        shost.units["nvidia-imex.service"] = {"LoadState": "loaded", "ActiveState": "failed"}
+        SystemdBackend(shost, systemd).start(42, config)
+        assert verbs(shost) == ["show", "start"]
+
+    def test_unit_not_loaded(self, shost: FakeHost, systemd: Settings, config: Path) -> None:
+        """A template unit that is not installed is a DaemonError naming the unit and its LoadState."""
+        shost.units[UNIT] = {"LoadState": "not-found"}
+        with pytest.raises(DaemonError, match=rf"{UNIT}: unit not loaded \(not-found\)"):
+            SystemdBackend(shost, systemd).start(42, config)
+        assert verbs(shost) == ["show"]
+
+    def test_exec_start_mismatch_names_both(self, host: FakeHost, systemd: Settings, config: Path) -> None:
+        """A unit whose ExecStart runs another config is refused, naming what we want and what it runs."""
+        with pytest.raises(DaemonError) as info:
+            SystemdBackend(host, systemd).start(42, config)  # default unit_exec: /run/imexctl, not under root
+        message = str(info.value)
+        assert f"'/usr/bin/nvidia-imex -c {config}'" in message
+        assert "argv[]=/usr/bin/nvidia-imex -c /run/imexctl/jobs/42/config.cfg" in message
+        assert verbs(host) == ["show"]
+
+    def test_exec_start_prefix_is_not_enough(self, shost: FakeHost, systemd: Settings, config: Path) -> None:
+        """A config path that merely starts with ours (job 420 for job 42) does not match."""
+        shost.unit_exec = "/usr/bin/nvidia-imex -c " + str(config.parent) + "0/config.cfg"
+        with pytest.raises(DaemonError, match="ExecStart does not run"):
+            SystemdBackend(shost, systemd).start(42, config)
+
+    def test_start_failure_carries_stderr(self, shost: FakeHost, systemd: Settings, config: Path) -> None:
+        """A failing systemctl start is a DaemonError with systemctl's stderr."""
+        shost.fail_verbs.add("start")
+        with pytest.raises(DaemonError, match=rf"systemctl start {UNIT}: exit 1: Job for {UNIT} failed\."):
+            SystemdBackend(shost, systemd).start(42, config)
+
+    def test_show_failure(self, shost: FakeHost, systemd: Settings, config: Path) -> None:
+        """A failing systemctl show is a DaemonError and nothing is started."""
+        shost.fail_verbs.add("show")
+        with pytest.raises(DaemonError, match="systemctl show .*exit 1"):
+            SystemdBackend(shost, systemd).start(42, config)
+        assert verbs(shost) == ["show"]
+
+    def test_stop_stops_and_resets_failed(self, shost: FakeHost, systemd: Settings, config: Path) -> None:
+        """stop stops the unit and then clears a failed state."""
+        backend = SystemdBackend(shost, systemd)
+        backend.start(42, config)
+        backend.stop(42, config)
+        assert verbs(shost) == ["show", "start", "stop", "reset-failed"]
+        assert shost.units[UNIT]["ActiveState"] == "inactive"
+
+    def test_reset_failed_error_is_ignored(self, shost: FakeHost, systemd: Settings, config: Path) -> None:
+        """A failing reset-failed does not fail the stop."""
+        shost.fail_verbs.add("reset-failed")
+        SystemdBackend(shost, systemd).stop(42, config)
+        assert verbs(shost) == ["stop", "reset-failed"]
+
+    def test_info_reports_state_and_pid(self, shost: FakeHost, systemd: Settings, config: Path) -> None:
+        """info shows ActiveState/SubState and MainPID of the job's unit."""
+        backend = SystemdBackend(shost, systemd)
+        backend.start(42, config)
+        info = backend.info(42, config)
+        assert (info.backend, info.unit, info.state.split("/")[0]) == ("systemd", UNIT, "active")
+        assert info.pid == int(shost.units[UNIT]["pid"])
+
+    def test_full_prolog_and_epilog_leave_the_unit_inactive(
+        self, shost: FakeHost, systemd: Settings, gpu: FakeGpu, root: Path
+    ) -> None:
+        """A prolog and epilog with backend=systemd start and stop the job's unit and leave nothing running."""
+        rt = lifecycle.Runtime(shost, gpu, systemd, structlog.get_logger())
+        lifecycle.prolog(job_env(job_id=42), rt)
+        assert shost.units[UNIT]["ActiveState"] == "active"
+        lifecycle.epilog(job_env(job_id=42), rt)
+        assert shost.units[UNIT]["ActiveState"] == "inactive"
+        assert [p for p in shost.procs.values() if p.alive] == []
+        assert verbs(shost)[-2:] == ["stop", "reset-failed"]
+        assert not (root / "run/imexctl/jobs/42").exists()
+
+
+class TestExecBackend:
+    @pytest.fixture
+    def exec_settings(self, make_settings: Callable[..., Settings]) -> Settings:
+        return make_settings(daemon={"backend": "exec"})
+
+    def test_start_spawns_and_records_pid(self, host: FakeHost, exec_settings: Settings, config: Path) -> None:
+        """start spawns nvidia-imex -c <config> detached and writes 'pid start_time' next to the config."""
+        config.parent.mkdir(parents=True)
+        ExecBackend(host, exec_settings).start(42, config)
+        assert host.calls == [("spawn", "/usr/bin/nvidia-imex", "-c", str(config))]
+        (pid,) = host.procs
+        assert (config.parent / PID_FILE).read_text() == f"{pid} {host.procs[pid].info.create_time!r}\n"
+
+    def test_info_by_pid_file(self, host: FakeHost, exec_settings: Settings, config: Path) -> None:
+        """info reports the recorded daemon as running, then dead once it exited."""
+        config.parent.mkdir(parents=True)
+        backend = ExecBackend(host, exec_settings)
+        backend.start(42, config)
+        (pid,) = host.procs
+        assert (backend.info(42, config).state, backend.info(42, config).pid) == ("running", pid)
+        host.procs[pid].alive = False
+        assert backend.info(42, config).state == "dead"
+
+    def test_info_without_pid_file(self, host: FakeHost, exec_settings: Settings, config: Path) -> None:
+        """Without a pid file and without a process the daemon is absent."""
+        assert ExecBackend(host, exec_settings).info(42, config).state == "absent"
+
+    def test_stop_sends_sigterm_to_recorded_pid(self, host: FakeHost, exec_settings: Settings, config: Path) -> None:
+        """stop sends SIGTERM to the recorded process and it is gone."""
+        config.parent.mkdir(parents=True)
+        backend = ExecBackend(host, exec_settings)
+        backend.start(42, config)
+        backend.stop(42, config)
+        (pid,) = host.procs
+        assert host.signals == [(pid, signal.SIGTERM)] and not host.procs[pid].alive
+
+    def test_ensure_gone_escalates_to_sigkill(self, host: FakeHost, exec_settings: Settings, config: Path) -> None:
+        """A daemon ignoring SIGTERM is killed after kill_grace_s and its pid reported."""
+        host.daemon_ignores_sigterm = True
+        config.parent.mkdir(parents=True)
+        ExecBackend(host, exec_settings).start(42, config)
+        (pid,) = host.procs
+        assert ensure_gone(host, exec_settings, config) == [pid]
+        assert host.signals == [(pid, signal.SIGTERM), (pid, signal.SIGKILL)]
+        assert sum(host.slept) >= exec_settings.get("daemon", "kill_grace_s")
+
+    def test_ensure_gone_raises_for_unkillable(self, host: FakeHost, exec_settings: Settings, config: Path) -> None:
+        """A daemon that survives SIGKILL makes the node unsafe."""
+        host.daemon_ignores_sigterm = host.daemon_unkillable = True
+        config.parent.mkdir(parents=True)
+        ExecBackend(host, exec_settings).start(42, config)
+        with pytest.raises(UnsafeNodeError, match="survives SIGKILL"):
+            ensure_gone(host, exec_settings, config)
+
+    def test_ensure_gone_without_processes_does_nothing(self, host: FakeHost, exec_settings: Settings,
+                                                        config: Path) -> None:  # fmt: skip
+        """No daemon of the job means no signal and no wait."""
+        assert ensure_gone(host, exec_settings, config) == [] and host.signals == [] and host.slept == []

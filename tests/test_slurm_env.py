@@ -1,0 +1,208 @@
+"""slurm: the job as slurmd's Prolog/Epilog environment describes it (slurm.md §1.2)."""
+
+from __future__ import annotations
+
+import re
+from typing import Dict, FrozenSet, Optional
+
+import pytest
+
+from imexctl.errors import EnvironmentError_, ExitCode, NodeListError
+from imexctl.slurm import JobContext, constraint_features
+from imexctl.testing import job_env
+
+
+def env_without(*names: str, **extra: str) -> Dict[str, str]:
+    env = job_env(**extra)  # type: ignore[arg-type]
+    for name in names:
+        env.pop(name, None)
+    return env
+
+
+class TestNodeList:
+    def test_job_nodelist_is_expanded_in_order(self) -> None:
+        """SLURM_JOB_NODELIST is expanded in Slurm's order and the node's fields are read."""
+        ctx = JobContext.from_env(job_env(job_id=42, nodelist="gb[03,01-02]", node="gb01", uid=1234), need_nodes=True)
+        assert ctx.nodes == ("gb03", "gb01", "gb02")
+        assert (ctx.job_id, ctx.node, ctx.uid, ctx.gid, ctx.user, ctx.partition) == (42, "gb01", 1234, 1234,
+                                                                                     "alice", "gpu")  # fmt: skip
+
+    def test_job_nodelist_is_preferred(self) -> None:
+        """When both variables are set, SLURM_JOB_NODELIST wins."""
+        env = job_env(nodelist="gb[01-02]", SLURM_NODELIST="gb[01-04]")
+        assert JobContext.from_env(env, need_nodes=True).nodes == ("gb01", "gb02")
+
+    def test_nodelist_fallback_for_slurm_22_05(self) -> None:
+        """Without SLURM_JOB_NODELIST (Slurm 22.05), SLURM_NODELIST is used."""
+        env = env_without("SLURM_JOB_NODELIST", SLURM_NODELIST="gb[01-03]")
+        assert JobContext.from_env(env, need_nodes=True).nodes == ("gb01", "gb02", "gb03")
+
+    def test_blank_job_nodelist_falls_back(self) -> None:
+        """A blank SLURM_JOB_NODELIST counts as missing."""
+        env = job_env(SLURM_JOB_NODELIST="  ", SLURM_NODELIST="gb01")
+        assert JobContext.from_env(env, need_nodes=True).nodes == ("gb01",)
+
+    @pytest.mark.parametrize(
+        "env",
+        [
+            pytest.param(env_without("SLURM_JOB_NODELIST", "SLURM_NODELIST"), id="missing"),
+            pytest.param(job_env(SLURM_JOB_NODELIST="", SLURM_NODELIST=""), id="empty"),
+        ],
+    )
+    def test_no_node_list_is_an_error(self, env: Dict[str, str]) -> None:
+        """Without any node list the prolog fails naming both variables."""
+        with pytest.raises(EnvironmentError_, match="neither SLURM_JOB_NODELIST nor SLURM_NODELIST is set"):
+            JobContext.from_env(env, need_nodes=True)
+
+    def test_separators_only_names_no_node(self) -> None:
+        """A node list of separators only names no node and is refused."""
+        with pytest.raises(EnvironmentError_, match=r"SLURM_JOB_NODELIST=', ,' names no node"):
+            JobContext.from_env(job_env(nodelist=", ,"), need_nodes=True)
+
+    @pytest.mark.parametrize(
+        ("nodelist", "part"),
+        [
+            pytest.param("gb[01-", "gb[01-", id="unclosed"),
+            pytest.param("gb01,gb[]", "[]", id="empty-brackets"),
+            pytest.param("gb[03-01]", "03-01", id="reversed-range"),
+        ],
+    )
+    def test_malformed_node_list_keeps_the_faulty_part(self, nodelist: str, part: str) -> None:
+        """A malformed node list raises NodeListError (exit 65) that names the faulty part."""
+        with pytest.raises(NodeListError) as info:
+            JobContext.from_env(job_env(nodelist=nodelist, node="gb01"), need_nodes=True)
+        assert info.value.part == part and info.value.nodelist == nodelist
+        assert info.value.exit_code == ExitCode.DATAERR
+
+    def test_duplicates_are_refused(self) -> None:
+        """A node named twice would give IMEX two node ids for one tray and is refused."""
+        with pytest.raises(EnvironmentError_, match="names gb01, gb02 more than once"):
+            JobContext.from_env(job_env(nodelist="gb[01-02],gb02,gb01"), need_nodes=True)
+
+    def test_own_node_must_be_in_the_list(self) -> None:
+        """A node list without SLURMD_NODENAME is refused, naming the node and the variable."""
+        message = r"this node 'gb09' \(SLURMD_NODENAME\) is not in SLURM_JOB_NODELIST"
+        with pytest.raises(EnvironmentError_, match=message):
+            JobContext.from_env(job_env(nodelist="gb[01-02]", node="gb09"), need_nodes=True)
+
+    def test_epilog_does_not_read_the_node_list(self) -> None:
+        """The epilog needs neither node list nor uid, so a broken list does not block teardown."""
+        env = env_without("SLURM_JOB_UID", nodelist="gb[01-")
+        ctx = JobContext.from_env(env, need_nodes=False)
+        assert ctx.nodes == () and ctx.uid is None and ctx.job_id == 42
+
+
+class TestIds:
+    @pytest.mark.parametrize(
+        ("value", "shown"),
+        [
+            pytest.param("4x2", "'4x2'", id="letters"),
+            pytest.param("0", "'0'", id="zero"),
+            pytest.param("-5", "'-5'", id="negative"),
+            pytest.param("+5", "'+5'", id="plus"),
+            pytest.param("４２", "'４２'", id="fullwidth-digits"),
+            pytest.param("٤٢", "'٤٢'", id="arabic-indic-digits"),
+            pytest.param("4.0", "'4.0'", id="float"),
+        ],
+    )
+    def test_bad_job_id_is_named(self, value: str, shown: str) -> None:
+        """A job id that is not a positive ASCII number is refused with variable and value."""
+        with pytest.raises(EnvironmentError_, match=re.escape(f"SLURM_JOB_ID={shown} is not a valid number")):
+            JobContext.from_env(job_env(SLURM_JOB_ID=value), need_nodes=True)
+
+    def test_missing_job_id_is_an_error(self) -> None:
+        """Without SLURM_JOB_ID and SLURM_JOBID the hook refuses to run."""
+        with pytest.raises(EnvironmentError_, match="SLURM_JOB_ID is not set"):
+            JobContext.from_env(env_without("SLURM_JOB_ID"), need_nodes=False)
+
+    def test_legacy_jobid_variable_is_accepted(self) -> None:
+        """SLURM_JOBID is used when SLURM_JOB_ID is absent."""
+        assert JobContext.from_env(env_without("SLURM_JOB_ID", SLURM_JOBID="77"), need_nodes=False).job_id == 77
+
+    def test_bad_legacy_jobid_names_the_legacy_variable(self) -> None:
+        """A bad SLURM_JOBID fallback is reported under its own name."""
+        with pytest.raises(EnvironmentError_, match="SLURM_JOBID='x' is not"):
+            JobContext.from_env(env_without("SLURM_JOB_ID", SLURM_JOBID="x"), need_nodes=False)
+
+    def test_surrounding_blanks_are_ignored(self) -> None:
+        """Blanks around a number are stripped."""
+        assert JobContext.from_env(job_env(SLURM_JOB_ID=" 42 "), need_nodes=False).job_id == 42
+
+    def test_missing_uid_fails_the_prolog(self) -> None:
+        """The prolog needs the job owner for the channel and refuses to run without it."""
+        with pytest.raises(EnvironmentError_, match="SLURM_JOB_UID is not set"):
+            JobContext.from_env(env_without("SLURM_JOB_UID"), need_nodes=True)
+
+    def test_legacy_uid_variable_is_accepted(self) -> None:
+        """SLURM_UID is used when SLURM_JOB_UID is absent."""
+        assert JobContext.from_env(env_without("SLURM_JOB_UID", SLURM_UID="1500"), need_nodes=True).uid == 1500
+
+    def test_root_uid_is_allowed(self) -> None:
+        """uid 0 is a valid job owner."""
+        assert JobContext.from_env(job_env(uid=0), need_nodes=True).uid == 0
+
+    @pytest.mark.parametrize("name", ["SLURM_JOB_UID", "SLURM_JOB_GID"])
+    def test_bad_uid_or_gid_is_named(self, name: str) -> None:
+        """A uid or gid that is not a number is refused naming the variable."""
+        with pytest.raises(EnvironmentError_, match=f"{name}='alice' is not a valid number"):
+            JobContext.from_env(job_env(**{name: "alice"}), need_nodes=True)
+
+    def test_missing_gid_is_none(self) -> None:
+        """SLURM_JOB_GID is optional."""
+        assert JobContext.from_env(env_without("SLURM_JOB_GID"), need_nodes=True).gid is None
+
+    def test_missing_node_name_is_an_error(self) -> None:
+        """Without SLURMD_NODENAME imexctl is not running as slurmd's hook and refuses."""
+        with pytest.raises(EnvironmentError_, match="SLURMD_NODENAME is not set"):
+            JobContext.from_env(env_without("SLURMD_NODENAME"), need_nodes=False)
+
+    def test_environment_errors_exit_65(self) -> None:
+        """A malformed job environment maps to exit code 65 (DATAERR)."""
+        assert EnvironmentError_.exit_code == ExitCode.DATAERR == 65
+
+
+class TestOversubscribe:
+    @pytest.mark.parametrize(
+        ("value", "shared"),
+        [
+            pytest.param("NO", False, id="NO"),
+            pytest.param("TOPO", False, id="TOPO"),
+            pytest.param(" topo ", False, id="lower-blank"),
+            pytest.param("OK", True, id="OK"),
+            pytest.param("YES", True, id="YES"),
+            pytest.param("USER", True, id="USER"),
+            pytest.param("MCS", True, id="MCS"),
+            pytest.param("FORCE", True, id="FORCE"),
+            pytest.param(None, None, id="absent"),
+            pytest.param("", None, id="empty"),
+        ],
+    )
+    def test_exclusivity(self, value: Optional[str], shared: Optional[bool]) -> None:
+        """NO and TOPO are exclusive, any other value shared, and absence (Slurm < 23.02) unknown."""
+        env = job_env() if value is None else job_env(SLURM_JOB_OVERSUBSCRIBE=value)
+        assert JobContext.from_env(env, need_nodes=True).is_shared is shared
+
+
+class TestConstraintFeatures:
+    @pytest.mark.parametrize(
+        ("expr", "features"),
+        [
+            pytest.param("", frozenset(), id="empty"),
+            pytest.param("imex", {"imex"}, id="single"),
+            pytest.param("imex&gpu", {"imex", "gpu"}, id="and"),
+            pytest.param("imex|gpu", {"imex", "gpu"}, id="or"),
+            pytest.param("[rackA|rackB]", {"rackA", "rackB"}, id="matching-or"),
+            pytest.param("imex*2", {"imex"}, id="count"),
+            pytest.param("[rackA*2&rackB*4]", {"rackA", "rackB"}, id="counts-in-brackets"),
+            pytest.param("(imex|a)&b,c", {"imex", "a", "b", "c"}, id="parens-and-comma"),
+            pytest.param("imexx&gpu", {"imexx", "gpu"}, id="no-substring-match"),
+        ],
+    )
+    def test_parse(self, expr: str, features: FrozenSet[str]) -> None:
+        """Feature names are extracted from a --constraint expression; operators and counts dropped."""
+        assert constraint_features(expr) == frozenset(features)
+
+    def test_constraints_are_read_from_the_environment(self) -> None:
+        """SLURM_JOB_CONSTRAINTS is carried verbatim on the context."""
+        ctx = JobContext.from_env(job_env(SLURM_JOB_CONSTRAINTS="imex&gpu"), need_nodes=True)
+        assert constraint_features(ctx.constraints) == {"imex", "gpu"}
