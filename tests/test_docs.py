@@ -1,0 +1,372 @@
+"""The operator documentation stays in sync with the code.
+
+Checks only what cannot drift silently: every config key and default, every
+exit code and error code, every log event, every command and option, the
+README's quick start against ``.ci/run``, the hook and unit lines quoted in
+docs/install.md, and the links between the pages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+from typing import Dict, Iterator, List, Set, Tuple
+
+import pytest
+
+from imexctl import cli, demo, errors, imexconf, log, settings
+from imexctl.errors import ExitCode, ImexctlError
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+README = ROOT / "README.md"
+PAGES = ("install.md", "configuration.md", "exit-codes.md", "events.md", "troubleshooting.md", "design.md")
+SHELL_FENCES = ("sh", "shell", "bash", "console")
+# last name parts that make a dotted token a file name, not an event name
+FILE_SUFFIXES = frozenset({"cfg", "conf", "d", "json", "log", "md", "pid", "py", "service", "sock", "yaml"})
+
+
+def _page(name: str) -> str:
+    return (DOCS / name).read_text(encoding="utf-8")
+
+
+def _all_docs() -> str:
+    return "\n".join(_page(name) for name in PAGES)
+
+
+def _readme() -> str:
+    assert README.is_file(), "README.md is missing"
+    return README.read_text(encoding="utf-8")
+
+
+def _without_fences(text: str) -> str:
+    """The text with fenced code blocks blanked out (headings inside them are not headings)."""
+    return re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+
+
+def _section(text: str, heading: str, level: int = 2) -> str:
+    """The body under the first heading of ``level`` that starts with ``heading``, up to the next one."""
+    marks = "#" * level
+    lines = text.splitlines()
+    body: List[str] = []
+    inside = fenced = False
+    for line in lines:
+        if line.startswith("```"):
+            fenced = not fenced
+        if not fenced and re.match(rf"^#{{1,{level}}} ", line):
+            if inside:
+                break
+            inside = line.startswith(f"{marks} {heading}")
+            continue
+        if inside:
+            body.append(line)
+    assert inside or body, f"no heading {marks} {heading!r}"
+    return "\n".join(body)
+
+
+def _cells(line: str) -> List[str]:
+    parts = re.split(r"(?<!\\)\|", line.strip())
+    return [p.strip() for p in parts[1:-1]]
+
+
+def _tables(text: str) -> List[List[List[str]]]:
+    """Every Markdown table in ``text`` as rows of cells, header and separator rows dropped."""
+    tables: List[List[List[str]]] = []
+    current: List[List[str]] = []
+    for line in _without_fences(text).splitlines() + [""]:
+        if line.strip().startswith("|"):
+            current.append(_cells(line))
+            continue
+        if current:
+            tables.append([row for row in current[2:]])
+            current = []
+    return tables
+
+
+def _rows(text: str) -> List[List[str]]:
+    return [row for table in _tables(text) for row in table]
+
+
+def _code(value: str) -> str:
+    return f"`{value}`"
+
+
+# ---------------------------------------------------------------- pages
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_page_exists_and_has_one_title(name: str) -> None:
+    text = _without_fences(_page(name))
+    assert len(re.findall(r"^# ", text, flags=re.M)) == 1
+
+
+# ---------------------------------------------------------------- configuration
+
+
+CONFIG_KEYS = [(section, key) for section, keys in settings.SCHEMA.items() for key in keys]
+
+
+def _config_section(section: str) -> str:
+    return _section(_page("configuration.md"), f"`[{section}]`")
+
+
+@pytest.mark.parametrize(("section", "key"), CONFIG_KEYS)
+def test_config_key_is_documented_with_its_default(section: str, key: str) -> None:
+    rows = {row[0]: row for row in _rows(_config_section(section)) if row}
+    assert _code(key) in rows, f"[{section}] {key} is not in docs/configuration.md"
+    default = settings.SCHEMA[section][key][0]
+    cell = rows[_code(key)][1]
+    if default:
+        assert _code(default) in cell, f"[{section}] {key}: default {default!r} not in {cell!r}"
+    else:
+        assert "(empty)" in cell, f"[{section}] {key}: empty default not written as (empty): {cell!r}"
+
+
+@pytest.mark.parametrize("section", list(settings.SCHEMA))
+def test_config_section_documents_no_key_that_does_not_exist(section: str) -> None:
+    tables = _tables(_config_section(section))
+    assert len(tables) == 1, f"[{section}] should have exactly one table"
+    assert [len(row) for row in tables[0]] == [3] * len(tables[0]), "columns: key | default | meaning"
+    documented = {row[0] for row in tables[0]}
+    assert documented == {_code(k) for k in settings.SCHEMA[section]}
+
+
+def test_config_sections_are_exactly_the_schema_plus_imex() -> None:
+    text = _without_fences(_page("configuration.md"))
+    headings = re.findall(r"^## `\[([a-z_]+)\]`", text, flags=re.M)
+    assert headings == [*settings.SCHEMA, "imex"]
+
+
+def test_imex_section_lists_allowed_keys_with_what_imexctl_writes() -> None:
+    tables = _tables(_config_section("imex"))
+    assert len(tables) == 2, "[imex]: a table of allowed keys, then one of owned keys"
+    allowed = {row[0]: row for row in tables[0]}
+    assert set(allowed) == {_code(k) for k in settings.IMEX_KEYS}
+    for key in settings.IMEX_KEYS:
+        cell = allowed[_code(key)][1]
+        if key not in imexconf.DEFAULTS:
+            assert "(not written)" in cell, key
+        elif imexconf.DEFAULTS[key]:
+            assert _code(imexconf.DEFAULTS[key]) in cell, key
+        else:
+            assert "(empty)" in cell, key
+
+
+def test_imex_section_lists_every_owned_key() -> None:
+    owned = {row[0] for row in _tables(_config_section("imex"))[1]}
+    assert owned == {_code(k) for k in settings.OWNED_IMEX_KEYS}
+
+
+def test_every_key_of_a_rendered_config_is_documented() -> None:
+    text = imexconf.render_config(
+        job_id=42, port=61042, bind_ip="10.0.0.1", nodes_path=Path("/run/imexctl/jobs/42/nodes_config.cfg"),
+        cmd_socket=Path("/run/imexctl/jobs/42/cmd.sock"), log_file=Path("/var/log/nvidia-imex.log"), overrides={},
+    )  # fmt: skip
+    written = {line.split("=", 1)[0] for line in text.splitlines() if line and not line.startswith("#")}
+    section = _config_section("imex")
+    missing = sorted(k for k in written if _code(k) not in section)
+    assert not missing, f"config.cfg keys not in docs/configuration.md [imex]: {missing}"
+
+
+def test_config_lookup_order_is_documented_in_order() -> None:
+    text = _section(_page("configuration.md"), "Where imexctl looks")
+    wanted = ["--config", "$IMEXCTL_CONFIG", "$SLURM_CONF", str(settings.DEFAULT_CONFIG)]
+    positions = [text.find(w) for w in wanted]
+    assert -1 not in positions, dict(zip(wanted, positions))
+    assert positions == sorted(positions)
+
+
+# ---------------------------------------------------------------- exit codes
+
+
+def _exit_rows() -> Dict[str, List[str]]:
+    return {row[0]: row for row in _rows(_section(_page("exit-codes.md"), "Exit codes")) if row}
+
+
+@pytest.mark.parametrize("code", list(ExitCode), ids=lambda c: c.name)
+def test_exit_code_has_a_row_with_name_and_number(code: ExitCode) -> None:
+    rows = _exit_rows()
+    assert _code(code.name) in rows, f"{code.name} missing from docs/exit-codes.md"
+    assert rows[_code(code.name)][1] == _code(str(int(code)))
+
+
+def test_exit_code_table_names_no_code_that_does_not_exist() -> None:
+    assert set(_exit_rows()) == {_code(c.name) for c in ExitCode}
+
+
+def _error_classes() -> Iterator[type]:
+    for name in errors.__all__:
+        obj = getattr(errors, name)
+        if isinstance(obj, type) and issubclass(obj, ImexctlError) and obj is not ImexctlError:
+            yield obj
+
+
+def test_every_error_code_has_a_row_with_its_exit_code() -> None:
+    rows = {row[0]: row for row in _rows(_section(_page("exit-codes.md"), "Error codes")) if row}
+    expected = {_code(cls.code): _code(str(int(cls.exit_code))) for cls in _error_classes()}
+    assert set(rows) == set(expected)
+    for code, number in expected.items():
+        assert rows[code][1] == number, f"{code}: docs say {rows[code][1]}, code says {number}"
+
+
+# ---------------------------------------------------------------- events
+
+
+def test_event_catalogue_is_exactly_log_events() -> None:
+    table = _rows(_section(_page("events.md"), "The catalogue"))
+    documented = [row[0] for row in table]
+    assert len(documented) == len(set(documented)), "an event is listed twice"
+    assert set(documented) == {_code(e) for e in log.EVENTS}
+
+
+def _event_like_tokens(text: str) -> Set[str]:
+    prefixes = {name.split(".", 1)[0] for name in log.EVENTS}
+    found = set()
+    for token in re.findall(r"`([a-z_]+(?:\.[a-z_]+)+)`", text):
+        parts = token.split(".")
+        if parts[0] in prefixes and parts[-1] not in FILE_SUFFIXES:
+            found.add(token)
+    return found
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_docs_name_no_event_that_does_not_exist(name: str) -> None:
+    unknown = _event_like_tokens(_page(name)) - set(log.EVENTS)
+    assert not unknown, f"docs/{name} names events that imexctl/log.py does not have: {sorted(unknown)}"
+
+
+def test_events_page_explains_the_summary_lines_and_destinations() -> None:
+    text = _page("events.md")
+    for needed in ("prolog.done", "epilog.done", "stderr", "slurmd", str(settings.SCHEMA["paths"]["log_file"][0])):
+        assert needed in text
+
+
+# ---------------------------------------------------------------- commands
+
+
+def _subcommands(parser: argparse.ArgumentParser, path: Tuple[str, ...] = ()) -> Iterator[
+    Tuple[Tuple[str, ...], argparse.ArgumentParser]
+]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield (*path, name), sub
+                yield from _subcommands(sub, (*path, name))
+
+
+PARSER = cli._parser()
+COMMANDS = [path for path, _ in _subcommands(PARSER)]
+OPTIONS = sorted(
+    {opt for p in [PARSER, *(sub for _, sub in _subcommands(PARSER))] for a in p._actions for opt in a.option_strings
+     if opt.startswith("--") and opt != "--help"}
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("path", COMMANDS, ids=" ".join)
+def test_every_command_is_documented(path: Tuple[str, ...]) -> None:
+    command = "imexctl " + " ".join(path)
+    assert command in _readme() + _all_docs(), f"'{command}' appears in neither README.md nor docs/"
+
+
+@pytest.mark.parametrize("option", OPTIONS)
+def test_every_long_option_is_documented(option: str) -> None:
+    assert option in _readme() + _all_docs(), f"{option} appears in neither README.md nor docs/"
+
+
+@pytest.mark.parametrize("fault", sorted(demo.FAULTS))
+def test_every_demo_fault_is_named(fault: str) -> None:
+    assert re.search(rf"(?<![\w-]){re.escape(fault)}(?![\w-])", _readme() + _all_docs()), fault
+
+
+# ---------------------------------------------------------------- README quick start
+
+
+def _shell_blocks(text: str) -> List[List[str]]:
+    blocks = re.findall(r"^```([a-z]*)\n(.*?)^```", text, flags=re.S | re.M)
+    return [
+        [line.strip() for line in body.splitlines() if line.strip() and not line.strip().startswith("#")]
+        for lang, body in blocks
+        if lang in SHELL_FENCES
+    ]
+
+
+def _ci_test_command() -> str:
+    lines = (ROOT / ".ci/run").read_text(encoding="utf-8").splitlines()
+    commands = [line.strip() for line in lines if "pytest" in line and not line.strip().startswith("#")]
+    assert len(commands) == 1, f".ci/run should run pytest exactly once: {commands}"
+    return commands[0]
+
+
+def test_readme_quick_start_has_exactly_two_shell_commands() -> None:
+    blocks = _shell_blocks(_section(_readme(), "Quick start"))
+    assert len(blocks) == 2, f"Quick start should have two shell blocks, has {len(blocks)}"
+    assert all(len(b) == 1 for b in blocks), f"each Quick start block should hold one command: {blocks}"
+    assert any("imexctl demo" in b[0] for b in blocks), "one Quick start command runs the demo"
+
+
+def test_readme_test_command_is_what_ci_runs() -> None:
+    commands = [b[0] for b in _shell_blocks(_section(_readme(), "Quick start")) if b and "pytest" in b[0]]
+    assert commands == [_ci_test_command()]
+
+
+# ---------------------------------------------------------------- install.md quotes the shipped files
+
+
+@pytest.mark.parametrize("hook", ["prolog", "epilog"])
+def test_install_quotes_the_hook_command(hook: str) -> None:
+    lines = (ROOT / "hooks" / hook).read_text(encoding="utf-8").splitlines()
+    exec_lines = [line.strip() for line in lines if line.startswith("exec ")]
+    assert len(exec_lines) == 1
+    assert exec_lines[0] in _page("install.md")
+
+
+def test_install_quotes_the_unit_exec_start() -> None:
+    unit = (ROOT / "systemd/imexctl-imex@.service").read_text(encoding="utf-8")
+    exec_start = [line.strip() for line in unit.splitlines() if line.startswith("ExecStart=")]
+    assert len(exec_start) == 1
+    assert exec_start[0] in _page("install.md")
+
+
+def test_install_timeout_advice_matches_the_defaults() -> None:
+    """The worst case added up in install.md must stay below the PrologEpilogTimeout it advises."""
+    d = {k: float(v[0]) for k, v in settings.SCHEMA["daemon"].items() if k.endswith("_s")}
+    r = {k: float(v[0]) for k, v in settings.SCHEMA["readiness"].items() if k.endswith("_s")}
+    worst = (
+        max(r["deadline_s"], d["lock_timeout_s"] + 10 + d["start_timeout_s"])
+        + 2 * r["ctl_timeout_s"]
+        + d["stop_timeout_s"] + 5 + 10 + d["kill_grace_s"] + 2
+    )  # fmt: skip
+    advised = re.search(r"^PrologEpilogTimeout=(\d+)$", _page("install.md"), flags=re.M)
+    assert advised is not None
+    assert worst < int(advised.group(1))
+    assert f"{worst:g} s with the defaults" in _page("install.md")
+
+
+# ---------------------------------------------------------------- links
+
+
+def _slug(heading: str) -> str:
+    text = heading.strip().lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def _anchors(text: str) -> Set[str]:
+    plain = _without_fences(text)
+    found = {_slug(h) for h in re.findall(r"^#{1,6} (.+)$", plain, flags=re.M)}
+    found |= set(re.findall(r'<a id="([^"]+)"', plain))
+    return found
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_links_between_pages_resolve(name: str) -> None:
+    text = _without_fences(_page(name))
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"^[a-z]+:", target):
+            continue
+        file_part, _, anchor = target.partition("#")
+        path = (DOCS / file_part) if file_part else DOCS / name
+        assert path.is_file(), f"docs/{name}: link to missing {target}"
+        if anchor and path.suffix == ".md":
+            assert anchor in _anchors(path.read_text(encoding="utf-8")), f"docs/{name}: no anchor {target}"
