@@ -86,12 +86,18 @@ class NvmlGpu:
         import ctypes
 
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        info = pynvml.c_nvmlGpuFabricInfo_v3_t()  # __init__ presets .version
-        try:
-            pynvml.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
-        except pynvml.NVMLError_NotSupported:
-            return None
-        except (pynvml.NVMLError_ArgumentVersionMismatch, pynvml.NVMLError_FunctionNotFound):
+        # v3 struct when this nvidia-ml-py has it (13.x), else its V type (v2), else only the legacy call
+        struct = getattr(pynvml, "c_nvmlGpuFabricInfo_v3_t", None) or getattr(pynvml, "c_nvmlGpuFabricInfoV_t", None)
+        info = None
+        if struct is not None and hasattr(pynvml, "nvmlDeviceGetGpuFabricInfoV"):
+            info = struct()  # __init__ presets .version
+            try:
+                pynvml.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
+            except pynvml.NVMLError_NotSupported:
+                return None
+            except (pynvml.NVMLError_ArgumentVersionMismatch, pynvml.NVMLError_FunctionNotFound):
+                info = None
+        if info is None:
             # older driver: the legacy call and struct, which may equally say "not supported"
             info = pynvml.c_nvmlGpuFabricInfo_t()
             try:

@@ -48,11 +48,14 @@ class Probe:
     daemon_alive: Callable[[], bool]
 
 
-def probe(host: Host, settings: Settings, p: Probe) -> Readiness:
-    """One readiness check: local state, then (level ``domain``) the whole domain."""
+def probe(host: Host, settings: Settings, p: Probe, deadline: float = float("inf")) -> Readiness:
+    """One readiness check: local state, then (level ``domain``) the whole domain.
+
+    No ``nvidia-imex-ctl`` call runs past ``deadline`` (``host.monotonic()`` time).
+    """
     if not p.daemon_alive():
         return Readiness(False, "daemon exited", fatal="the IMEX daemon exited during start-up")
-    rc, out = _ctl(host, settings, p.config, "-q")
+    rc, out = _ctl(host, settings, p.config, deadline, "-q")
     if rc == 255 or "Failed to read node configuration file" in out:
         return Readiness(False, "ctl: config", fatal=f"nvidia-imex-ctl cannot read the node config: {out.strip()}")
     if rc is None:
@@ -65,11 +68,11 @@ def probe(host: Host, settings: Settings, p: Probe) -> Readiness:
         return Readiness(False, f"local {state}" + (f" (exit {rc})" if rc else ""))
     if p.level == "local":
         return Readiness(True, "local READY")
-    return _domain(host, settings, p)
+    return _domain(host, settings, p, deadline)
 
 
-def _domain(host: Host, settings: Settings, p: Probe) -> Readiness:
-    rc, out = _ctl(host, settings, p.config, "-N", "-j")
+def _domain(host: Host, settings: Settings, p: Probe, deadline: float) -> Readiness:
+    rc, out = _ctl(host, settings, p.config, deadline, "-N", "-j")
     if rc is None:
         return Readiness(False, f"ctl -N -j: {out}")
     try:
@@ -94,10 +97,11 @@ def _domain(host: Host, settings: Settings, p: Probe) -> Readiness:
     return Readiness(False, f"domain {dom.status}", dom, blamed=blamed)
 
 
-def _ctl(host: Host, settings: Settings, config: Path, *args: str) -> Tuple[Optional[int], str]:
+def _ctl(host: Host, settings: Settings, config: Path, deadline: float, *args: str) -> Tuple[Optional[int], str]:
     argv = (settings.get("commands", "nvidia_imex_ctl"), "-c", str(config), *args)
+    timeout_s = max(0.05, min(settings.get("readiness", "ctl_timeout_s"), deadline - host.monotonic()))
     try:
-        done = host.run(argv, timeout_s=settings.get("readiness", "ctl_timeout_s"))
+        done = host.run(argv, timeout_s=timeout_s)
     except CommandError as exc:
         return None, exc.reason
     # the state word is on stdout; stderr only explains a failure
@@ -152,7 +156,7 @@ def wait_ready(host: Host, settings: Settings, p: Probe, *, deadline: float, log
 
     def counted() -> Readiness:
         attempts[0] += 1
-        return _sticky_blame(probe(host, settings, p), seen)
+        return _sticky_blame(probe(host, settings, p, deadline), seen)
 
     result: Readiness = retrying(counted)
     waited = round(host.monotonic() - start, 3)

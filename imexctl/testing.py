@@ -150,7 +150,7 @@ class FakeHost:
         if verb == "start":
             job = unit.split("@", 1)[1].split(".", 1)[0]
             state["ActiveState"] = "active"
-            state["pid"] = str(self._spawn(tuple(self.unit_exec.format(job=job).split())).pid)
+            state["pid"] = str(self._spawn(tuple(self.unit_exec.format(job=job).split())).info.pid)
         elif verb == "stop":
             for p in self.procs.values():
                 if str(p.info.pid) == state.get("pid"):

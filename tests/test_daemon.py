@@ -61,19 +61,6 @@ class TestParseSystemctlShow:
         assert parse_systemctl_show("") == {}
 
 
-@pytest.fixture
-def fake_systemctl_start(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Work around FakeHost's broken ``systemctl start`` (see test_fake_systemctl_start_records_main_pid).
-
-    ``FakeHost._systemctl`` reads ``_Proc.pid``, which does not exist (the pid is
-    ``_Proc.info.pid``); this adds the attribute for one test so that the systemd
-    backend can be exercised at all.  Harmless once testing.py is fixed.
-    """
-    monkeypatch.setattr(testing._Proc, "pid", property(lambda p: p.info.pid), raising=False)
-
-
-@pytest.mark.xfail(strict=True, raises=AttributeError,
-                   reason="bug: FakeHost._systemctl('start') uses _Proc.pid instead of _Proc.info.pid")  # fmt: skip
 def test_fake_systemctl_start_records_main_pid() -> None:
     """FakeHost's systemctl start marks the unit active and records the spawned daemon as MainPID."""
     host = FakeHost()
@@ -83,7 +70,7 @@ def test_fake_systemctl_start_records_main_pid() -> None:
 
 
 @pytest.fixture
-def systemd(make_settings: Callable[..., Settings], fake_systemctl_start: None) -> Settings:
+def systemd(make_settings: Callable[..., Settings]) -> Settings:
     return make_settings(daemon={"backend": "systemd"})
 
 

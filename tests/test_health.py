@@ -148,7 +148,7 @@ class TestHang:
                                                    root: Path) -> None:  # fmt: skip
         """A ctl that never answers ends in HealthTimeout that says it did not answer."""
         host.hang_ctl = True
-        with pytest.raises(HealthTimeout, match=r"ctl -q: no answer within 1s"):
+        with pytest.raises(HealthTimeout, match=r"ctl -q: no answer within [0-9.]+s"):
             wait(host, make_settings(readiness={"ctl_timeout_s": 1}), make_probe(root))
 
     def test_hanging_ctl_through_the_prolog(self, rt: lifecycle.Runtime, host: FakeHost) -> None:
@@ -157,8 +157,6 @@ class TestHang:
         with pytest.raises(HealthTimeout, match="no answer"):
             lifecycle.prolog(job_env(), rt)
 
-    @pytest.mark.xfail(strict=True, reason="bug: health._ctl gives every nvidia-imex-ctl call the full "
-                                           "ctl_timeout_s, not the time left before the deadline")  # fmt: skip
     def test_hanging_ctl_never_runs_past_the_deadline(self, host: FakeHost, make_settings: Callable[..., Settings],
                                                       root: Path) -> None:  # fmt: skip
         """Probes that hang are cut at the deadline, so the wait ends within deadline_s."""
