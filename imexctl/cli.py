@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Mapping, NoReturn, Optional, Sequence
 
 from imexctl import __version__
 from imexctl.errors import ExitCode, ImexctlError, NotPrivilegedError
@@ -18,8 +18,16 @@ unavailable; 70 node left unsafe or internal error; 71 device node error; 75 not
 77 not root; 78 invalid configuration (docs/exit-codes.md)."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the sysexits usage code (64) instead of 2."""
+
+    def error(self, message: str) -> "NoReturn":  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(int(ExitCode.USAGE), f"{self.prog}: error: {message}\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="imexctl", description="Per-job NVIDIA IMEX domains for Slurm.",
+    p = _Parser(prog="imexctl", description="Per-job NVIDIA IMEX domains for Slurm.",
                                 epilog=_EPILOG)  # fmt: skip
     p.add_argument("--version", action="version", version=f"imexctl {__version__}")
     p.add_argument("--config", metavar="FILE",

@@ -68,16 +68,14 @@ def _prolog(env: Mapping[str, str], rt: Runtime, t0: float) -> Dict[str, Any]:
     deadline = t0 + rt.settings.get("readiness", "deadline_s")
     job = JobContext.from_env(env, need_nodes=True)
     _bind(job_id=job.job_id, node=job.node)
-    skip = _gate(job, rt)
-    members = domain.domain_members(job.nodes, job.node, rt.settings.paths.topology_file) if not skip else ()
+    skip = _gate(job, rt) or _shared(job, rt)
     if not skip and rt.settings.get("policy", "fabric") == "nvml" and clique_key(rt.gpu.fabric_infos()) is None:
         skip = "this tray has no multi-node NVLink fabric (NVML)"
     if skip:
         return _done(rt, t0, skipped=skip)
+    members = domain.domain_members(job.nodes, job.node, rt.settings.paths.topology_file)
     with node_lock(rt.settings.paths.lock_file, rt.host, rt.settings.get("daemon", "lock_timeout_s")):
-        skip = _claim(job, rt)
-        if skip:
-            return _done(rt, t0, skipped=skip)
+        _claim(job, rt)
         try:
             summary = _setup(job, members, rt, deadline)
         except BaseException as exc:
@@ -105,13 +103,18 @@ def _gate(job: JobContext, rt: Runtime) -> str:
     return ""
 
 
-def _claim(job: JobContext, rt: Runtime) -> str:
-    """Refuse a shared job or a node whose domain is held; clear our own leftovers."""
-    if job.is_shared:
-        why = f"job may share its nodes (SLURM_JOB_OVERSUBSCRIBE={job.oversubscribe}); IMEX needs --exclusive"
-        if rt.settings.get("policy", "shared") == "skip":
-            return why
-        raise DomainBusyError(why)
+def _shared(job: JobContext, rt: Runtime) -> str:
+    """Skip (policy ``skip``) or refuse a job that may share its nodes; '' for an exclusive job."""
+    if not job.is_shared:
+        return ""
+    why = f"job may share its nodes (SLURM_JOB_OVERSUBSCRIBE={job.oversubscribe}); IMEX needs --exclusive"
+    if rt.settings.get("policy", "shared") == "skip":
+        return why
+    raise DomainBusyError(why)
+
+
+def _claim(job: JobContext, rt: Runtime) -> None:
+    """Refuse a node whose domain is held by another job or a stray daemon; clear our own leftovers."""
     paths = rt.settings.paths
     others = [j for j in job_ids(paths.jobs_dir) if j != job.job_id]
     if others:
@@ -124,7 +127,6 @@ def _claim(job: JobContext, rt: Runtime) -> str:
     if paths.job_dir(job.job_id).exists():
         rt.log.warning("state.removed", reason="leftovers of an earlier run of this job",
                        actions=teardown(job.job_id, rt))  # fmt: skip
-    return ""
 
 
 def _setup(job: JobContext, members: Tuple[str, ...], rt: Runtime, deadline: float) -> Dict[str, Any]:
@@ -207,12 +209,13 @@ def _create_channel(job: JobContext, major: int, minor: int, path: Path, rt: Run
 
 
 def _rollback(job_id: int, rt: Runtime, exc: BaseException) -> None:
+    """Undo this prolog; if that fails too the node is unsafe and says so (exit 70)."""
     try:
         actions = teardown(job_id, rt)
-        rt.log.warning("prolog.rolled_back", actions=actions)
     except ImexctlError as again:
         rt.log.error("prolog.rolled_back", ok=False, error=str(again))
-        exc.__context__ = again
+        raise UnsafeNodeError(f"{exc}; rollback failed too: {again}") from exc
+    rt.log.warning("prolog.rolled_back", actions=actions)
 
 
 # ---------------------------------------------------------------- teardown, epilog
@@ -235,21 +238,24 @@ def teardown(job_id: int, rt: Runtime, *, dry_run: bool = False) -> List[str]:
     done: List[str] = []
     problems: List[str] = []
 
-    def step(what: str, action: Any) -> None:
+    def step(what: str, action: Any, *, fatal: bool = True) -> None:
         if dry_run:
             done.append(f"would {what}")
             return
         try:
             if action() is not False:
                 done.append(what)
-        except ImexctlError as exc:
-            problems.append(f"{what}: {exc}")
+        except (ImexctlError, OSError) as exc:
+            (problems.append if fatal else done.append)(f"{what}: {exc}")
 
     if job_dir.exists():
         backend = daemon.make_backend(host, s, state.backend if state else None)
-        step(f"stop daemon of job {job_id}", lambda: backend.stop(job_id, config))
+        # a failed stop is only a problem if a daemon survives: ensure_gone decides below
+        step(f"stop daemon of job {job_id}", lambda: backend.stop(job_id, config), fatal=False)
     if daemon.job_processes(host, config):
-        step(f"kill daemon of job {job_id}", lambda: daemon.ensure_gone(host, s, config) or None)
+        step(f"kill daemon of job {job_id}", lambda: _kill(config, rt))
+    elif job_dir.exists() and not dry_run:
+        rt.log.info("imex.daemon.stopped", config=str(config))
     chan = _channel_of(job_id, state, rt)
     if chan is not None:
         step(f"remove channel {chan[0]}", lambda: devices.remove_channel(*chan))
@@ -258,6 +264,14 @@ def teardown(job_id: int, rt: Runtime, *, dry_run: bool = False) -> List[str]:
     if problems:
         raise UnsafeNodeError("; ".join(problems))
     return done
+
+
+def _kill(config: Path, rt: Runtime) -> None:
+    killed = daemon.ensure_gone(rt.host, rt.settings, config)
+    if killed:
+        rt.log.warning("imex.daemon.killed", pids=killed, config=str(config))
+    else:
+        rt.log.info("imex.daemon.stopped", config=str(config))
 
 
 def _channel_of(job_id: int, state: Optional[JobState], rt: Runtime) -> Optional[Tuple[Path, int]]:
@@ -278,13 +292,17 @@ def _channel_of(job_id: int, state: Optional[JobState], rt: Runtime) -> Optional
 def epilog(env: Mapping[str, str], rt: Runtime) -> Dict[str, Any]:
     """Tear down this job's domain on this node; safe after a failed or missing prolog."""
     t0 = rt.host.monotonic()
-    job = JobContext.from_env(env, need_nodes=False)
-    _bind(job_id=job.job_id, node=job.node)
     try:
-        with node_lock(rt.settings.paths.lock_file, rt.host, rt.settings.get("daemon", "lock_timeout_s")):
-            actions = teardown(job.job_id, rt)
+        job = JobContext.from_env(env, need_nodes=False)
+        _bind(job_id=job.job_id, node=job.node)
+        job_dir = rt.settings.paths.job_dir(job.job_id)
+        actions: List[str] = []
+        # Most jobs never had a domain here: no lock, so an epilog never waits for another job's prolog.
+        if job_dir.exists() or daemon.job_processes(rt.host, job_dir / CONFIG_FILE) or _channel_of(job.job_id, None, rt):
+            with node_lock(rt.settings.paths.lock_file, rt.host, rt.settings.get("daemon", "lock_timeout_s")):
+                actions = teardown(job.job_id, rt)
     except ImexctlError as exc:
-        rt.log.error("epilog.done", ok=False, error_code=exc.code, reason=str(exc),
+        rt.log.error("epilog.done", ok=False, error_code=exc.code, exit_code=int(exc.exit_code), reason=str(exc),
                      duration_s=round(rt.host.monotonic() - t0, 3))  # fmt: skip
         exc.logged = True  # type: ignore[attr-defined]
         raise

@@ -232,7 +232,7 @@ def test_help_exits_0(argv: List[str], capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_unknown_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    """An unknown subcommand is refused by argparse with exit 2."""
+    """An unknown subcommand is refused by argparse with exit 64 (EX_USAGE)."""
     with pytest.raises(SystemExit) as info:
         main(["prologue"])
-    assert info.value.code == 2 and "invalid choice" in capsys.readouterr().err
+    assert info.value.code == 64 and "invalid choice" in capsys.readouterr().err
