@@ -18,6 +18,7 @@ __all__ = [
     "DomainBusyError",
     "EnvironmentError_",
     "ExitCode",
+    "FileError",
     "GpuError",
     "HealthTimeout",
     "ImexctlError",
@@ -163,6 +164,13 @@ class DeviceError(ImexctlError):
     """An IMEX channel device node could not be found, created or removed."""
 
     code = "device_failed"
+    exit_code = ExitCode.OSERR
+
+
+class FileError(ImexctlError):
+    """A node-local file or directory imexctl owns could not be written or removed."""
+
+    code = "file_failed"
     exit_code = ExitCode.OSERR
 
 

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from imexctl import daemon, devices, domain, imexconf
 from imexctl.errors import (
-    ConfigError, DeviceError, DomainBusyError, ImexctlError, UnsafeNodeError,
+    ConfigError, DeviceError, DomainBusyError, FileError, ImexctlError, UnsafeNodeError,
 )  # fmt: skip
 from imexctl.fsutil import atomic_write, ensure_dir, remove_tree
 from imexctl.gpu import Gpu, clique_key
@@ -77,7 +77,7 @@ def _prolog(env: Mapping[str, str], rt: Runtime, t0: float) -> Dict[str, Any]:
     with node_lock(rt.settings.paths.lock_file, rt.host, rt.settings.get("daemon", "lock_timeout_s")):
         _claim(job, rt)
         try:
-            summary = _setup(job, members, rt, deadline)
+            summary = _setup_files_checked(job, members, rt, deadline)
         except BaseException as exc:
             _rollback(job.job_id, rt, exc)
             raise
@@ -129,6 +129,13 @@ def _claim(job: JobContext, rt: Runtime) -> None:
                        actions=teardown(job.job_id, rt))  # fmt: skip
 
 
+def _setup_files_checked(job: JobContext, members: Tuple[str, ...], rt: Runtime, deadline: float) -> Dict[str, Any]:
+    try:
+        return _setup(job, members, rt, deadline)
+    except OSError as exc:  # our own files: a full or read-only /run, a symlink where a directory belongs
+        raise FileError(f"{exc.filename or 'file'}: {exc.strerror or exc}") from exc
+
+
 def _setup(job: JobContext, members: Tuple[str, ...], rt: Runtime, deadline: float) -> Dict[str, Any]:
     from imexctl import health
 
@@ -142,9 +149,8 @@ def _setup(job: JobContext, members: Tuple[str, ...], rt: Runtime, deadline: flo
     config = _write_files(job, addresses, own, port, rt)
     minor = devices.channel_minor(job.job_id, s.get("policy", "channel_count")) if major is not None else None
     chan = devices.channel_path(paths.channel_dir, minor) if minor is not None else None
-    write_state(config.parent, JobState(
-        job.job_id, job.node, job.uid or 0, job.gid if job.gid is not None else 0, job.user, members, addresses,
-        port, s.get("daemon", "backend"), minor, str(chan or ""), host.time()))  # fmt: skip
+    write_state(config.parent, JobState(job.job_id, job.node, *job.owner, job.user, members, addresses, port,
+                                        s.get("daemon", "backend"), minor, str(chan or ""), host.time()))  # fmt: skip
     if host.port_in_use(own, port):
         raise DomainBusyError(f"SERVER_PORT {own}:{port} is in use (a stale IMEX daemon?)")
     daemon.make_backend(host, s).start(job.job_id, config)
@@ -186,7 +192,7 @@ def _grant_cmd_socket(job: JobContext, sock: Path, rt: Runtime) -> None:
     try:
         if not stat.S_ISSOCK(os.lstat(sock).st_mode):
             return
-        os.chown(sock, job.uid or 0, job.gid if job.gid is not None else 0, follow_symlinks=False)
+        os.chown(sock, *job.owner, follow_symlinks=False)
         os.chmod(sock, 0o600)
     except FileNotFoundError:
         return
@@ -200,7 +206,7 @@ def _create_channel(job: JobContext, major: int, minor: int, path: Path, rt: Run
     if devices.remove_channel(path, minor):
         rt.log.warning("device.channel.removed", path=str(path), reason="stale node of an earlier job")
     mode = rt.settings.get("policy", "channel_mode")
-    uid, gid = job.uid or 0, job.gid if job.gid is not None else 0
+    uid, gid = job.owner
     rt.host.mknod_char(path, major, minor, mode=mode, uid=uid, gid=gid)
     rt.log.info("device.channel.created", path=str(path), major=major, minor=minor, uid=uid, mode=f"{mode:04o}")
     others = [str(c.path) for c in devices.list_channels(path.parent) if c.minor != minor]

@@ -63,6 +63,11 @@ class JobContext:
         )
 
     @property
+    def owner(self) -> Tuple[int, int]:
+        """``(uid, gid)`` that own the job's channel and socket (root for what slurmd did not say)."""
+        return (self.uid or 0, self.gid if self.gid is not None else 0)
+
+    @property
     def is_shared(self) -> Optional[bool]:
         """True if the job may share its nodes; None when Slurm (< 23.02) does not say."""
         if not self.oversubscribe:

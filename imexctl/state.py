@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from imexctl.errors import LockTimeout
+from imexctl.errors import FileError, LockTimeout
 from imexctl.fsutil import atomic_write, ensure_dir, read_text_nofollow
 from imexctl.host import Host
 
@@ -68,8 +68,11 @@ def node_lock(path: Path, host: Host, timeout_s: float) -> Iterator[None]:
     """
     import fcntl
 
-    ensure_dir(path.parent, 0o755)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        ensure_dir(path.parent, 0o755)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise FileError(f"cannot open the node lock {path}: {exc.strerror}") from exc
     try:
         deadline = host.monotonic() + timeout_s
         while True:

@@ -13,7 +13,7 @@ from structlog.testing import capture_logs
 
 from imexctl import lifecycle
 from imexctl.errors import (
-    DaemonError, DeviceError, DomainBusyError, EnvironmentError_, GpuError, HealthTimeout, ResolveError,
+    DaemonError, DeviceError, DomainBusyError, EnvironmentError_, FileError, GpuError, HealthTimeout, ResolveError,
     UnsafeNodeError,
 )  # fmt: skip
 from imexctl.gpu import FabricInfo
@@ -144,6 +144,15 @@ class TestProlog:
         with pytest.raises(GpuError, match="not attached"):
             lifecycle.prolog(job_env(), rt)
         assert host.calls == []
+
+    def test_unwritable_job_directory_is_a_clear_error(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """A symlink where the jobs directory belongs fails the prolog with file_failed, before any daemon."""
+        (root / "run/imexctl").mkdir(parents=True)
+        (root / "elsewhere").mkdir()
+        (root / "run/imexctl/jobs").symlink_to(root / "elsewhere")
+        with pytest.raises(FileError, match="jobs"):
+            lifecycle.prolog(job_env(), rt)
+        assert list((root / "elsewhere").iterdir()) == [] and not any(c[0] == "spawn" for c in host.calls)
 
     def test_bad_environment_is_named(self, rt: Any) -> None:
         """A job id that is not a number is reported with its variable name."""
