@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from imexctl import imexstatus
 from imexctl.errors import CommandError, DaemonError, HealthTimeout, OutputError
@@ -153,12 +153,20 @@ def wait_ready(host: Host, settings: Settings, p: Probe, *, deadline: float, log
     )
     attempts = [0]
     seen: Dict[str, str] = {}  # peer -> last status it reported while reachable
+    answered: List[Readiness] = []  # the last probe nvidia-imex-ctl answered
 
     def counted() -> Readiness:
         attempts[0] += 1
-        return _sticky_blame(probe(host, settings, p, deadline), seen)
+        r = _sticky_blame(probe(host, settings, p, deadline), seen)
+        if not r.status.startswith("ctl"):
+            answered[:] = [r]
+        return r
 
     result: Readiness = retrying(counted)
+    if not result.ready and not result.fatal and result.status.startswith("ctl") and answered:
+        # report what the daemon last said, not only that the final probe got no answer
+        last = answered[0]
+        result = dataclasses.replace(last, status=f"{last.status} (then {result.status})")
     waited = round(host.monotonic() - start, 3)
     if result.ready:
         log.info("imex.ready", attempts=attempts[0], waited_s=waited, status=result.status)

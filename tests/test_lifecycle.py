@@ -13,6 +13,7 @@ from structlog.testing import capture_logs
 
 from imexctl import lifecycle
 from imexctl.errors import (
+    CommandError,
     DaemonError, DeviceError, DomainBusyError, EnvironmentError_, FileError, GpuError, HealthTimeout, ResolveError,
     UnsafeNodeError,
 )  # fmt: skip
@@ -93,6 +94,17 @@ class TestProlog:
         with pytest.raises(HealthTimeout, match=r"not ready: 10\.0\.0\.2"):
             lifecycle.prolog(job_env(), rt)
         assert leftovers(root) == [] and live(host) == []
+
+    def test_timeout_reports_what_the_daemon_last_said(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """When the final probe gets no answer, the error still names the peer the daemon last reported."""
+        def domain(hosts: List[str]) -> Any:
+            if host.now > 1003.0:
+                raise CommandError(("nvidia-imex-ctl",), "no answer within 0.05s")
+            return 0, domain_json(hosts, status="DEGRADED", node_status={1: "WAITING_FOR_PEERS"})
+
+        host.domain = domain
+        with pytest.raises(HealthTimeout, match=r"domain DEGRADED \(then ctl -N -j: .*not ready: 10\.0\.0\.2"):
+            lifecycle.prolog(job_env(), rt)
 
     def test_blamed_peer_leaves_failure_to_that_tray(self, host: FakeHost, gpu: Any, root: Path,
                                                      make_settings: Callable[..., Any]) -> None:
