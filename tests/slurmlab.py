@@ -4,7 +4,7 @@
 One ``slurmctld`` in the root network namespace (198.18.0.1 on the bridge ``imxlab0``) and one ``slurmd``
 per network namespace (``imxlab-n1`` .. ``imxlab-nN``, node1.. at 198.18.0.11..), each with its own UTS
 hostname, so that real slurmd runs this checkout's ``hooks/prolog`` and ``hooks/epilog`` on every node of
-a job (see /work/shared/reference/slurm-lab.md for the recipe and its pitfalls).
+a job (see shared/reference/slurm-lab.md, beside the repository, for the recipe and its pitfalls).
 
 Use it from pytest (``SlurmLab(...).up()`` / ``.down()``) or by hand, as root::
 

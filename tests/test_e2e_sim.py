@@ -19,6 +19,7 @@ from typing import Any, Dict, Iterator, List
 import pytest
 
 from imexctl.demo import HookResult, SimRack
+from tests.simhelpers import wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the prolog needs root (device nodes, chown)")
 
@@ -142,10 +143,10 @@ def test_daemon_crash_mid_job_shows_in_status_and_epilog_cleans(make_rack: Any) 
     t1, t2 = rack.trays
     pid = status(rack, t2)["jobs"][0]["daemon"]["pid"]
     os.kill(pid, signal.SIGKILL)
-    _wait(lambda: status(rack, t2)["jobs"][0]["daemon"]["state"] != "running")
+    wait_for(lambda: status(rack, t2)["jobs"][0]["daemon"]["state"] != "running", what="daemon seen dead")
     st = status(rack, t2)
     assert "no daemon process" in " ".join(st["stale"])
-    _wait(lambda: domain(rack, t1, 504)["nodes"]["1"]["status"] == "UNAVAILABLE")
+    wait_for(lambda: domain(rack, t1, 504)["nodes"]["1"]["status"] == "UNAVAILABLE", what="peer UNAVAILABLE")
     assert domain(rack, t1, 504)["status"] != "UP"
     assert codes(rack.run_hooks("epilog", 504)) == [0, 0]
     assert rack.leftovers() == []
@@ -205,11 +206,3 @@ def test_back_to_back_jobs_on_the_same_trays(make_rack: Any) -> None:
         assert rack.leftovers() == []
     assert len(ports) == 3
 
-
-def _wait(cond: Any, timeout_s: float = 10) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.1)
