@@ -21,7 +21,7 @@ unavailable; 70 node left unsafe or internal error; 71 device node error; 75 not
 class _Parser(argparse.ArgumentParser):
     """argparse with the sysexits usage code (64) instead of 2."""
 
-    def error(self, message: str) -> "NoReturn":  # type: ignore[override]
+    def error(self, message: str) -> "NoReturn":
         self.print_usage(sys.stderr)
         self.exit(int(ExitCode.USAGE), f"{self.prog}: error: {message}\n")
 

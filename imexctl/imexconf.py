@@ -7,7 +7,6 @@ per line with nothing else (imex.md §3, §13 #4).
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -42,6 +41,8 @@ def render_nodes(addresses: Sequence[str]) -> str:
 
 def nodes_hash(addresses: Sequence[str]) -> str:
     """Short hash of the nodes file, logged on every tray so mismatches are easy to spot."""
+    import hashlib
+
     return hashlib.sha256(render_nodes(addresses).encode()).hexdigest()[:16]
 
 

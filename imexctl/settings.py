@@ -314,7 +314,7 @@ def _parse_ini(path: Path, text: str) -> Dict[str, Dict[str, str]]:
     try:
         parser.read_string(text, source=str(path))
     except configparser.Error as exc:
-        raise ConfigError(f"{path}: {exc.message.splitlines()[0]}") from exc  # type: ignore[attr-defined]
+        raise ConfigError(f"{path}: {exc.message.splitlines()[0]}") from exc
     return {s: dict(parser.items(s)) for s in parser.sections()}
 
 

@@ -1,0 +1,19 @@
+"""The package type-checks under ``mypy --strict`` (config in setup.cfg)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_mypy_strict_is_clean() -> None:
+    """mypy --strict reports no error in imexctl/."""
+    pytest.importorskip("mypy", reason="mypy is in the 'test' extra")
+    done = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental"], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
