@@ -109,8 +109,8 @@ def render_text(st: Dict[str, Any]) -> str:
         d = j.get("daemon", {})
         lines.append(f"job {j['job_id']} (user {j.get('user', '?')}, port {j.get('port', '?')}, "
                      f"{'running' if j['running'] else 'not running'})")  # fmt: skip
-        lines.append(f"  daemon: {d.get('backend', '?')} {d.get('unit', '')} {d.get('state', d.get('error', '?'))} "
-                     f"pid {d.get('pid', '-')} uptime {d.get('uptime_s', '-')}s")  # fmt: skip
+        what = " ".join(str(x) for x in (d.get("backend", "?"), d.get("unit"), d.get("state", d.get("error", "?"))) if x)
+        lines.append(f"  daemon: {what}, pid {d.get('pid', '-')}, uptime {d.get('uptime_s', '-')}s")
         lines.append(f"  nodes_config: {' '.join(j['nodes_config']) or '-'}")
         dom = j.get("domain")
         if dom and "status" in dom:
