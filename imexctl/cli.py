@@ -95,9 +95,12 @@ def _with_runtime(args: argparse.Namespace, env: Dict[str, str], host: Any, gpu:
     host = host if host is not None else RealHost()
     node = env.get("SLURMD_NODENAME") or _short_hostname()
     path, required = settings.find_config(args.config, env)
-    _configure_logging(None, args, hook=args.command)
-    cfg = settings.load(path, node=node, required=required, euid=host.euid())
-    _configure_logging(cfg, args, hook=args.command)
+    try:
+        cfg = settings.load(path, node=node, required=required, euid=host.euid())
+    except ImexctlError:
+        _configure_logging(None, args, env)  # no log file known: the error goes to stderr
+        raise
+    _configure_logging(cfg, args, env)
     if args.command in ("prolog", "epilog", "cleanup") and host.euid() != 0:
         raise NotPrivilegedError(f"imexctl {args.command} must run as root")
     if gpu is None:
@@ -163,7 +166,8 @@ def _print_json(data: Any, errors: Sequence[ImexctlError] = ()) -> None:
     print(json.dumps(out, indent=2))
 
 
-def _configure_logging(cfg: Any, args: argparse.Namespace, *, hook: str) -> None:
+def _configure_logging(cfg: Any, args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    """Configure structlog once and bind hook, job id and node for every line."""
     import structlog
 
     from imexctl.log import configure_logging
@@ -173,7 +177,11 @@ def _configure_logging(cfg: Any, args: argparse.Namespace, *, hook: str) -> None
     syslog = bool(cfg and cfg.get("log", "syslog") == "yes")
     problem = configure_logging(level=level, log_file=log_file, stderr_level="info" if args.verbose else "warning",
                                 syslog=syslog)  # fmt: skip
-    structlog.contextvars.bind_contextvars(hook=hook)
+    context = {"hook": args.command}
+    if args.command in ("prolog", "epilog"):
+        # raw values, so even a failure before the job is parsed names it; lifecycle rebinds parsed ones
+        context.update(job_id=env.get("SLURM_JOB_ID", "?"), node=env.get("SLURMD_NODENAME", "?"))
+    structlog.contextvars.bind_contextvars(**context)
     if problem:
         structlog.get_logger().warning("imexctl.failed", error_code="log_file", reason=problem)
 
