@@ -94,7 +94,16 @@ def _domain(host: Host, settings: Settings, p: Probe, deadline: float) -> Readin
     if dom.status == "UP" and not own_bad:
         return Readiness(True, "domain UP", dom)
     blamed = tuple(n.host for n in dom.nodes if n.status in NOT_READY_STATES)
-    return Readiness(False, f"domain {dom.status}", dom, blamed=blamed)
+    return Readiness(False, f"domain {dom.status}{_missing_links(dom)}", dom, blamed=blamed)
+
+
+def _missing_links(dom: imexstatus.DomainStatus) -> str:
+    """``: 0->1 NEVER_CONNECTED, ...`` (first three), so a timeout says which links are down."""
+    bad = dom.not_connected()
+    if not bad:
+        return ""
+    shown = ", ".join(f"{a}->{b} {st}" for a, b, st in bad[:3])
+    return f": {shown}" + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
 
 
 def _ctl(host: Host, settings: Settings, config: Path, deadline: float, *args: str) -> Tuple[Optional[int], str]:
@@ -126,8 +135,11 @@ def wait_ready(host: Host, settings: Settings, p: Probe, *, deadline: float, log
     initial, cap = settings.get("readiness", "poll_initial_s"), settings.get("readiness", "poll_max_s")
     backoff = tenacity.wait_exponential(multiplier=initial, min=initial, max=cap)
 
+    # the last probe still gets this long; with less left there is no point in one
+    min_probe = min(0.2, settings.get("readiness", "ctl_timeout_s"))
+
     def wait(rs: tenacity.RetryCallState) -> float:
-        return max(0.0, min(backoff(rs), deadline - host.monotonic()))
+        return max(0.0, min(backoff(rs), deadline - min_probe - host.monotonic()))
 
     def before_sleep(rs: tenacity.RetryCallState) -> None:
         r = rs.outcome.result() if rs.outcome else None
@@ -141,7 +153,7 @@ def wait_ready(host: Host, settings: Settings, p: Probe, *, deadline: float, log
     def stop(rs: tenacity.RetryCallState) -> bool:
         now = host.monotonic()
         last = rs.outcome.result() if rs.outcome and not rs.outcome.failed else None
-        return now >= deadline or (blame and now >= early and last is not None and bool(last.blamed))
+        return now >= deadline - min_probe or (blame and now >= early and last is not None and bool(last.blamed))
 
     retrying = tenacity.Retrying(
         stop=stop,

@@ -90,7 +90,7 @@ class RealHost:
         except subprocess.TimeoutExpired as exc:
             out = exc.stdout or b""
             text = out.decode(errors="replace") if isinstance(out, bytes) else out
-            raise CommandError(argv, f"no answer within {timeout_s:g}s", output=text) from exc
+            raise CommandError(argv, f"no answer within {timeout_s:.3g}s", output=text) from exc
         except OSError as exc:
             raise CommandError(argv, f"cannot run: {exc.strerror}") from exc
         return Completed(argv, p.returncode, p.stdout, p.stderr)
