@@ -136,7 +136,7 @@ def wait_ready(host: Host, settings: Settings, p: Probe, *, deadline: float, log
     backoff = tenacity.wait_exponential(multiplier=initial, min=initial, max=cap)
 
     # the last probe still gets this long; with less left there is no point in one
-    min_probe = min(0.2, settings.get("readiness", "ctl_timeout_s"))
+    min_probe: float = min(0.2, settings.get("readiness", "ctl_timeout_s"))
 
     def wait(rs: tenacity.RetryCallState) -> float:
         return max(0.0, min(backoff(rs), deadline - min_probe - host.monotonic()))
