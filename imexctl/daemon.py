@@ -55,7 +55,7 @@ def job_processes(host: Host, config: Path) -> List[ProcInfo]:
     return host.processes_with_arg(str(config))
 
 
-def ensure_gone(host: Host, settings: Settings, config: Path) -> List[int]:
+def ensure_gone(host: Host, settings: Settings, config: Path, procs: Optional[List[ProcInfo]] = None) -> List[int]:
     """Make sure no daemon of this job survives: SIGTERM, grace period, then SIGKILL.
 
     Returns:
@@ -64,7 +64,7 @@ def ensure_gone(host: Host, settings: Settings, config: Path) -> List[int]:
     Raises:
         UnsafeNodeError: a process is still alive after SIGKILL.
     """
-    procs = job_processes(host, config)
+    procs = job_processes(host, config) if procs is None else procs
     if not procs:
         return []
     for p in procs:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from imexctl import daemon, devices, domain, imexconf
 from imexctl.errors import (
@@ -18,7 +18,7 @@ from imexctl.errors import (
 )  # fmt: skip
 from imexctl.fsutil import atomic_write, ensure_dir, remove_tree
 from imexctl.gpu import Gpu, clique_key
-from imexctl.host import Host
+from imexctl.host import Host, ProcInfo
 from imexctl.settings import Settings
 from imexctl.slurm import JobContext, constraint_features
 from imexctl.state import JobState, job_ids, node_lock, read_state, write_state
@@ -58,10 +58,15 @@ def prolog(env: Mapping[str, str], rt: Runtime) -> Dict[str, Any]:
     try:
         return _prolog(env, rt, t0)
     except ImexctlError as exc:
-        rt.log.error("prolog.done", ok=False, error_code=exc.code, exit_code=int(exc.exit_code), reason=str(exc),
-                     duration_s=round(rt.host.monotonic() - t0, 3))  # fmt: skip
-        exc.logged = True  # type: ignore[attr-defined]
+        _failed("prolog.done", exc, rt, t0)
         raise
+
+
+def _failed(event: str, exc: ImexctlError, rt: Runtime, t0: float) -> None:
+    """The one summary line of a failed hook run; cli.main then logs nothing more."""
+    rt.log.error(event, ok=False, error_code=exc.code, exit_code=int(exc.exit_code), reason=str(exc),
+                 duration_s=round(rt.host.monotonic() - t0, 3))  # fmt: skip
+    exc.logged = True  # type: ignore[attr-defined]
 
 
 def _prolog(env: Mapping[str, str], rt: Runtime, t0: float) -> Dict[str, Any]:
@@ -155,8 +160,7 @@ def _setup(job: JobContext, members: Tuple[str, ...], rt: Runtime, deadline: flo
         raise DomainBusyError(f"SERVER_PORT {own}:{port} is in use (a stale IMEX daemon?)")
     daemon.make_backend(host, s).start(job.job_id, config)
     rt.log.info("imex.daemon.started", backend=s.get("daemon", "backend"), port=port)
-    probe = health.Probe(config, own, addresses, s.get("readiness", "level"),
-                         lambda: bool(daemon.job_processes(host, config)))  # fmt: skip
+    probe = health.Probe(config, own, addresses, s.get("readiness", "level"), _alive_check(host, config))
     ready = health.wait_ready(host, s, probe, deadline=deadline, log=rt.log)
     if ready.blamed:
         rt.log.warning("imex.peer_blamed", peers=list(ready.blamed), status=ready.status)
@@ -165,6 +169,19 @@ def _setup(job: JobContext, members: Tuple[str, ...], rt: Runtime, deadline: flo
         _create_channel(job, major, minor, chan, rt)
     return {"trays": len(members), "port": port, "channel": str(chan or ""), "ready": ready.ready,
             "blamed": list(ready.blamed)}  # fmt: skip
+
+
+def _alive_check(host: Host, config: Path) -> Callable[[], bool]:
+    """Whether the job's daemon still runs: one process-table scan, then cheap pid checks per probe."""
+    known: List[ProcInfo] = []
+
+    def alive() -> bool:
+        if not known:
+            known.extend(daemon.job_processes(host, config))
+            return bool(known)
+        return any(host.is_alive(p) for p in known)
+
+    return alive
 
 
 def _write_files(job: JobContext, addresses: Tuple[str, ...], own: str, port: int, rt: Runtime) -> Path:
@@ -258,8 +275,9 @@ def teardown(job_id: int, rt: Runtime, *, dry_run: bool = False) -> List[str]:
         backend = daemon.make_backend(host, s, state.backend if state else None)
         # a failed stop is only a problem if a daemon survives: ensure_gone decides below
         step(f"stop daemon of job {job_id}", lambda: backend.stop(job_id, config), fatal=False)
-    if daemon.job_processes(host, config):
-        step(f"kill daemon of job {job_id}", lambda: _kill(config, rt))
+    procs = daemon.job_processes(host, config)
+    if procs:
+        step(f"kill daemon of job {job_id}", lambda: _kill(config, procs, rt))
     elif job_dir.exists() and not dry_run:
         rt.log.info("imex.daemon.stopped", config=str(config))
     chan = _channel_of(job_id, state, rt)
@@ -272,8 +290,8 @@ def teardown(job_id: int, rt: Runtime, *, dry_run: bool = False) -> List[str]:
     return done
 
 
-def _kill(config: Path, rt: Runtime) -> None:
-    killed = daemon.ensure_gone(rt.host, rt.settings, config)
+def _kill(config: Path, procs: List[ProcInfo], rt: Runtime) -> None:
+    killed = daemon.ensure_gone(rt.host, rt.settings, config, procs)
     if killed:
         rt.log.warning("imex.daemon.killed", pids=killed, config=str(config))
     else:
@@ -308,9 +326,7 @@ def epilog(env: Mapping[str, str], rt: Runtime) -> Dict[str, Any]:
             with node_lock(rt.settings.paths.lock_file, rt.host, rt.settings.get("daemon", "lock_timeout_s")):
                 actions = teardown(job.job_id, rt)
     except ImexctlError as exc:
-        rt.log.error("epilog.done", ok=False, error_code=exc.code, exit_code=int(exc.exit_code), reason=str(exc),
-                     duration_s=round(rt.host.monotonic() - t0, 3))  # fmt: skip
-        exc.logged = True  # type: ignore[attr-defined]
+        _failed("epilog.done", exc, rt, t0)
         raise
     out = {"ok": True, "actions": actions, "duration_s": round(rt.host.monotonic() - t0, 3)}
     rt.log.info("epilog.done", **out)
