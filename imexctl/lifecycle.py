@@ -23,7 +23,7 @@ from imexctl.settings import Settings
 from imexctl.slurm import JobContext, constraint_features
 from imexctl.state import JobState, job_ids, node_lock, read_state, write_state
 
-__all__ = ["Runtime", "cleanup", "epilog", "prolog", "teardown"]
+__all__ = ["Runtime", "cleanup", "epilog", "known_jobs", "prolog", "teardown"]
 
 CONFIG_FILE, NODES_FILE, SOCKET_FILE = "config.cfg", "nodes_config.cfg", "cmd.sock"
 _SUN_PATH_MAX = 107  # AF_UNIX sun_path is 108 bytes including the NUL
@@ -346,7 +346,7 @@ def cleanup(rt: Runtime, *, job_id: Optional[int] = None, dry_run: bool = False,
     host, paths = rt.host, rt.settings.paths
     report: Dict[str, Any] = {"dry_run": dry_run, "actions": [], "skipped": [], "errors": []}
     with node_lock(paths.lock_file, host, rt.settings.get("daemon", "lock_timeout_s")):
-        for jid in [job_id] if job_id is not None else _known_jobs(rt):
+        for jid in [job_id] if job_id is not None else known_jobs(rt):
             if host.job_is_running(jid) and not force:
                 report["skipped"].append(f"job {jid} still runs on this node (use --force)")
                 continue
@@ -362,7 +362,8 @@ def cleanup(rt: Runtime, *, job_id: Optional[int] = None, dry_run: bool = False,
     return report
 
 
-def _known_jobs(rt: Runtime) -> List[int]:
+def known_jobs(rt: Runtime) -> List[int]:
+    """Jobs with a directory or a daemon process under this node's jobs directory."""
     jobs = set(job_ids(rt.settings.paths.jobs_dir))
     prefix = f"{rt.settings.paths.jobs_dir}/"
     for proc in rt.host.processes_with_arg(prefix, prefix=True):

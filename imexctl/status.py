@@ -9,7 +9,7 @@ from typing import Any, Dict, List
 from imexctl import daemon, devices
 from imexctl.errors import CommandError, ImexctlError
 from imexctl.fsutil import read_text_nofollow
-from imexctl.lifecycle import CONFIG_FILE, Runtime, _known_jobs
+from imexctl.lifecycle import CONFIG_FILE, Runtime, known_jobs
 from imexctl.state import read_state
 
 __all__ = ["collect", "render_text"]
@@ -18,7 +18,7 @@ __all__ = ["collect", "render_text"]
 def collect(rt: Runtime, node: str) -> Dict[str, Any]:
     """Owner job, daemon, port, nodes, domain and peer states, channels, staleness."""
     paths = rt.settings.paths
-    jobs = [_job(jid, rt) for jid in _known_jobs(rt)]
+    jobs = [_job(jid, rt) for jid in known_jobs(rt)]
     claimed = {j["channel"]["minor"] for j in jobs if j.get("channel")}
     channels = [_channel(c, claimed) for c in devices.list_channels(paths.channel_dir)]
     stale = [f"job {j['job_id']}: {why}" for j in jobs for why in j["stale"]]
