@@ -28,6 +28,8 @@ FAULTS: Dict[str, Tuple[str, str]] = {
     "crash": ("@{t2} crash_after=0.5", "tray 2's daemon dies during start-up: its prolog fails at once"),
     "refuse-peer": ("@{t2} refuse_peer={t1}", "trays 1 and 2 never connect: the domain never comes UP"),
     "hang-ctl": ("@{t2} hang_ctl", "tray 2's nvidia-imex-ctl hangs: each probe is killed, then the deadline"),
+    "cmd-blocked": ("@{t2} block_cmd", "tray 2's command port is blocked for the other trays (a firewall): "
+                    "their nvidia-imex-ctl -N cannot reach it, the domain never looks UP, and they name it"),
     "version": ("@{t2} version=570.124.06", "tray 2 reports another driver version (!V!): fails fast"),
     "map-mismatch": ("", "tray 2 resolves tray 1 to another address (!M!): the nodes files differ"),
     "port-busy": ("", "a stale process holds tray 2's SERVER_PORT: its prolog refuses to start"),
@@ -62,12 +64,12 @@ class SimRack:
     def __init__(self, base: Path, trays: int, *, deadline_s: float = 30, channels: Optional[bool] = None,
                  uid: Optional[int] = None) -> None:  # fmt: skip
         self.base = base
-        self.bins = _simulator_bins(base)
+        self.faults = base / "faults"
+        self.bins = _simulator_bins(base, self.faults)
         self.channels = _can_mknod(base) if channels is None else channels
         self.uid = _demo_uid() if uid is None else uid
         self.trays = [Tray(f"tray{i:02d}", f"127.0.0.{10 + i}", base / f"tray{i:02d}", base / f"tray{i:02d}.conf")
                       for i in range(1, trays + 1)]  # fmt: skip
-        self.faults = base / "faults"
         self.set_faults("")
         hosts = "".join(f"{t.address} {t.name}\n" for t in self.trays)
         for t in self.trays:
@@ -93,7 +95,6 @@ class SimRack:
             f"[policy]\nfabric = none\nchannels = {'job' if self.channels else 'none'}\n"
             "[resolve]\nmethod = hosts_file\n"
             f"[readiness]\ndeadline_s = {deadline_s}\n"
-            f"[imex]\nIMEX_SIM_FAULTS_FILE = {self.faults}\n"
         )
         t.config.chmod(0o644)
 
@@ -122,7 +123,9 @@ class SimRack:
                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd="/"))
             for t in trays
         ]  # fmt: skip
-        return [HookResult(t, p.wait(), p.communicate()[0].decode(errors="replace")) for t, p in procs]
+        # communicate() before the exit code: a hook that prints more than a pipe buffer must not block
+        outputs = [(t, p.communicate()[0].decode(errors="replace"), p) for t, p in procs]
+        return [HookResult(t, p.returncode, out) for t, out, p in outputs]
 
     def imexctl(self, t: Tray, *args: str) -> "subprocess.CompletedProcess[str]":
         """Run an admin command (status, cleanup) on one tray."""
@@ -213,20 +216,23 @@ def _run(rack: SimRack, fault: Optional[str]) -> int:
     return 0 if ok else 1
 
 
-def _simulator_bins(base: Path) -> Dict[str, str]:
-    """Installed simulator scripts, else launchers written for this interpreter."""
-    here = Path(sys.executable).parent
+def _simulator_bins(base: Path, faults: Path) -> Dict[str, str]:
+    """Launchers for the simulated daemon and ctl, written for this interpreter.
+
+    The daemon's launcher sets ``IMEX_SIM_FAULTS_FILE`` in its own environment:
+    faults reach the simulator that way only, never through the config that
+    imexctl writes.
+    """
     out = {}
     for key, name in _SIM_BIN.items():
-        found = here / name if (here / name).exists() else shutil.which(name)
-        if found is None:
-            module = "imexctl.sim.daemon" if key == "nvidia_imex" else "imexctl.sim.ctl"
-            found = base / "bin" / name
-            found.parent.mkdir(exist_ok=True)
-            found.write_text(f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {_PKG_ROOT!r})\n"
-                             f"from {module} import main\nsys.exit(main())\n")  # fmt: skip
-            found.chmod(0o755)
-        out[key] = str(found)
+        module = "imexctl.sim.daemon" if key == "nvidia_imex" else "imexctl.sim.ctl"
+        env = f"os.environ['IMEX_SIM_FAULTS_FILE'] = {str(faults)!r}\n" if key == "nvidia_imex" else ""
+        path = base / "bin" / name
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(f"#!{sys.executable}\nimport os, sys\n{env}sys.path.insert(0, {_PKG_ROOT!r})\n"
+                        f"from {module} import main\nsys.exit(main())\n")  # fmt: skip
+        path.chmod(0o755)
+        out[key] = str(path)
     return out
 
 
@@ -286,11 +292,11 @@ def _show_domain(rack: SimRack, t: Tray, job_id: int) -> None:
 def _occupy_port(t: Tray, job_id: int):  # type: ignore[no-untyped-def]
     import socket
 
-    from imexctl.imexconf import server_port
+    from imexctl.imexconf import job_port
 
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind((t.address, server_port(job_id, (61000, 61999))))
+    s.bind((t.address, job_port(job_id, (61000, 61999))))
     s.listen(1)
     return s
 

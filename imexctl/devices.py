@@ -16,7 +16,10 @@ from typing import List, Optional
 from imexctl.errors import DeviceError
 from imexctl.fsutil import ensure_dir, read_text_nofollow
 
-__all__ = ["DEVICE_NAME", "Channel", "channel_minor", "find_major", "list_channels", "remove_channel"]
+__all__ = [
+    "DEVICE_NAME", "Channel", "channel_minor", "check_minor", "driver_channel_count", "find_major",
+    "list_channels", "parse_channel_count", "remove_channel",
+]  # fmt: skip
 
 DEVICE_NAME = "nvidia-caps-imex-channels"
 
@@ -84,6 +87,51 @@ def read_major(proc_devices: Path) -> int:
 def channel_minor(job_id: int, channel_count: int) -> int:
     """The job's channel number, identical on every tray; never 0 (shared by convention)."""
     return 1 + job_id % (channel_count - 1)
+
+
+def parse_channel_count(params_text: str) -> Optional[int]:
+    """``NVreg_ImexChannelCount`` from the text of ``/proc/driver/nvidia/params``, or None.
+
+    The driver prints each module parameter as ``Name: value``; the channel
+    count is the line ``ImexChannelCount: N`` (read the same way by gVisor's
+    nvproxy, google/gvisor ``pkg/sentry/devices/nvproxy``, ``IMEXChannelCount``).
+
+    Raises:
+        DeviceError: the line is present but its value is not a number.
+    """
+    for line in params_text.splitlines():
+        name, sep, value = line.partition(":")
+        if sep and name.strip() == "ImexChannelCount":
+            if not value.strip().isdigit():
+                raise DeviceError(f"/proc/driver/nvidia/params: malformed line {line!r}")
+            return int(value.strip())
+    return None
+
+
+def driver_channel_count(params: Path) -> Optional[int]:
+    """The loaded driver's ``ImexChannelCount``; None when the file or the line is absent."""
+    try:
+        text = read_text_nofollow(params)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise DeviceError(f"cannot read {params}: {exc.strerror}") from exc
+    return parse_channel_count(text)
+
+
+def check_minor(minor: int, driver_count: Optional[int], configured_count: int) -> None:
+    """Refuse a channel minor the driver does not have, before anything is created.
+
+    Raises:
+        DeviceError: ``minor`` is not below the driver's ``NVreg_ImexChannelCount``.
+    """
+    if driver_count is None or minor < driver_count:
+        return
+    raise DeviceError(
+        f"channel minor {minor} is out of range: the driver has NVreg_ImexChannelCount={driver_count} "
+        f"(channels 0..{driver_count - 1}) but [policy] channel_count = {configured_count}; "
+        f"set channel_count to at most {driver_count}"
+    )
 
 
 def channel_path(channel_dir: Path, minor: int) -> Path:

@@ -35,6 +35,8 @@ class Readiness:
     domain: Optional[imexstatus.DomainStatus] = None
     blamed: Tuple[str, ...] = ()
     fatal: str = ""
+    #: peers whose daemon is connected to its peers but whose command service ``-N`` could not reach
+    cmd_unreachable: Tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +48,7 @@ class Probe:
     addresses: Tuple[str, ...]
     level: str
     daemon_alive: Callable[[], bool]
+    cmd_port: int = 0
 
 
 def probe(host: Host, settings: Settings, p: Probe, deadline: float = float("inf")) -> Readiness:
@@ -55,7 +58,7 @@ def probe(host: Host, settings: Settings, p: Probe, deadline: float = float("inf
     """
     if not p.daemon_alive():
         return Readiness(False, "daemon exited", fatal="the IMEX daemon exited during start-up")
-    rc, out = _ctl(host, settings, p.config, deadline, "-q")
+    rc, out = _ctl(host, settings, _endpoint(settings, p), deadline, "-q")
     if rc == 255 or "Failed to read node configuration file" in out:
         return Readiness(False, "ctl: config", fatal=f"nvidia-imex-ctl cannot read the node config: {out.strip()}")
     if rc is None:
@@ -72,7 +75,7 @@ def probe(host: Host, settings: Settings, p: Probe, deadline: float = float("inf
 
 
 def _domain(host: Host, settings: Settings, p: Probe, deadline: float) -> Readiness:
-    rc, out = _ctl(host, settings, p.config, deadline, "-N", "-j")
+    rc, out = _ctl(host, settings, ("-c", str(p.config)), deadline, "-N", "-j")
     if rc is None:
         return Readiness(False, f"ctl -N -j: {out}")
     try:
@@ -94,20 +97,62 @@ def _domain(host: Host, settings: Settings, p: Probe, deadline: float) -> Readin
     if dom.status == "UP" and not own_bad:
         return Readiness(True, "domain UP", dom)
     blamed = tuple(n.host for n in dom.nodes if n.status in NOT_READY_STATES)
-    return Readiness(False, f"domain {dom.status}{_missing_links(dom)}", dom, blamed=blamed)
+    unreachable = cmd_unreachable(dom)
+    status = f"domain {dom.status}{_missing_links(dom)}"
+    if unreachable:
+        status += (f"; command port {p.cmd_port} unreachable on {', '.join(unreachable)} although their daemons "
+                   "are connected (blocked between the trays?)")
+    return Readiness(False, status, dom, blamed=blamed, cmd_unreachable=unreachable)
+
+
+def cmd_unreachable(dom: imexstatus.DomainStatus) -> Tuple[str, ...]:
+    """Peers ``-N`` shows UNAVAILABLE although another node is CONNECTED to them.
+
+    ``nvidia-imex-ctl -N`` asks every node's command service itself; a node it
+    cannot reach is reported UNAVAILABLE with every link INVALID, while the
+    other nodes' rows still show their own links to it.  A CONNECTED link to
+    such a node means its daemon is up and only its command port is blocked
+    between this tray and that one (a firewall, or a loopback-only bind).
+    """
+    out = []
+    for n in dom.nodes:
+        if n.status != "UNAVAILABLE":
+            continue
+        for other in dom.nodes:
+            link = other.connection_to(n.node_id) if other.status != "UNAVAILABLE" else None
+            if other is not n and link is not None and link.is_connected:
+                out.append(n.host)
+                break
+    return tuple(out)
 
 
 def _missing_links(dom: imexstatus.DomainStatus) -> str:
-    """``: 0->1 NEVER_CONNECTED, ...`` (first three), so a timeout says which links are down."""
-    bad = dom.not_connected()
-    if not bad:
-        return ""
+    """``: 0->1 NEVER_CONNECTED, ...`` (first three), so a timeout says which links are down.
+
+    The rows of UNAVAILABLE nodes are left out: the ctl could not ask them, so
+    their links are INVALID by construction; they are named instead.
+    """
+    gone = {n.node_id for n in dom.nodes if n.status == "UNAVAILABLE"}
+    bad = [(a, b, st) for a, b, st in dom.not_connected() if a not in gone]
     shown = ", ".join(f"{a}->{b} {st}" for a, b, st in bad[:3])
-    return f": {shown}" + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+    parts = [f"UNAVAILABLE {', '.join(n.host for n in dom.nodes if n.node_id in gone)}"] if gone else []
+    if bad:
+        parts.append(shown + (f" and {len(bad) - 3} more" if len(bad) > 3 else ""))
+    return f": {'; '.join(parts)}" if parts else ""
 
 
-def _ctl(host: Host, settings: Settings, config: Path, deadline: float, *args: str) -> Tuple[Optional[int], str]:
-    argv = (settings.get("commands", "nvidia_imex_ctl"), "-c", str(config), *args)
+def _endpoint(settings: Settings, p: Probe) -> Tuple[str, ...]:
+    """How ``-q`` reaches the local daemon: through the config (``-c``), or ``-i <address> <port>``.
+
+    ``-N`` always gets ``-c``: it needs the nodes file and the command port from the config.
+    """
+    if settings.get("readiness", "ctl_address") == "ip":
+        return ("-i", p.own_address, str(p.cmd_port))
+    return ("-c", str(p.config))
+
+
+def _ctl(host: Host, settings: Settings, how: Tuple[str, ...], deadline: float, *args: str) -> Tuple[Optional[int], str]:
+    argv = (settings.get("commands", "nvidia_imex_ctl"), *how, *args)
     timeout_s = max(0.05, min(settings.get("readiness", "ctl_timeout_s"), deadline - host.monotonic()))
     try:
         done = host.run(argv, timeout_s=timeout_s)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping, Sequence
 
-__all__ = ["DEFAULTS", "nodes_hash", "render_config", "render_nodes", "server_port"]
+__all__ = ["DEFAULTS", "job_port", "nodes_hash", "render_config", "render_nodes"]
 
 # Shipped defaults (imex.md §2) for keys a site may override through [imex].
 DEFAULTS: Mapping[str, str] = {
@@ -28,8 +28,9 @@ DEFAULTS: Mapping[str, str] = {
 }
 
 
-def server_port(job_id: int, port_range: tuple[int, int]) -> int:
-    """The job's SERVER_PORT: a pure function of the job id, so identical on every tray."""
+def job_port(job_id: int, port_range: tuple[int, int]) -> int:
+    """The job's port in ``port_range`` (SERVER_PORT, IMEX_CMD_PORT): a pure function of the
+    job id, so identical on every tray of the job."""
     lo, hi = port_range
     return lo + job_id % (hi - lo + 1)
 
@@ -50,9 +51,9 @@ def render_config(
     *,
     job_id: int,
     port: int,
+    cmd_port: int,
     bind_ip: str,
     nodes_path: Path,
-    cmd_socket: Path,
     log_file: Path,
     overrides: Mapping[str, str],
 ) -> str:
@@ -73,11 +74,11 @@ def render_config(
         "# per-job port, identical on every tray of the job",
         f"SERVER_PORT={port}",
         f"IMEX_NODE_CONFIG_FILE={nodes_path}",
-        "# command service only on a root-owned Unix socket; IMEX_CMD_PORT empty: no TCP port",
+        "# command service for nvidia-imex-ctl: -N asks every tray's service over the network,",
+        "# so it listens on this tray's own address, same per-job port on every tray; no Unix socket",
         "IMEX_CMD_ENABLED=1",
-        f"IMEX_CMD_UNIX_DOMAIN_PATH={cmd_socket}",
-        "IMEX_CMD_PORT=",
-        "# should a daemon version default the TCP port anyway, it stays on loopback",
-        "IMEX_CMD_BIND_INTERFACE_IP=127.0.0.1",
+        f"IMEX_CMD_BIND_INTERFACE_IP={bind_ip}",
+        f"IMEX_CMD_PORT={cmd_port}",
+        "IMEX_CMD_UNIX_DOMAIN_PATH=",
     ]
     return "\n".join(lines) + "\n"

@@ -25,8 +25,7 @@ from imexctl.state import JobState, job_ids, node_lock, read_state, write_state
 
 __all__ = ["Runtime", "cleanup", "epilog", "known_jobs", "prolog", "teardown"]
 
-CONFIG_FILE, NODES_FILE, SOCKET_FILE = "config.cfg", "nodes_config.cfg", "cmd.sock"
-_SUN_PATH_MAX = 107  # AF_UNIX sun_path is 108 bytes including the NUL
+CONFIG_FILE, NODES_FILE = "config.cfg", "nodes_config.cfg"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,26 +148,46 @@ def _setup(job: JobContext, members: Tuple[str, ...], rt: Runtime, deadline: flo
     own = addresses[members.index(job.node)]
     rt.log.info("imex.nodes.resolved", trays=list(members), addresses=list(addresses),
                 nodes_hash=imexconf.nodes_hash(addresses))  # fmt: skip
-    major = devices.read_major(paths.proc_devices) if s.get("policy", "channels") == "job" else None
-    port = imexconf.server_port(job.job_id, s.get("ports", "server_port_range"))
-    config = _write_files(job, addresses, own, port, rt)
-    minor = devices.channel_minor(job.job_id, s.get("policy", "channel_count")) if major is not None else None
-    chan = devices.channel_path(paths.channel_dir, minor) if minor is not None else None
+    channel = _plan_channel(job, rt)
+    port = imexconf.job_port(job.job_id, s.get("ports", "server_port_range"))
+    cmd_port = imexconf.job_port(job.job_id, s.get("ports", "cmd_port_range"))
+    config = _write_files(job, addresses, own, (port, cmd_port), rt)
+    minor, chan = (channel[1], channel[2]) if channel else (None, None)
     write_state(config.parent, JobState(job.job_id, job.node, *job.owner, job.user, members, addresses, port,
-                                        s.get("daemon", "backend"), minor, str(chan or ""), host.time()))  # fmt: skip
-    if host.port_in_use(own, port):
-        raise DomainBusyError(f"SERVER_PORT {own}:{port} is in use (a stale IMEX daemon?)")
+                                        s.get("daemon", "backend"), minor, str(chan or ""), host.time(),
+                                        cmd_port))  # fmt: skip
+    _check_ports_free(own, {"SERVER_PORT": port, "IMEX_CMD_PORT": cmd_port}, host)
     daemon.make_backend(host, s).start(job.job_id, config)
-    rt.log.info("imex.daemon.started", backend=s.get("daemon", "backend"), port=port)
-    probe = health.Probe(config, own, addresses, s.get("readiness", "level"), _alive_check(host, config))
+    rt.log.info("imex.daemon.started", backend=s.get("daemon", "backend"), port=port, cmd_port=cmd_port)
+    probe = health.Probe(config, own, addresses, s.get("readiness", "level"), _alive_check(host, config), cmd_port)
     ready = health.wait_ready(host, s, probe, deadline=deadline, log=rt.log)
     if ready.blamed:
         rt.log.warning("imex.peer_blamed", peers=list(ready.blamed), status=ready.status)
-    _grant_cmd_socket(job, config.parent / SOCKET_FILE, rt)
-    if major is not None and minor is not None and chan is not None:
-        _create_channel(job, major, minor, chan, rt)
-    return {"trays": len(members), "port": port, "channel": str(chan or ""), "ready": ready.ready,
-            "blamed": list(ready.blamed)}  # fmt: skip
+    if channel is not None:
+        _create_channel(job, *channel, rt)
+    return {"trays": len(members), "port": port, "cmd_port": cmd_port, "channel": str(chan or ""),
+            "ready": ready.ready, "blamed": list(ready.blamed)}  # fmt: skip
+
+
+def _plan_channel(job: JobContext, rt: Runtime) -> Optional[Tuple[int, int, Path]]:
+    """``(major, minor, path)`` of the job's channel, or None with ``channels = none``.
+
+    Checked before anything starts: the driver must have channels, and the
+    minor must lie below the driver's ``NVreg_ImexChannelCount``.
+    """
+    s, paths = rt.settings, rt.settings.paths
+    if s.get("policy", "channels") != "job":
+        return None
+    major = devices.read_major(paths.proc_devices)
+    minor = devices.channel_minor(job.job_id, s.get("policy", "channel_count"))
+    devices.check_minor(minor, devices.driver_channel_count(paths.nvidia_params), s.get("policy", "channel_count"))
+    return major, minor, devices.channel_path(paths.channel_dir, minor)
+
+
+def _check_ports_free(address: str, ports: Mapping[str, int], host: Host) -> None:
+    for key, port in ports.items():
+        if host.port_in_use(address, port):
+            raise DomainBusyError(f"{key} {address}:{port} is in use (a stale IMEX daemon?)")
 
 
 def _alive_check(host: Host, config: Path) -> Callable[[], bool]:
@@ -184,38 +203,19 @@ def _alive_check(host: Host, config: Path) -> Callable[[], bool]:
     return alive
 
 
-def _write_files(job: JobContext, addresses: Tuple[str, ...], own: str, port: int, rt: Runtime) -> Path:
+def _write_files(job: JobContext, addresses: Tuple[str, ...], own: str, ports: Tuple[int, int], rt: Runtime) -> Path:
     paths = rt.settings.paths
     job_dir = paths.job_dir(job.job_id)
     ensure_dir(job_dir, 0o755)
-    socket = job_dir / SOCKET_FILE
-    if len(str(socket).encode()) > _SUN_PATH_MAX:
-        raise ConfigError(f"command socket path {socket} is longer than {_SUN_PATH_MAX} bytes: shorten [paths]")
     nodes = job_dir / NODES_FILE
     atomic_write(nodes, imexconf.render_nodes(addresses), mode=0o644)
     ensure_dir(paths.imex_log_file.parent)
     config = job_dir / CONFIG_FILE
-    text = imexconf.render_config(job_id=job.job_id, port=port, bind_ip=own, nodes_path=nodes, cmd_socket=socket,
+    text = imexconf.render_config(job_id=job.job_id, port=ports[0], cmd_port=ports[1], bind_ip=own, nodes_path=nodes,
                                   log_file=paths.imex_log_file, overrides=rt.settings.imex)  # fmt: skip
     atomic_write(config, text, mode=0o644)
     rt.log.info("imex.config.written", config=str(config), nodes=str(nodes))
     return config
-
-
-def _grant_cmd_socket(job: JobContext, sock: Path, rt: Runtime) -> None:
-    """Let the job's user (and root) query its own domain with ``nvidia-imex-ctl -c``."""
-    import stat
-
-    try:
-        if not stat.S_ISSOCK(os.lstat(sock).st_mode):
-            return
-        os.chown(sock, *job.owner, follow_symlinks=False)
-        os.chmod(sock, 0o600)
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise DeviceError(f"cannot hand {sock} to uid {job.uid}: {exc.strerror}") from exc
-    rt.log.info("imex.cmd_socket.granted", path=str(sock), uid=job.uid)
 
 
 def _create_channel(job: JobContext, major: int, minor: int, path: Path, rt: Runtime) -> None:

@@ -29,7 +29,6 @@ EVENTS: Dict[str, str] = {
     "imex.ready": "the local daemon is READY and (level domain) the domain is UP",
     "imex.not_ready": "readiness deadline passed; carries the last connection table",
     "imex.peer_blamed": "the domain is not UP because a peer daemon reports itself not ready",
-    "imex.cmd_socket.granted": "the daemon's command socket was handed to the job's user (mode 0600)",
     "device.channel.created": "the job's IMEX channel device node was created",
     "device.channel.removed": "the job's IMEX channel device node was removed",
     "device.channel.foreign": "other channel nodes are visible next to the job's channel",

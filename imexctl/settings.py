@@ -37,8 +37,6 @@ IMEX_KEYS = frozenset(
         "IMEX_SECURITY_TARGET_OVERRIDE", "IMEX_GSS_SERVICE_NAME", "IMEX_GSS_TIMEOUT_SEC",
         "IMEX_GSS_RETRY_INTERVAL_SEC", "IMEX_GSS_SEC_CONTEXT_LIFETIME_SEC", "IMEX_GSS_SHUTDOWN_ON_FAILURE",
         "IMEX_NODE_DISCONNECTED_GRACE_TIME",
-        # read only by the simulator (imexctl/sim): fault switches for tests and demos
-        "IMEX_SIM_FAULTS_FILE",
     }
 )  # fmt: skip
 
@@ -128,6 +126,8 @@ SCHEMA: Dict[str, Dict[str, Tuple[str, Parser]]] = {
         "imex_log_file": ("/var/log/nvidia-imex.log", _abs_path),
         "hosts_file": ("/etc/imexctl/hosts", _abs_path),
         "topology_file": ("", _opt_abs_path),
+        # the driver's module parameters; ImexChannelCount bounds the channel minor
+        "nvidia_params": ("/proc/driver/nvidia/params", _abs_path),
     },
     "commands": {
         "nvidia_imex": ("/usr/bin/nvidia-imex", _abs_path),
@@ -159,6 +159,9 @@ SCHEMA: Dict[str, Dict[str, Tuple[str, Parser]]] = {
         "poll_initial_s": ("0.03", _number(float, 0.001, 10)),
         "poll_max_s": ("1.0", _number(float, 0.001, 60)),
         "ctl_timeout_s": ("5", _number(float, 0.1, 120)),
+        # how -q reaches the local daemon: "config" (nvidia-imex-ctl -c <job config>) or
+        # "ip" (-i <tray address> <command port>); -N always uses -c
+        "ctl_address": ("config", _choice("config", "ip")),
         # yes: a tray whose domain is not UP only because a live peer reports itself not
         # ready exits 0 and leaves the failure (and the drain) to that peer; Slurm may then
         # start the batch script once before it requeues the job (docs/design.md)
@@ -166,6 +169,8 @@ SCHEMA: Dict[str, Dict[str, Tuple[str, Parser]]] = {
     },
     "ports": {
         "server_port_range": ("61000-61999", _port_range),
+        # the command service (nvidia-imex-ctl): reached over the network by -N from every tray
+        "cmd_port_range": ("62000-62999", _port_range),
     },
     "resolve": {
         "method": ("dns", _choice("dns", "hosts_file")),
@@ -190,6 +195,7 @@ class Paths:
     imex_log_file: Path
     hosts_file: Path
     topology_file: Optional[Path]
+    nvidia_params: Path
 
     @property
     def jobs_dir(self) -> Path:
@@ -202,7 +208,7 @@ class Paths:
         return self.run_dir / "lock"
 
     def job_dir(self, job_id: int) -> Path:
-        """The per-job directory: config.cfg, nodes_config.cfg, cmd.sock, state.json."""
+        """The per-job directory: config.cfg, nodes_config.cfg, state.json."""
         return self.jobs_dir / str(job_id)
 
 
@@ -344,6 +350,9 @@ def _cross_check(path: Optional[Path], values: Dict[str, Dict[str, Any]]) -> Non
         _fail(path, "policy", "partitions", "must list partitions when jobs = partitions")
     if readiness["poll_initial_s"] > readiness["poll_max_s"]:
         _fail(path, "readiness", "poll_initial_s", "must not exceed poll_max_s")
+    (s_lo, s_hi), (c_lo, c_hi) = values["ports"]["server_port_range"], values["ports"]["cmd_port_range"]
+    if s_lo <= c_hi and c_lo <= s_hi:
+        _fail(path, "ports", "cmd_port_range", "must not overlap server_port_range (a job needs both ports)")
 
 
 def _paths(p: Mapping[str, str], node: str) -> Paths:
@@ -362,6 +371,7 @@ def _paths(p: Mapping[str, str], node: str) -> Paths:
         imex_log_file=under(p["imex_log_file"]),
         hosts_file=under(p["hosts_file"]),
         topology_file=under(p["topology_file"]) if p["topology_file"] else None,
+        nvidia_params=under(p["nvidia_params"]),
     )
 
 

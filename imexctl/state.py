@@ -34,6 +34,7 @@ class JobState:
     channel_minor: Optional[int]
     channel_path: str
     created: float
+    cmd_port: int = 0
 
 
 def write_state(job_dir: Path, state: JobState) -> None:

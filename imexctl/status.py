@@ -47,7 +47,7 @@ def _job(job_id: int, rt: Runtime) -> Dict[str, Any]:
         out["daemon"]["pid"] = procs[0].pid
         out["daemon"]["uptime_s"] = round(host.time() - procs[0].create_time, 1)
     if state is not None:
-        out.update(user=state.user, uid=state.uid, port=state.port, trays=list(state.nodes),
+        out.update(user=state.user, uid=state.uid, port=state.port, cmd_port=state.cmd_port, trays=list(state.nodes),
                    addresses=list(state.addresses))  # fmt: skip
         if state.channel_minor is not None:
             out["channel"] = {"path": state.channel_path, "minor": state.channel_minor}
@@ -108,6 +108,7 @@ def render_text(st: Dict[str, Any]) -> str:
     for j in st["jobs"]:
         d = j.get("daemon", {})
         lines.append(f"job {j['job_id']} (user {j.get('user', '?')}, port {j.get('port', '?')}, "
+                     f"command port {j.get('cmd_port', '?')}, "
                      f"{'running' if j['running'] else 'not running'})")  # fmt: skip
         what = " ".join(str(x) for x in (d.get("backend", "?"), d.get("unit"), d.get("state", d.get("error", "?"))) if x)
         lines.append(f"  daemon: {what}, pid {d.get('pid', '-')}, uptime {d.get('uptime_s', '-')}s")

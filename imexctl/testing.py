@@ -116,7 +116,9 @@ class FakeHost:
         raise AssertionError(f"FakeHost: unexpected command {argv}")
 
     def _ctl(self, argv: Tuple[str, ...]) -> Completed:
-        cfg = Path(argv[argv.index("-c") + 1])
+        how = argv[1:3] if argv[1] == "-c" else argv[1:4] if argv[1] == "-i" else ()
+        if not how or (argv[1] == "-i" and "-N" in argv):
+            raise AssertionError(f"FakeHost: nvidia-imex-ctl needs -c CFG (or -i IP PORT with -q): {argv}")
         if "-q" in argv:
             self._q_probes += 1
             if self.q_outputs:
@@ -125,7 +127,7 @@ class FakeHost:
                 rc, out = (0, "READY\n") if self._q_probes >= self.ready_after else (0, "WAITING_FOR_PEERS\n")
             return Completed(argv, rc, out, "")
         if argv[-2:] == ("-N", "-j"):
-            hosts = self._nodes_of(cfg)
+            hosts = self._nodes_of(Path(argv[2]))
             rc, out = self.domain(hosts) if self.domain else (0, domain_json(hosts))
             return Completed(argv, rc, out, "")
         raise AssertionError(f"FakeHost: unexpected nvidia-imex-ctl arguments {argv}")

@@ -21,7 +21,8 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import psutil
 
-from imexctl.sim.ctl import CtlError, request
+from imexctl.sim.config import load_config, read_nodes_file
+from imexctl.sim.ctl import CtlError, gather, request
 
 __all__ = ["SimCluster", "free_port", "wait_for"]
 
@@ -40,7 +41,7 @@ def _bindable(addr: str, port: int) -> bool:
     return True
 
 
-def free_port(addresses: Sequence[str]) -> int:
+def free_port(addresses: Sequence[str], avoid: int = 0) -> int:
     """Return a random port in 61000..61999 that every address can bind.
 
     Random rather than sequential, so that test runs sharing the machine
@@ -48,7 +49,7 @@ def free_port(addresses: Sequence[str]) -> int:
     """
     for _ in range(200):
         port = random.randrange(61000, 62000)
-        if all(_bindable(a, port) for a in addresses):
+        if port != avoid and all(_bindable(a, port) for a in addresses):
             return port
     raise RuntimeError("no free port in 61000..61999")
 
@@ -74,6 +75,7 @@ class SimCluster:
             first = random.randrange(10, 250 - size)  # spread parallel runs over 127.0.0.x
         self.addresses = [f"127.0.0.{first + i}" for i in range(size)]
         self.port = free_port(self.addresses)
+        self.cmd_port = free_port(self.addresses, avoid=self.port)
         self.procs: dict[int, subprocess.Popen[str]] = {}
         self.nodes_file = self.write("nodes.cfg", "".join(a + "\n" for a in self.addresses))
 
@@ -105,6 +107,10 @@ class SimCluster:
             "IMEX_NODE_CONFIG_FILE": self.nodes_file,
             "IMEX_WAIT_FOR_QUORUM": "RECOVERY",
             "IMEX_CMD_ENABLED": 1,
+            # as imexctl writes it: the tray's own address and one command port for all trays
+            "IMEX_CMD_BIND_INTERFACE_IP": self.addresses[i],
+            "IMEX_CMD_PORT": self.cmd_port,
+            # and a Unix socket, so tests can ask one daemon's state directly
             "IMEX_CMD_UNIX_DOMAIN_PATH": self.sock(i),
             "IMEX_NODE_DISCONNECTED_GRACE_TIME": -1,
         }
@@ -124,10 +130,11 @@ class SimCluster:
         """Return the daemon command line."""
         return [sys.executable, "-m", "imexctl.sim.daemon", "-c", str(config), *args]
 
-    def start(self, i: int, *, faults: str = "", args: Sequence[str] = (), **cfg: Any) -> subprocess.Popen[str]:
+    def start(self, i: int, *, faults: str = "", args: Sequence[str] = (), env: Mapping[str, str] | None = None,
+              **cfg: Any) -> subprocess.Popen[str]:
         """Start tray ``i`` in the foreground (DAEMONIZE=0) and keep its handle."""
         proc = subprocess.Popen(
-            self.argv(self.config(i, **cfg), *args), env=self.env(faults), cwd="/",
+            self.argv(self.config(i, **cfg), *args), env=self.env(faults, env), cwd="/",
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )
         self.procs[i] = proc
@@ -155,10 +162,14 @@ class SimCluster:
             return None
 
     def domain(self, i: int) -> dict[str, Any] | None:
-        """Return tray ``i``'s ``-N -j`` snapshot, ``None`` if it does not answer."""
+        """Return the ``-N -j`` snapshot as tray ``i``'s ctl builds it, ``None`` if its config is gone.
+
+        The simulated ctl's own code (in-process): every node's command service asked over TCP.
+        """
         try:
-            return dict(request(("unix", self.sock(i)), "domain", 2.0)["snapshot"])
-        except CtlError:
+            cfg = load_config(str(self.dir / f"c{i}.cfg"))
+            return gather(cfg, read_nodes_file(cfg.node_config_file), 2.0)
+        except (OSError, ValueError):
             return None
 
     def link(self, i: int, frm: int, to: int) -> str | None:

@@ -293,6 +293,11 @@ class SlurmLab:
         return self.dir / "etc" / "imexctl.conf"
 
     @property
+    def sim_launcher(self) -> Path:
+        """The simulated daemon as imexctl runs it: sets IMEX_SIM_FAULTS_FILE, then execs nvidia-imex-sim."""
+        return self.dir / "bin" / "nvidia-imex-sim"
+
+    @property
     def faults(self) -> Path:
         """The simulator's fault file (read by each simulated daemon when it starts)."""
         return self.dir / "faults"
@@ -573,7 +578,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
 # %n expands to the Slurm node name (SLURMD_NODENAME), so each node gets its own root
 root = {d}/nodes/%n
 [commands]
-nvidia_imex = {IMEXCTL_PREFIX}/bin/nvidia-imex-sim
+nvidia_imex = {self.sim_launcher}
 nvidia_imex_ctl = {IMEXCTL_PREFIX}/bin/nvidia-imex-ctl-sim
 [daemon]
 backend = exec
@@ -583,14 +588,17 @@ fabric = none
 method = dns
 [readiness]
 deadline_s = 15
-[imex]
-IMEX_SIM_FAULTS_FILE = {self.faults}
 """)
         for f in d.rglob("*"):
             if f.is_dir() and f != d / "out":
                 os.chmod(f, 0o755)
             elif f.is_file():
                 os.chmod(f, 0o644)
+        # the simulator takes its faults from its environment, never from the config imexctl writes
+        self.sim_launcher.parent.mkdir(mode=0o755, exist_ok=True)
+        self.sim_launcher.write_text(f"#!/bin/sh\nIMEX_SIM_FAULTS_FILE={self.faults} "
+                                     f"exec {IMEXCTL_PREFIX}/bin/nvidia-imex-sim \"$@\"\n")
+        os.chmod(self.sim_launcher, 0o755)
 
     def _start_munge(self) -> None:
         """Start munged unless one already answers; remember whether we started it."""

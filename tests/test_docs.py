@@ -161,7 +161,7 @@ def test_imex_section_lists_every_owned_key() -> None:
 def test_every_key_of_a_rendered_config_is_documented() -> None:
     text = imexconf.render_config(
         job_id=42, port=61042, bind_ip="10.0.0.1", nodes_path=Path("/run/imexctl/jobs/42/nodes_config.cfg"),
-        cmd_socket=Path("/run/imexctl/jobs/42/cmd.sock"), log_file=Path("/var/log/nvidia-imex.log"), overrides={},
+        cmd_port=62042, log_file=Path("/var/log/nvidia-imex.log"), overrides={},
     )  # fmt: skip
     written = {line.split("=", 1)[0] for line in text.splitlines() if line and not line.startswith("#")}
     section = _config_section("imex")

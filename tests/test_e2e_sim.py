@@ -73,6 +73,9 @@ def test_job_gets_a_domain_and_leaves_nothing(make_rack: Any, trays: int) -> Non
     assert codes(rack.run_hooks("prolog", 500)) == [0] * trays
     minors = set()
     for t in rack.trays:
+        cfg = (t.root / "run/imexctl/jobs/500/config.cfg").read_text().splitlines()
+        # the command service -N needs: the tray's own address, one explicit port for the job, no socket
+        assert {f"IMEX_CMD_BIND_INTERFACE_IP={t.address}", "IMEX_CMD_PORT=62500", "IMEX_CMD_UNIX_DOMAIN_PATH="} <= set(cfg)
         dom = domain(rack, t, 500)
         assert dom["status"] == "UP"
         assert [n["host"] for _, n in sorted(dom["nodes"].items(), key=lambda kv: int(kv[0]))] == [
@@ -107,7 +110,22 @@ def _prologs_without(rack: SimRack, job_id: int, *, missing: Any) -> List[HookRe
                                   env=rack.job_env(t, job_id, "prolog", rack.trays), stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, cwd="/"))
              for t in rack.trays if t is not missing]  # fmt: skip
-    return [HookResult(t, p.wait(), p.communicate()[0].decode()) for t, p in procs]
+    outputs = [(t, p.communicate()[0].decode(), p) for t, p in procs]  # read before waiting: no pipe deadlock
+    return [HookResult(t, p.returncode, out) for t, out, p in outputs]
+
+
+def test_blocked_command_port_is_named_by_the_other_trays(make_rack: Any) -> None:
+    """A tray whose command port the other trays cannot reach (its daemon healthy and connected) keeps the
+    domain from looking UP to them; they fail naming that tray and the port, and everything is rolled back."""
+    rack = make_rack(3, deadline_s=4)
+    blocked = rack.trays[1].address
+    rack.set_faults(f"@{blocked} block_cmd")
+    results = rack.run_hooks("prolog", 513)
+    assert codes(results) == [75, 0, 75]  # the blocked tray itself can ask everyone
+    for r in (results[0], results[2]):
+        assert f"command port 62513 unreachable on {blocked}" in summary(r)["reason"]
+    assert codes(rack.run_hooks("epilog", 513)) == [0, 0, 0]
+    assert rack.leftovers() == []
 
 
 def test_never_ready_peer_fails_every_tray_and_is_named(make_rack: Any) -> None:

@@ -26,7 +26,7 @@ def make_probe(root: Path, *, level: str = "domain", addresses: Sequence[str] = 
     nodes.write_text(imexconf.render_nodes(addresses))
     config = job_dir / "config.cfg"
     config.write_text(imexconf.render_config(job_id=42, port=61042, bind_ip=addresses[0], nodes_path=nodes,
-                                             cmd_socket=job_dir / "cmd.sock", log_file=root / "imex.log",
+                                             cmd_port=62042, log_file=root / "imex.log",
                                              overrides={}))  # fmt: skip
     return health.Probe(config, addresses[0], tuple(addresses), level, alive)
 
@@ -238,3 +238,55 @@ class TestPolling:
         ready = [e for e in logs if e["event"] == "imex.ready"]
         assert len(ready) == 1 and ready[0]["attempts"] == 3
         assert ready[0]["waited_s"] == pytest.approx(0.09)
+
+
+def _unreachable_peer(peers_see: str) -> str:
+    """-N -j as the real ctl prints it when it cannot ask node 2's command service: node 2
+    UNAVAILABLE with every link INVALID, while nodes 0 and 1 report their own links to it."""
+    import json
+
+    hosts = ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
+    doc = json.loads(domain_json(hosts, status="DEGRADED"))
+    doc["nodes"]["2"].update(status="UNAVAILABLE", version="")
+    for conn in doc["nodes"]["2"]["connections"].values():
+        conn["status"] = "INVALID"
+    for i in ("0", "1"):
+        doc["nodes"][i]["connections"]["2"]["status"] = peers_see
+    return json.dumps(doc)
+
+
+class TestCommandServiceReachability:
+    def test_blocked_command_port_is_named(self, host: FakeHost, make_settings: Callable[..., Settings],
+                                           root: Path) -> None:
+        """A peer whose daemon its peers are CONNECTED to, but which -N cannot ask, is named with the port:
+        its command port is blocked between the trays."""
+        s = make_settings(readiness={"deadline_s": 2})
+        p = make_probe(root, addresses=("10.0.0.1", "10.0.0.2", "10.0.0.3"))
+        p = health.Probe(p.config, p.own_address, p.addresses, p.level, p.daemon_alive, 62042)
+        host.domain = lambda hosts: (0, _unreachable_peer("CONNECTED"))
+        with pytest.raises(HealthTimeout) as info:
+            wait(host, s, p)
+        msg = str(info.value)
+        assert "command port 62042 unreachable on 10.0.0.3" in msg and "UNAVAILABLE 10.0.0.3" in msg
+        assert "2->" not in msg  # the unreachable node's own row (all INVALID by construction) is not listed
+
+    def test_peer_that_never_started_is_not_called_blocked(self, host: FakeHost,
+                                                           make_settings: Callable[..., Settings],
+                                                           root: Path) -> None:
+        """A peer nobody is connected to (its prolog never ran) is UNAVAILABLE, not 'blocked'."""
+        s = make_settings(readiness={"deadline_s": 2})
+        p = make_probe(root, addresses=("10.0.0.1", "10.0.0.2", "10.0.0.3"))
+        host.domain = lambda hosts: (0, _unreachable_peer("NEVER_CONNECTED"))
+        with pytest.raises(HealthTimeout) as info:
+            wait(host, s, p)
+        msg = str(info.value)
+        assert "unreachable" not in msg and "0->2 NEVER_CONNECTED" in msg and "UNAVAILABLE 10.0.0.3" in msg
+
+    def test_cmd_unreachable_needs_a_live_observer(self) -> None:
+        """Links reported by UNAVAILABLE nodes carry no information and never mark a peer blocked."""
+        from imexctl import imexstatus
+
+        doc = _unreachable_peer("CONNECTED").replace('"status":"READY"', '"status":"UNAVAILABLE"')
+        dom = imexstatus.parse_domain_json(doc.replace('"status": "READY"', '"status": "UNAVAILABLE"'))
+        assert health.cmd_unreachable(dom) == ()
+        assert health.cmd_unreachable(imexstatus.parse_domain_json(_unreachable_peer("CONNECTED"))) == ("10.0.0.3",)

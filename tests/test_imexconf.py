@@ -7,13 +7,13 @@ from typing import Dict, List, Mapping
 
 import pytest
 
-from imexctl.imexconf import DEFAULTS, nodes_hash, render_config, render_nodes, server_port
+from imexctl.imexconf import DEFAULTS, job_port, nodes_hash, render_config, render_nodes
 from imexctl.settings import IMEX_KEYS, OWNED_IMEX_KEYS
 
 
 def render(overrides: Mapping[str, str] = {}) -> str:  # noqa: B006 - read only
-    return render_config(job_id=42, port=61042, bind_ip="10.0.0.1", nodes_path=Path("/run/imexctl/jobs/42/nodes"),
-                         cmd_socket=Path("/run/imexctl/jobs/42/cmd.sock"), log_file=Path("/var/log/nvidia-imex.log"),
+    return render_config(job_id=42, port=61042, cmd_port=62042, bind_ip="10.0.0.1",
+                         nodes_path=Path("/run/imexctl/jobs/42/nodes"), log_file=Path("/var/log/nvidia-imex.log"),
                          overrides=overrides)  # fmt: skip
 
 
@@ -42,15 +42,16 @@ class TestRenderConfig:
         cfg = as_dict(render())
         assert cfg["SERVER_PORT"] == "61042" and cfg["BIND_INTERFACE_IP"] == "10.0.0.1"
         assert cfg["IMEX_NODE_CONFIG_FILE"] == "/run/imexctl/jobs/42/nodes"
-        assert cfg["IMEX_CMD_UNIX_DOMAIN_PATH"] == "/run/imexctl/jobs/42/cmd.sock"
         assert cfg["LOG_FILE_NAME"] == "/var/log/nvidia-imex.log"
         assert (cfg["DAEMONIZE"], cfg["IMEX_CMD_ENABLED"]) == ("0", "1")
 
-    def test_command_service_is_never_on_a_network_port(self) -> None:
-        """The TCP command port is left empty and any TCP binding would be loopback only."""
+    def test_command_service_on_the_trays_own_address(self) -> None:
+        """-N asks every tray's command service over the network (kubernetes-sigs/dra-driver-nvidia-gpu
+        PR #540): it listens on the tray's own address and the job's explicit port, with no Unix socket."""
         cfg = as_dict(render())
-        assert cfg["IMEX_CMD_PORT"] == ""
-        assert cfg["IMEX_CMD_BIND_INTERFACE_IP"] in ("", "127.0.0.1")
+        assert (cfg["IMEX_CMD_ENABLED"], cfg["IMEX_CMD_PORT"]) == ("1", "62042")
+        assert cfg["IMEX_CMD_BIND_INTERFACE_IP"] == cfg["BIND_INTERFACE_IP"] == "10.0.0.1"
+        assert cfg["IMEX_CMD_UNIX_DOMAIN_PATH"] == ""
 
     def test_comments_only_on_their_own_lines(self) -> None:
         """Every line is a comment or KEY=value with no '#' in the value (trailing comments are unsafe)."""
@@ -92,27 +93,27 @@ class TestRenderConfig:
         assert render({"LOG_LEVEL": "2", "LOG_USE_SYSLOG": "1"}) == render({"LOG_USE_SYSLOG": "1", "LOG_LEVEL": "2"})
 
 
-class TestServerPort:
+class TestJobPort:
     @pytest.mark.parametrize("job_id", [1, 999, 1000, 1001, 123456789])
     def test_inside_range(self, job_id: int) -> None:
         """The port is always inside the configured range, bounds included."""
-        assert 61000 <= server_port(job_id, (61000, 61999)) <= 61999
+        assert 61000 <= job_port(job_id, (61000, 61999)) <= 61999
 
     def test_stable_for_a_job(self) -> None:
         """The port depends only on job id and range, so every tray of the job agrees."""
-        assert server_port(42, (61000, 61999)) == server_port(42, (61000, 61999)) == 61042
+        assert job_port(42, (61000, 61999)) == job_port(42, (61000, 61999)) == 61042
 
     def test_consecutive_jobs_differ(self) -> None:
         """Consecutive jobs get different ports (a stale daemon of the previous job cannot answer)."""
-        assert server_port(42, (61000, 61999)) != server_port(43, (61000, 61999))
+        assert job_port(42, (61000, 61999)) != job_port(43, (61000, 61999))
 
     def test_single_port_range(self) -> None:
         """A one-port range always gives that port."""
-        assert {server_port(j, (50000, 50000)) for j in range(1, 10)} == {50000}
+        assert {job_port(j, (50000, 50000)) for j in range(1, 10)} == {50000}
 
     def test_wraps_around(self) -> None:
         """Job ids beyond the range size wrap around to the start."""
-        assert server_port(1000, (61000, 61999)) == 61000 and server_port(1999, (61000, 61999)) == 61999
+        assert job_port(1000, (61000, 61999)) == 61000 and job_port(1999, (61000, 61999)) == 61999
 
 
 class TestRenderNodes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import stat
@@ -47,14 +48,16 @@ class TestProlog:
         assert (job_dir / "nodes_config.cfg").read_text() == "10.0.0.1\n10.0.0.2\n"
         cfg = (job_dir / "config.cfg").read_text().splitlines()
         assert "SERVER_PORT=61042" in cfg and "BIND_INTERFACE_IP=10.0.0.1" in cfg and "DAEMONIZE=0" in cfg
-        assert f"IMEX_CMD_UNIX_DOMAIN_PATH={job_dir}/cmd.sock" in cfg
+        assert "IMEX_CMD_BIND_INTERFACE_IP=10.0.0.1" in cfg and "IMEX_CMD_PORT=62042" in cfg
+        assert "IMEX_CMD_UNIX_DOMAIN_PATH=" in cfg
         assert ("spawn", "/usr/bin/nvidia-imex", "-c", f"{job_dir}/config.cfg") in host.calls
         chan = root / "dev/nvidia-caps-imex-channels/channel43"
         st = os.lstat(chan)
         assert stat.S_ISCHR(st.st_mode) and os.major(st.st_rdev) == 234 and os.minor(st.st_rdev) == 43
         assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (1234, 0o600)
         assert host.slept == [0.03, 0.06]
-        assert out["ok"] and out["port"] == 61042 and out["ready"]
+        assert out["ok"] and (out["port"], out["cmd_port"]) == (61042, 62042) and out["ready"]
+        assert json.loads((job_dir / "state.json").read_text())["cmd_port"] == 62042
         assert events(logs) == [
             "imex.nodes.resolved", "imex.config.written", "imex.daemon.started", "imex.ready",
             "device.channel.created", "prolog.done",
@@ -136,9 +139,41 @@ class TestProlog:
     def test_port_in_use_is_refused(self, rt: Any, host: FakeHost, root: Path) -> None:
         """A stale process on the job's SERVER_PORT fails the prolog before starting a daemon."""
         host.ports_in_use.add(("10.0.0.1", 61042))
-        with pytest.raises(DomainBusyError, match="61042"):
+        with pytest.raises(DomainBusyError, match="SERVER_PORT 10.0.0.1:61042"):
             lifecycle.prolog(job_env(job_id=42), rt)
         assert leftovers(root) == [] and not any(c[0] == "spawn" for c in host.calls)
+
+    def test_command_port_in_use_is_refused(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """A stale listener on the job's IMEX_CMD_PORT (on the tray's address) is refused the same way."""
+        host.ports_in_use.add(("10.0.0.1", 62042))
+        with pytest.raises(DomainBusyError, match="IMEX_CMD_PORT 10.0.0.1:62042"):
+            lifecycle.prolog(job_env(job_id=42), rt)
+        assert leftovers(root) == [] and not any(c[0] == "spawn" for c in host.calls)
+
+    @pytest.mark.parametrize(("count", "ok"), [(44, True), (43, False), (8, False)])
+    def test_channel_minor_checked_against_the_driver(self, rt: Any, host: FakeHost, root: Path,
+                                                      count: int, ok: bool) -> None:
+        """Job 42's minor 43 must lie below the driver's NVreg_ImexChannelCount: a clear error, before any
+        daemon starts or file is written, not a failed mknod."""
+        params = root / "proc/driver/nvidia/params"
+        params.parent.mkdir(parents=True)
+        params.write_text(f"ResmanDebugLevel: 4294967295\nImexChannelCount: {count}\nCreateImexChannel0: 0\n")
+        if ok:
+            assert lifecycle.prolog(job_env(job_id=42), rt)["channel"].endswith("channel43")
+            return
+        with pytest.raises(DeviceError, match=rf"minor 43 is out of range.*NVreg_ImexChannelCount={count}"):
+            lifecycle.prolog(job_env(job_id=42), rt)
+        assert leftovers(root) == [] and host.calls == []
+
+    def test_ctl_address_ip_queries_the_trays_endpoint(self, host: FakeHost, gpu: Any, root: Path,
+                                                       make_settings: Callable[..., Any]) -> None:
+        """[readiness] ctl_address = ip: -q goes to -i <tray address> <command port>; -N keeps -c."""
+        rt = lifecycle.Runtime(host, gpu, make_settings(readiness={"ctl_address": "ip"}),
+                               __import__("structlog").get_logger())  # fmt: skip
+        lifecycle.prolog(job_env(job_id=42), rt)
+        ctl = [c for c in host.calls if c[0].endswith("nvidia-imex-ctl")]
+        assert ctl[0] == ("/usr/bin/nvidia-imex-ctl", "-i", "10.0.0.1", "62042", "-q")
+        assert ctl[-1][1] == "-c" and ctl[-1][-2:] == ("-N", "-j")
 
     def test_policy_gate_skips_without_touching_anything(self, host: FakeHost, gpu: Any, root: Path,
                                                          make_settings: Callable[..., Any]) -> None:

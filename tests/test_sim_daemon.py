@@ -13,11 +13,13 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
 from imexctl.imexstatus import parse_domain_json, parse_domain_text
+from imexctl.sim.ctl import CtlError
+from imexctl.sim.ctl import request as ctl_request
 from tests.simhelpers import REPO, SimCluster, free_port, wait_for
 
 
@@ -80,7 +82,7 @@ class TestDomainUp:
     def test_host_names_in_nodes_file(self, cluster: SimCluster) -> None:
         """Host-name entries resolve (localhost) and are shown as written."""
         cluster.write("nodes.cfg", "localhost\n")
-        cluster.start(0, BIND_INTERFACE_IP="127.0.0.1")
+        cluster.start(0, BIND_INTERFACE_IP="127.0.0.1", IMEX_CMD_BIND_INTERFACE_IP="127.0.0.1")
         snap = cluster.wait_up(0)
         assert "localhost" == snap["nodes"]["0"]["host"]
         assert "Treating node config entry 'localhost' as a host name." in cluster.log_text(0)
@@ -93,6 +95,39 @@ class TestDomainUp:
         cluster.procs[0] = proc
         wait_for(lambda: "Identified this node as ID 1, using bind IP of '127.0.0.1'" in cluster.log_text(0),
                  what="own ID 1")
+
+
+class TestCommandServicePerNode:
+    def test_a_daemon_answers_only_for_itself(self, cluster: SimCluster) -> None:
+        """The command service gives this node's state and row; there is no domain request to answer
+        from gossip, so -N cannot be served by one daemon alone."""
+        cluster.start_all()
+        cluster.wait_up(0)
+        own = ctl_request(("unix", cluster.sock(1)), "node", 2.0)["node"]
+        assert (own["state"], sorted(own["row"])) == ("READY", ["0", "1"])
+        with pytest.raises(CtlError, match="refused the request"):
+            ctl_request(("unix", cluster.sock(1)), "domain", 2.0)
+
+    @pytest.mark.parametrize("cluster", [3], indirect=True)
+    def test_blocked_command_port_shows_unavailable_with_live_links(self, cluster: SimCluster) -> None:
+        """block_cmd on tray 1: the other trays' -N show it UNAVAILABLE with every link INVALID, while
+        their own links to it stay CONNECTED; tray 1 itself still sees everything UP."""
+        cluster.start(0)
+        cluster.start(1, faults="block_cmd")
+        cluster.start(2)
+        cluster.wait_up(1)
+
+        def blocked_view() -> Any:
+            snap = cluster.domain(0)
+            ok = snap is not None and snap["nodes"]["0"]["connections"]["1"]["status"] == "CONNECTED"
+            return snap if ok else None
+
+        snap = wait_for(blocked_view, what="tray 0 connected to tray 1")
+        node1 = snap["nodes"]["1"]
+        assert node1["status"] == "UNAVAILABLE" and {c["status"] for c in node1["connections"].values()} == {
+            "INVALID"}
+        assert snap["status"] == "DEGRADED"
+        assert snap["nodes"]["2"]["connections"]["1"]["status"] == "CONNECTED"
 
 
 class TestFailures:
@@ -277,7 +312,9 @@ class TestStartup:
         cluster.start(0)
         wait_for(lambda: cluster.state(0) == "READY", what="first daemon")
         other_port = free_port(cluster.addresses[:1])
-        cfg = cluster.write("dup.cfg", cluster.config(0, SERVER_PORT=other_port, LOG_FILE_NAME="").read_text())
+        other_cmd = free_port(cluster.addresses[:1], avoid=other_port)
+        cfg = cluster.write("dup.cfg", cluster.config(0, SERVER_PORT=other_port, IMEX_CMD_PORT=other_cmd,
+                                                      LOG_FILE_NAME="").read_text())
         done = subprocess.run(cluster.argv(cfg), env=cluster.env(), capture_output=True, text=True, timeout=15)
         assert 1 == done.returncode and f"{cluster.sock(0)}: Address already in use" in done.stderr
         assert "READY" == cluster.state(0)
@@ -319,12 +356,19 @@ class TestStartup:
         assert 1 == done.returncode and message in done.stderr
 
     def test_faults_file(self, cluster: SimCluster) -> None:
-        """IMEX_SIM_FAULTS_FILE is read like the environment variable."""
+        """The file named by the environment variable IMEX_SIM_FAULTS_FILE is read like IMEX_SIM_FAULTS."""
         faults = cluster.write("faults.txt", f"# test\n@{cluster.addresses[0]} hostname=from-file\n")
-        cluster.start(0, IMEX_SIM_FAULTS_FILE=faults)
+        cluster.start(0, env={"IMEX_SIM_FAULTS_FILE": str(faults)})
         wait_for(lambda: cluster.state(0) == "READY", what="READY")
         snap = cluster.domain(0)
         assert snap is not None and "from-file" == snap["nodes"]["0"]["hostName"]
+
+    def test_faults_never_come_from_the_config(self, cluster: SimCluster) -> None:
+        """A fault file named in config.cfg (which imexctl owns) is an unknown key, logged and ignored."""
+        faults = cluster.write("faults.txt", "never_ready\n")
+        cluster.start(0, IMEX_SIM_FAULTS_FILE=faults)
+        wait_for(lambda: cluster.state(0) == "READY", what="READY despite the config key")
+        assert "Ignoring unknown configuration key IMEX_SIM_FAULTS_FILE" in cluster.log_text(0)
 
     def test_nogpu_and_port_option(self, cluster: SimCluster) -> None:
         """--nogpu reports version NO_GPU and -p overrides SERVER_PORT."""
@@ -362,7 +406,8 @@ class TestCtl:
             assert (255, f"Failed to read node configuration file {missing}\n") == (done.returncode, done.stdout)
 
     def test_no_daemon(self, cluster: SimCluster) -> None:
-        """Without a daemon: -q prints UNAVAILABLE (exit 1); -N rebuilds the nodes file as DOWN (exit 0)."""
+        """Without a daemon: -q prints UNAVAILABLE (exit 1); -N shows every node UNAVAILABLE, DOWN (exit 0);
+        -N without the config is a usage error (it needs the nodes file and the command port)."""
         cfg = str(cluster.config(0))
         q = cluster.ctl("-c", cfg, "-q")
         assert (1, "UNAVAILABLE\n") == (q.returncode, q.stdout)
@@ -371,7 +416,7 @@ class TestCtl:
         assert (0, "DOWN") == (n.returncode, d.status)
         assert {"UNAVAILABLE"} == {node.status for node in d.nodes}
         u = cluster.ctl("-u", cluster.sock(0), "-N")
-        assert (1, "") == (u.returncode, u.stdout)
+        assert (2, "") == (u.returncode, u.stdout) and "-N requires the config file" in u.stderr
 
     def test_hang_ctl_needs_timeout(self, cluster: SimCluster) -> None:
         """hang_ctl never answers: -t bounds the ctl, without -t it waits until killed."""

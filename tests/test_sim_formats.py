@@ -265,9 +265,12 @@ class TestFaults:
     def test_all_switches(self) -> None:
         """Every switch parses, from ';' and newline separated texts."""
         env = "slow_start=1.5; never_ready;crash_after=3"
-        file_text = "refuse_peer=10.0.0.9\nrefuse_peer=10.0.0.8 # two\nhang_ctl\nversion=570.172\nhostname=tray01\n"
-        assert Faults(1.5, True, 3.0, frozenset({"10.0.0.9", "10.0.0.8"}), True, "570.172", "tray01") == parse_faults(
-            [env, file_text], ["10.0.0.1"])
+        file_text = ("refuse_peer=10.0.0.9\nrefuse_peer=10.0.0.8 # two\nhang_ctl\nblock_cmd\nversion=570.172\n"
+                     "hostname=tray01\n")
+        want = Faults(slow_start_s=1.5, never_ready=True, crash_after_s=3.0,
+                      refuse_peers=frozenset({"10.0.0.9", "10.0.0.8"}), hang_ctl=True, block_cmd=True,
+                      version="570.172", hostname="tray01")
+        assert want == parse_faults([env, file_text], ["10.0.0.1"])
 
     def test_address_prefix(self) -> None:
         """'@ADDRESS ' entries apply only to the daemon with that address."""

@@ -25,7 +25,7 @@ __all__ = [
 
 DEFAULT_CONFIG: Final = "/etc/nvidia-imex/config.cfg"
 
-#: Keys of the shipped file (imex.md §2) plus the simulator's own key.
+#: Keys of the shipped file (imex.md §2).
 KNOWN_KEYS: Final = frozenset(
     {
         "LOG_LEVEL", "LOG_FILE_NAME", "STATS_FILE_NAME", "LOG_APPEND_TO_LOG",
@@ -38,7 +38,6 @@ KNOWN_KEYS: Final = frozenset(
         "IMEX_GSS_RETRY_INTERVAL_SEC", "IMEX_GSS_SEC_CONTEXT_LIFETIME_SEC",
         "IMEX_GSS_SHUTDOWN_ON_FAILURE", "IMEX_CMD_ENABLED", "IMEX_CMD_BIND_INTERFACE_IP",
         "IMEX_CMD_PORT", "IMEX_CMD_UNIX_DOMAIN_PATH", "IMEX_NODE_DISCONNECTED_GRACE_TIME",
-        "IMEX_SIM_FAULTS_FILE",
     }
 )
 
@@ -67,7 +66,6 @@ class SimConfig:
     cmd_port: int | None = None
     cmd_unix_path: str = ""
     grace_time_s: float = -1.0
-    faults_file: str = ""
     unknown_keys: tuple[str, ...] = ()
     bad_lines: tuple[int, ...] = ()
 
@@ -149,7 +147,6 @@ def parse_config_text(text: str, path: str = "<config>") -> SimConfig:
         cmd_port=_cmd_port(raw),
         cmd_unix_path=raw.get("IMEX_CMD_UNIX_DOMAIN_PATH", ""),
         grace_time_s=float(_int(raw, "IMEX_NODE_DISCONNECTED_GRACE_TIME", -1, -1, 2**31)),
-        faults_file=raw.get("IMEX_SIM_FAULTS_FILE", ""),
         unknown_keys=tuple(sorted(k for k in raw if k not in KNOWN_KEYS)),
         bad_lines=tuple(bad),
     )

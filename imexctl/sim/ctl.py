@@ -2,12 +2,21 @@
 
 ``nvidia-imex-ctl-sim [-c <cfg> | -u <socket> | -i <ip> <port>] (-q | -N [-j] [-H]) [-t <ms>]``
 
+``-q`` asks one daemon: the endpoint named by the config (``-c``), a Unix
+socket (``-u``) or ``-i <ip> <port>``.  ``-N`` needs the config: it reads the
+nodes file and ``IMEX_CMD_PORT`` and asks *every* node's command service,
+at ``<nodes-file entry>:<IMEX_CMD_PORT>``, for that node's own state and
+row, in parallel, as the real ctl does (kubernetes-sigs/dra-driver-nvidia-gpu
+PR #540: ``-N`` "tries to reach not just the local daemon, but all other
+daemons").  A node that cannot be reached shows ``UNAVAILABLE`` with every
+link ``I``.  Connections leave from the config's command bind address when it
+names one, as a tray's own connections do on a real network.
+
 Exit codes: 0 the daemon answered (any ``-q`` state), or ``-N`` printed a
-domain (also the all-UNAVAILABLE one rebuilt from the nodes file when no
-daemon answers); 1 no daemon answered ``-q`` (prints ``UNAVAILABLE``) or
-``-N`` via ``-u``/``-i`` has nothing to show; 2 bad usage; 255 the config or
-node configuration file cannot be read (imex.md §8.5).  Start-up stays cheap:
-socket, json, sys, os and the two small sim modules, nothing else.
+domain (also one where no node answered); 1 no daemon answered ``-q``
+(prints ``UNAVAILABLE``); 2 bad usage; 255 the config or node configuration
+file cannot be read (imex.md §8.5).  Start-up stays cheap: socket, json,
+sys and the small sim modules, nothing else (threads only for ``-N``).
 """
 
 from __future__ import annotations
@@ -15,12 +24,12 @@ from __future__ import annotations
 import json
 import socket
 import sys
-from typing import Any, Final, Sequence, Tuple
+from typing import Any, Callable, Final, Sequence, Tuple
 
-from imexctl.sim.config import DEFAULT_CONFIG, SimConfigError, load_config, read_nodes_file
-from imexctl.sim.formats import format_json, format_text, unavailable_snapshot
+from imexctl.sim.config import DEFAULT_CONFIG, SimConfig, SimConfigError, load_config, read_nodes_file
+from imexctl.sim.formats import assemble_snapshot, format_json, format_text
 
-__all__ = ["CtlError", "Endpoint", "main", "request"]
+__all__ = ["CtlError", "Endpoint", "ask_node", "gather", "main", "request"]
 
 USAGE: Final = (
     "Usage: nvidia-imex-ctl-sim [-i <IP> <PORT>|-u <unix domain socket path>|-c <nvidia-imex config.cfg path>] "
@@ -123,11 +132,13 @@ def _parse(argv: Sequence[str]) -> _Opts:
         raise _UsageError("exactly one of -q or -N is required")
     if (o.json or o.hostnames) and not o.domain:
         raise _UsageError("-j and -H only work with -N")
+    if o.domain and (o.unix is not None or o.tcp is not None):
+        raise _UsageError("-N requires the config file (default or via -c), not -i or -u")
     return o
 
 
-def _connect(endpoint: Endpoint, timeout_s: float | None) -> socket.socket:
-    """Open a connection to the command service."""
+def _connect(endpoint: Endpoint, timeout_s: float | None, source: str = "") -> socket.socket:
+    """Open a connection to a command service, from ``source`` when given."""
     if endpoint[0] == "unix":
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -137,7 +148,8 @@ def _connect(endpoint: Endpoint, timeout_s: float | None) -> socket.socket:
             sock.close()
             raise
         return sock
-    return socket.create_connection((endpoint[1], endpoint[2]), timeout=timeout_s)
+    return socket.create_connection((endpoint[1], endpoint[2]), timeout=timeout_s,
+                                    source_address=(source, 0) if source else None)
 
 
 def _describe(endpoint: Endpoint) -> str:
@@ -145,15 +157,15 @@ def _describe(endpoint: Endpoint) -> str:
     return endpoint[1] if endpoint[0] == "unix" else f"{endpoint[1]}:{endpoint[2]}"
 
 
-def request(endpoint: Endpoint, cmd: str, timeout_s: float | None = None) -> dict[str, Any]:
-    """Send one request (``query`` or ``domain``) and return the daemon's JSON answer.
+def request(endpoint: Endpoint, cmd: str, timeout_s: float | None = None, source: str = "") -> dict[str, Any]:
+    """Send one request (``query`` or ``node``) and return the daemon's JSON answer.
 
     Raises:
-        CtlError: no daemon answered (refused, missing socket, timeout, garbage).
+        CtlError: no daemon answered (refused, reset, missing socket, timeout, garbage).
     """
     where = _describe(endpoint)
     try:
-        with _connect(endpoint, timeout_s) as sock:
+        with _connect(endpoint, timeout_s, source) as sock:
             sock.sendall(json.dumps({"cmd": cmd}).encode() + b"\n")
             data = b""
             while not data.endswith(b"\n"):
@@ -164,18 +176,18 @@ def request(endpoint: Endpoint, cmd: str, timeout_s: float | None = None) -> dic
     except socket.timeout:
         raise CtlError(f"timed out after {timeout_s or 0:g} s waiting for the IMEX daemon at {where}") from None
     except OSError as exc:
-        raise CtlError(f"cannot connect to the IMEX daemon at {where}: {exc.strerror or exc}") from None
+        raise CtlError(f"cannot reach the IMEX daemon at {where}: {exc.strerror or exc}") from None
     try:
         answer = json.loads(data)
     except ValueError:
-        raise CtlError(f"unreadable answer from the IMEX daemon at {where}: {data[:200]!r}") from None
+        raise CtlError(f"no answer from the IMEX daemon at {where}: {data[:200]!r}") from None
     if not isinstance(answer, dict) or "error" in answer:
         raise CtlError(f"IMEX daemon at {where} refused the request: {answer!r}")
     return answer
 
 
-def _from_config(path: str) -> tuple[Endpoint | None, tuple[str, ...]]:
-    """Return the command endpoint named by a config file and its nodes-file entries.
+def _load(path: str) -> tuple[SimConfig, tuple[str, ...]]:
+    """Return a config file and its nodes-file entries.
 
     Raises:
         _NoConfig: either file cannot be read (the caller exits 255).
@@ -188,27 +200,31 @@ def _from_config(path: str) -> tuple[Endpoint | None, tuple[str, ...]]:
         entries = read_nodes_file(cfg.node_config_file)
     except (OSError, SimConfigError):
         raise _NoConfig(f"Failed to read node configuration file {cfg.node_config_file}") from None
+    return cfg, entries
+
+
+def _source(cfg: SimConfig) -> str:
+    """The address a tray's own connections leave from: the command bind IP when it names one."""
+    return "" if cfg.cmd_bind_ip in ("", "0.0.0.0", "::") else cfg.cmd_bind_ip
+
+
+def _local_endpoint(cfg: SimConfig) -> Endpoint | None:
+    """The local daemon's command endpoint named by the config (``-q`` with ``-c``)."""
     if not cfg.cmd_enabled:
-        return None, entries
+        return None
     if cfg.cmd_unix_path:
-        return ("unix", cfg.cmd_unix_path), entries
+        return ("unix", cfg.cmd_unix_path)
     if cfg.cmd_port is not None:
-        host = cfg.cmd_bind_ip if cfg.cmd_bind_ip not in ("", "0.0.0.0", "::") else "127.0.0.1"
-        return ("tcp", host, cfg.cmd_port), entries
-    return None, entries
+        return ("tcp", _source(cfg) or "127.0.0.1", cfg.cmd_port)
+    return None
 
 
-def _ask(endpoint: Endpoint | None, cmd: str, timeout_s: float | None) -> dict[str, Any]:
-    """Like :func:`request`, with ``None`` meaning the command service is disabled."""
-    if endpoint is None:
-        raise CtlError("the command service is not enabled in the config (IMEX_CMD_ENABLED)")
-    return request(endpoint, cmd, timeout_s)
-
-
-def _run_query(endpoint: Endpoint | None, o: _Opts) -> int:
+def _run_query(endpoint: Endpoint | None, o: _Opts, source: str = "") -> int:
     """``-q``: print one state word."""
     try:
-        state = str(_ask(endpoint, "query", o.timeout_s)["state"])
+        if endpoint is None:
+            raise CtlError("the command service is not enabled in the config (IMEX_CMD_ENABLED, IMEX_CMD_PORT)")
+        state = str(request(endpoint, "query", o.timeout_s, source)["state"])
     except (CtlError, KeyError) as exc:
         sys.stderr.write(f"nvidia-imex-ctl-sim: {exc}\n")
         sys.stdout.write("UNAVAILABLE\n")
@@ -217,15 +233,44 @@ def _run_query(endpoint: Endpoint | None, o: _Opts) -> int:
     return EXIT_OK
 
 
-def _run_domain(endpoint: Endpoint | None, entries: tuple[str, ...] | None, o: _Opts) -> int:
-    """``-N``: print the domain, rebuilt from the nodes file when no daemon answers."""
+def ask_node(entry: str, cfg: SimConfig, timeout_s: float | None) -> dict[str, Any]:
+    """One node's own answer (state, version, hostname, row) from its service at ``entry:IMEX_CMD_PORT``.
+
+    Raises:
+        CtlError: that node's command service cannot be reached or answers garbage.
+    """
+    if not cfg.cmd_enabled or cfg.cmd_port is None:
+        raise CtlError("no IMEX_CMD_PORT in the config: peers' command services cannot be reached")
     try:
-        snapshot = _ask(endpoint, "domain", o.timeout_s)["snapshot"]
-    except (CtlError, KeyError) as exc:
-        sys.stderr.write(f"nvidia-imex-ctl-sim: {exc}\n")
-        if entries is None:
-            return EXIT_UNAVAILABLE
-        snapshot = unavailable_snapshot(entries)
+        answer = request(("tcp", entry, cfg.cmd_port), "node", timeout_s, _source(cfg))["node"]
+    except KeyError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise CtlError(f"unexpected answer from {entry}:{cfg.cmd_port}: {answer!r}")
+    return answer
+
+
+def gather(cfg: SimConfig, entries: Sequence[str], timeout_s: float | None,
+           warn: Callable[[str], object] = lambda _msg: None) -> dict[str, Any]:
+    """The ``-N`` snapshot: every node's service asked in parallel; ``warn`` hears who did not answer."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(entry: str) -> dict[str, Any] | None:
+        try:
+            return ask_node(entry, cfg, timeout_s)
+        except CtlError as exc:
+            warn(f"node {entry}: {exc}")
+            return None
+
+    with ThreadPoolExecutor(max_workers=min(64, max(1, len(entries)))) as pool:
+        answers = list(pool.map(one, entries))
+    source = _source(cfg)
+    return assemble_snapshot(entries, answers, list(entries).index(source) if source in entries else None)
+
+
+def _run_domain(cfg: SimConfig, entries: tuple[str, ...], o: _Opts) -> int:
+    """``-N``: ask every node's command service in parallel and print the domain."""
+    snapshot = gather(cfg, entries, o.timeout_s, lambda msg: sys.stderr.write(f"nvidia-imex-ctl-sim: {msg}\n"))
     render = format_json if o.json else format_text
     sys.stdout.write(render(snapshot, hostnames=o.hostnames))
     return EXIT_OK
@@ -238,21 +283,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _UsageError as exc:
         sys.stderr.write(f"nvidia-imex-ctl-sim: {exc}\n{USAGE}")
         return EXIT_USAGE
-    endpoint: Endpoint | None
-    entries: tuple[str, ...] | None = None
     if o.unix is not None:
-        endpoint = ("unix", o.unix)
-    elif o.tcp is not None:
-        endpoint = ("tcp", *o.tcp)
-    else:
-        try:
-            endpoint, entries = _from_config(o.config or DEFAULT_CONFIG)
-        except _NoConfig as exc:
-            sys.stdout.write(f"{exc}\n")
-            return EXIT_NO_CONFIG
+        return _run_query(("unix", o.unix), o)
+    if o.tcp is not None:
+        return _run_query(("tcp", *o.tcp), o)
+    try:
+        cfg, entries = _load(o.config or DEFAULT_CONFIG)
+    except _NoConfig as exc:
+        sys.stdout.write(f"{exc}\n")
+        return EXIT_NO_CONFIG
     if o.query:
-        return _run_query(endpoint, o)
-    return _run_domain(endpoint, entries, o)
+        return _run_query(_local_endpoint(cfg), o, _source(cfg))
+    return _run_domain(cfg, entries, o)
 
 
 if __name__ == "__main__":

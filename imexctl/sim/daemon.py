@@ -154,15 +154,21 @@ def _read_nodes(cfg: SimConfig) -> tuple[str, ...]:
         raise StartupError(f"Failed to read node configuration file {cfg.node_config_file}: {exc}") from None
 
 
-def _faults(cfg: SimConfig, own: Iterable[str]) -> Faults:
-    """Read ``IMEX_SIM_FAULTS`` and ``IMEX_SIM_FAULTS_FILE``; refuse unknown switches."""
+def _faults(own: Iterable[str]) -> Faults:
+    """Read ``IMEX_SIM_FAULTS`` and the file named by ``IMEX_SIM_FAULTS_FILE`` from the environment.
+
+    Faults reach the simulator only through its environment, set by whoever
+    launches it (a test harness, the demo's launcher), never through the
+    config file: that file belongs to imexctl, as on a real tray.
+    """
     texts = [os.environ.get("IMEX_SIM_FAULTS", "")]
-    if cfg.faults_file:
+    path = os.environ.get("IMEX_SIM_FAULTS_FILE", "")
+    if path:
         try:
-            with open(cfg.faults_file, encoding="utf-8") as fh:
+            with open(path, encoding="utf-8") as fh:
                 texts.append(fh.read())
         except OSError as exc:
-            raise StartupError(f"Failed to read IMEX_SIM_FAULTS_FILE {cfg.faults_file}: {exc.strerror}") from None
+            raise StartupError(f"Failed to read IMEX_SIM_FAULTS_FILE {path}: {exc.strerror}") from None
     try:
         return parse_faults(texts, own)
     except FaultError as exc:
@@ -224,7 +230,7 @@ def _prepare(opts: _Options, cfg: SimConfig, log: SimLog) -> tuple[Identity, Fau
     own_id, ifname = _identify(entries, addresses, bind_ip)
     own_ip = bind_ip or addresses[own_id]
     log.info(f"Identified this node as ID {own_id}, using bind IP of '{own_ip}', and network interface of {ifname}")
-    faults = _faults(cfg, {entries[own_id], own_ip})
+    faults = _faults({entries[own_id], own_ip})
     version = faults.version or ("NO_GPU" if opts.nogpu else DEFAULT_VERSION)
     log.info(
         "nvidia-imex persistence file /var/run/nvidia-imex/persist.dat does not exist.  Assuming no previous importers."

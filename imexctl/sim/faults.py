@@ -1,6 +1,7 @@
 """Fault switches for the simulated daemon.
 
-Syntax (env ``IMEX_SIM_FAULTS`` and/or the file named by ``IMEX_SIM_FAULTS_FILE``):
+Syntax (the daemon's environment: ``IMEX_SIM_FAULTS`` and/or the file named by
+``IMEX_SIM_FAULTS_FILE``; never its config file, which imexctl writes):
 entries ``NAME`` or ``NAME=VALUE`` separated by newlines or ``;``; ``#`` starts
 a comment that runs to the end of the line; an entry may start with
 ``@ADDRESS `` to apply only to the daemon whose own address is ADDRESS.
@@ -30,6 +31,7 @@ class Faults:
     crash_after_s: float | None = None
     refuse_peers: frozenset[str] = frozenset()
     hang_ctl: bool = False
+    block_cmd: bool = False
     version: str | None = None
     hostname: str | None = None
 
@@ -65,6 +67,7 @@ _CHECKS: Final[dict[str, Callable[[str, str | None], object]]] = {
     "crash_after": _seconds,
     "refuse_peer": _text,
     "hang_ctl": _flag,
+    "block_cmd": _flag,
     "version": _text,
     "hostname": _text,
 }
@@ -127,6 +130,7 @@ def parse_faults(texts: Iterable[str], own_addresses: Iterable[str]) -> Faults:
         crash_after_s=values.get("crash_after"),  # type: ignore[arg-type]
         refuse_peers=frozenset(refused),
         hang_ctl=bool(values.get("hang_ctl", False)),
+        block_cmd=bool(values.get("block_cmd", False)),
         version=values.get("version"),  # type: ignore[arg-type]
         hostname=values.get("hostname"),  # type: ignore[arg-type]
     )

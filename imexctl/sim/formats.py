@@ -1,7 +1,7 @@
 """Render a domain snapshot the way ``nvidia-imex-ctl -N`` (text) and ``-N -j`` print it.
 
-A *snapshot* is the plain dict the simulated daemon sends to the simulated
-ctl; its shape is the ``-N -j`` JSON of imex.md §8.4::
+A *snapshot* is the plain dict the simulated ctl assembles from every node's
+answer; its shape is the ``-N -j`` JSON of imex.md §8.4::
 
     {"nodes": {"0": {"status": "READY", "host": "10.0.0.1",
                      "connections": {"0": {"host": "10.0.0.1", "status": "CONNECTED", "changed": True}},
@@ -16,17 +16,20 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Final, Iterable, Mapping
+from typing import Any, Final, Iterable, Mapping, Sequence
 
 __all__ = [
     "LEGEND",
     "STATUS_LETTERS",
+    "answered_entry",
+    "assemble_snapshot",
     "domain_state",
     "format_json",
     "format_text",
     "format_timestamp",
     "node_entry",
     "unavailable_snapshot",
+    "unreachable_entry",
 ]
 
 #: Legend printed at the top of ``-N`` (imex.md §8.3, "triggreed" verbatim).
@@ -74,11 +77,12 @@ def domain_state(nodes: Mapping[str, Mapping[str, Any]], local_id: int | None) -
     """Return ``UP``, ``DEGRADED`` or ``DOWN`` for a snapshot's ``nodes``.
 
     UP: every node READY and every connection (the diagonal included)
-    CONNECTED.  DOWN: the answering node (``local_id``; ``None`` when no daemon
-    answered) is not READY, or no node is.  DEGRADED: anything in between.
+    CONNECTED.  DOWN: no node is READY, or the local node (``local_id``: the
+    node whose address the config binds the command service to; ``None`` when
+    the ctl cannot tell) is not.  DEGRADED: anything in between.
     """
     ready = {k for k, n in nodes.items() if n.get("status") == "READY"}
-    if not ready or (local_id is None or str(local_id) not in ready):
+    if not ready or (local_id is not None and str(local_id) not in ready):
         return "DOWN"
     links_ok = all(
         c.get("status") == "CONNECTED" for n in nodes.values() for c in n.get("connections", {}).values()
@@ -144,9 +148,32 @@ def node_entry(
     }
 
 
-def unavailable_snapshot(entries: Iterable[str], when: float | None = None) -> dict[str, Any]:
-    """Return the snapshot the ctl prints when no daemon answers: all UNAVAILABLE, DOWN."""
-    hosts = list(entries)
+def unreachable_entry(host: str, hosts: Sequence[str]) -> dict[str, Any]:
+    """The ``nodes`` entry of a node whose command service did not answer: UNAVAILABLE, all ``I``."""
     conns = {str(j): {"host": h, "status": "INVALID", "changed": True} for j, h in enumerate(hosts)}
-    nodes = {str(i): node_entry(h, "UNAVAILABLE", "", "", conns) for i, h in enumerate(hosts)}
-    return {"nodes": nodes, "timestamp": format_timestamp(when), "status": "DOWN"}
+    return node_entry(host, "UNAVAILABLE", "", "", conns)
+
+
+def answered_entry(host: str, hosts: Sequence[str], answer: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``nodes`` entry built from one node's own answer (state, version, host name, row)."""
+    row = answer.get("row") or {}
+    conns = {str(j): {"host": h, "status": str(row.get(str(j), "INVALID")), "changed": True} for j, h in enumerate(hosts)}
+    return node_entry(host, str(answer.get("state")), str(answer.get("version", "")), str(answer.get("hostname", "")),
+                      conns)
+
+
+def assemble_snapshot(
+    hosts: Sequence[str], answers: Sequence[Mapping[str, Any] | None], local_id: int | None, when: float | None = None
+) -> dict[str, Any]:
+    """The ``-N`` snapshot from every node's answer (``None``: that node could not be reached)."""
+    nodes = {
+        str(i): unreachable_entry(h, hosts) if a is None else answered_entry(h, hosts, a)
+        for i, (h, a) in enumerate(zip(hosts, answers))
+    }
+    return {"nodes": nodes, "timestamp": format_timestamp(when), "status": domain_state(nodes, local_id)}
+
+
+def unavailable_snapshot(entries: Iterable[str], when: float | None = None) -> dict[str, Any]:
+    """Return the snapshot when no node answers: all UNAVAILABLE, DOWN."""
+    hosts = list(entries)
+    return assemble_snapshot(hosts, [None] * len(hosts), None, when)

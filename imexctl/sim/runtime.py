@@ -2,10 +2,15 @@
 
 One asyncio loop per process.  Every node keeps one outgoing TCP link to every
 node of the nodes file, itself included (the real daemon's log shows it
-"connecting" to its own ID, imex.md §5).  Over its outgoing links a node
-gossips its state and its row of the connectivity table; the receiving side
-keeps the last report of each peer for ``REPORT_TTL_S``.  ``-N`` on any node
-thus shows the whole table.  The wire protocol is newline-delimited JSON and
+"connecting" to its own ID, imex.md §5).  Over its outgoing links a node sends
+a status heartbeat every ``GOSSIP_INTERVAL_S``; a link whose peer goes quiet
+for ``REPORT_TTL_S`` is dropped.
+
+The command service answers only for this node: its state and its own row
+of the connectivity table.  ``nvidia-imex-ctl -N`` builds the domain view by
+asking every node's command service itself, over the network, as the real
+ctl does (kubernetes-sigs/dra-driver-nvidia-gpu PR #540); a daemon never
+answers for its peers.  The wire protocol is newline-delimited JSON and
 private to the simulator.
 """
 
@@ -23,7 +28,6 @@ from typing import Any, Callable, Final
 
 from imexctl.sim.config import SimConfig
 from imexctl.sim.faults import Faults
-from imexctl.sim.formats import domain_state, format_timestamp, node_entry
 from imexctl.sim.logfile import SimLog
 
 __all__ = ["Identity", "Node", "Sockets"]
@@ -77,17 +81,6 @@ class _Link:
     task: asyncio.Task[None] | None = None
 
 
-@dataclasses.dataclass
-class _Report:
-    """The last thing a peer told this node about itself."""
-
-    state: str
-    version: str
-    hostname: str
-    row: dict[str, str]
-    at: float
-
-
 async def _read_msg(reader: asyncio.StreamReader, timeout: float) -> dict[str, Any] | None:
     """Return the next JSON message, or ``None`` on EOF, timeout or garbage."""
     try:
@@ -113,7 +106,6 @@ class Node:
         self.state = "INITIALIZING"
         self.instance = uuid.uuid4().hex
         self.links = {i: _Link(i) for i in range(len(ident.entries))}
-        self.reports: dict[int, _Report] = {}
         self.instances: dict[int, str] = {}
         self.stopping = asyncio.Event()
         self.servers: list[asyncio.AbstractServer] = []
@@ -273,9 +265,7 @@ class Node:
                 asyncio.open_connection(entry, self.cfg.server_port, **self._local_addr(link.peer_id)),
                 HANDSHAKE_TIMEOUT_S,
             )
-        except (OSError, asyncio.TimeoutError) as exc:
-            if isinstance(exc, ConnectionRefusedError):
-                self.reports.pop(link.peer_id, None)  # nobody listens there any more
+        except (OSError, asyncio.TimeoutError):
             return "FAILED"
         try:
             outcome = await self._handshake(link, reader, writer)
@@ -416,7 +406,7 @@ class Node:
             self.log.info(f"Node {peer} reconnected as a new IMEX instance; cleaning up its old state immediately")
 
     async def _receive_gossip(self, reader: asyncio.StreamReader) -> None:
-        """Store status messages; handle a shutdown notice."""
+        """Read the peer's heartbeats until it goes quiet, leaves or announces its shutdown."""
         while not self.stopping.is_set():
             msg = await _read_msg(reader, REPORT_TTL_S)
             if msg is None:
@@ -426,13 +416,7 @@ class Node:
                 return
             if msg.get("type") == "shutdown":
                 self.log.info(f"Received notification of shutdown from node {peer}")
-                self.reports.pop(peer, None)
                 return
-            if msg.get("type") == "status":
-                self.reports[peer] = _Report(
-                    str(msg.get("state")), str(msg.get("version")), str(msg.get("hostname")),
-                    {str(k): str(v) for k, v in dict(msg.get("row") or {}).items()}, time.monotonic(),
-                )
 
     # ---------------------------------------------------------------- command service
 
@@ -444,8 +428,11 @@ class Node:
             pass  # see _serve_peer
 
     async def _cmd_session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Read one request and answer it (never, under hang_ctl)."""
+        """Read one request and answer it (never, under hang_ctl; not at all to others, under block_cmd)."""
         try:
+            if self.faults.block_cmd and not self._from_self(writer):
+                writer.transport.abort()  # a firewall's reject: the connection is reset unanswered
+                return
             request = await _read_msg(reader, 10.0)
             if self.faults.hang_ctl:
                 await self.stopping.wait()
@@ -459,38 +446,28 @@ class Node:
         finally:
             writer.close()
 
+    def _from_self(self, writer: asyncio.StreamWriter) -> bool:
+        """Whether a command connection comes from this node's own address."""
+        sock = writer.get_extra_info("socket")
+        if sock is not None and sock.family == socket.AF_UNIX:
+            return True
+        peer = writer.get_extra_info("peername")
+        return bool(peer) and peer[0] == self.ident.own_ip
+
     def _answer(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Return the response to one ctl request."""
+        """Return the response to one ctl request: this node's state, or its table row."""
         cmd = request.get("cmd")
         if cmd == "query":
             return {"state": self.state}
-        if cmd == "domain":
-            return {"snapshot": self.snapshot()}
+        if cmd == "node":
+            return {"node": self.own_status()}
         return {"error": f"unknown command {cmd!r}"}
 
-    def snapshot(self) -> dict[str, Any]:
-        """Return the domain as this node sees it (the ``-N -j`` shape)."""
-        entries = self.ident.entries
-        nodes = {}
-        for i, host in enumerate(entries):
-            status, version, hostname, row = self._view_of(i)
-            conns = {
-                str(j): {"host": h, "status": row.get(str(j), "INVALID"), "changed": True}
-                for j, h in enumerate(entries)
-            }
-            nodes[str(i)] = node_entry(host, status, version, hostname, conns)
+    def own_status(self) -> dict[str, Any]:
+        """This node's state, version, host name and row of the connectivity table."""
         return {
-            "nodes": nodes,
-            "timestamp": format_timestamp(),
-            "status": domain_state(nodes, self.ident.own_id),
+            "state": self.state,
+            "version": self.ident.version,
+            "hostname": self.ident.hostname,
+            "row": {str(i): link.status for i, link in self.links.items()},
         }
-
-    def _view_of(self, node_id: int) -> tuple[str, str, str, dict[str, str]]:
-        """Return ``(status, version, hostname, row)`` of one node as seen from here."""
-        if node_id == self.ident.own_id:
-            row = {str(i): link.status for i, link in self.links.items()}
-            return self.state, self.ident.version, self.ident.hostname, row
-        report = self.reports.get(node_id)
-        if report is not None and time.monotonic() - report.at <= REPORT_TTL_S:
-            return report.state, report.version, report.hostname, report.row
-        return "UNAVAILABLE", "", "", {}
