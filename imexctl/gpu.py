@@ -161,8 +161,9 @@ def _judge_health(members: List[FabricInfo], limited: str, log: Any) -> None:
         if info.health_summary == nvml.SUMMARY_UNHEALTHY:
             raise GpuError(f"GPU {info.index}: NVLink fabric {health.text()} ({_mask(info)}); refusing IMEX")
         if info.health_summary is None or info.health_summary in (nvml.SUMMARY_HEALTHY, nvml.SUMMARY_NOT_SUPPORTED):
-            if health.problems:  # v2: a mask but no summary; NVIDIA does not say how to weigh the mask
-                degraded.append((info, "no health summary from this driver; not judged"))
+            if health.problems:  # NVIDIA does not say how to weigh the mask: the summary (if any) decides
+                why = f"summary {health.summary}" if health.summary else "no health summary from this driver"
+                degraded.append((info, f"{why}; mask not judged"))
             continue
         if limited == "refuse":  # LIMITED_CAPACITY, or a summary value this header does not define
             raise GpuError(f"GPU {info.index}: NVLink fabric {health.text()} ({_mask(info)}); "

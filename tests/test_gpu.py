@@ -272,7 +272,16 @@ class TestFabricKey:
         assert key is not None
         degraded = [e for e in logs if e["event"] == "gpu.fabric.degraded"]
         assert degraded[0]["gpus"] == [{"gpu": 0, "health": "no health summary: NVLink bandwidth degraded",
-                                        "verdict": "no health summary from this driver; not judged"}]  # fmt: skip
+                                        "verdict": "no health summary from this driver; mask not judged"}]  # fmt: skip
+
+    def test_healthy_summary_with_mask_problems_passes_with_a_warning(self) -> None:
+        """A HEALTHY summary decides; problems in the mask beside it are logged."""
+        infos = tray(g2={"health_mask": OK_MASK & ~(0x3 << 2) | 1 << 2})
+        with capture_logs() as logs:
+            assert fabric_key(FakeGpu(infos=infos), Clock(), policy(), deadline=60, log=structlog.get_logger())
+        degraded = [e for e in logs if e["event"] == "gpu.fabric.degraded"]
+        assert degraded[0]["gpus"] == [{"gpu": 2, "health": "HEALTHY: route recovery in progress",
+                                        "verdict": "summary HEALTHY; mask not judged"}]  # fmt: skip
 
     def test_no_fabric_checks_no_health(self) -> None:
         """A tray without fabric gives None and no warning, whatever its GPUs' health says."""
