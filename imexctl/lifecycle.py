@@ -17,7 +17,7 @@ from imexctl.errors import (
     ConfigError, DeviceError, DomainBusyError, FileError, ImexctlError, UnsafeNodeError,
 )  # fmt: skip
 from imexctl.fsutil import atomic_write, ensure_dir, remove_tree
-from imexctl.gpu import Gpu, clique_key
+from imexctl.gpu import Gpu, fabric_key
 from imexctl.host import Host, ProcInfo
 from imexctl.settings import Settings
 from imexctl.slurm import JobContext, constraint_features
@@ -73,7 +73,8 @@ def _prolog(env: Mapping[str, str], rt: Runtime, t0: float) -> Dict[str, Any]:
     job = JobContext.from_env(env, need_nodes=True)
     _bind(job_id=job.job_id, node=job.node)
     skip = _gate(job, rt) or _shared(job, rt)
-    if not skip and rt.settings.get("policy", "fabric") == "nvml" and clique_key(rt.gpu.fabric_infos()) is None:
+    nvml = not skip and rt.settings.get("policy", "fabric") == "nvml"
+    if nvml and fabric_key(rt.gpu, rt.host, rt.settings, deadline=deadline, log=rt.log) is None:
         skip = "this tray has no multi-node NVLink fabric (NVML)"
     if skip:
         return _done(rt, t0, skipped=skip)

@@ -152,6 +152,9 @@ SCHEMA: Dict[str, Dict[str, Tuple[str, Parser]]] = {
         "channel_mode": ("0600", _mode),
         "channel_count": ("2048", _number(int, 2, 1 << 20)),
         "fabric": ("nvml", _choice("nvml", "none")),
+        # how long a GPU whose fabric registration is NOT_STARTED/IN_PROGRESS is waited for (docs/nvml.md)
+        "fabric_wait_s": ("20", _number(float, 0, 600)),
+        "fabric_limited": ("warn", _choice("warn", "refuse")),
     },
     "readiness": {
         "level": ("domain", _choice("local", "domain")),

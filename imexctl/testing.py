@@ -51,19 +51,25 @@ def domain_json(
 
 @dataclasses.dataclass
 class FakeGpu:
-    """Canned NVML fabric facts; ``error`` makes the query raise it."""
+    """Canned NVML fabric facts; ``error`` makes the query raise it.
+
+    ``then``: answers for the following queries, in order (the last one repeats),
+    e.g. a registration that is ``IN_PROGRESS`` first and ``COMPLETED`` later.
+    """
 
     infos: List[Optional[FabricInfo]] = dataclasses.field(
         default_factory=lambda: [FabricInfo(i, b"\x11" * 16, 7, 3, 0) for i in range(4)]
     )
     error: Optional[Exception] = None
+    then: List[List[Optional[FabricInfo]]] = dataclasses.field(default_factory=list)
     calls: int = 0
 
     def fabric_infos(self) -> List[Optional[FabricInfo]]:
         self.calls += 1
         if self.error is not None:
             raise self.error
-        return list(self.infos)
+        answers = [self.infos, *self.then]
+        return list(answers[min(self.calls, len(answers)) - 1])
 
 
 @dataclasses.dataclass

@@ -1,16 +1,22 @@
-"""gpu: the clique rule of imex.md §10.3 and the NVML adapter (over a fake pynvml module)."""
+"""gpu and nvml: the clique rule (imex.md §10.3), the fabric wait and health policy, nvml.h's layouts.
+
+The NVML calls themselves run against a stand-in library in tests/test_nvml.py.
+"""
 
 from __future__ import annotations
 
 import ctypes
-import sys
-import types
-from typing import Any, Callable, List, Optional
+import dataclasses
+from typing import Any, Dict, List, Optional
 
 import pytest
+import structlog
+from structlog.testing import capture_logs
 
+from imexctl import nvml, settings
 from imexctl.errors import GpuError
-from imexctl.gpu import FabricInfo, NvmlGpu, clique_key
+from imexctl.gpu import FABRIC_POLL_S, FabricInfo, NvmlGpu, clique_key, fabric_key
+from imexctl.testing import FakeGpu
 
 UUID_A = bytes(range(1, 17))
 UUID_B = b"\xbb" * 16
@@ -18,8 +24,9 @@ ZERO = bytes(16)
 NOT_SUPPORTED, NOT_STARTED, IN_PROGRESS, COMPLETED = 0, 1, 2, 3
 
 
-def fi(index: int = 0, uuid: bytes = UUID_A, clique: int = 7, state: int = COMPLETED, status: int = 0) -> FabricInfo:
-    return FabricInfo(index, uuid, clique, state, status)
+def fi(index: int = 0, uuid: bytes = UUID_A, clique: int = 7, state: int = COMPLETED, status: int = 0,
+       **health: Any) -> FabricInfo:  # fmt: skip
+    return FabricInfo(index, uuid, clique, state, status, **health)
 
 
 class TestCliqueKey:
@@ -47,12 +54,13 @@ class TestCliqueKey:
     @pytest.mark.parametrize("state", [NOT_STARTED, IN_PROGRESS, 7])
     def test_not_completed_is_an_error(self, state: int) -> None:
         """A GPU whose registration is not COMPLETED fails, naming the GPU and the state."""
-        with pytest.raises(GpuError, match=f"GPU 2: NVLink fabric not attached \\(state {state}\\)"):
+        name = {NOT_STARTED: "NOT_STARTED", IN_PROGRESS: "IN_PROGRESS", 7: "UNKNOWN\\(7\\)"}[state]
+        with pytest.raises(GpuError, match=f"GPU 2: NVLink fabric not attached \\(state {name}\\)"):
             clique_key([fi(0), fi(2, state=state)])
 
     def test_failed_registration_is_an_error(self) -> None:
         """A COMPLETED registration with a non-zero NVML status fails, naming the status."""
-        with pytest.raises(GpuError, match=r"GPU 1: NVLink fabric registration error \(NVML status 999\)"):
+        with pytest.raises(GpuError, match=r"GPU 1: NVLink fabric registration error \(NVML_ERROR_UNKNOWN \(999\)\)"):
             clique_key([fi(0), fi(1, status=999)])
 
     def test_error_even_with_zero_uuid(self) -> None:
@@ -70,126 +78,227 @@ class TestCliqueKey:
             clique_key([fi(0), other])
 
 
-# ---------------------------------------------------------------- NvmlGpu over a fake pynvml
-
-try:
-    import pynvml
-except ImportError:  # pragma: no cover - a declared dependency
-    pynvml = None
-
-needs_pynvml = pytest.mark.skipif(pynvml is None, reason="nvidia-ml-py (pynvml) is not installed")
+# ---------------------------------------------------------------- nvml.h layouts (values from nvml.h)
 
 
-def _fill(ref: Any, info: FabricInfo) -> None:
-    s = ref._obj  # the structure ctypes.byref() points to
-    ctypes.memmove(ctypes.addressof(s) + type(s).clusterUuid.offset, info.cluster_uuid, 16)
-    s.cliqueId, s.state, s.status = info.clique_id, info.state, info.status
+class TestLayouts:
+    @pytest.mark.parametrize(
+        ("struct", "size", "offsets"),
+        [
+            pytest.param(nvml.GpuFabricInfo, 28, {"clusterUuid": 0, "status": 16, "cliqueId": 20, "state": 24},
+                         id="legacy"),
+            pytest.param(nvml.GpuFabricInfoV2, 36, {"version": 0, "clusterUuid": 4, "status": 20, "cliqueId": 24,
+                                                    "state": 28, "healthMask": 32}, id="v2"),
+            pytest.param(nvml.GpuFabricInfoV3, 40, {"version": 0, "clusterUuid": 4, "status": 20, "cliqueId": 24,
+                                                    "state": 28, "healthMask": 32, "healthSummary": 36}, id="v3"),
+        ],
+    )  # fmt: skip
+    def test_struct_matches_nvml_h(self, struct: Any, size: int, offsets: Dict[str, int]) -> None:
+        """Each ctypes struct has nvml.h's size and field offsets (unsigned char state, 16-byte UUID)."""
+        assert ctypes.sizeof(struct) == size
+        assert {name: getattr(struct, name).offset for name, _ in struct._fields_} == offsets
+        assert getattr(struct, "clusterUuid").size == 16 and getattr(struct, "state").size == 1
+
+    def test_versions_are_nvml_struct_version(self) -> None:
+        """nvmlGpuFabricInfo_v2/_v3 are sizeof | ver << 24, as NVML_STRUCT_VERSION computes them."""
+        assert (nvml.FABRIC_INFO_V2, nvml.FABRIC_INFO_V3) == (0x02000024, 0x03000028)
+
+    def test_uuid_keeps_every_byte(self) -> None:
+        """A UUID with NUL and high bytes reads back as all 16 bytes (no C string semantics)."""
+        info = nvml.GpuFabricInfoV3(version=nvml.FABRIC_INFO_V3)
+        ctypes.memmove(ctypes.addressof(info) + 4, b"\x00\xff" * 8, 16)
+        assert bytes(info.clusterUuid) == b"\x00\xff" * 8
+
+    @pytest.mark.parametrize(
+        ("code", "text"),
+        [(0, "NVML_SUCCESS (0)"), (25, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH (25)"), (4242, "NVML return 4242")],
+    )
+    def test_return_names(self, code: int, text: str) -> None:
+        """Return codes are named as nvml.h names them, unknown ones by number."""
+        assert nvml.return_name(code) == text
 
 
-def _error(code: int) -> Exception:
-    return pynvml.NVMLError(code)  # type: ignore[no-any-return]
+# ---------------------------------------------------------------- health decoding
+
+OK_MASK = 0x2 | 0x2 << 2 | 0x2 << 4 | 0x2 << 6 | 0x1 << 8 | 0x1 << 12 | 0x1 << 14
 
 
-class FakeNvml(types.ModuleType):
-    """A stand-in for the pynvml module: real structs and error classes, scripted answers."""
+class TestDecodeHealth:
+    def test_healthy_mask_has_no_problems(self) -> None:
+        """A mask whose every field says "no problem" decodes field by field and lists no problem."""
+        health = nvml.decode_health(OK_MASK, 1)
+        assert health.problems == () and health.text() == "HEALTHY"
+        assert dict(health.fields) == {
+            "DEGRADED_BW": "FALSE", "ROUTE_RECOVERY": "FALSE", "ROUTE_UNHEALTHY": "FALSE",
+            "ACCESS_TIMEOUT_RECOVERY": "FALSE", "INCORRECT_CONFIGURATION": "NONE", "PARTITION_ASSIGNED": "TRUE",
+            "GFM_STATE": "CONNECTED",
+        }  # fmt: skip
 
-    def __init__(self, v: List[Callable[[Any], None]], legacy: Optional[List[Callable[[Any], None]]] = None,
-                 init_error: Optional[Exception] = None) -> None:  # fmt: skip
-        super().__init__("pynvml")
-        for name in ("NVMLError", "NVMLError_NotSupported", "NVMLError_ArgumentVersionMismatch",
-                     "NVMLError_FunctionNotFound", "c_nvmlGpuFabricInfo_v3_t", "c_nvmlGpuFabricInfo_t"):  # fmt: skip
-            setattr(self, name, getattr(pynvml, name))
-        self.v, self.legacy, self.init_error = v, legacy or [], init_error
-        self.log: List[str] = []
+    @pytest.mark.parametrize(
+        ("shift", "width", "value", "problem"),
+        [
+            pytest.param(0, 0x3, 1, "NVLink bandwidth degraded", id="degraded-bw"),
+            pytest.param(2, 0x3, 1, "route recovery in progress", id="route-recovery"),
+            pytest.param(4, 0x3, 1, "route unhealthy", id="route-unhealthy"),
+            pytest.param(6, 0x3, 1, "access timeout recovery in progress", id="access-timeout"),
+            pytest.param(8, 0xF, 2, "incorrect configuration: wrong system GUID", id="sysguid"),
+            pytest.param(8, 0xF, 5, "incorrect configuration: insufficient NVLinks", id="nvlinks"),
+            pytest.param(8, 0xF, 8, "incorrect configuration: GPU state invalid", id="gpu-state"),
+            pytest.param(8, 0xF, 9, "INCORRECT_CONFIGURATION has unknown value 9", id="config-unknown"),
+            pytest.param(12, 0x3, 2, "no fabric partition assigned", id="no-partition"),
+            pytest.param(14, 0x3, 2, "global fabric manager disconnected", id="gfm"),
+            pytest.param(0, 0x3, 3, "DEGRADED_BW has unknown value 3", id="bw-unknown"),
+        ],
+    )
+    def test_each_field(self, shift: int, width: int, value: int, problem: str) -> None:
+        """Each field is read at nvml.h's shift and width; its bad values become a readable problem."""
+        mask = OK_MASK & ~(width << shift) | value << shift
+        assert nvml.decode_health(mask, 2).problems == (problem,)
 
-    def nvmlInit(self) -> None:
-        self.log.append("init")
-        if self.init_error is not None:
-            raise self.init_error
+    def test_unknown_bits_are_reported(self) -> None:
+        """Bits above the known fields are listed, not dropped."""
+        assert nvml.decode_health(OK_MASK | 1 << 20, 1).problems == ("unknown health mask bits 0x100000",)
 
-    def nvmlShutdown(self) -> None:
-        self.log.append("shutdown")
-
-    def nvmlDeviceGetCount(self) -> int:
-        return len(self.v)
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
-        return index
-
-    def nvmlDeviceGetGpuFabricInfoV(self, handle: int, ref: Any) -> int:
-        assert type(ref._obj) is pynvml.c_nvmlGpuFabricInfo_v3_t and ref._obj.version == pynvml.nvmlGpuFabricInfo_v3
-        self.v[handle](ref)
-        return 0
-
-    def nvmlDeviceGetGpuFabricInfo(self, handle: int, ref: Any) -> int:
-        assert type(ref._obj) is pynvml.c_nvmlGpuFabricInfo_t
-        self.legacy[handle](ref)
-        return 0
-
-
-def answer(info: FabricInfo) -> Callable[[Any], None]:
-    return lambda ref: _fill(ref, info)
-
-
-def fail(code: int) -> Callable[[Any], None]:
-    def raise_(ref: Any) -> None:
-        raise _error(code)
-
-    return raise_
+    @pytest.mark.parametrize(
+        ("mask", "summary", "text"),
+        [(None, None, "no health summary"), (0, None, "no health summary"), (OK_MASK, 3, "LIMITED_CAPACITY"),
+         (OK_MASK, 9, "UNKNOWN(9)")],
+    )  # fmt: skip
+    def test_layouts_without_fields(self, mask: Optional[int], summary: Optional[int], text: str) -> None:
+        """Legacy has no mask, v2 no summary; an unknown summary value is shown as such."""
+        assert nvml.decode_health(mask, summary).text() == text
 
 
-@pytest.fixture
-def install(monkeypatch: pytest.MonkeyPatch) -> Callable[..., FakeNvml]:
-    def put(*args: Any, **kw: Any) -> FakeNvml:
-        fake = FakeNvml(*args, **kw)
-        monkeypatch.setitem(sys.modules, "pynvml", fake)
-        return fake
-
-    return put
+# ---------------------------------------------------------------- fabric_key: wait and health policy
 
 
-@needs_pynvml
-class TestNvmlGpu:
-    def test_reads_v3_struct_for_every_gpu(self, install: Callable[..., FakeNvml]) -> None:
-        """Each GPU's v3 fabric info becomes a FabricInfo with the full 16-byte UUID."""
-        uuid_with_nul = b"\x00\x01" + b"\xaa" * 14
-        install([answer(fi(0, uuid=uuid_with_nul)), answer(fi(1, clique=9, state=IN_PROGRESS))])
-        assert NvmlGpu().fabric_infos() == [fi(0, uuid=uuid_with_nul), fi(1, clique=9, state=IN_PROGRESS)]
+class Clock:
+    def __init__(self) -> None:
+        self.now, self.slept = 0.0, []  # type: float, List[float]
 
-    def test_not_supported_gpu_is_none(self, install: Callable[..., FakeNvml]) -> None:
-        """A GPU without fabric support is reported as None."""
-        install([fail(pynvml.NVML_ERROR_NOT_SUPPORTED), answer(fi(1))])
-        assert NvmlGpu().fabric_infos() == [None, fi(1)]
+    def monotonic(self) -> float:
+        return self.now
 
-    @pytest.mark.parametrize("code", ["NVML_ERROR_ARGUMENT_VERSION_MISMATCH", "NVML_ERROR_FUNCTION_NOT_FOUND"])
-    def test_old_driver_falls_back_to_legacy_call(self, install: Callable[..., FakeNvml], code: str) -> None:
-        """An older driver without the v3 call is asked with the legacy struct."""
-        install([fail(getattr(pynvml, code))], legacy=[answer(fi(0, clique=4))])
-        assert NvmlGpu().fabric_infos() == [fi(0, clique=4)]
-
-    def test_old_driver_not_supported_is_none(self, install: Callable[..., FakeNvml]) -> None:
-        """NOT_SUPPORTED from the legacy call means no fabric, not a failed query."""
-        install([fail(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)],
-                legacy=[fail(pynvml.NVML_ERROR_NOT_SUPPORTED)])  # fmt: skip
-        assert NvmlGpu().fabric_infos() == [None]
-
-    def test_init_failure_is_a_gpu_error(self, install: Callable[..., FakeNvml]) -> None:
-        """A driver that cannot be initialised raises GpuError, never an NVMLError."""
-        install([], init_error=_error(pynvml.NVML_ERROR_DRIVER_NOT_LOADED))
-        with pytest.raises(GpuError, match="NVML init failed"):
-            NvmlGpu().fabric_infos()
-
-    def test_query_failure_is_a_gpu_error_and_shuts_down(self, install: Callable[..., FakeNvml]) -> None:
-        """A failing query raises GpuError with the cause chained, and NVML is shut down."""
-        fake = install([fail(pynvml.NVML_ERROR_GPU_IS_LOST)])
-        with pytest.raises(GpuError, match="NVML query failed") as info:
-            NvmlGpu().fabric_infos()
-        assert isinstance(info.value.__cause__, pynvml.NVMLError)
-        assert fake.log == ["init", "shutdown"]
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
 
 
-@needs_pynvml
-def test_fabric_infos_feed_clique_key(install: Callable[..., FakeNvml]) -> None:
-    """Four GPUs registered in one clique give that clique's key end to end."""
-    install([answer(fi(i)) for i in range(4)])
-    assert clique_key(NvmlGpu().fabric_infos()) == "01020304-0506-0708-090a-0b0c0d0e0f10.7"
+def policy(**kw: Any) -> Any:
+    cfg = settings.load(None, node="t")
+    return cfg.replace(**{f"policy__{k}": v for k, v in kw.items()})
+
+
+def tray(**changes: Any) -> List[Optional[FabricInfo]]:
+    """Four healthy v3 GPUs in one clique; ``changes`` = {index: {field: value}}."""
+    return [dataclasses.replace(fi(i, health_mask=OK_MASK, health_summary=1, layout="v3"), **changes.get(f"g{i}", {}))
+            for i in range(4)]  # fmt: skip
+
+
+class TestFabricKey:
+    def test_healthy_tray(self) -> None:
+        """A healthy registered tray gives its key at once and logs one debug line with every GPU."""
+        clock = Clock()
+        with capture_logs() as logs:
+            key = fabric_key(FakeGpu(infos=tray()), clock, policy(), deadline=60, log=structlog.get_logger())
+        assert key == "01020304-0506-0708-090a-0b0c0d0e0f10.7" and clock.slept == []
+        assert [(e["event"], e["log_level"]) for e in logs] == [("gpu.fabric.read", "debug")]
+        assert logs[0]["gpus"][0] == {"gpu": 0, "state": "COMPLETED", "status": "NVML_SUCCESS (0)", "clique_id": 7,
+                                      "cluster_uuid": "01020304-0506-0708-090a-0b0c0d0e0f10", "layout": "v3",
+                                      "health": "HEALTHY"}  # fmt: skip
+
+    def test_pending_then_completed(self) -> None:
+        """A registration IN_PROGRESS is asked again every second; one info line says so."""
+        gpu = FakeGpu(infos=tray(g2={"state": IN_PROGRESS}), then=[tray(g2={"state": IN_PROGRESS}), tray()])
+        clock = Clock()
+        with capture_logs() as logs:
+            key = fabric_key(gpu, clock, policy(), deadline=60, log=structlog.get_logger())
+        assert key is not None and gpu.calls == 3 and clock.slept == [FABRIC_POLL_S] * 2
+        waiting = [e for e in logs if e["event"] == "gpu.fabric.waiting"]
+        assert len(waiting) == 1 and waiting[0]["gpus"] == {2: "IN_PROGRESS"} and waiting[0]["log_level"] == "info"
+
+    def test_wait_ends_at_the_deadline(self) -> None:
+        """The wait stops at the prolog's deadline when that comes before fabric_wait_s."""
+        clock = Clock()
+        with pytest.raises(GpuError, match=r"GPU 1: .*still NOT_STARTED after 2\.5 s"):
+            fabric_key(FakeGpu(infos=tray(g1={"state": NOT_STARTED})), clock, policy(fabric_wait_s=20.0),
+                       deadline=2.5, log=structlog.get_logger())  # fmt: skip
+        assert clock.slept == [1.0, 1.0, 0.5]
+
+    def test_zero_wait_fails_at_once(self) -> None:
+        """fabric_wait_s = 0 refuses a pending registration without sleeping (DRA strict mode)."""
+        clock = Clock()
+        with pytest.raises(GpuError, match="still IN_PROGRESS after 0.0 s"):
+            fabric_key(FakeGpu(infos=tray(g0={"state": IN_PROGRESS})), clock, policy(fabric_wait_s=0.0),
+                       deadline=60, log=structlog.get_logger())  # fmt: skip
+        assert clock.slept == []
+
+    def test_unhealthy_fails_with_reason(self) -> None:
+        """UNHEALTHY names the GPU, the decoded problems and the raw mask."""
+        mask = OK_MASK & ~(0x3 << 4) | 1 << 4
+        reason = rf"GPU 3: NVLink fabric UNHEALTHY: route unhealthy \(healthMask {mask:#x}\)"
+        with pytest.raises(GpuError, match=reason):
+            fabric_key(FakeGpu(infos=tray(g3={"health_summary": 2, "health_mask": mask})), Clock(), policy(),
+                       deadline=60, log=structlog.get_logger())  # fmt: skip
+
+    def test_unhealthy_gpu_outside_the_clique_is_ignored(self) -> None:
+        """Health counts only for GPUs that form the key (an all-zero UUID GPU is not one)."""
+        infos = tray(g3={"health_summary": 2, "cluster_uuid": ZERO})
+        assert fabric_key(FakeGpu(infos=infos), Clock(), policy(), deadline=60, log=structlog.get_logger())
+
+    @pytest.mark.parametrize("summary", [3, 9], ids=["limited", "unknown-value"])
+    def test_limited_capacity_warns_by_default(self, summary: int) -> None:
+        """LIMITED_CAPACITY (or a summary value nvml.h does not define) passes with one warning by default."""
+        with capture_logs() as logs:
+            key = fabric_key(FakeGpu(infos=tray(g1={"health_summary": summary})), Clock(), policy(), deadline=60,
+                             log=structlog.get_logger())  # fmt: skip
+        assert key is not None
+        warning = [e for e in logs if e["log_level"] == "warning"]
+        assert [e["event"] for e in warning] == ["gpu.fabric.degraded"]
+        assert warning[0]["gpus"][0]["gpu"] == 1 and "fabric_limited = warn" in warning[0]["gpus"][0]["verdict"]
+
+    def test_limited_capacity_refused_by_policy(self) -> None:
+        """With fabric_limited = refuse, LIMITED_CAPACITY fails naming the setting."""
+        with pytest.raises(GpuError, match=r"GPU 1: NVLink fabric LIMITED_CAPACITY .*fabric_limited = refuse"):
+            fabric_key(FakeGpu(infos=tray(g1={"health_summary": 3})), Clock(), policy(fabric_limited="refuse"),
+                       deadline=60, log=structlog.get_logger())  # fmt: skip
+
+    def test_v2_mask_problems_are_reported_not_judged(self) -> None:
+        """Without a summary (v2), mask problems are logged as a warning and the key stands."""
+        infos = tray(g0={"health_summary": None, "health_mask": OK_MASK & ~0x3 | 1, "layout": "v2"})
+        with capture_logs() as logs:
+            key = fabric_key(FakeGpu(infos=infos), Clock(), policy(fabric_limited="refuse"), deadline=60,
+                             log=structlog.get_logger())  # fmt: skip
+        assert key is not None
+        degraded = [e for e in logs if e["event"] == "gpu.fabric.degraded"]
+        assert degraded[0]["gpus"] == [{"gpu": 0, "health": "no health summary: NVLink bandwidth degraded",
+                                        "verdict": "no health summary from this driver; mask not judged"}]  # fmt: skip
+
+    def test_healthy_summary_with_mask_problems_passes_with_a_warning(self) -> None:
+        """A HEALTHY summary decides; problems in the mask beside it are logged."""
+        infos = tray(g2={"health_mask": OK_MASK & ~(0x3 << 2) | 1 << 2})
+        with capture_logs() as logs:
+            assert fabric_key(FakeGpu(infos=infos), Clock(), policy(), deadline=60, log=structlog.get_logger())
+        degraded = [e for e in logs if e["event"] == "gpu.fabric.degraded"]
+        assert degraded[0]["gpus"] == [{"gpu": 2, "health": "HEALTHY: route recovery in progress",
+                                        "verdict": "summary HEALTHY; mask not judged"}]  # fmt: skip
+
+    def test_no_fabric_checks_no_health(self) -> None:
+        """A tray without fabric gives None and no warning, whatever its GPUs' health says."""
+        infos: List[Optional[FabricInfo]] = [fi(i, uuid=ZERO, health_summary=2) for i in range(2)]
+        with capture_logs() as logs:
+            assert fabric_key(FakeGpu(infos=infos), Clock(), policy(), deadline=60, log=structlog.get_logger()) is None
+        assert [e["event"] for e in logs] == ["gpu.fabric.read"]
+
+
+def test_nvml_gpu_without_driver_is_an_error_naming_the_binding() -> None:
+    """On a host without libnvidia-ml, NvmlGpu raises GpuError naming nvidia-ml-py's version, never "no fabric"."""
+    pytest.importorskip("pynvml")
+    from importlib import metadata
+
+    try:
+        infos = NvmlGpu().fabric_infos()
+    except GpuError as exc:
+        assert "NVML init failed" in str(exc) and f"nvidia-ml-py {metadata.version('nvidia-ml-py')}" in str(exc)
+        return
+    pytest.skip(f"NVML initialises on this host ({len(infos)} GPUs): covered by tests/gpu")
