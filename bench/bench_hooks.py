@@ -1,3 +1,6 @@
+from imexctl.prolog import prolog
+from imexctl.runtime import Runtime
+from imexctl.teardown import epilog
 #!/usr/bin/env python3
 """Cost of the hooks: every job start waits for the prolog, every job end for the epilog.
 
@@ -73,7 +76,7 @@ def bench_processes(root: Path) -> Dict[str, Tuple[float, float]]:
     out = {
         "python -c pass (floor)": _median([py, "-c", "pass"], env),
         "import hook modules": _median(
-            [py, "-c", "import imexctl.cli, imexctl.lifecycle, imexctl.health, imexctl.settings, structlog, tenacity"],
+            [py, "-c", "import imexctl.cli, imexctl.prolog, imexctl.readiness, imexctl.settings, structlog, tenacity"],
             env),  # fmt: skip
     }
     cfg = _config(root, "jobs = partitions\npartitions = gpu\n")
@@ -107,18 +110,18 @@ def bench_simulator() -> Tuple[float, float]:
 def prolog_subprocesses(root: Path) -> int:
     import structlog
 
-    from imexctl import lifecycle, settings
-    from imexctl.testing import FakeGpu, FakeHost, job_env
+    from imexctl import settings
+    from tests.support.fakes import FakeGpu, FakeHost, job_env
 
     (root / "proc").mkdir(exist_ok=True)
     (root / "proc/devices").write_text("Character devices:\n234 nvidia-caps-imex-channels\nBlock devices:\n")
     cfg = _config(root, "[daemon]\nbackend = exec\n")
     host = FakeHost(addresses={"gb01": ["10.0.0.1"], "gb02": ["10.0.0.2"]})
     structlog.configure(logger_factory=lambda *a: structlog.ReturnLogger())
-    rt = lifecycle.Runtime(host, FakeGpu(), settings.load(cfg, node="gb01"), structlog.get_logger())
-    lifecycle.prolog(job_env(job_id=5), rt)
+    rt = Runtime(host, FakeGpu(), settings.load(cfg, node="gb01"), structlog.get_logger())
+    prolog(job_env(job_id=5), rt)
     count = len(host.calls)  # nvidia-imex-ctl -q, -N -j, and the daemon itself
-    lifecycle.epilog(job_env(job_id=5), rt)
+    epilog(job_env(job_id=5), rt)
     return count
 
 

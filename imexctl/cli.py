@@ -76,7 +76,7 @@ def main(
             return int(demo.run(trays=args.trays, fault=args.fault, keep=args.keep))
         return _with_runtime(args, env, host, gpu)
     except ImexctlError as exc:
-        if not getattr(exc, "logged", False):
+        if not exc.logged:
             _log_failure(exc)
         if args.command in ("status", "cleanup") and getattr(args, "json", False):
             _print_json(None, errors=[exc])
@@ -89,7 +89,8 @@ def main(
 
 
 def _with_runtime(args: argparse.Namespace, env: Dict[str, str], host: Any, gpu: Any) -> int:
-    from imexctl import lifecycle, settings
+    from imexctl import settings
+    from imexctl.runtime import Runtime
     from imexctl.host import RealHost
 
     host = host if host is not None else RealHost()
@@ -109,15 +110,21 @@ def _with_runtime(args: argparse.Namespace, env: Dict[str, str], host: Any, gpu:
         gpu = NvmlGpu()
     import structlog
 
-    rt = lifecycle.Runtime(host, gpu, cfg, structlog.get_logger())
+    rt = Runtime(host, gpu, cfg, structlog.get_logger())
     if args.command == "prolog":
-        lifecycle.prolog(env, rt)
+        from imexctl.prolog import prolog
+
+        prolog(env, rt)
     elif args.command == "epilog":
-        lifecycle.epilog(env, rt)
+        from imexctl.teardown import epilog
+
+        epilog(env, rt)
     elif args.command == "status":
         return _cmd_status(args, rt, node)
     elif args.command == "cleanup":
-        report = lifecycle.cleanup(rt, job_id=args.job, dry_run=args.dry_run, force=args.force)
+        from imexctl.teardown import cleanup
+
+        report = cleanup(rt, job_id=args.job, dry_run=args.dry_run, force=args.force)
         _print_json(report) if args.json else _print_cleanup(report)
     return 0
 
@@ -172,14 +179,14 @@ def _configure_logging(cfg: Any, args: argparse.Namespace, env: Mapping[str, str
 
     from imexctl.log import configure_logging
 
-    level = cfg.get("log", "level") if cfg else "info"
+    level = cfg.log.level if cfg else "info"
     log_file = cfg.paths.log_file if cfg and os.geteuid() == 0 else None
-    syslog = bool(cfg and cfg.get("log", "syslog") == "yes")
+    syslog = bool(cfg and cfg.log.syslog == "yes")
     problem = configure_logging(level=level, log_file=log_file, stderr_level="info" if args.verbose else "warning",
                                 syslog=syslog)  # fmt: skip
     context = {"hook": args.command}
     if args.command in ("prolog", "epilog"):
-        # raw values, so even a failure before the job is parsed names it; lifecycle rebinds parsed ones
+        # raw values, so even a failure before the job is parsed names it; the hooks rebind parsed ones
         context.update(job_id=env.get("SLURM_JOB_ID", "?"), node=env.get("SLURMD_NODENAME", "?"))
     structlog.contextvars.bind_contextvars(**context)
     if problem:

@@ -16,12 +16,9 @@ from typing import Dict, List, Optional, Protocol
 from imexctl.errors import CommandError, DaemonError, DomainBusyError, UnsafeNodeError
 from imexctl.fsutil import atomic_write, read_text_nofollow
 from imexctl.host import Host, ProcInfo
-from imexctl.settings import Settings
+from imexctl.settings import JobDir, Settings
 
 __all__ = ["Backend", "DaemonInfo", "ExecBackend", "SystemdBackend", "make_backend", "parse_systemctl_show"]
-
-PID_FILE = "daemon.pid"
-
 
 @dataclasses.dataclass(frozen=True)
 class DaemonInfo:
@@ -36,16 +33,16 @@ class DaemonInfo:
 class Backend(Protocol):
     """How the daemon is started and stopped."""
 
-    def start(self, job_id: int, config: Path) -> None: ...
+    def start(self, jd: JobDir) -> None: ...
 
-    def stop(self, job_id: int, config: Path) -> None: ...
+    def stop(self, jd: JobDir) -> None: ...
 
-    def info(self, job_id: int, config: Path) -> DaemonInfo: ...
+    def info(self, jd: JobDir) -> DaemonInfo: ...
 
 
 def make_backend(host: Host, settings: Settings, name: Optional[str] = None) -> Backend:
     """The backend ``name`` (default: ``[daemon] backend``)."""
-    if (name or settings.get("daemon", "backend")) == "exec":
+    if (name or settings.daemon.backend) == "exec":
         return ExecBackend(host, settings)
     return SystemdBackend(host, settings)
 
@@ -69,7 +66,7 @@ def ensure_gone(host: Host, settings: Settings, config: Path, procs: Optional[Li
         return []
     for p in procs:
         host.send_signal(p, signal.SIGTERM)
-    procs = _wait_dead(host, procs, settings.get("daemon", "kill_grace_s"))
+    procs = _wait_dead(host, procs, settings.daemon.kill_grace_s)
     killed = [p.pid for p in procs]
     for p in procs:
         host.send_signal(p, signal.SIGKILL)
@@ -94,33 +91,33 @@ class ExecBackend:
     def __init__(self, host: Host, settings: Settings) -> None:
         self.host, self.settings = host, settings
 
-    def start(self, job_id: int, config: Path) -> None:
+    def start(self, jd: JobDir) -> None:
         """Start the daemon; the pid file records ``pid start_time`` against pid reuse."""
-        argv = (self.settings.get("commands", "nvidia_imex"), "-c", str(config))
+        argv = (self.settings.commands.nvidia_imex, "-c", str(jd.config))
         try:
             proc = self.host.spawn_detached(argv, log_path=self.settings.paths.imex_log_file)
         except CommandError as exc:
             raise DaemonError(f"start IMEX daemon: {exc}") from exc
-        atomic_write(config.parent / PID_FILE, f"{proc.pid} {proc.create_time!r}\n", mode=0o600)
+        atomic_write(jd.pid_file, f"{proc.pid} {proc.create_time!r}\n", mode=0o600)
 
-    def stop(self, job_id: int, config: Path) -> None:
+    def stop(self, jd: JobDir) -> None:
         """SIGTERM the recorded daemon and wait; :func:`ensure_gone` does the rest."""
-        proc = self._recorded(config)
+        proc = self._recorded(jd)
         if proc is not None:
             self.host.send_signal(proc, signal.SIGTERM)
-            _wait_dead(self.host, [proc], self.settings.get("daemon", "stop_timeout_s"))
+            _wait_dead(self.host, [proc], self.settings.daemon.stop_timeout_s)
 
-    def info(self, job_id: int, config: Path) -> DaemonInfo:
+    def info(self, jd: JobDir) -> DaemonInfo:
         """Running or not, by the recorded pid (or by argv when the pid file is gone)."""
-        proc = self._recorded(config)
-        alive = [proc] if proc is not None and self.host.is_alive(proc) else job_processes(self.host, config)
+        proc = self._recorded(jd)
+        alive = [proc] if proc is not None and self.host.is_alive(proc) else job_processes(self.host, jd.config)
         if alive:
             return DaemonInfo("exec", "running", alive[0].pid)
         return DaemonInfo("exec", "dead" if proc is not None else "absent", None)
 
-    def _recorded(self, config: Path) -> Optional[ProcInfo]:
+    def _recorded(self, jd: JobDir) -> Optional[ProcInfo]:
         try:
-            pid_text, ctime_text = read_text_nofollow(config.parent / PID_FILE).split()
+            pid_text, ctime_text = read_text_nofollow(jd.pid_file).split()
             return ProcInfo(int(pid_text), float(ctime_text), ())
         except (OSError, ValueError):
             return None
@@ -131,15 +128,15 @@ class SystemdBackend:
 
     def __init__(self, host: Host, settings: Settings) -> None:
         self.host, self.settings = host, settings
-        self.systemctl = settings.get("commands", "systemctl")
+        self.systemctl = settings.commands.systemctl
 
     def unit(self, job_id: int) -> str:
         """The job's unit name, e.g. ``imexctl-imex@42.service``."""
-        return f"{self.settings.get('daemon', 'unit')}@{job_id}.service"
+        return f"{self.settings.daemon.unit}@{job_id}.service"
 
-    def start(self, job_id: int, config: Path) -> None:
+    def start(self, jd: JobDir) -> None:
         """Check the stock unit is off and our unit runs this config, then start it."""
-        unit, stock = self.unit(job_id), self.settings.get("daemon", "stock_unit")
+        unit, stock = self.unit(jd.job_id), self.settings.daemon.stock_unit
         shown = self._show(unit, stock)
         if shown.get(stock, {}).get("ActiveState") in ("active", "activating", "reloading"):
             raise DomainBusyError(f"{stock} is running: disable it (systemctl disable --now {stock}); "
@@ -148,21 +145,21 @@ class SystemdBackend:
         if ours.get("LoadState") != "loaded":
             raise DaemonError(f"{unit}: unit not loaded ({ours.get('LoadState', '?')}); install systemd/ units")
         exec_start = ours.get("ExecStart", "")
-        want = f"{self.settings.get('commands', 'nvidia_imex')} -c {config} "
+        want = f"{self.settings.commands.nvidia_imex} -c {jd.config} "
         if f"argv[]={want}" not in exec_start + " ":
             raise DaemonError(f"{unit}: ExecStart does not run '{want.strip()}' ({exec_start or 'none'}); "
                               "[paths] and [commands] must match the installed unit")  # fmt: skip
-        self._ctl("start", unit, timeout_s=self.settings.get("daemon", "start_timeout_s"))
+        self._ctl("start", unit, timeout_s=self.settings.daemon.start_timeout_s)
 
-    def stop(self, job_id: int, config: Path) -> None:
+    def stop(self, jd: JobDir) -> None:
         """Stop the unit (systemd escalates to SIGKILL after TimeoutStopSec) and forget failures."""
-        unit = self.unit(job_id)
-        self._ctl("stop", unit, timeout_s=self.settings.get("daemon", "stop_timeout_s") + 5)
+        unit = self.unit(jd.job_id)
+        self._ctl("stop", unit, timeout_s=self.settings.daemon.stop_timeout_s + 5)
         self._ctl("reset-failed", unit, timeout_s=10, check=False)
 
-    def info(self, job_id: int, config: Path) -> DaemonInfo:
+    def info(self, jd: JobDir) -> DaemonInfo:
         """ActiveState/SubState and MainPID of the job's unit."""
-        unit = self.unit(job_id)
+        unit = self.unit(jd.job_id)
         props = self._show(unit).get(unit, {})
         pid = int(props.get("MainPID", "0") or 0) or None
         state = f"{props.get('ActiveState', '?')}/{props.get('SubState', '?')}"

@@ -62,14 +62,14 @@ class SimRack:
     """
 
     def __init__(self, base: Path, trays: int, *, deadline_s: float = 30, channels: Optional[bool] = None,
-                 uid: Optional[int] = None) -> None:  # fmt: skip
+                 uid: Optional[int] = None, first_address: int = 11) -> None:  # fmt: skip
         self.base = base
         self.faults = base / "faults"
         self.bins = _simulator_bins(base, self.faults)
         self.channels = _can_mknod(base) if channels is None else channels
         self.uid = _demo_uid() if uid is None else uid
-        self.trays = [Tray(f"tray{i:02d}", f"127.0.0.{10 + i}", base / f"tray{i:02d}", base / f"tray{i:02d}.conf")
-                      for i in range(1, trays + 1)]  # fmt: skip
+        self.trays = [Tray(f"tray{i:02d}", f"127.0.0.{first_address - 1 + i}", base / f"tray{i:02d}",
+                           base / f"tray{i:02d}.conf") for i in range(1, trays + 1)]  # fmt: skip
         self.set_faults("")
         hosts = "".join(f"{t.address} {t.name}\n" for t in self.trays)
         for t in self.trays:

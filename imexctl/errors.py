@@ -51,6 +51,9 @@ class ImexctlError(Exception):
 
     code: ClassVar[str] = "error"
     exit_code: ClassVar[ExitCode] = ExitCode.FAILURE
+    #: set once a summary line (``prolog.done``, ``epilog.done``) reported this error,
+    #: so ``cli.main`` does not log it a second time
+    logged: bool = False
 
 
 class ConfigError(ImexctlError):

@@ -123,12 +123,12 @@ def fabric_key(gpu: Gpu, clock: Clock, settings: Settings, *, deadline: float, l
             a registration error, several cliques, or a health verdict.
     """
     start = clock.monotonic()
-    until = min(start + float(settings.get("policy", "fabric_wait_s")), deadline)
+    until = min(start + float(settings.policy.fabric_wait_s), deadline)
     infos = _wait_registered(gpu, clock, start, until, log)
     key = clique_key(infos)
     members = [i for i in infos if i is not None and i.state == STATE_COMPLETED and i.cluster_uuid != bytes(16)]
     if key is not None:
-        _judge_health(members, settings.get("policy", "fabric_limited"), log)
+        _judge_health(members, settings.policy.fabric_limited, log)
     log.debug("gpu.fabric.read", key=key, waited_s=round(clock.monotonic() - start, 3),
               gpus=[i.describe() for i in infos if i is not None])  # fmt: skip
     return key

@@ -1,6 +1,6 @@
 """Every effect imexctl has on the machine except plain files: the ``Host`` seam.
 
-``RealHost`` is thin and makes no decisions; ``imexctl.testing.FakeHost``
+``RealHost`` is thin and makes no decisions; ``tests.support.fakes.FakeHost``
 records calls and refuses what it does not know.  Foreign exceptions
 (``OSError``, ``subprocess.TimeoutExpired``, ``psutil.Error``) do not leave
 this module except as :class:`~imexctl.errors.CommandError`.

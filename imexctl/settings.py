@@ -16,7 +16,10 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from imexctl.errors import ConfigError
 
-__all__ = ["DEFAULT_CONFIG", "OWNED_IMEX_KEYS", "SCHEMA", "Paths", "Settings", "find_config", "load"]
+__all__ = [
+    "DEFAULT_CONFIG", "OWNED_IMEX_KEYS", "SCHEMA", "SECTIONS", "Commands", "Daemon", "JobDir", "Log", "Paths",
+    "PathsSection", "Policy", "Ports", "Readiness", "Resolve", "Settings", "find_config", "load",
+]  # fmt: skip
 
 DEFAULT_CONFIG = Path("/etc/imexctl/imexctl.conf")
 
@@ -115,75 +118,158 @@ def _service(v: str) -> str:
     return v
 
 
-# section -> key -> (default text, parser).  Defaults go through the parser too.
+def _key(default: str, parse: Parser) -> Any:
+    """One configuration key: its default as written in the file, and its parser."""
+    return dataclasses.field(metadata={"default": default, "parse": parse})
+
+
+# One frozen dataclass per section: the fields are the keys, typed as parsed.
+# Defaults go through the parser too.  SCHEMA (below) is derived from these and
+# is the one source of docs/configuration.md's key tables (tests/test_docs.py).
+
+
+@dataclasses.dataclass(frozen=True)
+class PathsSection:
+    """``[paths]`` as written: absolute paths, resolved under ``root`` into :class:`Paths`."""
+
+    root: str = _key("/", _abs_path)
+    run_dir: str = _key("/run/imexctl", _abs_path)
+    channel_dir: str = _key("/dev/nvidia-caps-imex-channels", _abs_path)
+    proc_devices: str = _key("/proc/devices", _abs_path)
+    log_file: str = _key("/var/log/imexctl.log", _opt_abs_path)
+    imex_log_file: str = _key("/var/log/nvidia-imex.log", _abs_path)
+    hosts_file: str = _key("/etc/imexctl/hosts", _abs_path)
+    topology_file: str = _key("", _opt_abs_path)
+    # the driver's module parameters; ImexChannelCount bounds the channel minor
+    nvidia_params: str = _key("/proc/driver/nvidia/params", _abs_path)
+
+
+@dataclasses.dataclass(frozen=True)
+class Commands:
+    """``[commands]``: absolute paths of the programs imexctl runs."""
+
+    nvidia_imex: str = _key("/usr/bin/nvidia-imex", _abs_path)
+    nvidia_imex_ctl: str = _key("/usr/bin/nvidia-imex-ctl", _abs_path)
+    systemctl: str = _key("/usr/bin/systemctl", _abs_path)
+
+
+@dataclasses.dataclass(frozen=True)
+class Daemon:
+    """``[daemon]``: how the job's daemon is started and stopped."""
+
+    backend: str = _key("systemd", _choice("systemd", "exec"))
+    unit: str = _key("imexctl-imex", _name)
+    stock_unit: str = _key("nvidia-imex.service", _service)
+    start_timeout_s: float = _key("30", _number(float, 1, 600))
+    stop_timeout_s: float = _key("15", _number(float, 1, 600))
+    kill_grace_s: float = _key("5", _number(float, 0.1, 120))
+    lock_timeout_s: float = _key("30", _number(float, 0.1, 600))
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """``[policy]``: which jobs get a domain, channels, the NVML fabric check."""
+
+    jobs: str = _key("all", _choice("all", "partitions", "feature"))
+    partitions: Tuple[str, ...] = _key("", _csv)
+    feature: str = _key("imex", _name)
+    shared: str = _key("refuse", _choice("refuse", "skip"))
+    channels: str = _key("job", _choice("job", "none"))
+    channel_mode: int = _key("0600", _mode)
+    channel_count: int = _key("2048", _number(int, 2, 1 << 20))
+    fabric: str = _key("nvml", _choice("nvml", "none"))
+    # how long a GPU whose fabric registration is NOT_STARTED/IN_PROGRESS is waited for (docs/nvml.md)
+    fabric_wait_s: float = _key("20", _number(float, 0, 600))
+    fabric_limited: str = _key("warn", _choice("warn", "refuse"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Readiness:
+    """``[readiness]``: what "ready" means and how long to wait for it."""
+
+    level: str = _key("domain", _choice("local", "domain"))
+    deadline_s: float = _key("60", _number(float, 0.1, 3600))
+    poll_initial_s: float = _key("0.03", _number(float, 0.001, 10))
+    poll_max_s: float = _key("1.0", _number(float, 0.001, 60))
+    ctl_timeout_s: float = _key("5", _number(float, 0.1, 120))
+    # how -q reaches the local daemon: "config" (nvidia-imex-ctl -c <job config>) or
+    # "ip" (-i <tray address> <command port>); -N always uses -c
+    ctl_address: str = _key("config", _choice("config", "ip"))
+    # yes: a tray whose domain is not UP only because a live peer reports itself not
+    # ready exits 0 and leaves the failure (and the drain) to that peer; Slurm may then
+    # start the batch script once before it requeues the job (docs/design.md)
+    blame_peers: str = _key("no", _choice("yes", "no"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Ports:
+    """``[ports]``: the per-job port ranges."""
+
+    server_port_range: Tuple[int, int] = _key("61000-61999", _port_range)
+    # the command service (nvidia-imex-ctl): reached over the network by -N from every tray
+    cmd_port_range: Tuple[int, int] = _key("62000-62999", _port_range)
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolve:
+    """``[resolve]``: how tray names become addresses."""
+
+    method: str = _key("dns", _choice("dns", "hosts_file"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Log:
+    """``[log]``: imexctl's own log."""
+
+    level: str = _key("info", _choice("debug", "info", "warning", "error"))
+    # also send every line to syslog (the journal on systemd hosts), ident "imexctl"
+    syslog: str = _key("no", _choice("yes", "no"))
+
+
+SECTIONS: Mapping[str, type] = {
+    "paths": PathsSection, "commands": Commands, "daemon": Daemon, "policy": Policy, "readiness": Readiness,
+    "ports": Ports, "resolve": Resolve, "log": Log,
+}  # fmt: skip
+
+# section -> key -> (default text, parser), in file order.
 SCHEMA: Dict[str, Dict[str, Tuple[str, Parser]]] = {
-    "paths": {
-        "root": ("/", _abs_path),
-        "run_dir": ("/run/imexctl", _abs_path),
-        "channel_dir": ("/dev/nvidia-caps-imex-channels", _abs_path),
-        "proc_devices": ("/proc/devices", _abs_path),
-        "log_file": ("/var/log/imexctl.log", _opt_abs_path),
-        "imex_log_file": ("/var/log/nvidia-imex.log", _abs_path),
-        "hosts_file": ("/etc/imexctl/hosts", _abs_path),
-        "topology_file": ("", _opt_abs_path),
-        # the driver's module parameters; ImexChannelCount bounds the channel minor
-        "nvidia_params": ("/proc/driver/nvidia/params", _abs_path),
-    },
-    "commands": {
-        "nvidia_imex": ("/usr/bin/nvidia-imex", _abs_path),
-        "nvidia_imex_ctl": ("/usr/bin/nvidia-imex-ctl", _abs_path),
-        "systemctl": ("/usr/bin/systemctl", _abs_path),
-    },
-    "daemon": {
-        "backend": ("systemd", _choice("systemd", "exec")),
-        "unit": ("imexctl-imex", _name),
-        "stock_unit": ("nvidia-imex.service", _service),
-        "start_timeout_s": ("30", _number(float, 1, 600)),
-        "stop_timeout_s": ("15", _number(float, 1, 600)),
-        "kill_grace_s": ("5", _number(float, 0.1, 120)),
-        "lock_timeout_s": ("30", _number(float, 0.1, 600)),
-    },
-    "policy": {
-        "jobs": ("all", _choice("all", "partitions", "feature")),
-        "partitions": ("", _csv),
-        "feature": ("imex", _name),
-        "shared": ("refuse", _choice("refuse", "skip")),
-        "channels": ("job", _choice("job", "none")),
-        "channel_mode": ("0600", _mode),
-        "channel_count": ("2048", _number(int, 2, 1 << 20)),
-        "fabric": ("nvml", _choice("nvml", "none")),
-        # how long a GPU whose fabric registration is NOT_STARTED/IN_PROGRESS is waited for (docs/nvml.md)
-        "fabric_wait_s": ("20", _number(float, 0, 600)),
-        "fabric_limited": ("warn", _choice("warn", "refuse")),
-    },
-    "readiness": {
-        "level": ("domain", _choice("local", "domain")),
-        "deadline_s": ("60", _number(float, 0.1, 3600)),
-        "poll_initial_s": ("0.03", _number(float, 0.001, 10)),
-        "poll_max_s": ("1.0", _number(float, 0.001, 60)),
-        "ctl_timeout_s": ("5", _number(float, 0.1, 120)),
-        # how -q reaches the local daemon: "config" (nvidia-imex-ctl -c <job config>) or
-        # "ip" (-i <tray address> <command port>); -N always uses -c
-        "ctl_address": ("config", _choice("config", "ip")),
-        # yes: a tray whose domain is not UP only because a live peer reports itself not
-        # ready exits 0 and leaves the failure (and the drain) to that peer; Slurm may then
-        # start the batch script once before it requeues the job (docs/design.md)
-        "blame_peers": ("no", _choice("yes", "no")),
-    },
-    "ports": {
-        "server_port_range": ("61000-61999", _port_range),
-        # the command service (nvidia-imex-ctl): reached over the network by -N from every tray
-        "cmd_port_range": ("62000-62999", _port_range),
-    },
-    "resolve": {
-        "method": ("dns", _choice("dns", "hosts_file")),
-    },
-    "log": {
-        "level": ("info", _choice("debug", "info", "warning", "error")),
-        # also send every line to syslog (the journal on systemd hosts), ident "imexctl"
-        "syslog": ("no", _choice("yes", "no")),
-    },
+    name: {f.name: (f.metadata["default"], f.metadata["parse"]) for f in dataclasses.fields(cls)}
+    for name, cls in SECTIONS.items()
 }
+
+JOB_FILES = ("config.cfg", "nodes_config.cfg", "state.json", "daemon.pid")
+
+
+@dataclasses.dataclass(frozen=True)
+class JobDir:
+    """One job's directory on a node, ``<run_dir>/jobs/<job id>/``, and every file in it."""
+
+    job_id: int
+    path: Path
+
+    @property
+    def config(self) -> Path:
+        """The daemon's complete ``config.cfg``."""
+        return self.path / "config.cfg"
+
+    @property
+    def nodes(self) -> Path:
+        """The nodes file, one address per line."""
+        return self.path / "nodes_config.cfg"
+
+    @property
+    def state(self) -> Path:
+        """What the prolog set up (``state.json``)."""
+        return self.path / "state.json"
+
+    @property
+    def pid_file(self) -> Path:
+        """The exec backend's record of the daemon (``daemon.pid``)."""
+        return self.path / "daemon.pid"
+
+    def exists(self) -> bool:
+        """Whether the directory (or anything at its path) exists."""
+        return os.path.lexists(self.path)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,33 +296,35 @@ class Paths:
         """The per-node lock serialising prologs, epilogs and cleanup."""
         return self.run_dir / "lock"
 
-    def job_dir(self, job_id: int) -> Path:
-        """The per-job directory: config.cfg, nodes_config.cfg, state.json."""
-        return self.jobs_dir / str(job_id)
+    def job(self, job_id: int) -> JobDir:
+        """The job's directory and files."""
+        return JobDir(job_id, self.jobs_dir / str(job_id))
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """The validated configuration; ``values[section][key]`` holds parsed values."""
+    """The validated configuration: one typed, frozen object per section."""
 
     source: Optional[Path]
     paths: Paths
-    values: Mapping[str, Mapping[str, Any]]
+    commands: Commands
+    daemon: Daemon
+    policy: Policy
+    readiness: Readiness
+    ports: Ports
+    resolve: Resolve
+    log: Log
     imex: Mapping[str, str]
-
-    def get(self, section: str, key: str) -> Any:
-        """Return one parsed value (KeyError for names outside the schema)."""
-        return self.values[section][key]
 
     def replace(self, **changes: Any) -> Settings:
         """Return a copy with ``section__key=value`` overrides (values already parsed)."""
-        values = {s: dict(kv) for s, kv in self.values.items()}
+        sections: Dict[str, Any] = {}
         for name, value in changes.items():
             section, _, key = name.partition("__")
-            if key not in values.get(section, {}):
+            if section == "paths" or section not in SECTIONS or key not in SCHEMA[section]:
                 raise KeyError(name)
-            values[section][key] = value
-        return dataclasses.replace(self, values=values)
+            sections[section] = dataclasses.replace(sections.get(section, getattr(self, section)), **{key: value})
+        return dataclasses.replace(self, **sections)
 
 
 def find_config(explicit: Optional[str], env: Mapping[str, str]) -> Tuple[Optional[Path], bool]:
@@ -257,14 +345,14 @@ def find_config(explicit: Optional[str], env: Mapping[str, str]) -> Tuple[Option
     return DEFAULT_CONFIG, False
 
 
-def load(path: Optional[Path], *, node: str, required: bool = True, euid: int = 0) -> Settings:
+def load(path: Optional[Path], *, node: str, required: bool = True, euid: Optional[int] = None) -> Settings:
     """Read and validate the configuration for this node.
 
     Args:
         path: the INI file, or None for built-in defaults.
         node: the Slurm node name, substituted for ``%n`` in ``[paths] root``.
         required: whether a missing file is an error (False for the default path).
-        euid: the effective uid; the file must be owned by root (or by this uid).
+        euid: the effective uid (default: this process's); the file must be owned by root or by it.
 
     Raises:
         ConfigError: naming file, section and key.
@@ -272,23 +360,23 @@ def load(path: Optional[Path], *, node: str, required: bool = True, euid: int = 
     raw: Dict[str, Dict[str, str]] = {}
     source: Optional[Path] = None
     if path is not None:
-        text = _read_config(path, required=required, euid=euid)
+        text = _read_config(path, required=required, euid=os.geteuid() if euid is None else euid)
         if text is not None:
             raw, source = _parse_ini(path, text), path
-    values: Dict[str, Dict[str, Any]] = {}
-    for section, keys in SCHEMA.items():
-        given = raw.pop(section, {})
-        values[section] = {}
-        for key, (default, parse) in keys.items():
-            text_value = given.pop(key, default)
-            values[section][key] = _parse_value(path, section, key, text_value, parse)
+    sections: Dict[str, Any] = {}
+    for name, keys in SCHEMA.items():
+        given = raw.pop(name, {})
+        values = {key: _parse_value(path, name, key, given.pop(key, default), parse)
+                  for key, (default, parse) in keys.items()}  # fmt: skip
         if given:
-            _fail(path, section, sorted(given)[0], "unknown key")
+            _fail(path, name, sorted(given)[0], "unknown key")
+        sections[name] = SECTIONS[name](**values)
     imex = _imex_section(path, raw.pop("imex", {}))
     if raw:
         _fail(path, sorted(raw)[0], None, f"unknown section (known: {', '.join([*SCHEMA, 'imex'])})")
-    _cross_check(path, values)
-    return Settings(source, _paths(values["paths"], node), values, imex)
+    _cross_check(path, sections)
+    paths = _paths(sections.pop("paths"), node)
+    return Settings(source=source, paths=paths, imex=imex, **sections)
 
 
 def _read_config(path: Path, *, required: bool, euid: int) -> Optional[str]:
@@ -347,34 +435,33 @@ def _imex_section(path: Optional[Path], given: Dict[str, str]) -> Dict[str, str]
     return out
 
 
-def _cross_check(path: Optional[Path], values: Dict[str, Dict[str, Any]]) -> None:
-    policy, readiness = values["policy"], values["readiness"]
-    if policy["jobs"] == "partitions" and not policy["partitions"]:
+def _cross_check(path: Optional[Path], sections: Mapping[str, Any]) -> None:
+    policy, readiness, ports = sections["policy"], sections["readiness"], sections["ports"]
+    if policy.jobs == "partitions" and not policy.partitions:
         _fail(path, "policy", "partitions", "must list partitions when jobs = partitions")
-    if readiness["poll_initial_s"] > readiness["poll_max_s"]:
+    if readiness.poll_initial_s > readiness.poll_max_s:
         _fail(path, "readiness", "poll_initial_s", "must not exceed poll_max_s")
-    (s_lo, s_hi), (c_lo, c_hi) = values["ports"]["server_port_range"], values["ports"]["cmd_port_range"]
+    (s_lo, s_hi), (c_lo, c_hi) = ports.server_port_range, ports.cmd_port_range
     if s_lo <= c_hi and c_lo <= s_hi:
         _fail(path, "ports", "cmd_port_range", "must not overlap server_port_range (a job needs both ports)")
 
 
-def _paths(p: Mapping[str, str], node: str) -> Paths:
-    root_text = p["root"].replace("%n", node) if "%n" in p["root"] else p["root"]
-    root = Path(root_text)
+def _paths(p: PathsSection, node: str) -> Paths:
+    root = Path(p.root.replace("%n", node))
 
     def under(v: str) -> Path:
         return root / v.lstrip("/")
 
     return Paths(
         root=root,
-        run_dir=under(p["run_dir"]),
-        channel_dir=under(p["channel_dir"]),
-        proc_devices=under(p["proc_devices"]),
-        log_file=under(p["log_file"]) if p["log_file"] else None,
-        imex_log_file=under(p["imex_log_file"]),
-        hosts_file=under(p["hosts_file"]),
-        topology_file=under(p["topology_file"]) if p["topology_file"] else None,
-        nvidia_params=under(p["nvidia_params"]),
+        run_dir=under(p.run_dir),
+        channel_dir=under(p.channel_dir),
+        proc_devices=under(p.proc_devices),
+        log_file=under(p.log_file) if p.log_file else None,
+        imex_log_file=under(p.imex_log_file),
+        hosts_file=under(p.hosts_file),
+        topology_file=under(p.topology_file) if p.topology_file else None,
+        nvidia_params=under(p.nvidia_params),
     )
 
 

@@ -9,8 +9,9 @@ from typing import Any, Dict, List
 from imexctl import daemon, devices
 from imexctl.errors import CommandError, ImexctlError
 from imexctl.fsutil import read_text_nofollow
-from imexctl.lifecycle import CONFIG_FILE, Runtime, known_jobs
-from imexctl.state import read_state
+from imexctl.runtime import Runtime
+from imexctl.nodestate import read_state
+from imexctl.teardown import known_jobs
 
 __all__ = ["collect", "render_text"]
 
@@ -34,12 +35,12 @@ def collect(rt: Runtime, node: str) -> Dict[str, Any]:
 
 def _job(job_id: int, rt: Runtime) -> Dict[str, Any]:
     host, s = rt.host, rt.settings
-    job_dir = s.paths.job_dir(job_id)
-    config, state = job_dir / CONFIG_FILE, read_state(job_dir)
+    jd = s.paths.job(job_id)
+    config, state = jd.config, read_state(jd)
     backend = daemon.make_backend(host, s, state.backend if state else None)
-    out: Dict[str, Any] = {"job_id": job_id, "job_dir": str(job_dir), "stale": []}
+    out: Dict[str, Any] = {"job_id": job_id, "job_dir": str(jd.path), "stale": []}
     try:
-        out["daemon"] = dataclasses.asdict(backend.info(job_id, config))
+        out["daemon"] = dataclasses.asdict(backend.info(jd))
     except ImexctlError as exc:
         out["daemon"] = {"error": str(exc)}
     procs = daemon.job_processes(host, config)
@@ -51,25 +52,25 @@ def _job(job_id: int, rt: Runtime) -> Dict[str, Any]:
                    addresses=list(state.addresses))  # fmt: skip
         if state.channel_minor is not None:
             out["channel"] = {"path": state.channel_path, "minor": state.channel_minor}
-    out["nodes_config"] = _read(job_dir / "nodes_config.cfg")
+    out["nodes_config"] = _read(jd.nodes)
     out["domain"] = _domain(config, rt) if procs else None
     out["running"] = host.job_is_running(job_id)
     if not out["running"]:
         out["stale"].append("job no longer runs on this node")
     if not procs:
         out["stale"].append("no daemon process")
-    if not job_dir.exists():
+    if not jd.exists():
         out["stale"].append("daemon without job directory")
     return out
 
 
 def _domain(config: Path, rt: Runtime) -> Dict[str, Any]:
-    from imexctl import imexstatus
+    from imexctl import ctloutput
 
-    argv = (rt.settings.get("commands", "nvidia_imex_ctl"), "-c", str(config), "-N", "-j")
+    argv = (rt.settings.commands.nvidia_imex_ctl, "-c", str(config), "-N", "-j")
     try:
-        done = rt.host.run(argv, timeout_s=rt.settings.get("readiness", "ctl_timeout_s"))
-        dom = imexstatus.parse_domain_json(done.stdout)
+        done = rt.host.run(argv, timeout_s=rt.settings.readiness.ctl_timeout_s)
+        dom = ctloutput.parse_domain_json(done.stdout)
     except (CommandError, ImexctlError) as exc:
         return {"error": str(exc)}
     return {

@@ -11,8 +11,9 @@ from typing import Any, Callable, Dict, Iterator
 import pytest
 import structlog
 
-from imexctl import lifecycle, settings
-from imexctl.testing import FakeGpu, FakeHost
+from imexctl import settings
+from imexctl.runtime import Runtime
+from tests.support.fakes import FakeGpu, FakeHost
 
 PROC_DEVICES = """Character devices:
   1 mem
@@ -82,6 +83,6 @@ def gpu() -> FakeGpu:
 
 
 @pytest.fixture
-def rt(host: FakeHost, gpu: FakeGpu, make_settings: Callable[..., settings.Settings]) -> lifecycle.Runtime:
+def rt(host: FakeHost, gpu: FakeGpu, make_settings: Callable[..., settings.Settings]) -> Runtime:
     """A runtime over the fakes with default test settings."""
-    return lifecycle.Runtime(host, gpu, make_settings(), structlog.get_logger())
+    return Runtime(host, gpu, make_settings(), structlog.get_logger())

@@ -14,7 +14,7 @@ import pytest
 from imexctl.cli import main
 from imexctl.errors import ExitCode
 from imexctl.settings import Settings
-from imexctl.testing import FakeGpu, FakeHost, job_env
+from tests.support.fakes import FakeGpu, FakeHost, job_env
 
 
 @pytest.fixture

@@ -9,11 +9,14 @@ from typing import Callable, List
 import pytest
 import structlog
 
-from imexctl import lifecycle, testing
-from imexctl.daemon import PID_FILE, ExecBackend, SystemdBackend, ensure_gone, make_backend, parse_systemctl_show
+from tests.support import fakes
+from imexctl.prolog import prolog
+from imexctl.runtime import Runtime
+from imexctl.teardown import epilog
+from imexctl.daemon import ExecBackend, SystemdBackend, ensure_gone, make_backend, parse_systemctl_show
 from imexctl.errors import DaemonError, DomainBusyError, UnsafeNodeError
-from imexctl.settings import Settings
-from imexctl.testing import FakeGpu, FakeHost, job_env
+from imexctl.settings import JobDir, Settings
+from tests.support.fakes import FakeGpu, FakeHost, job_env
 
 UNIT = "imexctl-imex@42.service"
 SHOW = """\
@@ -75,8 +78,13 @@ def systemd(make_settings: Callable[..., Settings]) -> Settings:
 
 
 @pytest.fixture
-def config(root: Path) -> Path:
-    return root / "run/imexctl/jobs/42/config.cfg"
+def jd(root: Path) -> JobDir:
+    return JobDir(42, root / "run/imexctl/jobs/42")
+
+
+@pytest.fixture
+def config(jd: JobDir) -> Path:
+    return jd.config
 
 
 @pytest.fixture
@@ -96,9 +104,9 @@ class TestSystemdBackend:
         assert isinstance(make_backend(shost, systemd), SystemdBackend)
         assert isinstance(make_backend(shost, systemd, "exec"), ExecBackend)
 
-    def test_start_shows_both_units_then_starts(self, shost: FakeHost, systemd: Settings, config: Path) -> None:
+    def test_start_shows_both_units_then_starts(self, shost: FakeHost, systemd: Settings, config: Path, jd: JobDir) -> None:
         """start asks systemctl show once for our unit and the stock unit, then starts our unit."""
-        SystemdBackend(shost, systemd).start(42, config)
+        SystemdBackend(shost, systemd).start(jd)
         assert shost.calls == [
             ("/usr/bin/systemctl", "show", "--property=Id,LoadState,ActiveState,SubState,MainPID,ExecStart", "--",
              UNIT, "nvidia-imex.service"),
@@ -107,73 +115,73 @@ class TestSystemdBackend:
         assert shost.units[UNIT]["ActiveState"] == "active"
 
     @pytest.mark.parametrize("state", ["active", "activating", "reloading"])
-    def test_running_stock_unit_is_busy(self, shost: FakeHost, systemd: Settings, config: Path, state: str) -> None:
+    def test_running_stock_unit_is_busy(self, shost: FakeHost, systemd: Settings, config: Path, jd: JobDir, state: str) -> None:
         """A running stock nvidia-imex.service refuses the start and says how to disable it."""
         shost.units["nvidia-imex.service"] = {"LoadState": "loaded", "ActiveState": state}
         with pytest.raises(DomainBusyError, match=r"nvidia-imex.service is running.*disable --now nvidia-imex"):
-            SystemdBackend(shost, systemd).start(42, config)
+            SystemdBackend(shost, systemd).start(jd)
         assert verbs(shost) == ["show"]
 
-    def test_failed_stock_unit_is_not_busy(self, shost: FakeHost, systemd: Settings, config: Path) -> None:
+    def test_failed_stock_unit_is_not_busy(self, shost: FakeHost, systemd: Settings, config: Path, jd: JobDir) -> None:
         """A stock unit that is loaded but failed does not block the job."""
         shost.units["nvidia-imex.service"] = {"LoadState": "loaded", "ActiveState": "failed"}
-        SystemdBackend(shost, systemd).start(42, config)
+        SystemdBackend(shost, systemd).start(jd)
         assert verbs(shost) == ["show", "start"]
 
-    def test_unit_not_loaded(self, shost: FakeHost, systemd: Settings, config: Path) -> None:
+    def test_unit_not_loaded(self, shost: FakeHost, systemd: Settings, config: Path, jd: JobDir) -> None:
         """A template unit that is not installed is a DaemonError naming the unit and its LoadState."""
         shost.units[UNIT] = {"LoadState": "not-found"}
         with pytest.raises(DaemonError, match=rf"{UNIT}: unit not loaded \(not-found\)"):
-            SystemdBackend(shost, systemd).start(42, config)
+            SystemdBackend(shost, systemd).start(jd)
         assert verbs(shost) == ["show"]
 
-    def test_exec_start_mismatch_names_both(self, host: FakeHost, systemd: Settings, config: Path) -> None:
+    def test_exec_start_mismatch_names_both(self, host: FakeHost, systemd: Settings, config: Path, jd: JobDir) -> None:
         """A unit whose ExecStart runs another config is refused, naming what we want and what it runs."""
         with pytest.raises(DaemonError) as info:
-            SystemdBackend(host, systemd).start(42, config)  # default unit_exec: /run/imexctl, not under root
+            SystemdBackend(host, systemd).start(jd)  # default unit_exec: /run/imexctl, not under root
         message = str(info.value)
         assert f"'/usr/bin/nvidia-imex -c {config}'" in message
         assert "argv[]=/usr/bin/nvidia-imex -c /run/imexctl/jobs/42/config.cfg" in message
         assert verbs(host) == ["show"]
 
-    def test_exec_start_prefix_is_not_enough(self, shost: FakeHost, systemd: Settings, config: Path) -> None:
+    def test_exec_start_prefix_is_not_enough(self, shost: FakeHost, systemd: Settings, config: Path, jd: JobDir) -> None:
         """A config path that merely starts with ours (job 420 for job 42) does not match."""
         shost.unit_exec = "/usr/bin/nvidia-imex -c " + str(config.parent) + "0/config.cfg"
         with pytest.raises(DaemonError, match="ExecStart does not run"):
-            SystemdBackend(shost, systemd).start(42, config)
+            SystemdBackend(shost, systemd).start(jd)
 
-    def test_start_failure_carries_stderr(self, shost: FakeHost, systemd: Settings, config: Path) -> None:
+    def test_start_failure_carries_stderr(self, shost: FakeHost, systemd: Settings, config: Path, jd: JobDir) -> None:
         """A failing systemctl start is a DaemonError with systemctl's stderr."""
         shost.fail_verbs.add("start")
         with pytest.raises(DaemonError, match=rf"systemctl start {UNIT}: exit 1: Job for {UNIT} failed\."):
-            SystemdBackend(shost, systemd).start(42, config)
+            SystemdBackend(shost, systemd).start(jd)
 
-    def test_show_failure(self, shost: FakeHost, systemd: Settings, config: Path) -> None:
+    def test_show_failure(self, shost: FakeHost, systemd: Settings, config: Path, jd: JobDir) -> None:
         """A failing systemctl show is a DaemonError and nothing is started."""
         shost.fail_verbs.add("show")
         with pytest.raises(DaemonError, match="systemctl show .*exit 1"):
-            SystemdBackend(shost, systemd).start(42, config)
+            SystemdBackend(shost, systemd).start(jd)
         assert verbs(shost) == ["show"]
 
-    def test_stop_stops_and_resets_failed(self, shost: FakeHost, systemd: Settings, config: Path) -> None:
+    def test_stop_stops_and_resets_failed(self, shost: FakeHost, systemd: Settings, config: Path, jd: JobDir) -> None:
         """stop stops the unit and then clears a failed state."""
         backend = SystemdBackend(shost, systemd)
-        backend.start(42, config)
-        backend.stop(42, config)
+        backend.start(jd)
+        backend.stop(jd)
         assert verbs(shost) == ["show", "start", "stop", "reset-failed"]
         assert shost.units[UNIT]["ActiveState"] == "inactive"
 
-    def test_reset_failed_error_is_ignored(self, shost: FakeHost, systemd: Settings, config: Path) -> None:
+    def test_reset_failed_error_is_ignored(self, shost: FakeHost, systemd: Settings, config: Path, jd: JobDir) -> None:
         """A failing reset-failed does not fail the stop."""
         shost.fail_verbs.add("reset-failed")
-        SystemdBackend(shost, systemd).stop(42, config)
+        SystemdBackend(shost, systemd).stop(jd)
         assert verbs(shost) == ["stop", "reset-failed"]
 
-    def test_info_reports_state_and_pid(self, shost: FakeHost, systemd: Settings, config: Path) -> None:
+    def test_info_reports_state_and_pid(self, shost: FakeHost, systemd: Settings, config: Path, jd: JobDir) -> None:
         """info shows ActiveState/SubState and MainPID of the job's unit."""
         backend = SystemdBackend(shost, systemd)
-        backend.start(42, config)
-        info = backend.info(42, config)
+        backend.start(jd)
+        info = backend.info(jd)
         assert (info.backend, info.unit, info.state.split("/")[0]) == ("systemd", UNIT, "active")
         assert info.pid == int(shost.units[UNIT]["pid"])
 
@@ -181,10 +189,10 @@ class TestSystemdBackend:
         self, shost: FakeHost, systemd: Settings, gpu: FakeGpu, root: Path
     ) -> None:
         """A prolog and epilog with backend=systemd start and stop the job's unit and leave nothing running."""
-        rt = lifecycle.Runtime(shost, gpu, systemd, structlog.get_logger())
-        lifecycle.prolog(job_env(job_id=42), rt)
+        rt = Runtime(shost, gpu, systemd, structlog.get_logger())
+        prolog(job_env(job_id=42), rt)
         assert shost.units[UNIT]["ActiveState"] == "active"
-        lifecycle.epilog(job_env(job_id=42), rt)
+        epilog(job_env(job_id=42), rt)
         assert shost.units[UNIT]["ActiveState"] == "inactive"
         assert [p for p in shost.procs.values() if p.alive] == []
         assert verbs(shost)[-2:] == ["stop", "reset-failed"]
@@ -196,52 +204,52 @@ class TestExecBackend:
     def exec_settings(self, make_settings: Callable[..., Settings]) -> Settings:
         return make_settings(daemon={"backend": "exec"})
 
-    def test_start_spawns_and_records_pid(self, host: FakeHost, exec_settings: Settings, config: Path) -> None:
+    def test_start_spawns_and_records_pid(self, host: FakeHost, exec_settings: Settings, config: Path, jd: JobDir) -> None:
         """start spawns nvidia-imex -c <config> detached and writes 'pid start_time' next to the config."""
         config.parent.mkdir(parents=True)
-        ExecBackend(host, exec_settings).start(42, config)
+        ExecBackend(host, exec_settings).start(jd)
         assert host.calls == [("spawn", "/usr/bin/nvidia-imex", "-c", str(config))]
         (pid,) = host.procs
-        assert (config.parent / PID_FILE).read_text() == f"{pid} {host.procs[pid].info.create_time!r}\n"
+        assert (config.parent / "daemon.pid").read_text() == f"{pid} {host.procs[pid].info.create_time!r}\n"
 
-    def test_info_by_pid_file(self, host: FakeHost, exec_settings: Settings, config: Path) -> None:
+    def test_info_by_pid_file(self, host: FakeHost, exec_settings: Settings, config: Path, jd: JobDir) -> None:
         """info reports the recorded daemon as running, then dead once it exited."""
         config.parent.mkdir(parents=True)
         backend = ExecBackend(host, exec_settings)
-        backend.start(42, config)
+        backend.start(jd)
         (pid,) = host.procs
-        assert (backend.info(42, config).state, backend.info(42, config).pid) == ("running", pid)
+        assert (backend.info(jd).state, backend.info(jd).pid) == ("running", pid)
         host.procs[pid].alive = False
-        assert backend.info(42, config).state == "dead"
+        assert backend.info(jd).state == "dead"
 
-    def test_info_without_pid_file(self, host: FakeHost, exec_settings: Settings, config: Path) -> None:
+    def test_info_without_pid_file(self, host: FakeHost, exec_settings: Settings, config: Path, jd: JobDir) -> None:
         """Without a pid file and without a process the daemon is absent."""
-        assert ExecBackend(host, exec_settings).info(42, config).state == "absent"
+        assert ExecBackend(host, exec_settings).info(jd).state == "absent"
 
-    def test_stop_sends_sigterm_to_recorded_pid(self, host: FakeHost, exec_settings: Settings, config: Path) -> None:
+    def test_stop_sends_sigterm_to_recorded_pid(self, host: FakeHost, exec_settings: Settings, config: Path, jd: JobDir) -> None:
         """stop sends SIGTERM to the recorded process and it is gone."""
         config.parent.mkdir(parents=True)
         backend = ExecBackend(host, exec_settings)
-        backend.start(42, config)
-        backend.stop(42, config)
+        backend.start(jd)
+        backend.stop(jd)
         (pid,) = host.procs
         assert host.signals == [(pid, signal.SIGTERM)] and not host.procs[pid].alive
 
-    def test_ensure_gone_escalates_to_sigkill(self, host: FakeHost, exec_settings: Settings, config: Path) -> None:
+    def test_ensure_gone_escalates_to_sigkill(self, host: FakeHost, exec_settings: Settings, config: Path, jd: JobDir) -> None:
         """A daemon ignoring SIGTERM is killed after kill_grace_s and its pid reported."""
         host.daemon_ignores_sigterm = True
         config.parent.mkdir(parents=True)
-        ExecBackend(host, exec_settings).start(42, config)
+        ExecBackend(host, exec_settings).start(jd)
         (pid,) = host.procs
         assert ensure_gone(host, exec_settings, config) == [pid]
         assert host.signals == [(pid, signal.SIGTERM), (pid, signal.SIGKILL)]
-        assert sum(host.slept) >= exec_settings.get("daemon", "kill_grace_s")
+        assert sum(host.slept) >= exec_settings.daemon.kill_grace_s
 
-    def test_ensure_gone_raises_for_unkillable(self, host: FakeHost, exec_settings: Settings, config: Path) -> None:
+    def test_ensure_gone_raises_for_unkillable(self, host: FakeHost, exec_settings: Settings, config: Path, jd: JobDir) -> None:
         """A daemon that survives SIGKILL makes the node unsafe."""
         host.daemon_ignores_sigterm = host.daemon_unkillable = True
         config.parent.mkdir(parents=True)
-        ExecBackend(host, exec_settings).start(42, config)
+        ExecBackend(host, exec_settings).start(jd)
         with pytest.raises(UnsafeNodeError, match="survives SIGKILL"):
             ensure_gone(host, exec_settings, config)
 

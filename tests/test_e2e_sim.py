@@ -1,13 +1,14 @@
 """End to end on the simulator: real prolog/epilog processes, real daemons, real TCP.
 
 Every simulated tray has its own root directory and loopback address
-(127.0.0.11 and up) and the same SERVER_PORT, like trays of one rack.
+(127.0.0.x from a random base) and the same SERVER_PORT, like trays of one rack.
 Each test asserts the node state afterwards: no process, file or channel left.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import os
 import shutil
 import signal
@@ -30,7 +31,9 @@ def make_rack() -> Iterator[Any]:
     racks: List[SimRack] = []
 
     def make(trays: int, deadline_s: float = 20) -> SimRack:
-        rack = SimRack(Path(tempfile.mkdtemp(prefix="imxe", dir="/tmp")), trays, deadline_s=deadline_s, uid=4242)
+        # a random 127.0.0.x base, so test runs sharing the machine do not collide on addresses and ports
+        rack = SimRack(Path(tempfile.mkdtemp(prefix="imxe", dir="/tmp")), trays, deadline_s=deadline_s, uid=4242,
+                       first_address=random.randrange(20, 250 - trays))  # fmt: skip
         racks.append(rack)
         return rack
 

@@ -16,7 +16,7 @@ from structlog.testing import capture_logs
 from imexctl import nvml, settings
 from imexctl.errors import GpuError
 from imexctl.gpu import FABRIC_POLL_S, FabricInfo, NvmlGpu, clique_key, fabric_key
-from imexctl.testing import FakeGpu
+from tests.support.fakes import FakeGpu
 
 UUID_A = bytes(range(1, 17))
 UUID_B = b"\xbb" * 16

@@ -25,11 +25,11 @@ class TestDefaults:
         """Without a file every key has its schema default and there is no source."""
         s = load(None, node="gb01")
         assert s.source is None and s.imex == {}
-        assert s.get("daemon", "backend") == "systemd"
-        assert s.get("readiness", "deadline_s") == 60.0
-        assert s.get("policy", "channel_mode") == 0o600
-        assert s.get("ports", "server_port_range") == (61000, 61999)
-        assert s.get("policy", "partitions") == ()
+        assert s.daemon.backend == "systemd"
+        assert s.readiness.deadline_s == 60.0
+        assert s.policy.channel_mode == 0o600
+        assert s.ports.server_port_range == (61000, 61999)
+        assert s.policy.partitions == ()
         assert s.paths.run_dir == Path("/run/imexctl") and s.paths.topology_file is None
 
     def test_every_default_passes_its_own_parser(self) -> None:
@@ -41,7 +41,7 @@ class TestDefaults:
     def test_missing_default_file_is_all_defaults(self, tmp_path: Path) -> None:
         """A missing file that is not required (the default path) gives the defaults."""
         s = load(tmp_path / "absent.conf", node="gb01", required=False)
-        assert s.source is None and s.get("log", "level") == "info"
+        assert s.source is None and s.log.level == "info"
 
     def test_missing_explicit_file_is_an_error(self, tmp_path: Path) -> None:
         """A missing file that was asked for is a ConfigError naming it."""
@@ -54,15 +54,15 @@ class TestDefaults:
                               "partitions = nvl72, gb200 ,\nchannel_mode = 0660\n")  # fmt: skip
         s = load(path, node="gb01")
         assert s.source == path
-        assert s.get("readiness", "deadline_s") == 90.0 and s.get("readiness", "level") == "local"
-        assert s.get("policy", "partitions") == ("nvl72", "gb200")
-        assert s.get("policy", "channel_mode") == 0o660
+        assert s.readiness.deadline_s == 90.0 and s.readiness.level == "local"
+        assert s.policy.partitions == ("nvl72", "gb200")
+        assert s.policy.channel_mode == 0o660
 
     def test_replace_overrides_parsed_values_only(self) -> None:
         """Settings.replace returns a copy with section__key changed and refuses unknown names."""
         s = load(None, node="gb01")
         t = s.replace(readiness__deadline_s=3.0)
-        assert t.get("readiness", "deadline_s") == 3.0 and s.get("readiness", "deadline_s") == 60.0
+        assert t.readiness.deadline_s == 3.0 and s.readiness.deadline_s == 60.0
         with pytest.raises(KeyError):
             s.replace(readiness__nope=1)
 
@@ -219,12 +219,12 @@ class TestFilePermissions:
         """A non-root caller may read a config it owns itself (status as that user)."""
         path = conf(tmp_path, "[log]\nlevel = debug\n")
         os.chown(path, 65534, 65534)
-        assert load(path, node="gb01", euid=65534).get("log", "level") == "debug"
+        assert load(path, node="gb01", euid=65534).log.level == "debug"
 
     def test_read_only_for_others_is_accepted(self, tmp_path: Path) -> None:
         """A root-owned 0600 file is fine."""
         path = conf(tmp_path, "[log]\nlevel = debug\n", mode=0o600)
-        assert load(path, node="gb01").get("log", "level") == "debug"
+        assert load(path, node="gb01").log.level == "debug"
 
     def test_directory_is_refused(self, tmp_path: Path) -> None:
         """A directory in place of the config file is a ConfigError."""
@@ -254,7 +254,8 @@ class TestPaths:
         assert p.imex_log_file == Path("/srv/n1/var/log/nvidia-imex.log")
         assert p.hosts_file == Path("/srv/n1/etc/imexctl/hosts")
         assert p.topology_file == Path("/srv/n1/etc/slurm/topology.conf")
-        assert p.jobs_dir == Path("/srv/n1/run/imexctl/jobs") and p.job_dir(7) == Path("/srv/n1/run/imexctl/jobs/7")
+        assert p.jobs_dir == Path("/srv/n1/run/imexctl/jobs") and p.job(7).path == Path("/srv/n1/run/imexctl/jobs/7")
+        assert p.job(7).config == Path("/srv/n1/run/imexctl/jobs/7/config.cfg") and p.job(7).job_id == 7
         assert p.lock_file == Path("/srv/n1/run/imexctl/lock")
 
     def test_percent_n_in_root_is_the_node_name(self, tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from typing import Dict, Iterator, List
 
 import pytest
 
-from imexctl.imexstatus import parse_domain_json
+from imexctl.ctloutput import parse_domain_json
 from tests.simhelpers import REPO, wait_for
 
 pytestmark = pytest.mark.skipif(

@@ -9,7 +9,7 @@ import pytest
 
 from imexctl.errors import EnvironmentError_, ExitCode, NodeListError
 from imexctl.slurm import JobContext, constraint_features
-from imexctl.testing import job_env
+from tests.support.fakes import job_env
 
 
 def env_without(*names: str, **extra: str) -> Dict[str, str]:

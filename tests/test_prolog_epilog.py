@@ -12,14 +12,16 @@ from typing import Any, Callable, List
 import pytest
 from structlog.testing import capture_logs
 
-from imexctl import lifecycle
 from imexctl.errors import (
     CommandError,
     DaemonError, DeviceError, DomainBusyError, EnvironmentError_, FileError, GpuError, HealthTimeout, ResolveError,
     UnsafeNodeError,
 )  # fmt: skip
 from imexctl.gpu import FabricInfo
-from imexctl.testing import FakeHost, domain_json, job_env
+from imexctl.prolog import prolog
+from imexctl.runtime import Runtime
+from imexctl.teardown import cleanup, epilog
+from tests.support.fakes import FakeHost, domain_json, job_env
 
 
 def events(logs: List[dict], level: str = "info") -> List[str]:
@@ -42,7 +44,7 @@ class TestProlog:
         """A 2-tray prolog writes both files, spawns the daemon, waits for UP and creates the channel."""
         host.ready_after = 3
         with capture_logs() as logs:
-            out = lifecycle.prolog(job_env(job_id=42, nodelist="gb[01-02]", node="gb01", uid=1234), rt)
+            out = prolog(job_env(job_id=42, nodelist="gb[01-02]", node="gb01", uid=1234), rt)
 
         job_dir = root / "run/imexctl/jobs/42"
         assert (job_dir / "nodes_config.cfg").read_text() == "10.0.0.1\n10.0.0.2\n"
@@ -67,7 +69,7 @@ class TestProlog:
         """A daemon that never gets READY fails the prolog within the deadline and leaves nothing."""
         host.ready_after = 10**6
         with pytest.raises(HealthTimeout, match="WAITING_FOR_PEERS"):
-            lifecycle.prolog(job_env(), rt)
+            prolog(job_env(), rt)
         assert leftovers(root) == [] and live(host) == []
         assert host.now - 1000.0 <= 5.0 + 0.5
 
@@ -75,27 +77,27 @@ class TestProlog:
         """Without the IMEX entry in /proc/devices the daemon is never started and nothing is left."""
         (root / "proc/devices").write_text("Character devices:\n195 nvidia\nBlock devices:\n")
         with pytest.raises(DeviceError, match="nvidia-caps-imex-channels"):
-            lifecycle.prolog(job_env(), rt)
+            prolog(job_env(), rt)
         assert not any(c[0] == "spawn" for c in host.calls) and leftovers(root) == []
 
     def test_unresolvable_tray_is_named(self, rt: Any, host: FakeHost, root: Path) -> None:
         """A tray without an address fails the prolog with that tray's name."""
         with pytest.raises(ResolveError, match="nope"):
-            lifecycle.prolog(job_env(nodelist="gb01,nope"), rt)
+            prolog(job_env(nodelist="gb01,nope"), rt)
         assert leftovers(root) == [] and host.calls == []
 
     def test_daemon_that_dies_fails_fast(self, rt: Any, host: FakeHost, root: Path) -> None:
         """A daemon that exits during start-up fails the prolog at once, not at the deadline."""
         host.daemon_dies = True
         with pytest.raises(DaemonError, match="exited"):
-            lifecycle.prolog(job_env(), rt)
+            prolog(job_env(), rt)
         assert host.slept == [] and leftovers(root) == []
 
     def test_not_ready_peer_fails_every_tray_and_is_named(self, rt: Any, host: FakeHost, root: Path) -> None:
         """By default a domain that is not UP fails this tray too, naming the peer that says it is not ready."""
         host.domain = lambda hosts: (0, domain_json(hosts, status="DEGRADED", node_status={1: "WAITING_FOR_PEERS"}))
         with pytest.raises(HealthTimeout, match=r"not ready: 10\.0\.0\.2"):
-            lifecycle.prolog(job_env(), rt)
+            prolog(job_env(), rt)
         assert leftovers(root) == [] and live(host) == []
 
     def test_timeout_reports_what_the_daemon_last_said(self, rt: Any, host: FakeHost, root: Path) -> None:
@@ -107,16 +109,16 @@ class TestProlog:
 
         host.domain = domain
         with pytest.raises(HealthTimeout, match=r"domain DEGRADED \(then ctl -N -j: .*not ready: 10\.0\.0\.2"):
-            lifecycle.prolog(job_env(), rt)
+            prolog(job_env(), rt)
 
     def test_blamed_peer_leaves_failure_to_that_tray(self, host: FakeHost, gpu: Any, root: Path,
                                                      make_settings: Callable[..., Any]) -> None:
         """With blame_peers = yes, a live peer reporting itself not ready lets this tray exit 0."""
-        rt = lifecycle.Runtime(host, gpu, make_settings(readiness={"blame_peers": "yes"}),
+        rt = Runtime(host, gpu, make_settings(readiness={"blame_peers": "yes"}),
                                __import__("structlog").get_logger())  # fmt: skip
         host.domain = lambda hosts: (0, domain_json(hosts, status="DEGRADED", node_status={1: "WAITING_FOR_PEERS"}))
         with capture_logs() as logs:
-            out = lifecycle.prolog(job_env(), rt)
+            out = prolog(job_env(), rt)
         assert out["blamed"] == ["10.0.0.2"] and not out["ready"]
         assert "imex.peer_blamed" in events(logs, "warning")
         assert host.now - 1000.0 < 5.0  # decided before the deadline, while the culprit still runs
@@ -125,29 +127,29 @@ class TestProlog:
         """An UNAVAILABLE peer may be our own network's fault: the prolog fails."""
         host.domain = lambda hosts: (0, domain_json(hosts, status="DEGRADED", node_status={1: "UNAVAILABLE"}))
         with pytest.raises(HealthTimeout):
-            lifecycle.prolog(job_env(), rt)
+            prolog(job_env(), rt)
         assert leftovers(root) == []
 
     def test_other_jobs_domain_is_refused_and_untouched(self, rt: Any, host: FakeHost, root: Path) -> None:
         """A prolog on a node whose domain belongs to another job fails without touching it."""
-        lifecycle.prolog(job_env(job_id=7), rt)
+        prolog(job_env(job_id=7), rt)
         before = leftovers(root)
         with pytest.raises(DomainBusyError, match="job 7"):
-            lifecycle.prolog(job_env(job_id=8), rt)
+            prolog(job_env(job_id=8), rt)
         assert leftovers(root) == before and len(live(host)) == 1
 
     def test_port_in_use_is_refused(self, rt: Any, host: FakeHost, root: Path) -> None:
         """A stale process on the job's SERVER_PORT fails the prolog before starting a daemon."""
         host.ports_in_use.add(("10.0.0.1", 61042))
         with pytest.raises(DomainBusyError, match="SERVER_PORT 10.0.0.1:61042"):
-            lifecycle.prolog(job_env(job_id=42), rt)
+            prolog(job_env(job_id=42), rt)
         assert leftovers(root) == [] and not any(c[0] == "spawn" for c in host.calls)
 
     def test_command_port_in_use_is_refused(self, rt: Any, host: FakeHost, root: Path) -> None:
         """A stale listener on the job's IMEX_CMD_PORT (on the tray's address) is refused the same way."""
         host.ports_in_use.add(("10.0.0.1", 62042))
         with pytest.raises(DomainBusyError, match="IMEX_CMD_PORT 10.0.0.1:62042"):
-            lifecycle.prolog(job_env(job_id=42), rt)
+            prolog(job_env(job_id=42), rt)
         assert leftovers(root) == [] and not any(c[0] == "spawn" for c in host.calls)
 
     @pytest.mark.parametrize(("count", "ok"), [(44, True), (43, False), (8, False)])
@@ -159,18 +161,18 @@ class TestProlog:
         params.parent.mkdir(parents=True)
         params.write_text(f"ResmanDebugLevel: 4294967295\nImexChannelCount: {count}\nCreateImexChannel0: 0\n")
         if ok:
-            assert lifecycle.prolog(job_env(job_id=42), rt)["channel"].endswith("channel43")
+            assert prolog(job_env(job_id=42), rt)["channel"].endswith("channel43")
             return
         with pytest.raises(DeviceError, match=rf"minor 43 is out of range.*NVreg_ImexChannelCount={count}"):
-            lifecycle.prolog(job_env(job_id=42), rt)
+            prolog(job_env(job_id=42), rt)
         assert leftovers(root) == [] and host.calls == []
 
     def test_ctl_address_ip_queries_the_trays_endpoint(self, host: FakeHost, gpu: Any, root: Path,
                                                        make_settings: Callable[..., Any]) -> None:
         """[readiness] ctl_address = ip: -q goes to -i <tray address> <command port>; -N keeps -c."""
-        rt = lifecycle.Runtime(host, gpu, make_settings(readiness={"ctl_address": "ip"}),
+        rt = Runtime(host, gpu, make_settings(readiness={"ctl_address": "ip"}),
                                __import__("structlog").get_logger())  # fmt: skip
-        lifecycle.prolog(job_env(job_id=42), rt)
+        prolog(job_env(job_id=42), rt)
         ctl = [c for c in host.calls if c[0].endswith("nvidia-imex-ctl")]
         assert ctl[0] == ("/usr/bin/nvidia-imex-ctl", "-i", "10.0.0.1", "62042", "-q")
         assert ctl[-1][1] == "-c" and ctl[-1][-2:] == ("-N", "-j")
@@ -178,10 +180,10 @@ class TestProlog:
     def test_policy_gate_skips_without_touching_anything(self, host: FakeHost, gpu: Any, root: Path,
                                                          make_settings: Callable[..., Any]) -> None:
         """A job outside the configured partitions exits 0 and touches nothing."""
-        rt = lifecycle.Runtime(host, gpu, make_settings(policy={"jobs": "partitions", "partitions": "nvl72"}),
+        rt = Runtime(host, gpu, make_settings(policy={"jobs": "partitions", "partitions": "nvl72"}),
                                __import__("structlog").get_logger())  # fmt: skip
         with capture_logs() as logs:
-            out = lifecycle.prolog(job_env(SLURM_JOB_PARTITION="cpu"), rt)
+            out = prolog(job_env(SLURM_JOB_PARTITION="cpu"), rt)
         assert "cpu" in out["skipped"] and host.calls == [] and gpu.calls == 0
         assert events(logs) == ["imex.skipped", "prolog.done"]
 
@@ -189,7 +191,7 @@ class TestProlog:
         """A GPU whose NVLink fabric is still registering fails the prolog before any change."""
         gpu.infos = [FabricInfo(0, b"\x11" * 16, 7, 2, 0)]
         with pytest.raises(GpuError, match="not attached"):
-            lifecycle.prolog(job_env(), rt)
+            prolog(job_env(), rt)
         assert host.calls == []
 
     def test_unwritable_job_directory_is_a_clear_error(self, rt: Any, host: FakeHost, root: Path) -> None:
@@ -198,59 +200,59 @@ class TestProlog:
         (root / "elsewhere").mkdir()
         (root / "run/imexctl/jobs").symlink_to(root / "elsewhere")
         with pytest.raises(FileError, match="jobs"):
-            lifecycle.prolog(job_env(), rt)
+            prolog(job_env(), rt)
         assert list((root / "elsewhere").iterdir()) == [] and not any(c[0] == "spawn" for c in host.calls)
 
     def test_bad_environment_is_named(self, rt: Any) -> None:
         """A job id that is not a number is reported with its variable name."""
         with pytest.raises(EnvironmentError_, match="SLURM_JOB_ID"):
-            lifecycle.prolog(job_env(SLURM_JOB_ID="4x2"), rt)
+            prolog(job_env(SLURM_JOB_ID="4x2"), rt)
 
 
 class TestEpilog:
     def test_removes_everything_and_is_idempotent(self, rt: Any, host: FakeHost, root: Path) -> None:
         """The epilog stops the daemon, removes channel and files, and a second run is a no-op."""
-        lifecycle.prolog(job_env(job_id=42), rt)
-        out = lifecycle.epilog(job_env(job_id=42), rt)
+        prolog(job_env(job_id=42), rt)
+        out = epilog(job_env(job_id=42), rt)
         assert leftovers(root) == [] and live(host) == []
         assert any("channel" in a for a in out["actions"])
-        assert lifecycle.epilog(job_env(job_id=42), rt)["actions"] == []
+        assert epilog(job_env(job_id=42), rt)["actions"] == []
 
     def test_never_touches_another_job(self, rt: Any, host: FakeHost, root: Path) -> None:
         """The epilog of a job that never ran here leaves the owner's domain alone."""
-        lifecycle.prolog(job_env(job_id=7), rt)
+        prolog(job_env(job_id=7), rt)
         before = leftovers(root)
-        assert lifecycle.epilog(job_env(job_id=8), rt)["actions"] == []
+        assert epilog(job_env(job_id=8), rt)["actions"] == []
         assert leftovers(root) == before and len(live(host)) == 1
 
     def test_sigkill_after_grace(self, rt: Any, host: FakeHost, root: Path) -> None:
         """A daemon ignoring SIGTERM is killed after the grace period."""
         host.daemon_ignores_sigterm = True
-        lifecycle.prolog(job_env(job_id=42), rt)
-        lifecycle.epilog(job_env(job_id=42), rt)
+        prolog(job_env(job_id=42), rt)
+        epilog(job_env(job_id=42), rt)
         assert [s for _, s in host.signals][-1] == signal.SIGKILL and live(host) == []
 
     def test_unkillable_daemon_fails_the_epilog(self, rt: Any, host: FakeHost, root: Path) -> None:
         """A daemon that survives SIGKILL makes the epilog fail (the node is unsafe)."""
         host.daemon_ignores_sigterm = host.daemon_unkillable = True
-        lifecycle.prolog(job_env(job_id=42), rt)
+        prolog(job_env(job_id=42), rt)
         with pytest.raises(UnsafeNodeError, match="survives"):
-            lifecycle.epilog(job_env(job_id=42), rt)
+            epilog(job_env(job_id=42), rt)
 
 
 class TestCleanup:
     def test_skips_running_jobs_unless_forced(self, rt: Any, host: FakeHost, root: Path) -> None:
         """Cleanup leaves a job that still runs here, and removes it with --force."""
-        lifecycle.prolog(job_env(job_id=42), rt)
+        prolog(job_env(job_id=42), rt)
         host.running_jobs.add(42)
-        assert lifecycle.cleanup(rt)["skipped"] and leftovers(root)
-        lifecycle.cleanup(rt, force=True)
+        assert cleanup(rt)["skipped"] and leftovers(root)
+        cleanup(rt, force=True)
         assert leftovers(root) == [] and live(host) == []
 
     def test_dry_run_changes_nothing(self, rt: Any, host: FakeHost, root: Path) -> None:
         """A dry run reports the teardown of a dead job and performs none of it."""
-        lifecycle.prolog(job_env(job_id=42), rt)
+        prolog(job_env(job_id=42), rt)
         before = leftovers(root)
-        report = lifecycle.cleanup(rt, dry_run=True)
+        report = cleanup(rt, dry_run=True)
         assert report["actions"] and all(a.startswith("would ") for a in report["actions"])
         assert leftovers(root) == before and len(live(host)) == 1

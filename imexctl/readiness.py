@@ -12,7 +12,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from imexctl import imexstatus
+from imexctl import ctloutput
 from imexctl.errors import CommandError, DaemonError, HealthTimeout, OutputError
 from imexctl.host import Host
 from imexctl.settings import Settings
@@ -32,7 +32,7 @@ class Readiness:
 
     ready: bool
     status: str
-    domain: Optional[imexstatus.DomainStatus] = None
+    domain: Optional[ctloutput.DomainStatus] = None
     blamed: Tuple[str, ...] = ()
     fatal: str = ""
     #: peers whose daemon is connected to its peers but whose command service ``-N`` could not reach
@@ -64,7 +64,7 @@ def probe(host: Host, settings: Settings, p: Probe, deadline: float = float("inf
     if rc is None:
         return Readiness(False, f"ctl -q: {out}")
     try:
-        state = imexstatus.parse_query(out)
+        state = ctloutput.parse_query(out)
     except OutputError as exc:
         return Readiness(False, f"ctl -q: {exc}")
     if state != "READY" or rc != 0:
@@ -79,7 +79,7 @@ def _domain(host: Host, settings: Settings, p: Probe, deadline: float) -> Readin
     if rc is None:
         return Readiness(False, f"ctl -N -j: {out}")
     try:
-        dom = imexstatus.parse_domain_json(out)
+        dom = ctloutput.parse_domain_json(out)
     except OutputError as exc:
         return Readiness(False, f"ctl -N -j: {exc}")
     hosts = tuple(n.host for n in sorted(dom.nodes, key=lambda n: n.node_id))
@@ -105,7 +105,7 @@ def _domain(host: Host, settings: Settings, p: Probe, deadline: float) -> Readin
     return Readiness(False, status, dom, blamed=blamed, cmd_unreachable=unreachable)
 
 
-def cmd_unreachable(dom: imexstatus.DomainStatus) -> Tuple[str, ...]:
+def cmd_unreachable(dom: ctloutput.DomainStatus) -> Tuple[str, ...]:
     """Peers ``-N`` shows UNAVAILABLE although another node is CONNECTED to them.
 
     ``nvidia-imex-ctl -N`` asks every node's command service itself; a node it
@@ -126,7 +126,7 @@ def cmd_unreachable(dom: imexstatus.DomainStatus) -> Tuple[str, ...]:
     return tuple(out)
 
 
-def _missing_links(dom: imexstatus.DomainStatus) -> str:
+def _missing_links(dom: ctloutput.DomainStatus) -> str:
     """``: 0->1 NEVER_CONNECTED, ...`` (first three), so a timeout says which links are down.
 
     The rows of UNAVAILABLE nodes are left out: the ctl could not ask them, so
@@ -146,14 +146,14 @@ def _endpoint(settings: Settings, p: Probe) -> Tuple[str, ...]:
 
     ``-N`` always gets ``-c``: it needs the nodes file and the command port from the config.
     """
-    if settings.get("readiness", "ctl_address") == "ip":
+    if settings.readiness.ctl_address == "ip":
         return ("-i", p.own_address, str(p.cmd_port))
     return ("-c", str(p.config))
 
 
 def _ctl(host: Host, settings: Settings, how: Tuple[str, ...], deadline: float, *args: str) -> Tuple[Optional[int], str]:
-    argv = (settings.get("commands", "nvidia_imex_ctl"), *how, *args)
-    timeout_s = max(0.05, min(settings.get("readiness", "ctl_timeout_s"), deadline - host.monotonic()))
+    argv = (settings.commands.nvidia_imex_ctl, *how, *args)
+    timeout_s = max(0.05, min(settings.readiness.ctl_timeout_s, deadline - host.monotonic()))
     try:
         done = host.run(argv, timeout_s=timeout_s)
     except CommandError as exc:
@@ -177,11 +177,11 @@ def wait_ready(host: Host, settings: Settings, p: Probe, *, deadline: float, log
     import tenacity
 
     start = host.monotonic()
-    initial, cap = settings.get("readiness", "poll_initial_s"), settings.get("readiness", "poll_max_s")
+    initial, cap = settings.readiness.poll_initial_s, settings.readiness.poll_max_s
     backoff = tenacity.wait_exponential(multiplier=initial, min=initial, max=cap)
 
     # the last probe still gets this long; with less left there is no point in one
-    min_probe: float = min(0.2, settings.get("readiness", "ctl_timeout_s"))
+    min_probe: float = min(0.2, settings.readiness.ctl_timeout_s)
 
     def wait(rs: tenacity.RetryCallState) -> float:
         return max(0.0, min(backoff(rs), deadline - min_probe - host.monotonic()))
@@ -193,7 +193,7 @@ def wait_ready(host: Host, settings: Settings, p: Probe, *, deadline: float, log
     # A tray that can blame a peer decides a little before the deadline, while the
     # culprit (which waits until the full deadline) still runs and can be seen.
     early = deadline - min(2.0, 0.1 * (deadline - start))
-    blame = settings.get("readiness", "blame_peers") == "yes"
+    blame = settings.readiness.blame_peers == "yes"
 
     def stop(rs: tenacity.RetryCallState) -> bool:
         now = host.monotonic()
@@ -230,7 +230,7 @@ def wait_ready(host: Host, settings: Settings, p: Probe, *, deadline: float, log
         return result
     if result.fatal:
         raise DaemonError(f"IMEX not ready: {result.fatal}")
-    table = imexstatus.format_domain_table(result.domain) if result.domain else ""
+    table = ctloutput.format_domain_table(result.domain) if result.domain else ""
     log.warning("imex.not_ready", attempts=attempts[0], waited_s=waited, status=result.status, table=table)
     if result.blamed and blame:
         return result

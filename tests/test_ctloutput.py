@@ -1,4 +1,4 @@
-"""Tests for imexctl.imexstatus: parsers of ``nvidia-imex-ctl`` output, against real samples."""
+"""Tests for imexctl.ctloutput: parsers of ``nvidia-imex-ctl`` output, against real samples."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from imexctl.errors import OutputError
-from imexctl.imexstatus import (
+from imexctl.ctloutput import (
     CONNECTION_LETTERS,
     QUERY_STATES,
     Connection,

@@ -7,9 +7,9 @@ from typing import Dict, List
 
 import pytest
 
-from imexctl.domain import domain_members, parse_hosts_file, parse_topology, resolve_all
+from imexctl.members import domain_members, parse_hosts_file, parse_topology, resolve_all
 from imexctl.errors import ConfigError, ResolveError
-from imexctl.testing import FakeHost
+from tests.support.fakes import FakeHost
 
 TOPOLOGY = """\
 # two NVL72 racks

@@ -8,17 +8,19 @@ from typing import Callable, Iterator, List, Sequence, Tuple
 import pytest
 import structlog
 
-from imexctl import health, imexconf, lifecycle
+from imexctl import imexconf, readiness
+from imexctl.prolog import prolog
+from imexctl.runtime import Runtime
 from imexctl.errors import DaemonError, HealthTimeout
 from imexctl.settings import Settings
-from imexctl.testing import FakeHost, domain_json, job_env
+from tests.support.fakes import FakeHost, domain_json, job_env
 
 ADDRESSES = ("10.0.0.1", "10.0.0.2")
 START = 1000.0  # FakeHost's clock at start
 
 
 def make_probe(root: Path, *, level: str = "domain", addresses: Sequence[str] = ADDRESSES,
-               alive: Callable[[], bool] = lambda: True) -> health.Probe:  # fmt: skip
+               alive: Callable[[], bool] = lambda: True) -> readiness.Probe:  # fmt: skip
     """Write a job's nodes file and config.cfg under ``root`` and describe the probe."""
     job_dir = root / "run/imexctl/jobs/42"
     job_dir.mkdir(parents=True, exist_ok=True)
@@ -28,12 +30,12 @@ def make_probe(root: Path, *, level: str = "domain", addresses: Sequence[str] = 
     config.write_text(imexconf.render_config(job_id=42, port=61042, bind_ip=addresses[0], nodes_path=nodes,
                                              cmd_port=62042, log_file=root / "imex.log",
                                              overrides={}))  # fmt: skip
-    return health.Probe(config, addresses[0], tuple(addresses), level, alive)
+    return readiness.Probe(config, addresses[0], tuple(addresses), level, alive)
 
 
-def wait(host: FakeHost, s: Settings, p: health.Probe) -> health.Readiness:
-    deadline = host.monotonic() + s.get("readiness", "deadline_s")
-    return health.wait_ready(host, s, p, deadline=deadline, log=structlog.get_logger())
+def wait(host: FakeHost, s: Settings, p: readiness.Probe) -> readiness.Readiness:
+    deadline = host.monotonic() + s.readiness.deadline_s
+    return readiness.wait_ready(host, s, p, deadline=deadline, log=structlog.get_logger())
 
 
 def ctl_calls(host: FakeHost, *flags: str) -> List[Tuple[str, ...]]:
@@ -135,11 +137,11 @@ class TestGarbage:
             wait(host, s, make_probe(root))
         assert info.value.attempts > 2 and len(ctl_calls(host, "-N", "-j")) == info.value.attempts
 
-    def test_garbage_through_the_prolog_rolls_back(self, rt: lifecycle.Runtime, host: FakeHost, root: Path) -> None:
+    def test_garbage_through_the_prolog_rolls_back(self, rt: Runtime, host: FakeHost, root: Path) -> None:
         """A prolog whose daemon prints garbage fails with HealthTimeout naming it and leaves no job dir."""
         host.domain = lambda hosts: (0, "Segmentation fault")
         with pytest.raises(HealthTimeout, match="not JSON.*Segmentation fault"):
-            lifecycle.prolog(job_env(), rt)
+            prolog(job_env(), rt)
         assert list((root / "run/imexctl/jobs").iterdir()) == []
 
 
@@ -151,11 +153,11 @@ class TestHang:
         with pytest.raises(HealthTimeout, match=r"ctl -q: no answer within [0-9.]+s"):
             wait(host, make_settings(readiness={"ctl_timeout_s": 1}), make_probe(root))
 
-    def test_hanging_ctl_through_the_prolog(self, rt: lifecycle.Runtime, host: FakeHost) -> None:
+    def test_hanging_ctl_through_the_prolog(self, rt: Runtime, host: FakeHost) -> None:
         """A prolog whose ctl hangs fails with HealthTimeout instead of hanging itself."""
         host.hang_ctl = True
         with pytest.raises(HealthTimeout, match="no answer"):
-            lifecycle.prolog(job_env(), rt)
+            prolog(job_env(), rt)
 
     def test_hanging_ctl_never_runs_past_the_deadline(self, host: FakeHost, make_settings: Callable[..., Settings],
                                                       root: Path) -> None:  # fmt: skip
@@ -262,7 +264,7 @@ class TestCommandServiceReachability:
         its command port is blocked between the trays."""
         s = make_settings(readiness={"deadline_s": 2})
         p = make_probe(root, addresses=("10.0.0.1", "10.0.0.2", "10.0.0.3"))
-        p = health.Probe(p.config, p.own_address, p.addresses, p.level, p.daemon_alive, 62042)
+        p = readiness.Probe(p.config, p.own_address, p.addresses, p.level, p.daemon_alive, 62042)
         host.domain = lambda hosts: (0, _unreachable_peer("CONNECTED"))
         with pytest.raises(HealthTimeout) as info:
             wait(host, s, p)
@@ -284,9 +286,9 @@ class TestCommandServiceReachability:
 
     def test_cmd_unreachable_needs_a_live_observer(self) -> None:
         """Links reported by UNAVAILABLE nodes carry no information and never mark a peer blocked."""
-        from imexctl import imexstatus
+        from imexctl import ctloutput
 
         doc = _unreachable_peer("CONNECTED").replace('"status":"READY"', '"status":"UNAVAILABLE"')
-        dom = imexstatus.parse_domain_json(doc.replace('"status": "READY"', '"status": "UNAVAILABLE"'))
-        assert health.cmd_unreachable(dom) == ()
-        assert health.cmd_unreachable(imexstatus.parse_domain_json(_unreachable_peer("CONNECTED"))) == ("10.0.0.3",)
+        dom = ctloutput.parse_domain_json(doc.replace('"status": "READY"', '"status": "UNAVAILABLE"'))
+        assert readiness.cmd_unreachable(dom) == ()
+        assert readiness.cmd_unreachable(ctloutput.parse_domain_json(_unreachable_peer("CONNECTED"))) == ("10.0.0.3",)

@@ -12,11 +12,9 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from imexctl.errors import FileError, LockTimeout
 from imexctl.fsutil import atomic_write, ensure_dir, read_text_nofollow
 from imexctl.host import Host
+from imexctl.settings import JobDir
 
 __all__ = ["JobState", "job_ids", "node_lock", "read_state", "write_state"]
-
-STATE_FILE = "state.json"
-
 
 @dataclasses.dataclass(frozen=True)
 class JobState:
@@ -37,16 +35,16 @@ class JobState:
     cmd_port: int = 0
 
 
-def write_state(job_dir: Path, state: JobState) -> None:
+def write_state(jd: JobDir, state: JobState) -> None:
     """Record the job's state atomically."""
     data = dataclasses.asdict(state)
-    atomic_write(job_dir / STATE_FILE, json.dumps(data, indent=1) + "\n", mode=0o644)
+    atomic_write(jd.state, json.dumps(data, indent=1) + "\n", mode=0o644)
 
 
-def read_state(job_dir: Path) -> Optional[JobState]:
+def read_state(jd: JobDir) -> Optional[JobState]:
     """The recorded state, or None when absent or unreadable (the epilog must cope)."""
     try:
-        data: Dict[str, Any] = json.loads(read_text_nofollow(job_dir / STATE_FILE))
+        data: Dict[str, Any] = json.loads(read_text_nofollow(jd.state))
         data["nodes"], data["addresses"] = tuple(data["nodes"]), tuple(data["addresses"])
         return JobState(**data)
     except (OSError, ValueError, TypeError, KeyError):

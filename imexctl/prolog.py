@@ -1,0 +1,242 @@
+"""The prolog: set up this tray's part of the job's IMEX domain, or undo all of it.
+
+Steps, in order (docs/design.md "The prolog, step by step"): read the job;
+policy, shared-node and fabric gates (a skipped job touches nothing); the
+tray's domain members; then, under the node lock, claim the node, resolve,
+write the files, start the daemon, wait for readiness and create the channel.
+Any failure after the claim rolls back everything through ``teardown``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+from imexctl import daemon, devices, imexconf, members
+from imexctl.errors import DomainBusyError, FileError, ImexctlError, UnsafeNodeError
+from imexctl.fsutil import atomic_write, ensure_dir
+from imexctl.gpu import fabric_key
+from imexctl.host import Host, ProcInfo
+from imexctl.runtime import Runtime, bind, log_failed
+from imexctl.settings import JobDir
+from imexctl.slurm import JobContext, constraint_features
+from imexctl.nodestate import JobState, job_ids, node_lock, write_state
+from imexctl.teardown import teardown
+
+__all__ = ["prolog"]
+
+
+def prolog(env: Mapping[str, str], rt: Runtime) -> Dict[str, Any]:
+    """Set up the job's IMEX domain on this tray, or roll back and raise.
+
+    Returns:
+        The summary logged as ``prolog.done`` (one line per run, also on failure).
+    """
+    t0 = rt.host.monotonic()
+    try:
+        return _prolog(env, rt, t0)
+    except ImexctlError as exc:
+        log_failed("prolog.done", exc, rt, t0)
+        raise
+
+
+def _prolog(env: Mapping[str, str], rt: Runtime, t0: float) -> Dict[str, Any]:
+    deadline = t0 + rt.settings.readiness.deadline_s
+    job = JobContext.from_env(env, need_nodes=True)
+    bind(job_id=job.job_id, node=job.node)
+    skip = _skip_reason(job, rt, deadline)
+    if skip:
+        return _done(rt, t0, skipped=skip)
+    trays = members.domain_members(job.nodes, job.node, rt.settings.paths.topology_file)
+    with node_lock(rt.settings.paths.lock_file, rt.host, rt.settings.daemon.lock_timeout_s):
+        rt.step("locked")
+        _claim(job, rt)
+        try:
+            summary = _setup(job, trays, rt, deadline)
+        except BaseException as exc:
+            _rollback(job.job_id, rt, exc)
+            raise
+    return _done(rt, t0, **summary)
+
+
+def _done(rt: Runtime, t0: float, *, skipped: str = "", **summary: Any) -> Dict[str, Any]:
+    out = {"ok": True, **summary, "duration_s": round(rt.host.monotonic() - t0, 3)}
+    if skipped:
+        rt.log.info("imex.skipped", reason=skipped)
+        out["skipped"] = skipped
+    rt.log.info("prolog.done", **out)
+    return out
+
+
+def _skip_reason(job: JobContext, rt: Runtime, deadline: float) -> str:
+    """Why this tray sets up nothing for the job ('' when it does): policy, shared node, no fabric."""
+    skip = _gate(job, rt) or _shared(job, rt)
+    if skip or rt.settings.policy.fabric != "nvml":
+        return skip
+    if fabric_key(rt.gpu, rt.host, rt.settings, deadline=deadline, log=rt.log) is None:
+        return "this tray has no multi-node NVLink fabric (NVML)"
+    return ""
+
+
+def _gate(job: JobContext, rt: Runtime) -> str:
+    """Why this job gets no IMEX by policy ('' when it does)."""
+    policy = rt.settings.policy
+    if policy.jobs == "partitions" and job.partition not in policy.partitions:
+        return f"partition {job.partition or '?'} is not in [policy] partitions"
+    if policy.jobs == "feature" and policy.feature not in constraint_features(job.constraints):
+        return f"job did not request feature {policy.feature!r} (--constraint)"
+    return ""
+
+
+def _shared(job: JobContext, rt: Runtime) -> str:
+    """Skip (policy ``skip``) or refuse a job that may share its nodes; '' for an exclusive job."""
+    if not job.is_shared:
+        return ""
+    why = f"job may share its nodes (SLURM_JOB_OVERSUBSCRIBE={job.oversubscribe}); IMEX needs --exclusive"
+    if rt.settings.policy.shared == "skip":
+        return why
+    raise DomainBusyError(why)
+
+
+def _claim(job: JobContext, rt: Runtime) -> None:
+    """Refuse a node whose domain is held by another job or a stray daemon; clear our own leftovers."""
+    paths = rt.settings.paths
+    others = [j for j in job_ids(paths.jobs_dir) if j != job.job_id]
+    if others:
+        raise DomainBusyError(f"this node's IMEX domain belongs to job {others[0]} "
+                              f"(run 'imexctl cleanup' if that job is gone)")  # fmt: skip
+    ours = f"{paths.job(job.job_id).path}/"
+    strays = [p for p in rt.host.processes_with_arg(f"{paths.jobs_dir}/", prefix=True)
+              if ours not in " ".join(p.cmdline)]  # fmt: skip
+    if strays:
+        raise DomainBusyError(f"a stray IMEX daemon runs (pid {strays[0].pid}: {' '.join(strays[0].cmdline)})")
+    if paths.job(job.job_id).exists():
+        rt.log.warning("state.removed", reason="leftovers of an earlier run of this job",
+                       actions=teardown(job.job_id, rt))  # fmt: skip
+
+
+def _setup(job: JobContext, trays: Tuple[str, ...], rt: Runtime, deadline: float) -> Dict[str, Any]:
+    """Resolve, write the files, start the daemon, wait for readiness, create the channel."""
+    try:
+        addresses = _resolve(trays, rt)
+        own = addresses[trays.index(job.node)]
+        channel = _plan_channel(job, rt)
+        ports = _ports(job, rt)
+        jd = _write_files(job, trays, addresses, ports, channel, rt)
+        rt.step("files_written")
+        _start(jd, own, ports, rt)
+        rt.step("daemon_started")
+        ready = _wait_ready(jd, own, addresses, ports[1], rt, deadline)
+        rt.step("ready")
+        if channel is not None:
+            _create_channel(job, *channel, rt)
+            rt.step("channel_created")
+    except OSError as exc:  # our own files: a full or read-only /run, a symlink where a directory belongs
+        raise FileError(f"{exc.filename or 'file'}: {exc.strerror or exc}") from exc
+    return {"trays": len(trays), "port": ports[0], "cmd_port": ports[1],
+            "channel": str(channel[2]) if channel else "", "ready": ready.ready,
+            "blamed": list(ready.blamed)}  # fmt: skip
+
+
+def _resolve(trays: Tuple[str, ...], rt: Runtime) -> Tuple[str, ...]:
+    s = rt.settings
+    addresses = members.resolve_all(trays, method=s.resolve.method, host=rt.host, hosts_file=s.paths.hosts_file)
+    rt.log.info("imex.nodes.resolved", trays=list(trays), addresses=list(addresses),
+                nodes_hash=imexconf.nodes_hash(addresses))  # fmt: skip
+    return addresses
+
+
+def _ports(job: JobContext, rt: Runtime) -> Tuple[int, int]:
+    """The job's ``SERVER_PORT`` and ``IMEX_CMD_PORT``, the same on every tray."""
+    ports = rt.settings.ports
+    return (imexconf.job_port(job.job_id, ports.server_port_range), imexconf.job_port(job.job_id, ports.cmd_port_range))
+
+
+def _plan_channel(job: JobContext, rt: Runtime) -> Optional[Tuple[int, int, Path]]:
+    """``(major, minor, path)`` of the job's channel, or None with ``channels = none``.
+
+    Checked before anything starts: the driver must have channels, and the
+    minor must lie below the driver's ``NVreg_ImexChannelCount``.
+    """
+    s, paths = rt.settings, rt.settings.paths
+    if s.policy.channels != "job":
+        return None
+    major = devices.read_major(paths.proc_devices)
+    minor = devices.channel_minor(job.job_id, s.policy.channel_count)
+    devices.check_minor(minor, devices.driver_channel_count(paths.nvidia_params), s.policy.channel_count)
+    return major, minor, devices.channel_path(paths.channel_dir, minor)
+
+
+def _write_files(job: JobContext, trays: Tuple[str, ...], addresses: Tuple[str, ...], ports: Tuple[int, int],
+                 channel: Optional[Tuple[int, int, Path]], rt: Runtime) -> JobDir:  # fmt: skip
+    """The nodes file, the complete config.cfg, then state.json (so teardown finds the channel)."""
+    s, jd = rt.settings, rt.settings.paths.job(job.job_id)
+    own = addresses[trays.index(job.node)]
+    ensure_dir(jd.path, 0o755)
+    atomic_write(jd.nodes, imexconf.render_nodes(addresses), mode=0o644)
+    ensure_dir(s.paths.imex_log_file.parent)
+    text = imexconf.render_config(job_id=job.job_id, port=ports[0], cmd_port=ports[1], bind_ip=own,
+                                  nodes_path=jd.nodes, log_file=s.paths.imex_log_file, overrides=s.imex)  # fmt: skip
+    atomic_write(jd.config, text, mode=0o644)
+    rt.log.info("imex.config.written", config=str(jd.config), nodes=str(jd.nodes))
+    minor, chan = (channel[1], str(channel[2])) if channel else (None, "")
+    write_state(jd, JobState(job.job_id, job.node, *job.owner, job.user, trays, addresses, ports[0],
+                             s.daemon.backend, minor, chan, rt.host.time(), ports[1]))  # fmt: skip
+    return jd
+
+
+def _start(jd: JobDir, own: str, ports: Tuple[int, int], rt: Runtime) -> None:
+    """Refuse ports that are taken (a stale daemon?), then start the daemon through the backend."""
+    for key, port in zip(("SERVER_PORT", "IMEX_CMD_PORT"), ports):
+        if rt.host.port_in_use(own, port):
+            raise DomainBusyError(f"{key} {own}:{port} is in use (a stale IMEX daemon?)")
+    daemon.make_backend(rt.host, rt.settings).start(jd)
+    rt.log.info("imex.daemon.started", backend=rt.settings.daemon.backend, port=ports[0], cmd_port=ports[1])
+
+
+def _wait_ready(jd: JobDir, own: str, addresses: Tuple[str, ...], cmd_port: int, rt: Runtime,
+                deadline: float) -> Any:  # fmt: skip
+    from imexctl import readiness
+
+    probe = readiness.Probe(jd.config, own, addresses, rt.settings.readiness.level, _alive_check(rt.host, jd.config),
+                         cmd_port)  # fmt: skip
+    ready = readiness.wait_ready(rt.host, rt.settings, probe, deadline=deadline, log=rt.log)
+    if ready.blamed:
+        rt.log.warning("imex.peer_blamed", peers=list(ready.blamed), status=ready.status)
+    return ready
+
+
+def _alive_check(host: Host, config: Path) -> Callable[[], bool]:
+    """Whether the job's daemon still runs: one process-table scan, then cheap pid checks per probe."""
+    known: List[ProcInfo] = []
+
+    def alive() -> bool:
+        if not known:
+            known.extend(daemon.job_processes(host, config))
+            return bool(known)
+        return any(host.is_alive(p) for p in known)
+
+    return alive
+
+
+def _create_channel(job: JobContext, major: int, minor: int, path: Path, rt: Runtime) -> None:
+    devices.ensure_channel_dir(path.parent)
+    if devices.remove_channel(path, minor):
+        rt.log.warning("device.channel.removed", path=str(path), reason="stale node of an earlier job")
+    mode = rt.settings.policy.channel_mode
+    uid, gid = job.owner
+    rt.host.mknod_char(path, major, minor, mode=mode, uid=uid, gid=gid)
+    rt.log.info("device.channel.created", path=str(path), major=major, minor=minor, uid=uid, mode=f"{mode:04o}")
+    others = [str(c.path) for c in devices.list_channels(path.parent) if c.minor != minor]
+    if others:
+        rt.log.warning("device.channel.foreign", channels=others)
+
+
+def _rollback(job_id: int, rt: Runtime, exc: BaseException) -> None:
+    """Undo this prolog; if that fails too the node is unsafe and says so (exit 70)."""
+    try:
+        actions = teardown(job_id, rt)
+    except ImexctlError as again:
+        rt.log.error("prolog.rolled_back", ok=False, error=str(again))
+        raise UnsafeNodeError(f"{exc}; rollback failed too: {again}") from exc
+    rt.log.warning("prolog.rolled_back", actions=actions)

@@ -1,0 +1,52 @@
+"""What every hook step receives: the seams (host, GPU), the settings and the logger."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from imexctl.errors import ImexctlError
+from imexctl.gpu import Gpu
+from imexctl.host import Host
+from imexctl.settings import Settings
+
+__all__ = ["Runtime", "bind", "log_failed"]
+
+
+def _no_step(name: str) -> None:
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Runtime:
+    """The seams every step receives.
+
+    ``on_step`` is called with a name at each step boundary of the prolog,
+    teardown and cleanup (``locked``, ``files_written``, ``daemon_started``,
+    ...); production passes nothing.  Fault-injection tests use it to kill
+    the process exactly there.
+    """
+
+    host: Host
+    gpu: Gpu
+    settings: Settings
+    log: Any
+    on_step: Callable[[str], None] = _no_step
+
+    def step(self, name: str) -> None:
+        """Mark a step boundary."""
+        self.on_step(name)
+
+
+def bind(**kw: Any) -> None:
+    """Bind fields (job id, node) to every later log line of this run."""
+    import structlog
+
+    structlog.contextvars.bind_contextvars(**kw)
+
+
+def log_failed(event: str, exc: ImexctlError, rt: Runtime, t0: float) -> None:
+    """The one summary line of a failed hook run; ``cli.main`` then logs nothing more."""
+    rt.log.error(event, ok=False, error_code=exc.code, exit_code=int(exc.exit_code), reason=str(exc),
+                 duration_s=round(rt.host.monotonic() - t0, 3))  # fmt: skip
+    exc.logged = True

@@ -1,0 +1,179 @@
+"""Teardown of one job's domain on this node, and the two commands built on it: epilog and cleanup.
+
+``teardown`` is the same code for the epilog, for a failing prolog's roll-back
+and for ``imexctl cleanup``.  It is idempotent and touches only the one job:
+stop its daemon, make sure no process of it survives, remove its channel and
+its directory.  Every step runs even if an earlier one failed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+from imexctl import daemon, devices
+from imexctl.errors import DeviceError, ImexctlError, UnsafeNodeError
+from imexctl.fsutil import remove_tree
+from imexctl.host import ProcInfo
+from imexctl.runtime import Runtime, bind, log_failed
+from imexctl.settings import JobDir
+from imexctl.slurm import JobContext
+from imexctl.nodestate import JobState, job_ids, node_lock, read_state
+
+__all__ = ["cleanup", "epilog", "known_jobs", "teardown"]
+
+
+class _Steps:
+    """Runs teardown steps, collecting what was done and what failed (or, dry, what would be done)."""
+
+    def __init__(self, dry_run: bool) -> None:
+        self.dry_run = dry_run
+        self.done: List[str] = []
+        self.problems: List[str] = []
+
+    def run(self, what: str, action: Callable[[], Any], *, fatal: bool = True) -> None:
+        if self.dry_run:
+            self.done.append(f"would {what}")
+            return
+        try:
+            if action() is not False:
+                self.done.append(what)
+        except (ImexctlError, OSError) as exc:
+            (self.problems if fatal else self.done).append(f"{what}: {exc}")
+
+
+def teardown(job_id: int, rt: Runtime, *, dry_run: bool = False) -> List[str]:
+    """Remove job ``job_id``'s daemon, channel and files from this node; idempotent.
+
+    Returns:
+        What was done (or, with ``dry_run``, what would be done).
+
+    Raises:
+        UnsafeNodeError: a daemon survived or the channel could not be removed.
+    """
+    jd, steps = rt.settings.paths.job(job_id), _Steps(dry_run)
+    state = read_state(jd)
+    if jd.exists():
+        backend = daemon.make_backend(rt.host, rt.settings, state.backend if state else None)
+        # a failed stop is only a problem if a daemon survives: the kill step decides
+        steps.run(f"stop daemon of job {job_id}", lambda: backend.stop(jd), fatal=False)
+        rt.step("daemon_stopped")
+    procs = daemon.job_processes(rt.host, jd.config)
+    if procs:
+        steps.run(f"kill daemon of job {job_id}", lambda: _kill(jd.config, procs, rt))
+    elif jd.exists() and not dry_run:
+        rt.log.info("imex.daemon.stopped", config=str(jd.config))
+    chan = _channel_of(job_id, state, rt)
+    if chan is not None:
+        steps.run(f"remove channel {chan[0]}", lambda: devices.remove_channel(*chan))
+        rt.step("channel_removed")
+    if jd.exists():
+        steps.run(f"remove {jd.path}", lambda: remove_tree(jd.path))
+    if steps.problems:
+        raise UnsafeNodeError("; ".join(steps.problems))
+    return steps.done
+
+
+def _kill(config: Path, procs: List[ProcInfo], rt: Runtime) -> None:
+    killed = daemon.ensure_gone(rt.host, rt.settings, config, procs)
+    if killed:
+        rt.log.warning("imex.daemon.killed", pids=killed, config=str(config))
+    else:
+        rt.log.info("imex.daemon.stopped", config=str(config))
+
+
+def _channel_of(job_id: int, state: Optional[JobState], rt: Runtime) -> Optional[Tuple[Path, int]]:
+    """The job's channel ``(path, minor)`` if it may be removed, else None."""
+    if state is not None:
+        return (Path(state.channel_path), state.channel_minor) if state.channel_minor is not None else None
+    if rt.settings.policy.channels != "job":
+        return None
+    # No state (the prolog died early): our minor, unless another job's state claims it.
+    paths = rt.settings.paths
+    minor = devices.channel_minor(job_id, rt.settings.policy.channel_count)
+    path = devices.channel_path(paths.channel_dir, minor)
+    for other in job_ids(paths.jobs_dir):
+        st = read_state(paths.job(other))
+        if other != job_id and (st is None or st.channel_minor == minor):
+            return None
+    return (path, minor) if os.path.lexists(path) else None
+
+
+def epilog(env: Mapping[str, str], rt: Runtime) -> Dict[str, Any]:
+    """Tear down this job's domain on this node; safe after a failed or missing prolog."""
+    t0 = rt.host.monotonic()
+    try:
+        job = JobContext.from_env(env, need_nodes=False)
+        bind(job_id=job.job_id, node=job.node)
+        actions: List[str] = []
+        if _left_anything(rt.settings.paths.job(job.job_id), rt):
+            with node_lock(rt.settings.paths.lock_file, rt.host, rt.settings.daemon.lock_timeout_s):
+                actions = teardown(job.job_id, rt)
+    except ImexctlError as exc:
+        log_failed("epilog.done", exc, rt, t0)
+        raise
+    out = {"ok": True, "actions": actions, "duration_s": round(rt.host.monotonic() - t0, 3)}
+    rt.log.info("epilog.done", **out)
+    return out
+
+
+def _left_anything(jd: JobDir, rt: Runtime) -> bool:
+    """Whether the job left anything here.  Most jobs never had a domain on a tray: their epilog
+    takes no lock, so it never waits for another job's prolog."""
+    return jd.exists() or bool(daemon.job_processes(rt.host, jd.config)) or _channel_of(jd.job_id, None, rt) is not None
+
+
+def cleanup(rt: Runtime, *, job_id: Optional[int] = None, dry_run: bool = False, force: bool = False) -> Dict[str, Any]:
+    """Reset the node after failed jobs: tear down every job no longer running here.
+
+    A job counts as running while it has a slurmstepd or a cgroup on this node
+    (decided locally; slurmctld is never asked).  ``force`` tears down running
+    jobs too.  Stray channels (not channel0) are removed when imexctl owns channels.
+    """
+    report: Dict[str, Any] = {"dry_run": dry_run, "actions": [], "skipped": [], "errors": []}
+    with node_lock(rt.settings.paths.lock_file, rt.host, rt.settings.daemon.lock_timeout_s):
+        for jid in [job_id] if job_id is not None else known_jobs(rt):
+            if rt.host.job_is_running(jid) and not force:
+                report["skipped"].append(f"job {jid} still runs on this node (use --force)")
+                continue
+            try:
+                report["actions"] += teardown(jid, rt, dry_run=dry_run)
+            except UnsafeNodeError as exc:
+                report["errors"].append(str(exc))
+        if job_id is None and rt.settings.policy.channels == "job":
+            report["actions"] += _remove_stray_channels(rt, dry_run)
+    rt.log.info("cleanup.done", **report)
+    if report["errors"]:
+        raise UnsafeNodeError("; ".join(report["errors"]))
+    return report
+
+
+def known_jobs(rt: Runtime) -> List[int]:
+    """Jobs with a directory or a daemon process under this node's jobs directory."""
+    jobs = set(job_ids(rt.settings.paths.jobs_dir))
+    prefix = f"{rt.settings.paths.jobs_dir}/"
+    for proc in rt.host.processes_with_arg(prefix, prefix=True):
+        for arg in proc.cmdline:
+            head = arg[len(prefix):].split("/", 1)[0] if arg.startswith(prefix) else ""
+            if head.isdigit():
+                jobs.add(int(head))
+    return sorted(jobs)
+
+
+def _remove_stray_channels(rt: Runtime, dry_run: bool) -> List[str]:
+    paths = rt.settings.paths
+    claimed = {st.channel_minor for j in job_ids(paths.jobs_dir) if (st := read_state(paths.job(j)))}
+    out = []
+    for chan in devices.list_channels(paths.channel_dir):
+        if chan.minor == 0 or chan.minor in claimed:
+            continue
+        if dry_run:
+            out.append(f"would remove stray channel {chan.path}")
+            continue
+        try:
+            devices.remove_channel(chan.path, chan.minor)
+            out.append(f"remove stray channel {chan.path}")
+        except DeviceError as exc:
+            out.append(f"could not remove {chan.path}: {exc}")
+    return out

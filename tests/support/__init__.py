@@ -1,0 +1,1 @@
+"""Test-only code: fakes for the Host and Gpu seams, job environments and ctl documents."""
