@@ -1,6 +1,3 @@
-from imexctl.prolog import prolog
-from imexctl.runtime import Runtime
-from imexctl.teardown import epilog
 #!/usr/bin/env python3
 """Cost of the hooks: every job start waits for the prolog, every job end for the epilog.
 
@@ -111,6 +108,9 @@ def prolog_subprocesses(root: Path) -> int:
     import structlog
 
     from imexctl import settings
+    from imexctl.prolog import prolog
+    from imexctl.runtime import Runtime
+    from imexctl.teardown import epilog
     from tests.support.fakes import FakeGpu, FakeHost, job_env
 
     (root / "proc").mkdir(exist_ok=True)
