@@ -97,7 +97,7 @@ def _with_runtime(args: argparse.Namespace, env: Dict[str, str], host: Any, gpu:
     node = env.get("SLURMD_NODENAME") or _short_hostname()
     path, required = settings.find_config(args.config, env)
     try:
-        cfg = settings.load(path, node=node, required=required, euid=host.euid())
+        cfg = settings.load(path, node=node, required=required)
     except ImexctlError:
         _configure_logging(None, args, env)  # no log file known: the error goes to stderr
         raise

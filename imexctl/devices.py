@@ -140,13 +140,13 @@ def channel_path(channel_dir: Path, minor: int) -> Path:
 
 
 def ensure_channel_dir(channel_dir: Path) -> None:
-    """Create the channel directory (0755, root) and refuse one anybody else can write."""
+    """Create the channel directory (0755) and refuse one that anybody but us (root) can write."""
     try:
         ensure_dir(channel_dir, 0o755)
         st = os.lstat(channel_dir)
     except OSError as exc:
         raise DeviceError(f"cannot create {channel_dir}: {exc.strerror}") from exc
-    if st.st_uid != 0 or st.st_mode & 0o022:
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
         raise DeviceError(f"{channel_dir} must be owned by root and not group/world writable")
 
 

@@ -77,6 +77,15 @@ def host() -> FakeHost:
 
 
 @pytest.fixture
+def real_nodes(host: FakeHost) -> FakeHost:
+    """The host fixture, making the channel nodes it is asked for for real (root only)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: creating and removing real character device nodes needs CAP_MKNOD")
+    host.real_nodes = True
+    return host
+
+
+@pytest.fixture
 def gpu() -> FakeGpu:
     """A tray whose 4 GPUs all sit in one registered NVLink clique."""
     return FakeGpu()

@@ -15,6 +15,7 @@ from imexctl.cli import main
 from imexctl.errors import ExitCode
 from imexctl.settings import Settings
 from tests.support.fakes import FakeGpu, FakeHost, job_env
+from tests.support.privileges import needs_mknod
 
 
 @pytest.fixture
@@ -133,9 +134,10 @@ class TestHooks:
 
 
 class TestStatus:
-    def test_json_after_prolog_running_job(self, cfg: str, host: FakeHost, root: Path,
+    def test_json_after_prolog_running_job(self, cfg: str, real_nodes: FakeHost, root: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
         """status --json after a prolog shows the job, its channel and nothing stale while the job runs."""
+        host = real_nodes
         assert run(cfg, "prolog", host=host) == 0
         host.running_jobs.add(42)
         capsys.readouterr()
@@ -159,6 +161,7 @@ class TestStatus:
         assert run(cfg, "status", "--json", host=host) == 0
         assert envelope(capsys)["data"]["stale"] == ["job 42: job no longer runs on this node"]
 
+    @needs_mknod
     def test_json_lists_stray_channel(self, cfg: str, host: FakeHost, root: Path,
                                       capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
         """A channel node no job claims is reported as stale."""

@@ -14,6 +14,7 @@ from imexctl.devices import (
     remove_channel,
 )  # fmt: skip
 from imexctl.errors import DeviceError
+from tests.support.privileges import needs_chown, needs_mknod
 
 PROC = """Character devices:
   1 mem
@@ -116,7 +117,7 @@ class TestEnsureChannelDir:
         finally:
             os.umask(old)
         st = os.lstat(d)
-        assert stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o755
+        assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == 0o755
 
     def test_refuses_symlink(self, tmp_path: Path) -> None:
         """A symlink in place of the directory is refused."""
@@ -134,6 +135,7 @@ class TestEnsureChannelDir:
         with pytest.raises(DeviceError, match="not group/world writable"):
             ensure_channel_dir(d)
 
+    @needs_chown
     def test_refuses_directory_not_owned_by_root(self, tmp_path: Path) -> None:
         """A directory owned by another uid is refused."""
         d = tmp_path / "chan"
@@ -144,6 +146,7 @@ class TestEnsureChannelDir:
 
 
 class TestListChannels:
+    @needs_mknod
     def test_lists_character_devices_sorted_by_minor(self, tmp_path: Path) -> None:
         """Only channel* character devices are listed, sorted by minor, with owner and mode."""
         mkchr(tmp_path / "channel7", 234, 7, 0o600)
@@ -165,6 +168,7 @@ class TestListChannels:
 
 
 class TestRemoveChannel:
+    @needs_mknod
     def test_removes_expected_device(self, tmp_path: Path) -> None:
         """The job's character device with the expected minor is removed."""
         path = mkchr(tmp_path / "channel43", 234, 43)
@@ -182,6 +186,7 @@ class TestRemoveChannel:
             remove_channel(tmp_path / "channel43", 43)
         assert (tmp_path / "channel43").read_text() == "x"
 
+    @needs_mknod
     def test_refuses_wrong_minor(self, tmp_path: Path) -> None:
         """A device with another minor is another job's channel and is left alone."""
         path = mkchr(tmp_path / "channel43", 234, 44)
@@ -189,6 +194,7 @@ class TestRemoveChannel:
             remove_channel(path, 43)
         assert os.path.lexists(path)
 
+    @needs_mknod
     def test_refuses_symlink(self, tmp_path: Path) -> None:
         """A symlink to a matching device is not followed and not removed."""
         target = mkchr(tmp_path / "real", 234, 43)

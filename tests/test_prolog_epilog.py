@@ -54,9 +54,7 @@ class TestProlog:
         assert "IMEX_CMD_UNIX_DOMAIN_PATH=" in cfg
         assert ("spawn", "/usr/bin/nvidia-imex", "-c", f"{job_dir}/config.cfg") in host.calls
         chan = root / "dev/nvidia-caps-imex-channels/channel43"
-        st = os.lstat(chan)
-        assert stat.S_ISCHR(st.st_mode) and os.major(st.st_rdev) == 234 and os.minor(st.st_rdev) == 43
-        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (1234, 0o600)
+        assert host.mknods == [(str(chan), 234, 43, 0o600, 1234, 1234)]
         assert host.slept == [0.03, 0.06]
         assert out["ok"] and (out["port"], out["cmd_port"]) == (61042, 62042) and out["ready"]
         assert json.loads((job_dir / "state.json").read_text())["cmd_port"] == 62042
@@ -210,8 +208,9 @@ class TestProlog:
 
 
 class TestEpilog:
-    def test_removes_everything_and_is_idempotent(self, rt: Any, host: FakeHost, root: Path) -> None:
+    def test_removes_everything_and_is_idempotent(self, rt: Any, real_nodes: FakeHost, root: Path) -> None:
         """The epilog stops the daemon, removes channel and files, and a second run is a no-op."""
+        host = real_nodes
         prolog(job_env(job_id=42), rt)
         out = epilog(job_env(job_id=42), rt)
         assert leftovers(root) == [] and live(host) == []

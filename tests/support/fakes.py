@@ -98,6 +98,7 @@ class FakeHost:
     daemon_unkillable: bool = False
     daemon_dies: bool = False
     euid_value: int = 0
+    real_nodes: bool = False
     calls: List[Tuple[str, ...]] = dataclasses.field(default_factory=list)
     slept: List[float] = dataclasses.field(default_factory=list)
     signals: List[Tuple[int, int]] = dataclasses.field(default_factory=list)
@@ -221,13 +222,16 @@ class FakeHost:
         return (address, port) in self.ports_in_use
 
     def mknod_char(self, path: Path, major: int, minor: int, *, mode: int, uid: int, gid: int) -> None:
+        """Record the device node the product asked for.  Only with ``real_nodes`` (root-only
+        tests, see the ``real_nodes`` fixture) is the node really made, for teardown to find."""
         self.mknods.append((str(path), major, minor, mode, uid, gid))
-        old = os.umask(0)
-        try:
-            os.mknod(path, stat.S_IFCHR | mode, os.makedev(major, minor))
-            os.chown(path, uid, gid, follow_symlinks=False)
-        finally:
-            os.umask(old)
+        if self.real_nodes:
+            old = os.umask(0)
+            try:
+                os.mknod(path, stat.S_IFCHR | mode, os.makedev(major, minor))
+                os.chown(path, uid, gid, follow_symlinks=False)
+            finally:
+                os.umask(old)
 
     # -- clock and identity
     def monotonic(self) -> float:
