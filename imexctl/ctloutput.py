@@ -19,8 +19,10 @@ __all__ = [
     "Connection",
     "DomainStatus",
     "NodeStatus",
+    "NOT_READY_STATES",
     "QUERY_STATES",
     "format_domain_table",
+    "is_not_configured",
     "parse_domain_json",
     "parse_domain_text",
     "parse_query",
@@ -50,7 +52,18 @@ CONNECTION_LETTERS: Final[Mapping[str, str]] = {
     "!M!": "NODE_MAP_MISMATCH",
 }
 
+#: ``-q`` states of a daemon that is alive and says it is not ready (yet); UNAVAILABLE is not
+#: among them: it means "not reachable", which may be the asking side's network.
+NOT_READY_STATES: Final = frozenset(
+    {"INITIALIZING", "STARTING_AUTH_SERVER", "WAITING_FOR_PEERS", "WAITING_FOR_RECOVERY", "INIT_GPU", "SHUTTING_DOWN"}
+)
+
 _NOT_CONFIGURED: Final = "Failed to read node configuration file"
+
+
+def is_not_configured(output: str) -> bool:
+    """Whether ctl output says the node configuration cannot be read (a fatal misconfiguration)."""
+    return _NOT_CONFIGURED in output
 _SHOWN_CHARS: Final = 200
 
 
@@ -132,6 +145,33 @@ class DomainStatus:
             if addr and node.hostname == addr:
                 return node
         return None
+
+    def node_map(self) -> tuple[str, ...]:
+        """The nodes' addresses in node-ID order: the nodes file as the ctl saw it."""
+        return tuple(n.host for n in sorted(self.nodes, key=lambda n: n.node_id))
+
+    def mismatches(self) -> list[tuple[int, int, str]]:
+        """Links with a node-map or version mismatch (communication disabled: waiting cannot fix them)."""
+        return [(a, b, st) for a, b, st in self.not_connected() if st in ("NODE_MAP_MISMATCH", "VERSION_MISMATCH")]
+
+    def not_ready_peers(self) -> tuple[str, ...]:
+        """Hosts of nodes that answer and say they are not ready (:data:`NOT_READY_STATES`)."""
+        return tuple(n.host for n in self.nodes if n.status in NOT_READY_STATES)
+
+    def unreachable_but_connected(self) -> tuple[str, ...]:
+        """Hosts shown UNAVAILABLE although a reachable node reports a CONNECTED link to them.
+
+        ``nvidia-imex-ctl -N`` asks every node's command service itself; a node
+        it cannot reach is UNAVAILABLE with every link INVALID, while the other
+        nodes' rows still show their own links to it.  A CONNECTED link to such a
+        node means its daemon is up and only its command port is blocked between
+        the asking tray and it (a firewall, or a loopback-only bind).
+        """
+        live = [n for n in self.nodes if n.status != "UNAVAILABLE"]
+        return tuple(
+            n.host for n in self.nodes
+            if n.status == "UNAVAILABLE" and any((c := o.connection_to(n.node_id)) and c.is_connected for o in live)
+        )  # fmt: skip
 
     def not_connected(self, *, include_self: bool = False) -> list[tuple[int, int, str]]:
         """Return ``(from_id, to_id, status)`` for every link that is not ``CONNECTED``.

@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import IO, Any, Dict, List, Optional
+from typing import IO, Dict, Optional
 
-__all__ = ["EVENTS", "configure_logging"]
+__all__ = ["EVENTS", "SinkLogger", "configure_logging"]
 
 # name -> one-line meaning (docs/events.md is checked against this table)
 EVENTS: Dict[str, str] = {
@@ -41,29 +41,56 @@ EVENTS: Dict[str, str] = {
     "imexctl.crashed": "a command failed with an unexpected exception (a bug)",
 }
 
-_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
+_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 
 
-class _Sinks:
-    """A structlog logger writing each rendered line to several places."""
+class SinkLogger:
+    """The one structlog logger: writes each rendered line to the log file, stderr and syslog.
+
+    structlog calls the method named after the level (``info``, ``error``,
+    ``exception``...) with the line the last processor (the JSON renderer)
+    made; the level decides whether stderr and syslog get it too.
+    """
 
     def __init__(self, file: Optional[IO[str]], stderr: Optional[IO[str]], stderr_level: int, syslog: bool):
         self._file, self._stderr, self._stderr_level, self._syslog = file, stderr, stderr_level, syslog
+        if syslog:
+            import syslog as _syslog
 
-    def msg(self, message: str, level: int = 20) -> None:
+            _syslog.openlog("imexctl", _syslog.LOG_PID, _syslog.LOG_DAEMON)
+
+    def write(self, line: str, level: int) -> None:
+        """Send one rendered line to every sink that takes its level."""
         if self._file is not None:
-            self._file.write(message + "\n")
+            self._file.write(line + "\n")
             self._file.flush()
         if self._stderr is not None and level >= self._stderr_level:
-            self._stderr.write(message + "\n")
+            self._stderr.write(line + "\n")
             self._stderr.flush()
         if self._syslog:
             import syslog
 
-            syslog.openlog("imexctl", syslog.LOG_PID, syslog.LOG_DAEMON)
+            syslog.syslog(syslog.LOG_ERR if level >= 40 else syslog.LOG_WARNING if level >= 30 else syslog.LOG_INFO,
+                          line)  # fmt: skip
 
-            priority = syslog.LOG_ERR if level >= 40 else syslog.LOG_WARNING if level >= 30 else syslog.LOG_INFO
-            syslog.syslog(priority, message)
+    def debug(self, line: str) -> None:
+        self.write(line, 10)
+
+    def info(self, line: str) -> None:
+        self.write(line, 20)
+
+    msg = info
+
+    def warning(self, line: str) -> None:
+        self.write(line, 30)
+
+    def error(self, line: str) -> None:
+        self.write(line, 40)
+
+    exception = error
+
+    def critical(self, line: str) -> None:
+        self.write(line, 50)
 
 
 def configure_logging(
@@ -83,37 +110,20 @@ def configure_logging(
             file = _open_log(log_file)
         except OSError as exc:
             problem = f"cannot open log file {log_file}: {exc.strerror}"
-    sinks = _Sinks(file, sys.stderr, _LEVELS[stderr_level], syslog)
-
-    def emit(_logger: Any, method: str, event: Dict[str, Any]) -> str:
-        line = structlog.processors.JSONRenderer(sort_keys=False)(_logger, method, event)
-        sinks.msg(str(line), _LEVELS.get(method if method != "exception" else "error", 40))
-        return ""
-
-    processors: List[Any] = [
-        structlog.contextvars.merge_contextvars,
-        structlog.processors.add_log_level,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
-        structlog.processors.format_exc_info,
-        emit,
-    ]
+    sink = SinkLogger(file, sys.stderr, _LEVELS[stderr_level], syslog)
     structlog.configure(
-        processors=processors,
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(sort_keys=False),
+        ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
-        logger_factory=lambda *a: _Null(),
+        logger_factory=lambda *args: sink,
         cache_logger_on_first_use=False,
     )
     return problem
-
-
-class _Null:
-    """The final logger: rendering already wrote the line in ``emit``."""
-
-    def msg(self, message: str) -> None:
-        return None
-
-    def __getattr__(self, name: str) -> Any:
-        return self.msg
 
 
 def _open_log(path: Path) -> IO[str]:

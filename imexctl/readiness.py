@@ -1,42 +1,57 @@
-"""Readiness of the job's IMEX domain, polled under a deadline (imex.md §8.6).
+"""Readiness of the job's IMEX domain, polled under a deadline.
 
 Local: ``nvidia-imex-ctl -c <cfg> -q`` prints ``READY`` and exits 0.  Domain:
 ``-N -j`` reports status ``UP``, the node map equals the job's nodes file, this
-tray is ``READY`` and every one of its connections to a peer is ``CONNECTED``.
-A probe never raises for "not ready"; it returns a :class:`Readiness`.
+tray is ``READY`` and every one of its connections to a peer is ``CONNECTED``
+(docs/design.md "Readiness and peer blame").  One probe never raises; it
+returns a :class:`Readiness` whose :class:`Outcome` says what happened, and
+:func:`wait_ready` turns the last one into a result or an error.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from imexctl import ctloutput
 from imexctl.errors import CommandError, DaemonError, HealthTimeout, OutputError
 from imexctl.host import Host
 from imexctl.settings import Settings
 
-__all__ = ["NOT_READY_STATES", "Probe", "Readiness", "wait_ready"]
+__all__ = ["Outcome", "Probe", "Readiness", "probe", "wait_ready"]
 
-# A peer daemon that answers with one of these is alive and says it is not ready
-# (imex.md §8.2); UNAVAILABLE is not among them: it may be our own network's fault.
-NOT_READY_STATES = frozenset(
-    {"INITIALIZING", "STARTING_AUTH_SERVER", "WAITING_FOR_PEERS", "WAITING_FOR_RECOVERY", "INIT_GPU", "SHUTTING_DOWN"}
-)
+
+class Outcome(enum.Enum):
+    """What one probe found."""
+
+    READY = "ready"
+    NOT_YET = "not yet"  # the daemons answered; the domain is not ready yet
+    NO_ANSWER = "no answer"  # nvidia-imex-ctl gave no usable answer (timeout, garbage)
+    FATAL = "fatal"  # waiting cannot fix it: node map or version mismatch, unreadable config
+    DAEMON_GONE = "daemon gone"  # the job's daemon exited
+
+    @property
+    def final(self) -> bool:
+        """Whether polling stops here."""
+        return self in (Outcome.READY, Outcome.FATAL, Outcome.DAEMON_GONE)
 
 
 @dataclasses.dataclass(frozen=True)
 class Readiness:
-    """Outcome of one probe."""
+    """Outcome of one probe: ``status`` is short, ``reason`` explains a final failure."""
 
-    ready: bool
+    outcome: Outcome
     status: str
     domain: Optional[ctloutput.DomainStatus] = None
     blamed: Tuple[str, ...] = ()
-    fatal: str = ""
-    #: peers whose daemon is connected to its peers but whose command service ``-N`` could not reach
-    cmd_unreachable: Tuple[str, ...] = ()
+    reason: str = ""
+
+    @property
+    def ready(self) -> bool:
+        """Whether the probe found the domain ready."""
+        return self.outcome is Outcome.READY
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,94 +66,78 @@ class Probe:
     cmd_port: int = 0
 
 
+# ---------------------------------------------------------------- one probe
+
+
 def probe(host: Host, settings: Settings, p: Probe, deadline: float = float("inf")) -> Readiness:
     """One readiness check: local state, then (level ``domain``) the whole domain.
 
     No ``nvidia-imex-ctl`` call runs past ``deadline`` (``host.monotonic()`` time).
     """
     if not p.daemon_alive():
-        return Readiness(False, "daemon exited", fatal="the IMEX daemon exited during start-up")
+        return Readiness(Outcome.DAEMON_GONE, "daemon exited", reason="the IMEX daemon exited during start-up")
+    local = _local(host, settings, p, deadline)
+    if local.outcome is not Outcome.READY or p.level == "local":
+        return local
+    return _domain(host, settings, p, deadline)
+
+
+def _local(host: Host, settings: Settings, p: Probe, deadline: float) -> Readiness:
     rc, out = _ctl(host, settings, _endpoint(settings, p), deadline, "-q")
-    if rc == 255 or "Failed to read node configuration file" in out:
-        return Readiness(False, "ctl: config", fatal=f"nvidia-imex-ctl cannot read the node config: {out.strip()}")
+    if rc == 255 or ctloutput.is_not_configured(out):
+        return Readiness(Outcome.FATAL, "ctl: config", reason=f"nvidia-imex-ctl cannot read the node config: "
+                                                               f"{out.strip()}")  # fmt: skip
     if rc is None:
-        return Readiness(False, f"ctl -q: {out}")
+        return Readiness(Outcome.NO_ANSWER, f"ctl -q: {out}")
     try:
         state = ctloutput.parse_query(out)
     except OutputError as exc:
-        return Readiness(False, f"ctl -q: {exc}")
+        return Readiness(Outcome.NO_ANSWER, f"ctl -q: {exc}")
     if state != "READY" or rc != 0:
-        return Readiness(False, f"local {state}" + (f" (exit {rc})" if rc else ""))
-    if p.level == "local":
-        return Readiness(True, "local READY")
-    return _domain(host, settings, p, deadline)
+        return Readiness(Outcome.NOT_YET, f"local {state}" + (f" (exit {rc})" if rc else ""))
+    return Readiness(Outcome.READY, "local READY")
 
 
 def _domain(host: Host, settings: Settings, p: Probe, deadline: float) -> Readiness:
     rc, out = _ctl(host, settings, ("-c", str(p.config)), deadline, "-N", "-j")
-    if rc is None:
-        return Readiness(False, f"ctl -N -j: {out}")
     try:
-        dom = ctloutput.parse_domain_json(out)
+        dom = ctloutput.parse_domain_json(out) if rc is not None else None
     except OutputError as exc:
-        return Readiness(False, f"ctl -N -j: {exc}")
-    hosts = tuple(n.host for n in sorted(dom.nodes, key=lambda n: n.node_id))
-    if hosts != p.addresses:
-        return Readiness(False, "node map", dom, fatal=f"daemon reports nodes {list(hosts)}, "
-                                                      f"but the job's nodes file is {list(p.addresses)}")  # fmt: skip
-    mismatch = [(a, b, s) for a, b, s in dom.not_connected() if "MISMATCH" in s]
-    if mismatch:
-        a, b, s = mismatch[0]
-        return Readiness(False, s, dom, fatal=f"node {a} -> node {b}: {s} (nodes files or driver versions differ)")
+        return Readiness(Outcome.NO_ANSWER, f"ctl -N -j: {exc}")
+    if dom is None:
+        return Readiness(Outcome.NO_ANSWER, f"ctl -N -j: {out}")
+    if dom.node_map() != p.addresses:
+        return Readiness(Outcome.FATAL, "node map", dom, reason=f"daemon reports nodes {list(dom.node_map())}, "
+                                                                f"but the job's nodes file is {list(p.addresses)}")  # fmt: skip
+    for a, b, st in dom.mismatches()[:1]:
+        return Readiness(Outcome.FATAL, st, dom, reason=f"node {a} -> node {b}: {st} (nodes files or driver "
+                                                        "versions differ)")  # fmt: skip
     me = dom.node_by_host(p.own_address)
-    if me is None or me.status != "READY":
-        return Readiness(False, f"own node {me.status if me else 'missing'}", dom)
-    own_bad = [c for c in me.connections if c.peer_id != me.node_id and c.status != "CONNECTED"]
-    if dom.status == "UP" and not own_bad:
-        return Readiness(True, "domain UP", dom)
-    blamed = tuple(n.host for n in dom.nodes if n.status in NOT_READY_STATES)
-    unreachable = cmd_unreachable(dom)
-    status = f"domain {dom.status}{_missing_links(dom)}"
-    if unreachable:
-        status += (f"; command port {p.cmd_port} unreachable on {', '.join(unreachable)} although their daemons "
-                   "are connected (blocked between the trays?)")
-    return Readiness(False, status, dom, blamed=blamed, cmd_unreachable=unreachable)
+    if me is None or not me.is_ready:
+        return Readiness(Outcome.NOT_YET, f"own node {me.status if me else 'missing'}", dom)
+    if dom.is_up and all(c.is_connected for c in me.peer_connections()):
+        return Readiness(Outcome.READY, "domain UP", dom)
+    return Readiness(Outcome.NOT_YET, _not_up_status(dom, p.cmd_port), dom, blamed=dom.not_ready_peers())
 
 
-def cmd_unreachable(dom: ctloutput.DomainStatus) -> Tuple[str, ...]:
-    """Peers ``-N`` shows UNAVAILABLE although another node is CONNECTED to them.
-
-    ``nvidia-imex-ctl -N`` asks every node's command service itself; a node it
-    cannot reach is reported UNAVAILABLE with every link INVALID, while the
-    other nodes' rows still show their own links to it.  A CONNECTED link to
-    such a node means its daemon is up and only its command port is blocked
-    between this tray and that one (a firewall, or a loopback-only bind).
-    """
-    out = []
-    for n in dom.nodes:
-        if n.status != "UNAVAILABLE":
-            continue
-        for other in dom.nodes:
-            link = other.connection_to(n.node_id) if other.status != "UNAVAILABLE" else None
-            if other is not n and link is not None and link.is_connected:
-                out.append(n.host)
-                break
-    return tuple(out)
-
-
-def _missing_links(dom: ctloutput.DomainStatus) -> str:
-    """``: 0->1 NEVER_CONNECTED, ...`` (first three), so a timeout says which links are down.
+def _not_up_status(dom: ctloutput.DomainStatus, cmd_port: int) -> str:
+    """``domain DEGRADED: UNAVAILABLE x; 0->1 NEVER_CONNECTED, ...`` plus a blocked command port, if seen.
 
     The rows of UNAVAILABLE nodes are left out: the ctl could not ask them, so
     their links are INVALID by construction; they are named instead.
     """
     gone = {n.node_id for n in dom.nodes if n.status == "UNAVAILABLE"}
     bad = [(a, b, st) for a, b, st in dom.not_connected() if a not in gone]
-    shown = ", ".join(f"{a}->{b} {st}" for a, b, st in bad[:3])
     parts = [f"UNAVAILABLE {', '.join(n.host for n in dom.nodes if n.node_id in gone)}"] if gone else []
     if bad:
+        shown = ", ".join(f"{a}->{b} {st}" for a, b, st in bad[:3])
         parts.append(shown + (f" and {len(bad) - 3} more" if len(bad) > 3 else ""))
-    return f": {'; '.join(parts)}" if parts else ""
+    status = f"domain {dom.status}" + (f": {'; '.join(parts)}" if parts else "")
+    blocked = dom.unreachable_but_connected()
+    if blocked:
+        status += (f"; command port {cmd_port} unreachable on {', '.join(blocked)} although their daemons "
+                   "are connected (blocked between the trays?)")  # fmt: skip
+    return status
 
 
 def _endpoint(settings: Settings, p: Probe) -> Tuple[str, ...]:
@@ -152,6 +151,7 @@ def _endpoint(settings: Settings, p: Probe) -> Tuple[str, ...]:
 
 
 def _ctl(host: Host, settings: Settings, how: Tuple[str, ...], deadline: float, *args: str) -> Tuple[Optional[int], str]:
+    """Run ``nvidia-imex-ctl``; ``(None, why)`` when it gives no answer in time."""
     argv = (settings.commands.nvidia_imex_ctl, *how, *args)
     timeout_s = max(0.05, min(settings.readiness.ctl_timeout_s, deadline - host.monotonic()))
     try:
@@ -162,10 +162,85 @@ def _ctl(host: Host, settings: Settings, how: Tuple[str, ...], deadline: float, 
     return done.returncode, done.stdout if not done.returncode or done.stdout.strip() else done.stderr
 
 
+# ---------------------------------------------------------------- the wait
+
+
+class _Watch:
+    """Runs the probes and remembers across them what a single probe cannot know.
+
+    - each peer's last status while it was reachable: the culprit's own prolog
+      fails at its deadline and takes its daemon down, and a tray polling a
+      moment later sees it UNAVAILABLE, but its last word stands;
+    - the last result the daemons answered, for the report when the final
+      probe gets no answer.
+    """
+
+    def __init__(self, host: Host, settings: Settings, p: Probe, deadline: float, log: Any) -> None:
+        self.host, self.settings, self.p, self.deadline, self.log = host, settings, p, deadline, log
+        self.attempts = 0
+        self.seen: Dict[str, str] = {}
+        self.answered: Optional[Readiness] = None
+
+    def __call__(self) -> Readiness:
+        self.attempts += 1
+        r = self._sticky_blame(probe(self.host, self.settings, self.p, self.deadline))
+        self.log.debug("imex.health.poll", attempt=self.attempts, status=r.status)
+        if r.outcome is not Outcome.NO_ANSWER:
+            self.answered = r
+        return r
+
+    def _sticky_blame(self, r: Readiness) -> Readiness:
+        if r.domain is None:
+            return r
+        for n in r.domain.nodes:
+            if n.status != "UNAVAILABLE":
+                self.seen[n.host] = n.status
+        if r.ready or r.status.startswith("own node"):
+            return r
+        blamed = tuple(n.host for n in r.domain.nodes
+                       if n.status != "READY" and self.seen.get(n.host) in ctloutput.NOT_READY_STATES)  # fmt: skip
+        return dataclasses.replace(r, blamed=blamed)
+
+    def last_word(self, r: Readiness) -> Readiness:
+        """``r``, or when it got no answer, what the daemons last said (with ``r`` noted)."""
+        if r.outcome is not Outcome.NO_ANSWER or self.answered is None:
+            return r
+        return dataclasses.replace(self.answered, status=f"{self.answered.status} (then {r.status})")
+
+
+def _poll(host: Host, settings: Settings, watch: _Watch, deadline: float) -> Readiness:
+    """Probe until a final outcome or the deadline; pauses double from ``poll_initial_s`` to ``poll_max_s``.
+
+    The last probe still gets ``min_probe`` seconds: with less left there is no
+    point in one.  With ``blame_peers = yes`` a tray that can name a peer at
+    fault decides a little before the deadline, while the culprit (which waits
+    until its full deadline) can still be seen.
+    """
+    import tenacity
+
+    initial, cap = settings.readiness.poll_initial_s, settings.readiness.poll_max_s
+    min_probe = min(0.2, settings.readiness.ctl_timeout_s)
+    early = deadline - min(2.0, 0.1 * (deadline - host.monotonic()))
+    blame = settings.readiness.blame_peers == "yes"
+    backoff = tenacity.wait_exponential(multiplier=initial, min=initial, max=cap)
+
+    def stop(rs: tenacity.RetryCallState) -> bool:
+        now, last = host.monotonic(), rs.outcome.result() if rs.outcome else None
+        return now >= deadline - min_probe or (blame and now >= early and last is not None and bool(last.blamed))
+
+    retrying = tenacity.Retrying(
+        stop=stop,
+        wait=lambda rs: max(0.0, min(backoff(rs), deadline - min_probe - host.monotonic())),
+        retry=tenacity.retry_if_result(lambda r: not r.outcome.final),
+        sleep=host.sleep,
+        retry_error_callback=lambda rs: rs.outcome.result() if rs.outcome else None,
+    )  # fmt: skip
+    result: Readiness = retrying(watch)
+    return result
+
+
 def wait_ready(host: Host, settings: Settings, p: Probe, *, deadline: float, log: Any) -> Readiness:
     """Poll until ready, fatal, or ``deadline`` (``host.monotonic()`` time).
-
-    Waits start at ``poll_initial_s`` and double up to ``poll_max_s``.
 
     Returns:
         The ready result, or (``blame_peers = yes``) a not-ready one that blames peers.
@@ -174,86 +249,21 @@ def wait_ready(host: Host, settings: Settings, p: Probe, *, deadline: float, log
         DaemonError: a fatal condition (daemon died, node map or version mismatch).
         HealthTimeout: the deadline passed and no peer is to blame.
     """
-    import tenacity
-
     start = host.monotonic()
-    initial, cap = settings.readiness.poll_initial_s, settings.readiness.poll_max_s
-    backoff = tenacity.wait_exponential(multiplier=initial, min=initial, max=cap)
-
-    # the last probe still gets this long; with less left there is no point in one
-    min_probe: float = min(0.2, settings.readiness.ctl_timeout_s)
-
-    def wait(rs: tenacity.RetryCallState) -> float:
-        return max(0.0, min(backoff(rs), deadline - min_probe - host.monotonic()))
-
-    def before_sleep(rs: tenacity.RetryCallState) -> None:
-        r = rs.outcome.result() if rs.outcome else None
-        log.debug("imex.health.poll", attempt=rs.attempt_number, status=r.status if r else "?")
-
-    # A tray that can blame a peer decides a little before the deadline, while the
-    # culprit (which waits until the full deadline) still runs and can be seen.
-    early = deadline - min(2.0, 0.1 * (deadline - start))
-    blame = settings.readiness.blame_peers == "yes"
-
-    def stop(rs: tenacity.RetryCallState) -> bool:
-        now = host.monotonic()
-        last = rs.outcome.result() if rs.outcome and not rs.outcome.failed else None
-        return now >= deadline - min_probe or (blame and now >= early and last is not None and bool(last.blamed))
-
-    retrying = tenacity.Retrying(
-        stop=stop,
-        wait=wait,
-        retry=tenacity.retry_if_result(lambda r: not r.ready and not r.fatal),
-        sleep=host.sleep,
-        before_sleep=before_sleep,
-        retry_error_callback=lambda rs: rs.outcome.result() if rs.outcome else None,
-    )
-    attempts = [0]
-    seen: Dict[str, str] = {}  # peer -> last status it reported while reachable
-    answered: List[Readiness] = []  # the last probe nvidia-imex-ctl answered
-
-    def counted() -> Readiness:
-        attempts[0] += 1
-        r = _sticky_blame(probe(host, settings, p, deadline), seen)
-        if not r.status.startswith("ctl"):
-            answered[:] = [r]
-        return r
-
-    result: Readiness = retrying(counted)
-    if not result.ready and not result.fatal and result.status.startswith("ctl") and answered:
-        # report what the daemon last said, not only that the final probe got no answer
-        last = answered[0]
-        result = dataclasses.replace(last, status=f"{last.status} (then {result.status})")
+    watch = _Watch(host, settings, p, deadline, log)
+    result = watch.last_word(_poll(host, settings, watch, deadline))
     waited = round(host.monotonic() - start, 3)
     if result.ready:
-        log.info("imex.ready", attempts=attempts[0], waited_s=waited, status=result.status)
+        log.info("imex.ready", attempts=watch.attempts, waited_s=waited, status=result.status)
         return result
-    if result.fatal:
-        raise DaemonError(f"IMEX not ready: {result.fatal}")
+    if result.outcome.final:
+        raise DaemonError(f"IMEX not ready: {result.reason}")
     table = ctloutput.format_domain_table(result.domain) if result.domain else ""
-    log.warning("imex.not_ready", attempts=attempts[0], waited_s=waited, status=result.status, table=table)
-    if result.blamed and blame:
+    log.warning("imex.not_ready", attempts=watch.attempts, waited_s=waited, status=result.status, table=table)
+    if result.blamed and settings.readiness.blame_peers == "yes":
         return result
     culprits = f"; not ready: {', '.join(result.blamed)}" if result.blamed else ""
     raise HealthTimeout(
-        f"IMEX not ready after {waited:.1f}s ({attempts[0]} probes): {result.status}{culprits}",
-        last_status=result.status, attempts=attempts[0], waited_s=waited,
+        f"IMEX not ready after {waited:.1f}s ({watch.attempts} probes): {result.status}{culprits}",
+        last_status=result.status, attempts=watch.attempts, waited_s=waited,
     )  # fmt: skip
-
-
-
-def _sticky_blame(r: Readiness, seen: Dict[str, str]) -> Readiness:
-    """Blame peers whose last word, while reachable, was "not ready" and who are still not READY.
-
-    The culprit's own prolog fails at its deadline and takes its daemon down;
-    a tray polling a moment later sees it UNAVAILABLE, but its last word stands.
-    """
-    if r.domain is None:
-        return r
-    for n in r.domain.nodes:
-        if n.status != "UNAVAILABLE":
-            seen[n.host] = n.status
-    if r.ready or r.status.startswith("own node"):
-        return r
-    blamed = tuple(n.host for n in r.domain.nodes if n.status != "READY" and seen.get(n.host) in NOT_READY_STATES)
-    return dataclasses.replace(r, blamed=blamed)

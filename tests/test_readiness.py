@@ -290,5 +290,5 @@ class TestCommandServiceReachability:
 
         doc = _unreachable_peer("CONNECTED").replace('"status":"READY"', '"status":"UNAVAILABLE"')
         dom = ctloutput.parse_domain_json(doc.replace('"status": "READY"', '"status": "UNAVAILABLE"'))
-        assert readiness.cmd_unreachable(dom) == ()
-        assert readiness.cmd_unreachable(ctloutput.parse_domain_json(_unreachable_peer("CONNECTED"))) == ("10.0.0.3",)
+        assert dom.unreachable_but_connected() == ()
+        assert ctloutput.parse_domain_json(_unreachable_peer("CONNECTED")).unreachable_but_connected() == ("10.0.0.3",)
