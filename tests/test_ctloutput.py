@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from imexctl.errors import OutputError
 from imexctl.ctloutput import (
     CONNECTION_LETTERS,
     QUERY_STATES,
@@ -16,9 +15,10 @@ from imexctl.ctloutput import (
     NodeStatus,
     format_domain_table,
     parse_domain_json,
-    parse_domain_text,
     parse_query,
 )
+from imexctl.errors import OutputError
+from tests.support.ctltext import parse_domain_text
 
 DATA = Path(__file__).parent / "data"
 

@@ -17,7 +17,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from imexctl.ctloutput import parse_domain_json, parse_domain_text
+from imexctl.ctloutput import parse_domain_json
+from tests.support.ctltext import parse_domain_text
 from imexctl.sim.ctl import CtlError
 from imexctl.sim.ctl import request as ctl_request
 from tests.simhelpers import REPO, SimCluster, free_port, wait_for

@@ -15,7 +15,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from imexctl.ctloutput import parse_domain_json, parse_domain_text
+from imexctl.ctloutput import parse_domain_json
+from tests.support.ctltext import parse_domain_text
 from imexctl.sim import ctl
 from imexctl.sim.config import SimConfigError, node_map_key, parse_config_text, parse_nodes_text
 from imexctl.sim.faults import FaultError, Faults, parse_faults
