@@ -22,7 +22,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Tuple
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -39,16 +38,17 @@ TARGETS = {
 MAX_PROLOG_SUBPROCESSES = 3
 
 
-def _run(argv: List[str], env: Dict[str, str]) -> Tuple[float, float, int]:
+def _run(argv: list[str], env: dict[str, str]) -> tuple[float, float, int]:
     t0 = time.perf_counter()
-    p = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, cwd="/")  # fmt: skip
+    p = subprocess.Popen(
+        argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/"
+    )
     _, status, usage = os.wait4(p.pid, 0)
     p.returncode = os.waitstatus_to_exitcode(status)
     return time.perf_counter() - t0, usage.ru_maxrss / 1024, p.returncode
 
 
-def _median(argv: List[str], env: Dict[str, str]) -> Tuple[float, float]:
+def _median(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
     samples = [_run(argv, env) for _ in range(RUNS)]
     bad = [rc for _, _, rc in samples if rc != 0]
     if bad:
@@ -63,18 +63,23 @@ def _config(root: Path, extra: str = "") -> Path:
     return cfg
 
 
-def bench_processes(root: Path) -> Dict[str, Tuple[float, float]]:
+def bench_processes(root: Path) -> dict[str, tuple[float, float]]:
     py = sys.executable
     env = {"PYTHONPATH": str(REPO)}
     hook_env = {
-        **env, "SLURM_JOB_ID": "77", "SLURMD_NODENAME": "n1", "SLURM_JOB_NODELIST": "n1", "SLURM_JOB_UID": "0",
+        **env,
+        "SLURM_JOB_ID": "77",
+        "SLURMD_NODENAME": "n1",
+        "SLURM_JOB_NODELIST": "n1",
+        "SLURM_JOB_UID": "0",
         "SLURM_JOB_PARTITION": "cpu",
-    }  # fmt: skip
+    }
     out = {
         "python -c pass (floor)": _median([py, "-c", "pass"], env),
         "import hook modules": _median(
             [py, "-c", "import imexctl.cli, imexctl.prolog, imexctl.readiness, imexctl.settings, structlog, tenacity"],
-            env),  # fmt: skip
+            env,
+        ),
     }
     cfg = _config(root, "jobs = partitions\npartitions = gpu\n")
     out["epilog, no IMEX job here"] = _median([py, "-m", "imexctl", "--config", str(cfg), "epilog"], hook_env)
@@ -82,7 +87,7 @@ def bench_processes(root: Path) -> Dict[str, Tuple[float, float]]:
     return out
 
 
-def bench_simulator() -> Tuple[float, float]:
+def bench_simulator() -> tuple[float, float]:
     from imexctl.demo import SimRack
 
     base = Path(tempfile.mkdtemp(prefix="imxb", dir="/tmp"))
@@ -117,7 +122,7 @@ def prolog_subprocesses(root: Path) -> int:
     (root / "proc/devices").write_text("Character devices:\n234 nvidia-caps-imex-channels\nBlock devices:\n")
     cfg = _config(root, "[daemon]\nbackend = exec\n")
     host = FakeHost(addresses={"gb01": ["10.0.0.1"], "gb02": ["10.0.0.2"]})
-    structlog.configure(logger_factory=lambda *a: structlog.ReturnLogger())
+    structlog.configure(logger_factory=lambda *_: structlog.ReturnLogger())
     rt = Runtime(host, FakeGpu(), settings.load(cfg, node="gb01"), structlog.get_logger())
     prolog(job_env(job_id=5), rt)
     count = len(host.calls)  # nvidia-imex-ctl -q, -N -j, and the daemon itself
@@ -137,17 +142,19 @@ def main() -> int:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     ok = True
-    print(f"| measurement | median wall ms | peak RSS MiB | target ms / MiB | |\n|---|---:|---:|---|---|")
+    print("| measurement | median wall ms | peak RSS MiB | target ms / MiB | |\n|---|---:|---:|---|---|")
     for name, (wall, rss) in rows.items():
         t_wall, t_rss = TARGETS[name]
         good = (t_wall is None or wall <= t_wall) and (t_rss is None or rss <= t_rss)
         ok &= good
-        target = f"{t_wall * 1000:.0f} / {t_rss if t_rss else '-'}" if t_wall else "-"
+        target = f"{t_wall * 1000:.0f} / {t_rss or '-'}" if t_wall else "-"
         print(f"| {name} | {wall * 1000:.1f} | {rss:.1f} | {target} | {'ok' if good else 'MISSED'} |")
     good = nproc <= MAX_PROLOG_SUBPROCESSES
     ok &= good
-    print(f"\nsubprocesses of a prolog ready at the first probe: {nproc} (target <= {MAX_PROLOG_SUBPROCESSES})"
-          f" {'ok' if good else 'MISSED'}")  # fmt: skip
+    print(
+        f"\nsubprocesses of a prolog ready at the first probe: {nproc} (target <= {MAX_PROLOG_SUBPROCESSES})"
+        f" {'ok' if good else 'MISSED'}"
+    )
     print("OK" if ok else "FAIL")
     return 0 if ok else 1
 

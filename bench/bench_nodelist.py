@@ -28,7 +28,7 @@ from typing import Callable, NamedTuple
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from imexctl.nodelist import expand, fold  # noqa: E402
+from imexctl.nodelist import expand, fold  # noqa: E402 # after the sys.path line above
 
 TARGET_IMPORT_MS = 2.0
 TARGET_EXPAND_10K_MS = 5.0
@@ -75,8 +75,16 @@ def _import_ms(module: str, pycache: str, *, site: bool) -> tuple[float, float]:
     """
     env = dict(os.environ)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    argv = [sys.executable, *([] if site else ["-S"]), "-X", "importtime",
-            "-X", f"pycache_prefix={pycache}", "-c", f"import {module}"]
+    argv = [
+        sys.executable,
+        *([] if site else ["-S"]),
+        "-X",
+        "importtime",
+        "-X",
+        f"pycache_prefix={pycache}",
+        "-c",
+        f"import {module}",
+    ]
     samples = []
     for _ in range(IMPORT_RUNS + 1):
         proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=True)
@@ -95,8 +103,7 @@ def _workloads() -> list[Workload]:
     contiguous_100k = "gpu[000001-050000],gpu[050001-100000]"
     frag_10k, frag_100k = _fragmented(10_000), _fragmented(100_000)
     return [
-        Workload("contiguous", 10_000, "gpu[00001-10000]",
-                 expand("gpu[00001-10000]"), 2.24, 20.20),
+        Workload("contiguous", 10_000, "gpu[00001-10000]", expand("gpu[00001-10000]"), 2.24, 20.20),
         Workload("fragmented", 10_000, fold(frag_10k), frag_10k, 8.70, 22.67),
         Workload("contiguous", 100_000, contiguous_100k, expand(contiguous_100k), 21.30, 242.4),
         Workload("fragmented", 100_000, fold(frag_100k), frag_100k, 92.36, 274.8),
@@ -112,34 +119,44 @@ def _row(w: Workload, failures: list[str]) -> str:
         failures.append(f"expand {w.label} 10k: {expand_ms[0]:.2f} ms")
     if w.n == 10_000 and fold_ms[0] > TARGET_FOLD_10K_MS:
         failures.append(f"fold {w.label} 10k: {fold_ms[0]:.2f} ms")
-    return (f"| {w.label:<10} | {w.n:>7,} | {len(w.names):>7,} | {len(w.text):>8,} "
-            f"| {expand_ms[0]:>9.2f} / {expand_ms[1]:>8.2f} | {w.ref_expand_ms:>9.2f} "
-            f"| {fold_ms[0]:>8.2f} / {fold_ms[1]:>7.2f} | {w.ref_fold_ms:>7.2f} |")
+    return (
+        f"| {w.label:<10} | {w.n:>7,} | {len(w.names):>7,} | {len(w.text):>8,} "
+        f"| {expand_ms[0]:>9.2f} / {expand_ms[1]:>8.2f} | {w.ref_expand_ms:>9.2f} "
+        f"| {fold_ms[0]:>8.2f} / {fold_ms[1]:>7.2f} | {w.ref_fold_ms:>7.2f} |"
+    )
 
 
 def main() -> int:
     """Print the benchmark table; return 1 if a target is missed."""
     failures: list[str] = []
     with tempfile.TemporaryDirectory() as pycache:
-        imports = {(module, site): _import_ms(module, pycache, site=site)
-                   for module in ("imexctl.nodelist", "imexctl.errors") for site in (True, False)}
-    print(f"Python {sys.version.split()[0]}; best / median of {RUNS} runs "
-          f"({IMPORT_RUNS} fresh interpreters for imports).")
+        imports = {
+            (module, site): _import_ms(module, pycache, site=site)
+            for module in ("imexctl.nodelist", "imexctl.errors")
+            for site in (True, False)
+        }
+    print(
+        f"Python {sys.version.split()[0]}; best / median of {RUNS} runs ({IMPORT_RUNS} fresh interpreters for imports)."
+    )
     for site in (True, False):
         best, median = imports["imexctl.nodelist", site]
         if best > TARGET_IMPORT_MS:
             failures.append(f"import ({'site' if site else '-S'}): {best:.2f} ms")
-        print(f"import imexctl.nodelist, {'with site' if site else 'python -S '}: "
-              f"{best:5.2f} / {median:5.2f} ms (target <= {TARGET_IMPORT_MS} ms); "
-              f"imexctl.errors, imported when a parse fails: "
-              f"{imports['imexctl.errors', site][0]:5.2f} ms")
+        print(
+            f"import imexctl.nodelist, {'with site' if site else 'python -S '}: "
+            f"{best:5.2f} / {median:5.2f} ms (target <= {TARGET_IMPORT_MS} ms); "
+            f"imexctl.errors, imported when a parse fails: "
+            f"{imports['imexctl.errors', site][0]:5.2f} ms"
+        )
     print()
     print(HEADER)
     for workload in _workloads():
         print(_row(workload, failures))
     print()
-    print(f"targets (best run, 10k rows): expand <= {TARGET_EXPAND_10K_MS} ms, fold <= "
-          f"{TARGET_FOLD_10K_MS} ms; PH = python-hostlist 2.3.0 medians from slurm.md 4.3")
+    print(
+        f"targets (best run, 10k rows): expand <= {TARGET_EXPAND_10K_MS} ms, fold <= "
+        f"{TARGET_FOLD_10K_MS} ms; PH = python-hostlist 2.3.0 medians from slurm.md 4.3"
+    )
     for failure in failures:
         print(f"MISSED {failure}")
     print("FAIL" if failures else "OK")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any, Dict, Mapping, NoReturn, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
 
 from imexctl import __version__
 from imexctl.errors import ExitCode, ImexctlError, NotPrivilegedError
@@ -13,26 +14,25 @@ from imexctl.errors import ExitCode, ImexctlError, NotPrivilegedError
 __all__ = ["main"]
 
 _HOOK_HELP = "reads the job from slurmd's environment (SLURM_JOB_ID, SLURM_JOB_NODELIST, SLURMD_NODENAME, ...)"
-_EPILOG = """exit codes: 0 ok; 64 usage; 65 bad node list or job environment; 69 IMEX/systemd/resolution
-unavailable; 70 node left unsafe or internal error; 71 device node error; 75 not ready in time;
-77 not root; 78 invalid configuration (docs/exit-codes.md)."""
+_EPILOG = "exit codes: " + "; ".join(f"{int(code)} {code.meaning}" for code in ExitCode) + " (docs/exit-codes.md)."
 
 
 class _Parser(argparse.ArgumentParser):
     """argparse with the sysexits usage code (64) instead of 2."""
 
-    def error(self, message: str) -> "NoReturn":
+    def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         self.exit(int(ExitCode.USAGE), f"{self.prog}: error: {message}\n")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="imexctl", description="Per-job NVIDIA IMEX domains for Slurm.",
-                                epilog=_EPILOG)  # fmt: skip
+    p = _Parser(prog="imexctl", description="Per-job NVIDIA IMEX domains for Slurm.", epilog=_EPILOG)
     p.add_argument("--version", action="version", version=f"imexctl {__version__}")
-    p.add_argument("--config", metavar="FILE",
-                   help="config file (default: $IMEXCTL_CONFIG, imexctl.conf beside $SLURM_CONF, "
-                        "/etc/imexctl/imexctl.conf)")  # fmt: skip
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="config file (default: $IMEXCTL_CONFIG, imexctl.conf beside $SLURM_CONF, /etc/imexctl/imexctl.conf)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="also print info-level log lines on stderr")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     sub.add_parser("prolog", help="set up this job's IMEX domain (Slurm Prolog=)", description=_HOOK_HELP)
@@ -58,9 +58,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(
-    argv: Optional[Sequence[str]] = None,
+    argv: Sequence[str] | None = None,
     *,
-    env: Optional[Mapping[str, str]] = None,
+    env: Mapping[str, str] | None = None,
     host: Any = None,
     gpu: Any = None,
 ) -> int:
@@ -88,10 +88,10 @@ def main(
         return int(ExitCode.SOFTWARE)
 
 
-def _with_runtime(args: argparse.Namespace, env: Dict[str, str], host: Any, gpu: Any) -> int:
+def _with_runtime(args: argparse.Namespace, env: dict[str, str], host: Any, gpu: Any) -> int:
     from imexctl import settings
-    from imexctl.runtime import Runtime
     from imexctl.host import RealHost
+    from imexctl.runtime import Runtime
 
     host = host if host is not None else RealHost()
     node = env.get("SLURMD_NODENAME") or _short_hostname()
@@ -153,7 +153,7 @@ def _cmd_hostlist(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_cleanup(report: Dict[str, Any]) -> None:
+def _print_cleanup(report: dict[str, Any]) -> None:
     for line in report["actions"] or ["nothing to clean up"]:
         print(line)
     for line in report["skipped"]:
@@ -182,8 +182,9 @@ def _configure_logging(cfg: Any, args: argparse.Namespace, env: Mapping[str, str
     level = cfg.log.level if cfg else "info"
     log_file = cfg.paths.log_file if cfg and os.geteuid() == 0 else None
     syslog = bool(cfg and cfg.log.syslog == "yes")
-    problem = configure_logging(level=level, log_file=log_file, stderr_level="info" if args.verbose else "warning",
-                                syslog=syslog)  # fmt: skip
+    problem = configure_logging(
+        level=level, log_file=log_file, stderr_level="info" if args.verbose else "warning", syslog=syslog
+    )
     context = {"hook": args.command}
     if args.command in ("prolog", "epilog"):
         # raw values, so even a failure before the job is parsed names it; the hooks rebind parsed ones
@@ -197,8 +198,7 @@ def _log_failure(exc: ImexctlError) -> None:
     import structlog
 
     _ensure_logging()
-    structlog.get_logger().error("imexctl.failed", error_code=exc.code, exit_code=int(exc.exit_code),
-                                 reason=str(exc))  # fmt: skip
+    structlog.get_logger().error("imexctl.failed", error_code=exc.code, exit_code=int(exc.exit_code), reason=str(exc))
 
 
 def _log_crash() -> None:

@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Final, Mapping
+from collections.abc import Mapping
+from typing import Any, Final
 
 from imexctl.errors import OutputError
 
 __all__ = [
     "CONNECTION_LETTERS",
+    "NOT_READY_STATES",
+    "QUERY_STATES",
     "Connection",
     "DomainStatus",
     "NodeStatus",
-    "NOT_READY_STATES",
-    "QUERY_STATES",
     "format_domain_table",
     "is_not_configured",
     "parse_domain_json",
@@ -63,6 +64,8 @@ _NOT_CONFIGURED: Final = "Failed to read node configuration file"
 def is_not_configured(output: str) -> bool:
     """Whether ctl output says the node configuration cannot be read (a fatal misconfiguration)."""
     return _NOT_CONFIGURED in output
+
+
 _SHOWN_CHARS: Final = 200
 
 
@@ -168,9 +171,10 @@ class DomainStatus:
         """
         live = [n for n in self.nodes if n.status != "UNAVAILABLE"]
         return tuple(
-            n.host for n in self.nodes
+            n.host
+            for n in self.nodes
             if n.status == "UNAVAILABLE" and any((c := o.connection_to(n.node_id)) and c.is_connected for o in live)
-        )  # fmt: skip
+        )
 
     def not_connected(self, *, include_self: bool = False) -> list[tuple[int, int, str]]:
         """Return ``(from_id, to_id, status)`` for every link that is not ``CONNECTED``.
@@ -223,8 +227,7 @@ def _want(obj: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
     value = obj[key]
     if not isinstance(value, kind):
         raise OutputError(
-            f"nvidia-imex-ctl -N -j: {where}: {key!r} is {type(value).__name__}, "
-            f"expected {kind.__name__}"
+            f"nvidia-imex-ctl -N -j: {where}: {key!r} is {type(value).__name__}, expected {kind.__name__}"
         )
     return value
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import signal
 from pathlib import Path
-from typing import Dict, List, Optional, Protocol
+from typing import Protocol
 
 from imexctl.errors import CommandError, DaemonError, DomainBusyError, UnsafeNodeError
 from imexctl.fsutil import atomic_write, read_text_nofollow
@@ -20,39 +20,43 @@ from imexctl.settings import JobDir, Settings
 
 __all__ = ["Backend", "DaemonInfo", "ExecBackend", "SystemdBackend", "make_backend", "parse_systemctl_show"]
 
+
 @dataclasses.dataclass(frozen=True)
 class DaemonInfo:
     """What ``status`` shows about a job's daemon."""
 
     backend: str
     state: str
-    pid: Optional[int]
+    pid: int | None
     unit: str = ""
 
 
 class Backend(Protocol):
     """How the daemon is started and stopped."""
 
-    def start(self, jd: JobDir) -> None: ...
+    def start(self, jd: JobDir) -> None:
+        """Start the job's daemon with its ``config.cfg``."""
 
-    def stop(self, jd: JobDir) -> None: ...
+    def stop(self, jd: JobDir) -> None:
+        """Stop the job's daemon; survivors are left to :func:`ensure_gone`."""
 
-    def info(self, jd: JobDir) -> DaemonInfo: ...
+    def info(self, jd: JobDir) -> DaemonInfo:
+        """What ``status`` shows about the job's daemon."""
 
 
-def make_backend(host: Host, settings: Settings, name: Optional[str] = None) -> Backend:
+def make_backend(host: Host, settings: Settings, name: str | None = None) -> Backend:
     """The backend ``name`` (default: ``[daemon] backend``)."""
     if (name or settings.daemon.backend) == "exec":
         return ExecBackend(host, settings)
     return SystemdBackend(host, settings)
 
 
-def job_processes(host: Host, config: Path) -> List[ProcInfo]:
+def job_processes(host: Host, config: Path) -> list[ProcInfo]:
     """Live daemon processes of the job whose config is ``config``."""
     return host.processes_with_arg(str(config))
 
 
-def ensure_gone(host: Host, settings: Settings, config: Path, procs: Optional[List[ProcInfo]] = None) -> List[int]:
+def ensure_gone(host: Host, settings: Settings, config: Path, procs: list[ProcInfo] | None = None) -> list[int]:
     """Make sure no daemon of this job survives: SIGTERM, grace period, then SIGKILL.
 
     Returns:
@@ -76,7 +80,7 @@ def ensure_gone(host: Host, settings: Settings, config: Path, procs: Optional[Li
     return killed
 
 
-def _wait_dead(host: Host, procs: List[ProcInfo], timeout_s: float) -> List[ProcInfo]:
+def _wait_dead(host: Host, procs: list[ProcInfo], timeout_s: float) -> list[ProcInfo]:
     deadline = host.monotonic() + timeout_s
     while True:
         procs = [p for p in procs if host.is_alive(p)]
@@ -115,7 +119,7 @@ class ExecBackend:
             return DaemonInfo("exec", "running", alive[0].pid)
         return DaemonInfo("exec", "dead" if proc is not None else "absent", None)
 
-    def _recorded(self, jd: JobDir) -> Optional[ProcInfo]:
+    def _recorded(self, jd: JobDir) -> ProcInfo | None:
         try:
             pid_text, ctime_text = read_text_nofollow(jd.pid_file).split()
             return ProcInfo(int(pid_text), float(ctime_text), ())
@@ -139,16 +143,19 @@ class SystemdBackend:
         unit, stock = self.unit(jd.job_id), self.settings.daemon.stock_unit
         shown = self._show(unit, stock)
         if shown.get(stock, {}).get("ActiveState") in ("active", "activating", "reloading"):
-            raise DomainBusyError(f"{stock} is running: disable it (systemctl disable --now {stock}); "
-                                  "imexctl runs one daemon per job")  # fmt: skip
+            raise DomainBusyError(
+                f"{stock} is running: disable it (systemctl disable --now {stock}); imexctl runs one daemon per job"
+            )
         ours = shown.get(unit, {})
         if ours.get("LoadState") != "loaded":
             raise DaemonError(f"{unit}: unit not loaded ({ours.get('LoadState', '?')}); install systemd/ units")
         exec_start = ours.get("ExecStart", "")
         want = f"{self.settings.commands.nvidia_imex} -c {jd.config} "
         if f"argv[]={want}" not in exec_start + " ":
-            raise DaemonError(f"{unit}: ExecStart does not run '{want.strip()}' ({exec_start or 'none'}); "
-                              "[paths] and [commands] must match the installed unit")  # fmt: skip
+            raise DaemonError(
+                f"{unit}: ExecStart does not run '{want.strip()}' ({exec_start or 'none'}); "
+                "[paths] and [commands] must match the installed unit"
+            )
         self._ctl("start", unit, timeout_s=self.settings.daemon.start_timeout_s)
 
     def stop(self, jd: JobDir) -> None:
@@ -165,7 +172,7 @@ class SystemdBackend:
         state = f"{props.get('ActiveState', '?')}/{props.get('SubState', '?')}"
         return DaemonInfo("systemd", state, pid, unit)
 
-    def _show(self, *units: str) -> Dict[str, Dict[str, str]]:
+    def _show(self, *units: str) -> dict[str, dict[str, str]]:
         props = "Id,LoadState,ActiveState,SubState,MainPID,ExecStart"
         done = self.host.run((self.systemctl, "show", f"--property={props}", "--", *units), timeout_s=10)
         if done.returncode != 0:
@@ -181,9 +188,9 @@ class SystemdBackend:
             raise DaemonError(f"systemctl {verb} {unit}: exit {done.returncode}: {done.stderr.strip()[-300:]}")
 
 
-def parse_systemctl_show(text: str) -> Dict[str, Dict[str, str]]:
+def parse_systemctl_show(text: str) -> dict[str, dict[str, str]]:
     """Parse ``systemctl show`` output for one or more units (blank-line separated, keyed by Id)."""
-    units: Dict[str, Dict[str, str]] = {}
+    units: dict[str, dict[str, str]] = {}
     for block in text.strip().split("\n\n"):
         props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
         if props.get("Id"):

@@ -11,25 +11,30 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
 
 from imexctl.errors import ConfigError, NotPrivilegedError
 
 __all__ = ["FAULTS", "HookResult", "SimRack", "Tray", "run"]
 
 # --fault NAME -> (simulator fault entries, what the demo shows); tray 2 is the victim.
-FAULTS: Dict[str, Tuple[str, str]] = {
+FAULTS: dict[str, tuple[str, str]] = {
     "never-ready": ("@{t2} never_ready", "tray 2's daemon never gets READY: its prolog fails, all roll back"),
     "crash": ("@{t2} crash_after=0.5", "tray 2's daemon dies during start-up: its prolog fails at once"),
     "refuse-peer": ("@{t2} refuse_peer={t1}", "trays 1 and 2 never connect: the domain never comes UP"),
     "hang-ctl": ("@{t2} hang_ctl", "tray 2's nvidia-imex-ctl hangs: each probe is killed, then the deadline"),
-    "cmd-blocked": ("@{t2} block_cmd", "tray 2's command port is blocked for the other trays (a firewall): "
-                    "their nvidia-imex-ctl -N cannot reach it, the domain never looks UP, and they name it"),
+    "cmd-blocked": (
+        "@{t2} block_cmd",
+        (
+            "tray 2's command port is blocked for the other trays (a firewall): "
+            "their nvidia-imex-ctl -N cannot reach it, the domain never looks UP, and they name it"
+        ),
+    ),
     "version": ("@{t2} version=570.124.06", "tray 2 reports another driver version (!V!): fails fast"),
     "map-mismatch": ("", "tray 2 resolves tray 1 to another address (!M!): the nodes files differ"),
     "port-busy": ("", "a stale process holds tray 2's SERVER_PORT: its prolog refuses to start"),
@@ -42,6 +47,8 @@ _PROC_DEVICES = "Character devices:\n195 nvidia\n234 nvidia-caps-imex-channels\n
 
 @dataclasses.dataclass(frozen=True)
 class Tray:
+    """One simulated tray: its Slurm name, loopback address, root directory and imexctl config."""
+
     name: str
     address: str
     root: Path
@@ -50,6 +57,8 @@ class Tray:
 
 @dataclasses.dataclass(frozen=True)
 class HookResult:
+    """One hook run on one tray: exit code and combined output."""
+
     tray: Tray
     returncode: int
     output: str
@@ -61,15 +70,25 @@ class SimRack:
     Used by the demo and by the end-to-end tests.
     """
 
-    def __init__(self, base: Path, trays: int, *, deadline_s: float = 30, channels: Optional[bool] = None,
-                 uid: Optional[int] = None, first_address: int = 11) -> None:  # fmt: skip
+    def __init__(
+        self,
+        base: Path,
+        trays: int,
+        *,
+        deadline_s: float = 30,
+        channels: bool | None = None,
+        uid: int | None = None,
+        first_address: int = 11,
+    ) -> None:
         self.base = base
         self.faults = base / "faults"
         self.bins = _simulator_bins(base, self.faults)
         self.channels = _can_mknod(base) if channels is None else channels
         self.uid = _demo_uid() if uid is None else uid
-        self.trays = [Tray(f"tray{i:02d}", f"127.0.0.{first_address - 1 + i}", base / f"tray{i:02d}",
-                           base / f"tray{i:02d}.conf") for i in range(1, trays + 1)]  # fmt: skip
+        self.trays = [
+            Tray(f"tray{i:02d}", f"127.0.0.{first_address - 1 + i}", base / f"tray{i:02d}", base / f"tray{i:02d}.conf")
+            for i in range(1, trays + 1)
+        ]
         self.set_faults("")
         hosts = "".join(f"{t.address} {t.name}\n" for t in self.trays)
         for t in self.trays:
@@ -98,59 +117,85 @@ class SimRack:
         )
         t.config.chmod(0o644)
 
-    def nodelist(self, trays: Optional[List[Tray]] = None) -> str:
+    def nodelist(self, trays: list[Tray] | None = None) -> str:
         """The job's SLURM_JOB_NODELIST, folded like Slurm does."""
         from imexctl import nodelist
 
         return nodelist.fold([t.name for t in trays or self.trays])
 
-    def job_env(self, t: Tray, job_id: int, hook: str, trays: Optional[List[Tray]] = None) -> Dict[str, str]:
+    def job_env(self, t: Tray, job_id: int, hook: str, trays: list[Tray] | None = None) -> dict[str, str]:
         """What slurmd gives a Prolog/Epilog: no PATH, both node-list variables (slurm.md §1.2)."""
         nl = self.nodelist(trays)
         return {
-            "SLURM_JOB_ID": str(job_id), "SLURM_JOBID": str(job_id), "SLURM_JOB_NODELIST": nl,
-            "SLURM_NODELIST": nl, "SLURMD_NODENAME": t.name, "SLURM_JOB_UID": str(self.uid),
-            "SLURM_JOB_GID": str(self.uid), "SLURM_JOB_USER": "demo", "SLURM_JOB_PARTITION": "nvl72",
-            "SLURM_CLUSTER_NAME": "demo", "SLURM_SCRIPT_CONTEXT": f"{hook}_slurmd",
-            "IMEXCTL_CONFIG": str(t.config), "PYTHONPATH": _PKG_ROOT,
-        }  # fmt: skip
+            "SLURM_JOB_ID": str(job_id),
+            "SLURM_JOBID": str(job_id),
+            "SLURM_JOB_NODELIST": nl,
+            "SLURM_NODELIST": nl,
+            "SLURMD_NODENAME": t.name,
+            "SLURM_JOB_UID": str(self.uid),
+            "SLURM_JOB_GID": str(self.uid),
+            "SLURM_JOB_USER": "demo",
+            "SLURM_JOB_PARTITION": "nvl72",
+            "SLURM_CLUSTER_NAME": "demo",
+            "SLURM_SCRIPT_CONTEXT": f"{hook}_slurmd",
+            "IMEXCTL_CONFIG": str(t.config),
+            "PYTHONPATH": _PKG_ROOT,
+        }
 
-    def run_hooks(self, hook: str, job_id: int, trays: Optional[List[Tray]] = None) -> List[HookResult]:
+    def run_hooks(self, hook: str, job_id: int, trays: list[Tray] | None = None) -> list[HookResult]:
         """Run ``imexctl <hook>`` for every tray of the job at once, like slurmd on each node."""
         trays = trays or self.trays
         procs = [
-            (t, subprocess.Popen([sys.executable, "-m", "imexctl", hook], env=self.job_env(t, job_id, hook, trays),
-                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd="/"))
+            (
+                t,
+                subprocess.Popen(
+                    [sys.executable, "-m", "imexctl", hook],
+                    env=self.job_env(t, job_id, hook, trays),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    cwd="/",
+                ),
+            )
             for t in trays
-        ]  # fmt: skip
+        ]
         # communicate() before the exit code: a hook that prints more than a pipe buffer must not block
         outputs = [(t, p.communicate()[0].decode(errors="replace"), p) for t, p in procs]
         return [HookResult(t, p.returncode, out) for t, out, p in outputs]
 
-    def imexctl(self, t: Tray, *args: str) -> "subprocess.CompletedProcess[str]":
+    def imexctl(self, t: Tray, *args: str) -> subprocess.CompletedProcess[str]:
         """Run an admin command (status, cleanup) on one tray."""
         env = {"SLURMD_NODENAME": t.name, "IMEXCTL_CONFIG": str(t.config), "PYTHONPATH": _PKG_ROOT}
-        return subprocess.run([sys.executable, "-m", "imexctl", *args], capture_output=True, text=True, env=env,
-                              timeout=60, check=False)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "imexctl", *args], capture_output=True, text=True, env=env, timeout=60, check=False
+        )
 
-    def ctl(self, t: Tray, job_id: int, *args: str) -> "subprocess.CompletedProcess[str]":
+    def ctl(self, t: Tray, job_id: int, *args: str) -> subprocess.CompletedProcess[str]:
         """Run the simulated nvidia-imex-ctl against the tray's config of ``job_id``."""
         cfg = t.root / f"run/imexctl/jobs/{job_id}/config.cfg"
-        return subprocess.run([self.bins["nvidia_imex_ctl"], "-c", str(cfg), *args], capture_output=True,
-                              text=True, timeout=30, check=False)  # fmt: skip
+        return subprocess.run(
+            [self.bins["nvidia_imex_ctl"], "-c", str(cfg), *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
 
-    def kill_all(self) -> List[int]:
+    def kill_all(self) -> list[int]:
         """Safety net for interrupted runs: end every process started under the rack."""
         import psutil
 
-        procs = [p for p in psutil.process_iter(["cmdline"])
-                 if any(str(self.base) in a for a in p.info.get("cmdline") or []) and p.pid != os.getpid()]  # fmt: skip
+        procs = [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if any(str(self.base) in a for a in p.info.get("cmdline") or []) and p.pid != os.getpid()
+        ]
         for p in procs:
             p.kill()
         psutil.wait_procs(procs, timeout=5)
         return [p.pid for p in procs]
 
-    def leftovers(self) -> List[str]:
+    def leftovers(self) -> list[str]:
         """Job directories, channel nodes and processes left under the rack's directory."""
         import psutil
 
@@ -163,7 +208,7 @@ class SimRack:
         return left
 
 
-def run(*, trays: int = 4, fault: Optional[str] = None, keep: bool = False) -> int:
+def run(*, trays: int = 4, fault: str | None = None, keep: bool = False) -> int:
     """Run the demo; returns the exit code (0: job ran and nothing was left behind)."""
     if os.geteuid() != 0:
         raise NotPrivilegedError("the demo runs the real prolog and epilog, which need root")
@@ -185,11 +230,13 @@ def run(*, trays: int = 4, fault: Optional[str] = None, keep: bool = False) -> i
             shutil.rmtree(base, ignore_errors=True)
 
 
-def _run(rack: SimRack, fault: Optional[str]) -> int:
+def _run(rack: SimRack, fault: str | None) -> int:
     job_id = 1000 + os.getpid() % 50000
     t1, t2 = rack.trays[0], rack.trays[min(1, len(rack.trays) - 1)]
-    _say(f"imexctl demo: job {job_id} on {len(rack.trays)} simulated trays {rack.nodelist()} "
-         f"(127.0.0.11 and up), user uid {rack.uid}")  # fmt: skip
+    _say(
+        f"imexctl demo: job {job_id} on {len(rack.trays)} simulated trays {rack.nodelist()} "
+        f"(127.0.0.11 and up), user uid {rack.uid}"
+    )
     if fault:
         _say(f"fault '{fault}': {FAULTS[fault][1]}")
         rack.set_faults(FAULTS[fault][0].format(t1=t1.address, t2=t2.address))
@@ -216,7 +263,7 @@ def _run(rack: SimRack, fault: Optional[str]) -> int:
     return 0 if ok else 1
 
 
-def _simulator_bins(base: Path, faults: Path) -> Dict[str, str]:
+def _simulator_bins(base: Path, faults: Path) -> dict[str, str]:
     """Launchers for the simulated daemon and ctl, written for this interpreter.
 
     The daemon's launcher sets ``IMEX_SIM_FAULTS_FILE`` in its own environment:
@@ -229,8 +276,10 @@ def _simulator_bins(base: Path, faults: Path) -> Dict[str, str]:
         env = f"os.environ['IMEX_SIM_FAULTS_FILE'] = {str(faults)!r}\n" if key == "nvidia_imex" else ""
         path = base / "bin" / name
         path.parent.mkdir(exist_ok=True)
-        path.write_text(f"#!{sys.executable}\nimport os, sys\n{env}sys.path.insert(0, {_PKG_ROOT!r})\n"
-                        f"from {module} import main\nsys.exit(main())\n")  # fmt: skip
+        path.write_text(
+            f"#!{sys.executable}\nimport os, sys\n{env}sys.path.insert(0, {_PKG_ROOT!r})\n"
+            f"from {module} import main\nsys.exit(main())\n"
+        )
         path.chmod(0o755)
         out[key] = str(path)
     return out
@@ -289,8 +338,7 @@ def _show_domain(rack: SimRack, t: Tray, job_id: int) -> None:
     _say((done.stdout + done.stderr).rstrip())
 
 
-def _occupy_port(t: Tray, job_id: int):  # type: ignore[no-untyped-def]
-    import socket
+def _occupy_port(t: Tray, job_id: int) -> socket.socket:
 
     from imexctl.imexconf import job_port
 

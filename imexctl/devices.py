@@ -11,15 +11,21 @@ import dataclasses
 import os
 import stat
 from pathlib import Path
-from typing import List, Optional
 
 from imexctl.errors import DeviceError
 from imexctl.fsutil import ensure_dir, read_text_nofollow
 
 __all__ = [
-    "DEVICE_NAME", "Channel", "channel_minor", "check_minor", "driver_channel_count", "find_major",
-    "list_channels", "parse_channel_count", "remove_channel",
-]  # fmt: skip
+    "DEVICE_NAME",
+    "Channel",
+    "channel_minor",
+    "check_minor",
+    "driver_channel_count",
+    "find_major",
+    "list_channels",
+    "parse_channel_count",
+    "remove_channel",
+]
 
 DEVICE_NAME = "nvidia-caps-imex-channels"
 
@@ -36,7 +42,7 @@ class Channel:
     mode: int
 
 
-def find_major(proc_devices_text: str, name: str = DEVICE_NAME) -> Optional[int]:
+def find_major(proc_devices_text: str, name: str = DEVICE_NAME) -> int | None:
     """Major number of ``name`` in the ``Character devices:`` section, or None.
 
     Exact name match only: ``nvidia-caps`` is a different device (imex.md §9.2).
@@ -45,7 +51,7 @@ def find_major(proc_devices_text: str, name: str = DEVICE_NAME) -> Optional[int]
         DeviceError: the text does not look like /proc/devices, or names the device twice.
     """
     section = None
-    found: List[int] = []
+    found: list[int] = []
     for line in proc_devices_text.splitlines():
         stripped = line.strip()
         if stripped in ("Character devices:", "Block devices:"):
@@ -89,7 +95,7 @@ def channel_minor(job_id: int, channel_count: int) -> int:
     return 1 + job_id % (channel_count - 1)
 
 
-def parse_channel_count(params_text: str) -> Optional[int]:
+def parse_channel_count(params_text: str) -> int | None:
     """``NVreg_ImexChannelCount`` from the text of ``/proc/driver/nvidia/params``, or None.
 
     The driver prints each module parameter as ``Name: value``; the channel
@@ -108,7 +114,7 @@ def parse_channel_count(params_text: str) -> Optional[int]:
     return None
 
 
-def driver_channel_count(params: Path) -> Optional[int]:
+def driver_channel_count(params: Path) -> int | None:
     """The loaded driver's ``ImexChannelCount``; None when the file or the line is absent."""
     try:
         text = read_text_nofollow(params)
@@ -119,7 +125,7 @@ def driver_channel_count(params: Path) -> Optional[int]:
     return parse_channel_count(text)
 
 
-def check_minor(minor: int, driver_count: Optional[int], configured_count: int) -> None:
+def check_minor(minor: int, driver_count: int | None, configured_count: int) -> None:
     """Refuse a channel minor the driver does not have, before anything is created.
 
     Raises:
@@ -150,7 +156,7 @@ def ensure_channel_dir(channel_dir: Path) -> None:
         raise DeviceError(f"{channel_dir} must be owned by root and not group/world writable")
 
 
-def list_channels(channel_dir: Path) -> List[Channel]:
+def list_channels(channel_dir: Path) -> list[Channel]:
     """Every ``channel<N>`` character device in the directory, sorted by minor."""
     out = []
     try:
@@ -163,8 +169,14 @@ def list_channels(channel_dir: Path) -> List[Channel]:
         st = os.lstat(entry.path)
         if stat.S_ISCHR(st.st_mode):
             out.append(
-                Channel(Path(entry.path), os.minor(st.st_rdev), os.major(st.st_rdev), st.st_uid, st.st_gid,
-                        stat.S_IMODE(st.st_mode))  # fmt: skip
+                Channel(
+                    Path(entry.path),
+                    os.minor(st.st_rdev),
+                    os.major(st.st_rdev),
+                    st.st_uid,
+                    st.st_gid,
+                    stat.S_IMODE(st.st_mode),
+                )
             )
     return sorted(out, key=lambda c: c.minor)
 

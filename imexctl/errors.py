@@ -8,7 +8,8 @@ Inner layers raise an :class:`ImexctlError` subclass that carries data; only
 from __future__ import annotations
 
 import enum
-from typing import ClassVar, Sequence
+from collections.abc import Sequence
+from typing import ClassVar
 
 __all__ = [
     "CommandError",
@@ -45,6 +46,25 @@ class ExitCode(enum.IntEnum):
     NOPERM = 77
     CONFIG = 78
 
+    @property
+    def meaning(self) -> str:
+        """A few words for ``imexctl --help``; docs/exit-codes.md has the whole story."""
+        return _MEANINGS[self]
+
+
+_MEANINGS = {
+    ExitCode.OK: "ok",
+    ExitCode.FAILURE: "the demo's job failed",
+    ExitCode.USAGE: "usage",
+    ExitCode.DATAERR: "bad node list or job environment",
+    ExitCode.UNAVAILABLE: "IMEX, NVML, systemd or name resolution unavailable, or the node is busy",
+    ExitCode.SOFTWARE: "node left unsafe, or an internal error",
+    ExitCode.OSERR: "device node or file error",
+    ExitCode.TEMPFAIL: "not ready in time, or the node lock was busy",
+    ExitCode.NOPERM: "not root",
+    ExitCode.CONFIG: "invalid configuration",
+}
+
 
 class ImexctlError(Exception):
     """Base for every failure imexctl expects and reports."""
@@ -76,7 +96,8 @@ class NodeListError(ImexctlError):
         self.reason = reason
 
 
-class EnvironmentError_(ImexctlError):
+# the trailing underscore: the builtin name EnvironmentError is taken
+class EnvironmentError_(ImexctlError):  # noqa: N801
     """The job environment given by slurmd is missing or malformed."""
 
     code = "job_env_invalid"

@@ -11,7 +11,7 @@ driver in strict mode (imex.md §10.3); the waiting and health policy is ours
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Protocol, Tuple
+from typing import TYPE_CHECKING, Any, Protocol
 
 from imexctl import nvml
 from imexctl.errors import GpuError
@@ -40,8 +40,8 @@ class FabricInfo:
     clique_id: int
     state: int
     status: int
-    health_mask: Optional[int] = None
-    health_summary: Optional[int] = None
+    health_mask: int | None = None
+    health_summary: int | None = None
     layout: str = ""
 
     @property
@@ -54,19 +54,25 @@ class FabricInfo:
         """``COMPLETED``, ``IN_PROGRESS``, ... or ``UNKNOWN(n)``."""
         return nvml.STATE_NAMES.get(self.state, f"UNKNOWN({self.state})")
 
-    def describe(self) -> Dict[str, Any]:
+    def describe(self) -> dict[str, Any]:
         """Plain data for logs and ``--json`` output (UUID as canonical text)."""
         import uuid
 
-        return {"gpu": self.index, "state": self.state_name, "status": nvml.return_name(self.status),
-                "cluster_uuid": str(uuid.UUID(bytes=self.cluster_uuid)), "clique_id": self.clique_id,
-                "layout": self.layout, "health": self.health.text()}  # fmt: skip
+        return {
+            "gpu": self.index,
+            "state": self.state_name,
+            "status": nvml.return_name(self.status),
+            "cluster_uuid": str(uuid.UUID(bytes=self.cluster_uuid)),
+            "clique_id": self.clique_id,
+            "layout": self.layout,
+            "health": self.health.text(),
+        }
 
 
 class Gpu(Protocol):
     """Source of the tray's GPU fabric facts."""
 
-    def fabric_infos(self) -> List[Optional[FabricInfo]]:
+    def fabric_infos(self) -> list[FabricInfo | None]:
         """One entry per GPU; None for a GPU without fabric support."""
         ...
 
@@ -74,15 +80,17 @@ class Gpu(Protocol):
 class Clock(Protocol):
     """The part of :class:`imexctl.host.Host` a fabric wait needs."""
 
-    def monotonic(self) -> float: ...
+    def monotonic(self) -> float:
+        """Monotonic clock, seconds."""
 
-    def sleep(self, seconds: float) -> None: ...
+    def sleep(self, seconds: float) -> None:
+        """Sleep."""
 
 
 # ---------------------------------------------------------------- policy (pure over FabricInfo)
 
 
-def clique_key(infos: List[Optional[FabricInfo]]) -> Optional[str]:
+def clique_key(infos: list[FabricInfo | None]) -> str | None:
     """``"<clusterUuid>.<cliqueId>"`` shared by all GPUs of the tray, or None without MNNVL.
 
     Raises:
@@ -106,7 +114,7 @@ def clique_key(infos: List[Optional[FabricInfo]]) -> Optional[str]:
     return keys.pop() if keys else None
 
 
-def fabric_key(gpu: Gpu, clock: Clock, settings: Settings, *, deadline: float, log: Any) -> Optional[str]:
+def fabric_key(gpu: Gpu, clock: Clock, settings: Settings, *, deadline: float, log: Any) -> str | None:
     """This tray's clique key after waiting for pending registrations and checking health.
 
     A GPU whose registration is ``NOT_STARTED`` or ``IN_PROGRESS`` is asked again
@@ -129,12 +137,16 @@ def fabric_key(gpu: Gpu, clock: Clock, settings: Settings, *, deadline: float, l
     members = [i for i in infos if i is not None and i.state == STATE_COMPLETED and i.cluster_uuid != bytes(16)]
     if key is not None:
         _judge_health(members, settings.policy.fabric_limited, log)
-    log.debug("gpu.fabric.read", key=key, waited_s=round(clock.monotonic() - start, 3),
-              gpus=[i.describe() for i in infos if i is not None])  # fmt: skip
+    log.debug(
+        "gpu.fabric.read",
+        key=key,
+        waited_s=round(clock.monotonic() - start, 3),
+        gpus=[i.describe() for i in infos if i is not None],
+    )
     return key
 
 
-def _wait_registered(gpu: Gpu, clock: Clock, start: float, until: float, log: Any) -> List[Optional[FabricInfo]]:
+def _wait_registered(gpu: Gpu, clock: Clock, start: float, until: float, log: Any) -> list[FabricInfo | None]:
     announced = False
     while True:
         infos = gpu.fabric_infos()
@@ -144,18 +156,19 @@ def _wait_registered(gpu: Gpu, clock: Clock, start: float, until: float, log: An
         now = clock.monotonic()
         if now >= until:
             first = pending[0]
-            raise GpuError(f"GPU {first.index}: NVLink fabric not attached: registration still {first.state_name} "
-                           f"after {now - start:.1f} s ({len(pending)} GPU(s) pending; the wait ends at [policy] "
-                           f"fabric_wait_s or the readiness deadline); refusing IMEX")  # fmt: skip
+            raise GpuError(
+                f"GPU {first.index}: NVLink fabric not attached: registration still {first.state_name} "
+                f"after {now - start:.1f} s ({len(pending)} GPU(s) pending; the wait ends at [policy] "
+                f"fabric_wait_s or the readiness deadline); refusing IMEX"
+            )
         if not announced:
-            log.info("gpu.fabric.waiting", gpus={i.index: i.state_name for i in pending},
-                     wait_s=round(until - now, 3))  # fmt: skip
+            log.info("gpu.fabric.waiting", gpus={i.index: i.state_name for i in pending}, wait_s=round(until - now, 3))
             announced = True
         clock.sleep(min(FABRIC_POLL_S, until - now))
 
 
-def _judge_health(members: List[FabricInfo], limited: str, log: Any) -> None:
-    degraded: List[Tuple[FabricInfo, str]] = []
+def _judge_health(members: list[FabricInfo], limited: str, log: Any) -> None:
+    degraded: list[tuple[FabricInfo, str]] = []
     for info in members:
         health = info.health
         if info.health_summary == nvml.SUMMARY_UNHEALTHY:
@@ -166,12 +179,16 @@ def _judge_health(members: List[FabricInfo], limited: str, log: Any) -> None:
                 degraded.append((info, f"{why}; mask not judged"))
             continue
         if limited == "refuse":  # LIMITED_CAPACITY, or a summary value this header does not define
-            raise GpuError(f"GPU {info.index}: NVLink fabric {health.text()} ({_mask(info)}); "
-                           f"refusing IMEX ([policy] fabric_limited = refuse)")  # fmt: skip
+            raise GpuError(
+                f"GPU {info.index}: NVLink fabric {health.text()} ({_mask(info)}); "
+                f"refusing IMEX ([policy] fabric_limited = refuse)"
+            )
         degraded.append((info, "allowed by [policy] fabric_limited = warn"))
     if degraded:
-        log.warning("gpu.fabric.degraded", gpus=[{"gpu": i.index, "health": i.health.text(), "verdict": why}
-                                                 for i, why in degraded])  # fmt: skip
+        log.warning(
+            "gpu.fabric.degraded",
+            gpus=[{"gpu": i.index, "health": i.health.text(), "verdict": why} for i, why in degraded],
+        )
 
 
 def _mask(info: FabricInfo) -> str:
@@ -200,17 +217,19 @@ class NvmlGpu:
     """
 
     def __init__(self) -> None:
-        self.versions: Optional[NvmlVersions] = None
+        self.versions: NvmlVersions | None = None
 
-    def fabric_infos(self) -> List[Optional[FabricInfo]]:
+    def fabric_infos(self) -> list[FabricInfo | None]:
         """Query every GPU (init, read, shutdown)."""
         pynvml = _import_pynvml()
         python = _package_version()
         try:
             pynvml.nvmlInit()
         except Exception as exc:
-            raise GpuError(f"NVML init failed: {_describe(exc)} (driver not loaded?) "
-                           f"[nvidia-ml-py {python}, driver version unknown]") from exc  # fmt: skip
+            raise GpuError(
+                f"NVML init failed: {_describe(exc)} (driver not loaded?) "
+                f"[nvidia-ml-py {python}, driver version unknown]"
+            ) from exc
         self.versions = NvmlVersions(python, "unknown")
         try:
             self.versions = NvmlVersions(python, _driver_version(pynvml))
@@ -243,7 +262,7 @@ def _package_version() -> str:
 
 
 def _driver_version(pynvml: Any) -> str:
-    """nvmlSystemGetDriverVersion when it answers, else ``unknown (<why>)``."""
+    """NvmlSystemGetDriverVersion when it answers, else ``unknown (<why>)``."""
     try:
         version = pynvml.nvmlSystemGetDriverVersion()
     except Exception as exc:
@@ -251,14 +270,25 @@ def _driver_version(pynvml: Any) -> str:
     return version.decode(errors="replace") if isinstance(version, bytes) else str(version)
 
 
-def _read_all(pynvml: Any) -> List[Optional[FabricInfo]]:
+def _read_all(pynvml: Any) -> list[FabricInfo | None]:
     lookup = _lookup(pynvml)
-    out: List[Optional[FabricInfo]] = []
+    out: list[FabricInfo | None] = []
     for index in range(int(pynvml.nvmlDeviceGetCount())):
         raw = nvml.read_fabric(lookup, pynvml.nvmlDeviceGetHandleByIndex(index), index)
-        out.append(None if raw is None else FabricInfo(
-            index, raw.cluster_uuid, raw.clique_id, raw.state, raw.status, raw.health_mask, raw.health_summary,
-            raw.layout))  # fmt: skip
+        out.append(
+            None
+            if raw is None
+            else FabricInfo(
+                index,
+                raw.cluster_uuid,
+                raw.clique_id,
+                raw.state,
+                raw.status,
+                raw.health_mask,
+                raw.health_summary,
+                raw.layout,
+            )
+        )
     return out
 
 
@@ -270,7 +300,7 @@ def _lookup(pynvml: Any) -> nvml.Lookup:
     if get is None:
         raise GpuError("this nvidia-ml-py has no _nvmlGetFunctionPointer")
 
-    def lookup(name: str) -> Optional[int]:
+    def lookup(name: str) -> int | None:
         try:
             fn = get(name)
         except pynvml.NVMLError as exc:
@@ -286,7 +316,7 @@ def _lookup(pynvml: Any) -> nvml.Lookup:
 def _shutdown_quietly(pynvml: Any) -> None:
     try:
         pynvml.nvmlShutdown()
-    except Exception:  # the error being raised already says what went wrong
+    except Exception:  # noqa: S110 # the error being raised already says what went wrong
         pass
 
 

@@ -12,8 +12,9 @@ import dataclasses
 import os
 import stat
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import List, Optional, Protocol, Sequence, Tuple
+from typing import Protocol
 
 from imexctl.errors import CommandError, DeviceError
 
@@ -27,7 +28,7 @@ SAFE_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 class Completed:
     """A finished command."""
 
-    argv: Tuple[str, ...]
+    argv: tuple[str, ...]
     returncode: int
     stdout: str
     stderr: str
@@ -39,7 +40,7 @@ class ProcInfo:
 
     pid: int
     create_time: float
-    cmdline: Tuple[str, ...]
+    cmdline: tuple[str, ...]
     pgid: int = 0
     sid: int = 0
 
@@ -47,31 +48,44 @@ class ProcInfo:
 class Host(Protocol):
     """Every effect imexctl has on the machine, except plain files under ``Paths``."""
 
-    def run(self, argv: Sequence[str], *, timeout_s: float) -> Completed: ...
+    def run(self, argv: Sequence[str], *, timeout_s: float) -> Completed:
+        """Run a command to completion (no shell, bounded); CommandError if it cannot run or times out."""
 
-    def spawn_detached(self, argv: Sequence[str], *, log_path: Path) -> ProcInfo: ...
+    def spawn_detached(self, argv: Sequence[str], *, log_path: Path) -> ProcInfo:
+        """Start a daemon in a new session, stdio on ``log_path``."""
 
-    def resolve(self, name: str) -> List[str]: ...
+    def resolve(self, name: str) -> list[str]:
+        """Every address of a host name, in resolver order."""
 
-    def mknod_char(self, path: Path, major: int, minor: int, *, mode: int, uid: int, gid: int) -> None: ...
+    def mknod_char(self, path: Path, major: int, minor: int, *, mode: int, uid: int, gid: int) -> None:
+        """Create a character device node with exactly this owner and mode."""
 
-    def processes_with_arg(self, arg: str, *, prefix: bool = False) -> List[ProcInfo]: ...
+    def processes_with_arg(self, arg: str, *, prefix: bool = False) -> list[ProcInfo]:
+        """Live processes with an argv element equal to (or starting with) ``arg``."""
 
-    def is_alive(self, proc: ProcInfo) -> bool: ...
+    def is_alive(self, proc: ProcInfo) -> bool:
+        """Whether that very process (pid and start time) still runs."""
 
-    def send_signal(self, proc: ProcInfo, signum: int) -> None: ...
+    def send_signal(self, proc: ProcInfo, signum: int) -> None:
+        """Signal the process if it is still the same one."""
 
-    def job_is_running(self, job_id: int) -> bool: ...
+    def job_is_running(self, job_id: int) -> bool:
+        """Whether the Slurm job still has anything on this node."""
 
-    def port_in_use(self, address: str, port: int) -> bool: ...
+    def port_in_use(self, address: str, port: int) -> bool:
+        """Whether a TCP listener could not bind ``address:port`` now."""
 
-    def monotonic(self) -> float: ...
+    def monotonic(self) -> float:
+        """Monotonic clock, seconds."""
 
-    def sleep(self, seconds: float) -> None: ...
+    def sleep(self, seconds: float) -> None:
+        """Sleep."""
 
-    def time(self) -> float: ...
+    def time(self) -> float:
+        """Wall clock, seconds since the epoch."""
 
-    def euid(self) -> int: ...
+    def euid(self) -> int:
+        """Effective user id."""
 
 
 class RealHost:
@@ -84,9 +98,16 @@ class RealHost:
         argv = tuple(argv)
         try:
             p = subprocess.run(
-                argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
-                timeout=timeout_s, check=False, env=SAFE_ENV, close_fds=True,
-            )  # fmt: skip
+                argv,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                errors="replace",
+                timeout=timeout_s,
+                check=False,
+                env=SAFE_ENV,
+                close_fds=True,
+            )
         except subprocess.TimeoutExpired as exc:
             out = exc.stdout or b""
             text = out.decode(errors="replace") if isinstance(out, bytes) else out
@@ -109,16 +130,22 @@ class RealHost:
             fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
             try:
                 p = subprocess.Popen(
-                    argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
-                    close_fds=True, env=SAFE_ENV, cwd="/",
-                )  # fmt: skip
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=fd,
+                    stderr=fd,
+                    start_new_session=True,
+                    close_fds=True,
+                    env=SAFE_ENV,
+                    cwd="/",
+                )
             finally:
                 os.close(fd)
         except OSError as exc:
             raise CommandError(argv, f"cannot start: {exc.strerror} ({exc.filename or argv[0]})") from exc
         return self._info(p.pid) or ProcInfo(p.pid, 0.0, argv)
 
-    def resolve(self, name: str) -> List[str]:
+    def resolve(self, name: str) -> list[str]:
         """All addresses of ``name`` (IPv4 and IPv6), in resolver order, without repeats."""
         import socket
 
@@ -126,7 +153,7 @@ class RealHost:
             infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
         except (socket.gaierror, UnicodeError) as exc:
             raise CommandError(("getaddrinfo", name), f"cannot resolve {name!r}: {exc}") from exc
-        out: List[str] = []
+        out: list[str] = []
         for info in infos:
             addr = str(info[4][0]).split("%", 1)[0]
             if addr not in out:
@@ -145,7 +172,7 @@ class RealHost:
         finally:
             os.umask(old)
 
-    def processes_with_arg(self, arg: str, *, prefix: bool = False) -> List[ProcInfo]:
+    def processes_with_arg(self, arg: str, *, prefix: bool = False) -> list[ProcInfo]:
         """Live (non-zombie) processes with an argv element equal to (or starting with) ``arg``."""
         import psutil
 
@@ -223,7 +250,7 @@ class RealHost:
         return os.geteuid()
 
     @staticmethod
-    def _info(pid: int) -> Optional[ProcInfo]:
+    def _info(pid: int) -> ProcInfo | None:
         import psutil
 
         try:

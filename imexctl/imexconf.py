@@ -7,8 +7,8 @@ per line with nothing else (imex.md §3, §13 #4).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 __all__ = ["DEFAULTS", "job_port", "nodes_hash", "render_config", "render_nodes"]
 
@@ -29,8 +29,10 @@ DEFAULTS: Mapping[str, str] = {
 
 
 def job_port(job_id: int, port_range: tuple[int, int]) -> int:
-    """The job's port in ``port_range`` (SERVER_PORT, IMEX_CMD_PORT): a pure function of the
-    job id, so identical on every tray of the job."""
+    """The job's port in ``port_range`` (SERVER_PORT, IMEX_CMD_PORT).
+
+    A pure function of the job id, so identical on every tray of the job.
+    """
     lo, hi = port_range
     return lo + job_id % (hi - lo + 1)
 

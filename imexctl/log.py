@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import IO, Dict, Optional
+from typing import IO
 
 __all__ = ["EVENTS", "SinkLogger", "configure_logging"]
 
 # name -> one-line meaning (docs/events.md is checked against this table)
-EVENTS: Dict[str, str] = {
+EVENTS: dict[str, str] = {
     "prolog.done": "summary of one prolog run: ok, reason, timings, port, channel",
     "epilog.done": "summary of one epilog run: ok, what was removed",
     "cleanup.done": "summary of one cleanup run",
@@ -52,7 +52,7 @@ class SinkLogger:
     made; the level decides whether stderr and syslog get it too.
     """
 
-    def __init__(self, file: Optional[IO[str]], stderr: Optional[IO[str]], stderr_level: int, syslog: bool):
+    def __init__(self, file: IO[str] | None, stderr: IO[str] | None, stderr_level: int, syslog: bool) -> None:
         self._file, self._stderr, self._stderr_level, self._syslog = file, stderr, stderr_level, syslog
         if syslog:
             import syslog as _syslog
@@ -70,32 +70,38 @@ class SinkLogger:
         if self._syslog:
             import syslog
 
-            syslog.syslog(syslog.LOG_ERR if level >= 40 else syslog.LOG_WARNING if level >= 30 else syslog.LOG_INFO,
-                          line)  # fmt: skip
+            syslog.syslog(
+                syslog.LOG_ERR if level >= 40 else syslog.LOG_WARNING if level >= 30 else syslog.LOG_INFO, line
+            )
 
     def debug(self, line: str) -> None:
+        """A debug line."""
         self.write(line, 10)
 
     def info(self, line: str) -> None:
+        """An info line."""
         self.write(line, 20)
 
     msg = info
 
     def warning(self, line: str) -> None:
+        """A warning line."""
         self.write(line, 30)
 
     def error(self, line: str) -> None:
+        """An error line."""
         self.write(line, 40)
 
     exception = error
 
     def critical(self, line: str) -> None:
+        """A critical line."""
         self.write(line, 50)
 
 
 def configure_logging(
-    *, level: str = "info", log_file: Optional[Path] = None, stderr_level: str = "warning", syslog: bool = False
-) -> Optional[str]:
+    *, level: str = "info", log_file: Path | None = None, stderr_level: str = "warning", syslog: bool = False
+) -> str | None:
     """Configure structlog once: JSON lines to ``log_file``, ``stderr`` and optionally syslog.
 
     Returns:
@@ -120,7 +126,7 @@ def configure_logging(
             structlog.processors.JSONRenderer(sort_keys=False),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
-        logger_factory=lambda *args: sink,
+        logger_factory=lambda *_: sink,
         cache_logger_on_first_use=False,
     )
     return problem

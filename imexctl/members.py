@@ -9,8 +9,8 @@ on which tray runs it, except choosing the tray's own block.
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
 
 from imexctl import nodelist
 from imexctl.errors import CommandError, ConfigError, NodeListError, ResolveError
@@ -20,7 +20,7 @@ from imexctl.host import Host
 __all__ = ["domain_members", "parse_hosts_file", "parse_topology", "resolve_all"]
 
 
-def parse_topology(text: str, source: str) -> Dict[str, str]:
+def parse_topology(text: str, source: str) -> dict[str, str]:
     """Map node name -> block name from ``BlockName=<b> Nodes=<hostlist>`` lines.
 
     Other Slurm topology lines (``BlockSizes=``, ``SwitchName=``), blank lines
@@ -29,9 +29,9 @@ def parse_topology(text: str, source: str) -> Dict[str, str]:
     Raises:
         ConfigError: a malformed block line, or a node in two blocks.
     """
-    owner: Dict[str, str] = {}
-    for lineno, line in enumerate(text.splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
+    owner: dict[str, str] = {}
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
         if not line.startswith("BlockName="):
             continue
         fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
@@ -48,7 +48,7 @@ def parse_topology(text: str, source: str) -> Dict[str, str]:
     return owner
 
 
-def domain_members(nodes: Sequence[str], me: str, topology_file: "Path | None") -> Tuple[str, ...]:
+def domain_members(nodes: Sequence[str], me: str, topology_file: Path | None) -> tuple[str, ...]:
     """The job's trays that share this tray's NVLink domain, in node-list order.
 
     Without a topology file every tray of the job is in one domain.
@@ -65,13 +65,13 @@ def domain_members(nodes: Sequence[str], me: str, topology_file: "Path | None") 
     return tuple(n for n in nodes if owner.get(n) == owner[me])
 
 
-def parse_hosts_file(text: str, source: str) -> Dict[str, str]:
+def parse_hosts_file(text: str, source: str) -> dict[str, str]:
     """``/etc/hosts``-style map: ``ADDRESS NAME [NAME...]`` -> {name: address}.
 
     Raises:
         ConfigError: a bad address, or one name given two addresses.
     """
-    out: Dict[str, str] = {}
+    out: dict[str, str] = {}
     for lineno, line in enumerate(text.splitlines(), 1):
         fields = line.split("#", 1)[0].split()
         if not fields:
@@ -84,7 +84,7 @@ def parse_hosts_file(text: str, source: str) -> Dict[str, str]:
     return out
 
 
-def resolve_all(names: Sequence[str], *, method: str, host: Host, hosts_file: Path) -> Tuple[str, ...]:
+def resolve_all(names: Sequence[str], *, method: str, host: Host, hosts_file: Path) -> tuple[str, ...]:
     """Resolve every tray to exactly one address; all must resolve, no two alike.
 
     ``dns``: the system resolver (NSS: /etc/hosts, DNS); the one IPv4 address
@@ -95,8 +95,8 @@ def resolve_all(names: Sequence[str], *, method: str, host: Host, hosts_file: Pa
         ResolveError: naming each tray that failed and why.
     """
     table = _hosts_table(hosts_file) if method == "hosts_file" else None
-    addresses: List[str] = []
-    problems: List[str] = []
+    addresses: list[str] = []
+    problems: list[str] = []
     for name in names:
         try:
             addresses.append(table[name] if table is not None else _dns_one(host, name))
@@ -106,7 +106,7 @@ def resolve_all(names: Sequence[str], *, method: str, host: Host, hosts_file: Pa
             problems.append(str(exc))
     if problems:
         raise ResolveError("cannot resolve trays: " + "; ".join(problems))
-    seen: Dict[str, str] = {}
+    seen: dict[str, str] = {}
     for name, addr in zip(names, addresses):
         if addr in seen:
             raise ResolveError(f"{seen[addr]} and {name} resolve to the same address {addr}")
@@ -114,7 +114,7 @@ def resolve_all(names: Sequence[str], *, method: str, host: Host, hosts_file: Pa
     return tuple(addresses)
 
 
-def _hosts_table(path: Path) -> Dict[str, str]:
+def _hosts_table(path: Path) -> dict[str, str]:
     try:
         text = read_text_nofollow(path)
     except OSError as exc:

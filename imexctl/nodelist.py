@@ -90,8 +90,10 @@ def expand(text: str) -> list[str]:
         _check_printable(text)
     if "{" in text:
         raise _error(
-            text, _token_around(text, text.index("{")),
-            "hostlist functions need slurmctld and are not expanded in-process")
+            text,
+            _token_around(text, text.index("{")),
+            "hostlist functions need slurmctld and are not expanded in-process",
+        )
     if "[" not in text and "]" not in text:
         return [t for t in _split_separators(text) if t]
     names: list[str] = []
@@ -155,8 +157,7 @@ def _token_around(text: str, index: int) -> str:
 def _check_printable(text: str) -> None:
     for index, char in enumerate(text):
         if char not in "\t\n" and not char.isprintable():
-            raise _error(
-                text, _token_around(text, index), f"non-printing character {char!r}")
+            raise _error(text, _token_around(text, index), f"non-printing character {char!r}")
 
 
 def _tokens(text: str) -> list[list[str]]:
@@ -177,14 +178,11 @@ def _tokens(text: str) -> list[list[str]]:
             reason = "'[' without ']'" if last else "'[' not closed before the next '['"
             raise _error(text, raw, reason)
         current.append(segment[:close])
-        current = _push_outside(
-            tokens, current, segment[close + 1:], more=number < len(segments))
+        current = _push_outside(tokens, current, segment[close + 1 :], more=number < len(segments))
     return tokens
 
 
-def _push_outside(
-    tokens: list[list[str]], current: list[str] | None, outside: str, *, more: bool
-) -> list[str] | None:
+def _push_outside(tokens: list[list[str]], current: list[str] | None, outside: str, *, more: bool) -> list[str] | None:
     """Add the text between two groups; return the token still open, if any."""
     parts = _split_separators(outside)
     if current is not None:
@@ -219,8 +217,7 @@ def _expand_token(text: str, pieces: list[str]) -> list[str]:
     for items in parsed[:-1]:
         combinations *= sum(hi - lo + 1 for lo, hi, _ in items)
     if combinations > MAX_PREFIX_COMBINATIONS:
-        raise _error(
-            text, _raw(pieces), f"more than {MAX_PREFIX_COMBINATIONS} prefix combinations")
+        raise _error(text, _raw(pieces), f"more than {MAX_PREFIX_COMBINATIONS} prefix combinations")
     prefixes = [texts[0]]
     for items, after in zip(parsed[:-1], texts[1:-1]):
         values = [f"{j:0{w}d}" for lo, hi, w in items for j in range(lo, hi + 1)]
@@ -247,8 +244,7 @@ def _parse_group(text: str, group: str) -> list[tuple[int, int, int]]:
     """Parse the inside of one bracket group into ``(lo, hi, width)`` items."""
     items = group.split(",")
     if len(items) > MAX_RANGE_ITEMS:
-        raise _error(
-            text, f"[{group}]", f"more than {MAX_RANGE_ITEMS} items in one bracket group")
+        raise _error(text, f"[{group}]", f"more than {MAX_RANGE_ITEMS} items in one bracket group")
     if not group.isascii():
         bad = next(item for item in items if not item.isascii())
         raise _error(text, bad, "not a number or LO-HI range")
@@ -317,11 +313,16 @@ def _collect(names: list[str]) -> list[tuple[str, int, int, int]]:
     prefix_, lo_, hi_, width_ = "", 0, -2, -1
     for name in names:
         prefix = name.rstrip(_DIGITS)
-        digits = name[len(prefix):]
+        digits = name[len(prefix) :]
         number = _number(digits) if digits else _ULONG_MAX + 1
         width = len(digits)
-        if (number == hi_ + 1 and prefix == prefix_ and width_ >= 0
-                and number - lo_ < MAX_RANGE and number <= _ULONG_MAX):
+        if (
+            number == hi_ + 1
+            and prefix == prefix_
+            and width_ >= 0
+            and number - lo_ < MAX_RANGE
+            and number <= _ULONG_MAX
+        ):
             joined = width if width == width_ else _width_equiv(lo_, width_, number, width)
             if joined >= 0:
                 hi_, width_ = number, joined
@@ -382,6 +383,5 @@ def _render_group(group: list[tuple[str, int, int, int]]) -> str:
         return prefix
     if len(group) == 1 and lo == hi:
         return f"{prefix}{lo:0{width}d}"
-    items = ",".join(
-        f"{lo:0{w}d}" if lo == hi else f"{lo:0{w}d}-{hi:0{w}d}" for _, lo, hi, w in group)
+    items = ",".join(f"{lo:0{w}d}" if lo == hi else f"{lo:0{w}d}-{hi:0{w}d}" for _, lo, hi, w in group)
     return f"{prefix}[{items}]"

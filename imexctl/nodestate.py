@@ -6,8 +6,9 @@ import contextlib
 import dataclasses
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any
 
 from imexctl.errors import FileError, LockTimeout
 from imexctl.fsutil import atomic_write, ensure_dir, read_text_nofollow
@@ -15,6 +16,7 @@ from imexctl.host import Host
 from imexctl.settings import JobDir
 
 __all__ = ["JobState", "job_ids", "node_lock", "read_state", "write_state"]
+
 
 @dataclasses.dataclass(frozen=True)
 class JobState:
@@ -25,11 +27,11 @@ class JobState:
     uid: int
     gid: int
     user: str
-    nodes: Tuple[str, ...]
-    addresses: Tuple[str, ...]
+    nodes: tuple[str, ...]
+    addresses: tuple[str, ...]
     port: int
     backend: str
-    channel_minor: Optional[int]
+    channel_minor: int | None
     channel_path: str
     created: float
     cmd_port: int = 0
@@ -41,17 +43,17 @@ def write_state(jd: JobDir, state: JobState) -> None:
     atomic_write(jd.state, json.dumps(data, indent=1) + "\n", mode=0o644)
 
 
-def read_state(jd: JobDir) -> Optional[JobState]:
+def read_state(jd: JobDir) -> JobState | None:
     """The recorded state, or None when absent or unreadable (the epilog must cope)."""
     try:
-        data: Dict[str, Any] = json.loads(read_text_nofollow(jd.state))
+        data: dict[str, Any] = json.loads(read_text_nofollow(jd.state))
         data["nodes"], data["addresses"] = tuple(data["nodes"]), tuple(data["addresses"])
         return JobState(**data)
     except (OSError, ValueError, TypeError, KeyError):
         return None
 
 
-def job_ids(jobs_dir: Path) -> List[int]:
+def job_ids(jobs_dir: Path) -> list[int]:
     """Job ids that have a per-job directory on this node."""
     try:
         return sorted(int(e.name) for e in os.scandir(jobs_dir) if e.name.isdigit())

@@ -19,13 +19,25 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-from typing import Any, Callable, Dict, Final, Optional, Tuple
+from typing import Any, Callable, Final, Optional
 
 __all__ = [
-    "FABRIC_INFO_V2", "FABRIC_INFO_V3", "FabricHealth", "FabricRead", "GpuFabricInfo", "GpuFabricInfoV2",
-    "GpuFabricInfoV3", "NvmlCallError", "RETURN_NAMES", "STATE_NAMES", "SUMMARY_NAMES", "decode_health",
-    "read_fabric", "return_name", "struct_version",
-]  # fmt: skip
+    "FABRIC_INFO_V2",
+    "FABRIC_INFO_V3",
+    "RETURN_NAMES",
+    "STATE_NAMES",
+    "SUMMARY_NAMES",
+    "FabricHealth",
+    "FabricRead",
+    "GpuFabricInfo",
+    "GpuFabricInfoV2",
+    "GpuFabricInfoV3",
+    "NvmlCallError",
+    "decode_health",
+    "read_fabric",
+    "return_name",
+    "struct_version",
+]
 
 FABRIC_UUID_LEN: Final = 16  # NVML_GPU_FABRIC_UUID_LEN
 
@@ -34,48 +46,96 @@ SUCCESS: Final = 0
 ERROR_NOT_SUPPORTED: Final = 3
 ERROR_FUNCTION_NOT_FOUND: Final = 13
 ERROR_ARGUMENT_VERSION_MISMATCH: Final = 25
-RETURN_NAMES: Final[Dict[int, str]] = {
-    0: "SUCCESS", 1: "UNINITIALIZED", 2: "INVALID_ARGUMENT", 3: "NOT_SUPPORTED", 4: "NO_PERMISSION",
-    5: "ALREADY_INITIALIZED", 6: "NOT_FOUND", 7: "INSUFFICIENT_SIZE", 8: "INSUFFICIENT_POWER",
-    9: "DRIVER_NOT_LOADED", 10: "TIMEOUT", 11: "IRQ_ISSUE", 12: "LIBRARY_NOT_FOUND", 13: "FUNCTION_NOT_FOUND",
-    14: "CORRUPTED_INFOROM", 15: "GPU_IS_LOST", 16: "RESET_REQUIRED", 17: "OPERATING_SYSTEM",
-    18: "LIB_RM_VERSION_MISMATCH", 19: "IN_USE", 20: "MEMORY", 21: "NO_DATA", 22: "VGPU_ECC_NOT_SUPPORTED",
-    23: "INSUFFICIENT_RESOURCES", 24: "FREQ_NOT_SUPPORTED", 25: "ARGUMENT_VERSION_MISMATCH", 26: "DEPRECATED",
-    27: "NOT_READY", 28: "GPU_NOT_FOUND", 29: "INVALID_STATE", 30: "RESET_TYPE_NOT_SUPPORTED", 999: "UNKNOWN",
-}  # fmt: skip
+RETURN_NAMES: Final[dict[int, str]] = {
+    0: "SUCCESS",
+    1: "UNINITIALIZED",
+    2: "INVALID_ARGUMENT",
+    3: "NOT_SUPPORTED",
+    4: "NO_PERMISSION",
+    5: "ALREADY_INITIALIZED",
+    6: "NOT_FOUND",
+    7: "INSUFFICIENT_SIZE",
+    8: "INSUFFICIENT_POWER",
+    9: "DRIVER_NOT_LOADED",
+    10: "TIMEOUT",
+    11: "IRQ_ISSUE",
+    12: "LIBRARY_NOT_FOUND",
+    13: "FUNCTION_NOT_FOUND",
+    14: "CORRUPTED_INFOROM",
+    15: "GPU_IS_LOST",
+    16: "RESET_REQUIRED",
+    17: "OPERATING_SYSTEM",
+    18: "LIB_RM_VERSION_MISMATCH",
+    19: "IN_USE",
+    20: "MEMORY",
+    21: "NO_DATA",
+    22: "VGPU_ECC_NOT_SUPPORTED",
+    23: "INSUFFICIENT_RESOURCES",
+    24: "FREQ_NOT_SUPPORTED",
+    25: "ARGUMENT_VERSION_MISMATCH",
+    26: "DEPRECATED",
+    27: "NOT_READY",
+    28: "GPU_NOT_FOUND",
+    29: "INVALID_STATE",
+    30: "RESET_TYPE_NOT_SUPPORTED",
+    999: "UNKNOWN",
+}
 
 # NVML_GPU_FABRIC_STATE_*
 STATE_NOT_SUPPORTED: Final = 0
 STATE_NOT_STARTED: Final = 1
 STATE_IN_PROGRESS: Final = 2
 STATE_COMPLETED: Final = 3
-STATE_NAMES: Final[Dict[int, str]] = {0: "NOT_SUPPORTED", 1: "NOT_STARTED", 2: "IN_PROGRESS", 3: "COMPLETED"}
+STATE_NAMES: Final[dict[int, str]] = {0: "NOT_SUPPORTED", 1: "NOT_STARTED", 2: "IN_PROGRESS", 3: "COMPLETED"}
 
 # NVML_GPU_FABRIC_HEALTH_SUMMARY_* (v3 only)
 SUMMARY_NOT_SUPPORTED: Final = 0
 SUMMARY_HEALTHY: Final = 1
 SUMMARY_UNHEALTHY: Final = 2
 SUMMARY_LIMITED_CAPACITY: Final = 3
-SUMMARY_NAMES: Final[Dict[int, str]] = {0: "NOT_SUPPORTED", 1: "HEALTHY", 2: "UNHEALTHY", 3: "LIMITED_CAPACITY"}
+SUMMARY_NAMES: Final[dict[int, str]] = {0: "NOT_SUPPORTED", 1: "HEALTHY", 2: "UNHEALTHY", 3: "LIMITED_CAPACITY"}
 
 _TRI = {0: "NOT_SUPPORTED", 1: "TRUE", 2: "FALSE"}
 # NVML_GPU_FABRIC_HEALTH_MASK_<FIELD>_*: (field, SHIFT_<FIELD>, WIDTH_<FIELD>, values, {value: problem text})
-_HEALTH_FIELDS: Final[Tuple[Tuple[str, int, int, Dict[int, str], Dict[int, str]], ...]] = (
+_HEALTH_FIELDS: Final[tuple[tuple[str, int, int, dict[int, str], dict[int, str]], ...]] = (
     ("DEGRADED_BW", 0, 0x3, _TRI, {1: "NVLink bandwidth degraded"}),
     ("ROUTE_RECOVERY", 2, 0x3, _TRI, {1: "route recovery in progress"}),
     ("ROUTE_UNHEALTHY", 4, 0x3, _TRI, {1: "route unhealthy"}),
     ("ACCESS_TIMEOUT_RECOVERY", 6, 0x3, _TRI, {1: "access timeout recovery in progress"}),
-    ("INCORRECT_CONFIGURATION", 8, 0xF,
-     {0: "NOT_SUPPORTED", 1: "NONE", 2: "INCORRECT_SYSGUID", 3: "INCORRECT_CHASSIS_SN", 4: "NO_PARTITION",
-      5: "INSUFFICIENT_NVLINKS", 6: "INCOMPATIBLE_GPU_FW", 7: "INVALID_LOCATION", 8: "GPU_STATE_INVALID"},
-     {2: "incorrect configuration: wrong system GUID", 3: "incorrect configuration: wrong chassis serial number",
-      4: "incorrect configuration: no partition", 5: "incorrect configuration: insufficient NVLinks",
-      6: "incorrect configuration: incompatible GPU firmware", 7: "incorrect configuration: invalid location",
-      8: "incorrect configuration: GPU state invalid"}),
+    (
+        "INCORRECT_CONFIGURATION",
+        8,
+        0xF,
+        {
+            0: "NOT_SUPPORTED",
+            1: "NONE",
+            2: "INCORRECT_SYSGUID",
+            3: "INCORRECT_CHASSIS_SN",
+            4: "NO_PARTITION",
+            5: "INSUFFICIENT_NVLINKS",
+            6: "INCOMPATIBLE_GPU_FW",
+            7: "INVALID_LOCATION",
+            8: "GPU_STATE_INVALID",
+        },
+        {
+            2: "incorrect configuration: wrong system GUID",
+            3: "incorrect configuration: wrong chassis serial number",
+            4: "incorrect configuration: no partition",
+            5: "incorrect configuration: insufficient NVLinks",
+            6: "incorrect configuration: incompatible GPU firmware",
+            7: "incorrect configuration: invalid location",
+            8: "incorrect configuration: GPU state invalid",
+        },
+    ),
     ("PARTITION_ASSIGNED", 12, 0x3, _TRI, {2: "no fabric partition assigned"}),
-    ("GFM_STATE", 14, 0x3, {0: "NOT_SUPPORTED", 1: "CONNECTED", 2: "DISCONNECTED"},
-     {2: "global fabric manager disconnected"}),
-)  # fmt: skip
+    (
+        "GFM_STATE",
+        14,
+        0x3,
+        {0: "NOT_SUPPORTED", 1: "CONNECTED", 2: "DISCONNECTED"},
+        {2: "global fabric manager disconnected"},
+    ),
+)
 _KNOWN_MASK_BITS: Final = 0xFFFF
 
 
@@ -139,8 +199,8 @@ class FabricHealth:
     """A decoded ``healthMask`` / ``healthSummary`` (empty where the struct has no such field)."""
 
     summary: str
-    fields: Tuple[Tuple[str, str], ...]
-    problems: Tuple[str, ...]
+    fields: tuple[tuple[str, str], ...]
+    problems: tuple[str, ...]
 
     def text(self) -> str:
         """One line for logs and errors, e.g. ``UNHEALTHY: route unhealthy``."""
@@ -148,7 +208,7 @@ class FabricHealth:
         return f"{head}: {', '.join(self.problems)}" if self.problems else head
 
 
-def decode_health(mask: Optional[int], summary: Optional[int]) -> FabricHealth:
+def decode_health(mask: int | None, summary: int | None) -> FabricHealth:
     """Decode ``healthMask`` fields (``NVML_GPU_FABRIC_HEALTH_GET``) and ``healthSummary``.
 
     Args:
@@ -180,8 +240,8 @@ class FabricRead:
     status: int
     clique_id: int
     state: int
-    health_mask: Optional[int]
-    health_summary: Optional[int]
+    health_mask: int | None
+    health_summary: int | None
 
 
 class NvmlCallError(Exception):
@@ -198,7 +258,7 @@ _CALL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)  # nvml
 _VERSIONED = ((GpuFabricInfoV3, FABRIC_INFO_V3, "v3"), (GpuFabricInfoV2, FABRIC_INFO_V2, "v2"))
 
 
-def read_fabric(lookup: Lookup, handle: Any, gpu: int) -> Optional[FabricRead]:
+def read_fabric(lookup: Lookup, handle: Any, gpu: int) -> FabricRead | None:
     """Read one GPU's fabric info: ``...InfoV`` with v3, then v2, then the legacy call.
 
     Falls back on ``ARGUMENT_VERSION_MISMATCH`` (the driver does not know that
@@ -226,7 +286,7 @@ def read_fabric(lookup: Lookup, handle: Any, gpu: int) -> Optional[FabricRead]:
     return _result(gpu, "nvmlDeviceGetGpuFabricInfo", "legacy", code, legacy)
 
 
-def _result(gpu: int, function: str, layout: str, code: int, info: Any) -> Optional[FabricRead]:
+def _result(gpu: int, function: str, layout: str, code: int, info: Any) -> FabricRead | None:
     if code == ERROR_NOT_SUPPORTED:
         return None
     if code != SUCCESS:

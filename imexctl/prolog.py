@@ -9,24 +9,25 @@ Any failure after the claim rolls back everything through ``teardown``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable
 
 from imexctl import daemon, devices, imexconf, members
 from imexctl.errors import DomainBusyError, FileError, ImexctlError, UnsafeNodeError
 from imexctl.fsutil import atomic_write, ensure_dir
 from imexctl.gpu import fabric_key
 from imexctl.host import Host, ProcInfo
+from imexctl.nodestate import JobState, job_ids, node_lock, write_state
 from imexctl.runtime import Runtime, bind, log_failed
 from imexctl.settings import JobDir
 from imexctl.slurm import JobContext, constraint_features
-from imexctl.nodestate import JobState, job_ids, node_lock, write_state
 from imexctl.teardown import teardown
 
 __all__ = ["prolog"]
 
 
-def prolog(env: Mapping[str, str], rt: Runtime) -> Dict[str, Any]:
+def prolog(env: Mapping[str, str], rt: Runtime) -> dict[str, Any]:
     """Set up the job's IMEX domain on this tray, or roll back and raise.
 
     Returns:
@@ -40,7 +41,7 @@ def prolog(env: Mapping[str, str], rt: Runtime) -> Dict[str, Any]:
         raise
 
 
-def _prolog(env: Mapping[str, str], rt: Runtime, t0: float) -> Dict[str, Any]:
+def _prolog(env: Mapping[str, str], rt: Runtime, t0: float) -> dict[str, Any]:
     deadline = t0 + rt.settings.readiness.deadline_s
     job = JobContext.from_env(env, need_nodes=True)
     bind(job_id=job.job_id, node=job.node)
@@ -59,7 +60,7 @@ def _prolog(env: Mapping[str, str], rt: Runtime, t0: float) -> Dict[str, Any]:
     return _done(rt, t0, **summary)
 
 
-def _done(rt: Runtime, t0: float, *, skipped: str = "", **summary: Any) -> Dict[str, Any]:
+def _done(rt: Runtime, t0: float, *, skipped: str = "", **summary: Any) -> dict[str, Any]:
     out = {"ok": True, **summary, "duration_s": round(rt.host.monotonic() - t0, 3)}
     if skipped:
         rt.log.info("imex.skipped", reason=skipped)
@@ -103,19 +104,22 @@ def _claim(job: JobContext, rt: Runtime) -> None:
     paths = rt.settings.paths
     others = [j for j in job_ids(paths.jobs_dir) if j != job.job_id]
     if others:
-        raise DomainBusyError(f"this node's IMEX domain belongs to job {others[0]} "
-                              f"(run 'imexctl cleanup' if that job is gone)")  # fmt: skip
+        raise DomainBusyError(
+            f"this node's IMEX domain belongs to job {others[0]} (run 'imexctl cleanup' if that job is gone)"
+        )
     ours = f"{paths.job(job.job_id).path}/"
-    strays = [p for p in rt.host.processes_with_arg(f"{paths.jobs_dir}/", prefix=True)
-              if ours not in " ".join(p.cmdline)]  # fmt: skip
+    strays = [
+        p for p in rt.host.processes_with_arg(f"{paths.jobs_dir}/", prefix=True) if ours not in " ".join(p.cmdline)
+    ]
     if strays:
         raise DomainBusyError(f"a stray IMEX daemon runs (pid {strays[0].pid}: {' '.join(strays[0].cmdline)})")
     if paths.job(job.job_id).exists():
-        rt.log.warning("state.removed", reason="leftovers of an earlier run of this job",
-                       actions=teardown(job.job_id, rt))  # fmt: skip
+        rt.log.warning(
+            "state.removed", reason="leftovers of an earlier run of this job", actions=teardown(job.job_id, rt)
+        )
 
 
-def _setup(job: JobContext, trays: Tuple[str, ...], rt: Runtime, deadline: float) -> Dict[str, Any]:
+def _setup(job: JobContext, trays: tuple[str, ...], rt: Runtime, deadline: float) -> dict[str, Any]:
     """Resolve, write the files, start the daemon, wait for readiness, create the channel."""
     try:
         addresses = _resolve(trays, rt)
@@ -133,26 +137,32 @@ def _setup(job: JobContext, trays: Tuple[str, ...], rt: Runtime, deadline: float
             rt.step("channel_created")
     except OSError as exc:  # our own files: a full or read-only /run, a symlink where a directory belongs
         raise FileError(f"{exc.filename or 'file'}: {exc.strerror or exc}") from exc
-    return {"trays": len(trays), "port": ports[0], "cmd_port": ports[1],
-            "channel": str(channel[2]) if channel else "", "ready": ready.ready,
-            "blamed": list(ready.blamed)}  # fmt: skip
+    return {
+        "trays": len(trays),
+        "port": ports[0],
+        "cmd_port": ports[1],
+        "channel": str(channel[2]) if channel else "",
+        "ready": ready.ready,
+        "blamed": list(ready.blamed),
+    }
 
 
-def _resolve(trays: Tuple[str, ...], rt: Runtime) -> Tuple[str, ...]:
+def _resolve(trays: tuple[str, ...], rt: Runtime) -> tuple[str, ...]:
     s = rt.settings
     addresses = members.resolve_all(trays, method=s.resolve.method, host=rt.host, hosts_file=s.paths.hosts_file)
-    rt.log.info("imex.nodes.resolved", trays=list(trays), addresses=list(addresses),
-                nodes_hash=imexconf.nodes_hash(addresses))  # fmt: skip
+    rt.log.info(
+        "imex.nodes.resolved", trays=list(trays), addresses=list(addresses), nodes_hash=imexconf.nodes_hash(addresses)
+    )
     return addresses
 
 
-def _ports(job: JobContext, rt: Runtime) -> Tuple[int, int]:
+def _ports(job: JobContext, rt: Runtime) -> tuple[int, int]:
     """The job's ``SERVER_PORT`` and ``IMEX_CMD_PORT``, the same on every tray."""
     ports = rt.settings.ports
     return (imexconf.job_port(job.job_id, ports.server_port_range), imexconf.job_port(job.job_id, ports.cmd_port_range))
 
 
-def _plan_channel(job: JobContext, rt: Runtime) -> Optional[Tuple[int, int, Path]]:
+def _plan_channel(job: JobContext, rt: Runtime) -> tuple[int, int, Path] | None:
     """``(major, minor, path)`` of the job's channel, or None with ``channels = none``.
 
     Checked before anything starts: the driver must have channels, and the
@@ -167,25 +177,53 @@ def _plan_channel(job: JobContext, rt: Runtime) -> Optional[Tuple[int, int, Path
     return major, minor, devices.channel_path(paths.channel_dir, minor)
 
 
-def _write_files(job: JobContext, trays: Tuple[str, ...], addresses: Tuple[str, ...], ports: Tuple[int, int],
-                 channel: Optional[Tuple[int, int, Path]], rt: Runtime) -> JobDir:  # fmt: skip
+def _write_files(
+    job: JobContext,
+    trays: tuple[str, ...],
+    addresses: tuple[str, ...],
+    ports: tuple[int, int],
+    channel: tuple[int, int, Path] | None,
+    rt: Runtime,
+) -> JobDir:
     """The nodes file, the complete config.cfg, then state.json (so teardown finds the channel)."""
     s, jd = rt.settings, rt.settings.paths.job(job.job_id)
     own = addresses[trays.index(job.node)]
     ensure_dir(jd.path, 0o755)
     atomic_write(jd.nodes, imexconf.render_nodes(addresses), mode=0o644)
     ensure_dir(s.paths.imex_log_file.parent)
-    text = imexconf.render_config(job_id=job.job_id, port=ports[0], cmd_port=ports[1], bind_ip=own,
-                                  nodes_path=jd.nodes, log_file=s.paths.imex_log_file, overrides=s.imex)  # fmt: skip
+    text = imexconf.render_config(
+        job_id=job.job_id,
+        port=ports[0],
+        cmd_port=ports[1],
+        bind_ip=own,
+        nodes_path=jd.nodes,
+        log_file=s.paths.imex_log_file,
+        overrides=s.imex,
+    )
     atomic_write(jd.config, text, mode=0o644)
     rt.log.info("imex.config.written", config=str(jd.config), nodes=str(jd.nodes))
     minor, chan = (channel[1], str(channel[2])) if channel else (None, "")
-    write_state(jd, JobState(job.job_id, job.node, *job.owner, job.user, trays, addresses, ports[0],
-                             s.daemon.backend, minor, chan, rt.host.time(), ports[1]))  # fmt: skip
+    write_state(
+        jd,
+        JobState(
+            job.job_id,
+            job.node,
+            *job.owner,
+            job.user,
+            trays,
+            addresses,
+            ports[0],
+            s.daemon.backend,
+            minor,
+            chan,
+            rt.host.time(),
+            ports[1],
+        ),
+    )
     return jd
 
 
-def _start(jd: JobDir, own: str, ports: Tuple[int, int], rt: Runtime) -> None:
+def _start(jd: JobDir, own: str, ports: tuple[int, int], rt: Runtime) -> None:
     """Refuse ports that are taken (a stale daemon?), then start the daemon through the backend."""
     for key, port in zip(("SERVER_PORT", "IMEX_CMD_PORT"), ports):
         if rt.host.port_in_use(own, port):
@@ -194,12 +232,12 @@ def _start(jd: JobDir, own: str, ports: Tuple[int, int], rt: Runtime) -> None:
     rt.log.info("imex.daemon.started", backend=rt.settings.daemon.backend, port=ports[0], cmd_port=ports[1])
 
 
-def _wait_ready(jd: JobDir, own: str, addresses: Tuple[str, ...], cmd_port: int, rt: Runtime,
-                deadline: float) -> Any:  # fmt: skip
+def _wait_ready(jd: JobDir, own: str, addresses: tuple[str, ...], cmd_port: int, rt: Runtime, deadline: float) -> Any:
     from imexctl import readiness
 
-    probe = readiness.Probe(jd.config, own, addresses, rt.settings.readiness.level, _alive_check(rt.host, jd.config),
-                         cmd_port)  # fmt: skip
+    probe = readiness.Probe(
+        jd.config, own, addresses, rt.settings.readiness.level, _alive_check(rt.host, jd.config), cmd_port
+    )
     ready = readiness.wait_ready(rt.host, rt.settings, probe, deadline=deadline, log=rt.log)
     if ready.blamed:
         rt.log.warning("imex.peer_blamed", peers=list(ready.blamed), status=ready.status)
@@ -208,7 +246,7 @@ def _wait_ready(jd: JobDir, own: str, addresses: Tuple[str, ...], cmd_port: int,
 
 def _alive_check(host: Host, config: Path) -> Callable[[], bool]:
     """Whether the job's daemon still runs: one process-table scan, then cheap pid checks per probe."""
-    known: List[ProcInfo] = []
+    known: list[ProcInfo] = []
 
     def alive() -> bool:
         if not known:

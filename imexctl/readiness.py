@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable
 
 from imexctl import ctloutput
 from imexctl.errors import CommandError, DaemonError, HealthTimeout, OutputError
@@ -44,8 +44,8 @@ class Readiness:
 
     outcome: Outcome
     status: str
-    domain: Optional[ctloutput.DomainStatus] = None
-    blamed: Tuple[str, ...] = ()
+    domain: ctloutput.DomainStatus | None = None
+    blamed: tuple[str, ...] = ()
     reason: str = ""
 
     @property
@@ -60,7 +60,7 @@ class Probe:
 
     config: Path
     own_address: str
-    addresses: Tuple[str, ...]
+    addresses: tuple[str, ...]
     level: str
     daemon_alive: Callable[[], bool]
     cmd_port: int = 0
@@ -85,8 +85,9 @@ def probe(host: Host, settings: Settings, p: Probe, deadline: float = float("inf
 def _local(host: Host, settings: Settings, p: Probe, deadline: float) -> Readiness:
     rc, out = _ctl(host, settings, _endpoint(settings, p), deadline, "-q")
     if rc == 255 or ctloutput.is_not_configured(out):
-        return Readiness(Outcome.FATAL, "ctl: config", reason=f"nvidia-imex-ctl cannot read the node config: "
-                                                               f"{out.strip()}")  # fmt: skip
+        return Readiness(
+            Outcome.FATAL, "ctl: config", reason=f"nvidia-imex-ctl cannot read the node config: {out.strip()}"
+        )
     if rc is None:
         return Readiness(Outcome.NO_ANSWER, f"ctl -q: {out}")
     try:
@@ -107,11 +108,16 @@ def _domain(host: Host, settings: Settings, p: Probe, deadline: float) -> Readin
     if dom is None:
         return Readiness(Outcome.NO_ANSWER, f"ctl -N -j: {out}")
     if dom.node_map() != p.addresses:
-        return Readiness(Outcome.FATAL, "node map", dom, reason=f"daemon reports nodes {list(dom.node_map())}, "
-                                                                f"but the job's nodes file is {list(p.addresses)}")  # fmt: skip
+        return Readiness(
+            Outcome.FATAL,
+            "node map",
+            dom,
+            reason=f"daemon reports nodes {list(dom.node_map())}, but the job's nodes file is {list(p.addresses)}",
+        )
     for a, b, st in dom.mismatches()[:1]:
-        return Readiness(Outcome.FATAL, st, dom, reason=f"node {a} -> node {b}: {st} (nodes files or driver "
-                                                        "versions differ)")  # fmt: skip
+        return Readiness(
+            Outcome.FATAL, st, dom, reason=f"node {a} -> node {b}: {st} (nodes files or driver versions differ)"
+        )
     me = dom.node_by_host(p.own_address)
     if me is None or not me.is_ready:
         return Readiness(Outcome.NOT_YET, f"own node {me.status if me else 'missing'}", dom)
@@ -135,12 +141,14 @@ def _not_up_status(dom: ctloutput.DomainStatus, cmd_port: int) -> str:
     status = f"domain {dom.status}" + (f": {'; '.join(parts)}" if parts else "")
     blocked = dom.unreachable_but_connected()
     if blocked:
-        status += (f"; command port {cmd_port} unreachable on {', '.join(blocked)} although their daemons "
-                   "are connected (blocked between the trays?)")  # fmt: skip
+        status += (
+            f"; command port {cmd_port} unreachable on {', '.join(blocked)} although their daemons "
+            "are connected (blocked between the trays?)"
+        )
     return status
 
 
-def _endpoint(settings: Settings, p: Probe) -> Tuple[str, ...]:
+def _endpoint(settings: Settings, p: Probe) -> tuple[str, ...]:
     """How ``-q`` reaches the local daemon: through the config (``-c``), or ``-i <address> <port>``.
 
     ``-N`` always gets ``-c``: it needs the nodes file and the command port from the config.
@@ -150,7 +158,7 @@ def _endpoint(settings: Settings, p: Probe) -> Tuple[str, ...]:
     return ("-c", str(p.config))
 
 
-def _ctl(host: Host, settings: Settings, how: Tuple[str, ...], deadline: float, *args: str) -> Tuple[Optional[int], str]:
+def _ctl(host: Host, settings: Settings, how: tuple[str, ...], deadline: float, *args: str) -> tuple[int | None, str]:
     """Run ``nvidia-imex-ctl``; ``(None, why)`` when it gives no answer in time."""
     argv = (settings.commands.nvidia_imex_ctl, *how, *args)
     timeout_s = max(0.05, min(settings.readiness.ctl_timeout_s, deadline - host.monotonic()))
@@ -178,8 +186,8 @@ class _Watch:
     def __init__(self, host: Host, settings: Settings, p: Probe, deadline: float, log: Any) -> None:
         self.host, self.settings, self.p, self.deadline, self.log = host, settings, p, deadline, log
         self.attempts = 0
-        self.seen: Dict[str, str] = {}
-        self.answered: Optional[Readiness] = None
+        self.seen: dict[str, str] = {}
+        self.answered: Readiness | None = None
 
     def __call__(self) -> Readiness:
         self.attempts += 1
@@ -197,8 +205,11 @@ class _Watch:
                 self.seen[n.host] = n.status
         if r.ready or r.status.startswith("own node"):
             return r
-        blamed = tuple(n.host for n in r.domain.nodes
-                       if n.status != "READY" and self.seen.get(n.host) in ctloutput.NOT_READY_STATES)  # fmt: skip
+        blamed = tuple(
+            n.host
+            for n in r.domain.nodes
+            if n.status != "READY" and self.seen.get(n.host) in ctloutput.NOT_READY_STATES
+        )
         return dataclasses.replace(r, blamed=blamed)
 
     def last_word(self, r: Readiness) -> Readiness:
@@ -234,7 +245,7 @@ def _poll(host: Host, settings: Settings, watch: _Watch, deadline: float) -> Rea
         retry=tenacity.retry_if_result(lambda r: not r.outcome.final),
         sleep=host.sleep,
         retry_error_callback=lambda rs: rs.outcome.result() if rs.outcome else None,
-    )  # fmt: skip
+    )
     result: Readiness = retrying(watch)
     return result
 
@@ -265,5 +276,7 @@ def wait_ready(host: Host, settings: Settings, p: Probe, *, deadline: float, log
     culprits = f"; not ready: {', '.join(result.blamed)}" if result.blamed else ""
     raise HealthTimeout(
         f"IMEX not ready after {waited:.1f}s ({watch.attempts} probes): {result.status}{culprits}",
-        last_status=result.status, attempts=watch.attempts, waited_s=waited,
-    )  # fmt: skip
+        last_status=result.status,
+        attempts=watch.attempts,
+        waited_s=waited,
+    )

@@ -13,7 +13,7 @@ from imexctl.settings import Settings
 __all__ = ["Runtime", "bind", "log_failed"]
 
 
-def _no_step(name: str) -> None:
+def _no_step(_name: str) -> None:
     return None
 
 
@@ -47,6 +47,12 @@ def bind(**kw: Any) -> None:
 
 def log_failed(event: str, exc: ImexctlError, rt: Runtime, t0: float) -> None:
     """The one summary line of a failed hook run; ``cli.main`` then logs nothing more."""
-    rt.log.error(event, ok=False, error_code=exc.code, exit_code=int(exc.exit_code), reason=str(exc),
-                 duration_s=round(rt.host.monotonic() - t0, 3))  # fmt: skip
+    rt.log.error(
+        event,
+        ok=False,
+        error_code=exc.code,
+        exit_code=int(exc.exit_code),
+        reason=str(exc),
+        duration_s=round(rt.host.monotonic() - t0, 3),
+    )
     exc.logged = True

@@ -11,37 +11,77 @@ from __future__ import annotations
 import dataclasses
 import os
 import stat
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable
 
 from imexctl.errors import ConfigError
 
 __all__ = [
-    "DEFAULT_CONFIG", "OWNED_IMEX_KEYS", "SCHEMA", "SECTIONS", "Commands", "Daemon", "JobDir", "Log", "Paths",
-    "PathsSection", "Policy", "Ports", "Readiness", "Resolve", "Settings", "find_config", "load",
-]  # fmt: skip
+    "DEFAULT_CONFIG",
+    "OWNED_IMEX_KEYS",
+    "SCHEMA",
+    "SECTIONS",
+    "Commands",
+    "Daemon",
+    "JobDir",
+    "Log",
+    "Paths",
+    "PathsSection",
+    "Policy",
+    "Ports",
+    "Readiness",
+    "Resolve",
+    "Settings",
+    "find_config",
+    "load",
+]
 
 DEFAULT_CONFIG = Path("/etc/imexctl/imexctl.conf")
 
 # IMEX config.cfg keys imexctl decides itself; [imex] may not override them.
 OWNED_IMEX_KEYS = frozenset(
     {
-        "SERVER_PORT", "IMEX_NODE_CONFIG_FILE", "BIND_INTERFACE_IP", "DAEMONIZE", "LOG_FILE_NAME",
-        "IMEX_CMD_ENABLED", "IMEX_CMD_PORT", "IMEX_CMD_BIND_INTERFACE_IP", "IMEX_CMD_UNIX_DOMAIN_PATH",
+        "SERVER_PORT",
+        "IMEX_NODE_CONFIG_FILE",
+        "BIND_INTERFACE_IP",
+        "DAEMONIZE",
+        "LOG_FILE_NAME",
+        "IMEX_CMD_ENABLED",
+        "IMEX_CMD_PORT",
+        "IMEX_CMD_BIND_INTERFACE_IP",
+        "IMEX_CMD_UNIX_DOMAIN_PATH",
     }
-)  # fmt: skip
+)
 # Keys of NVIDIA's config.cfg (imex.md §2) a site may set through [imex].
 IMEX_KEYS = frozenset(
     {
-        "LOG_LEVEL", "STATS_FILE_NAME", "LOG_APPEND_TO_LOG", "LOG_FILE_MAX_SIZE", "LOG_MAX_ROTATE_COUNT",
-        "LOG_USE_SYSLOG", "NETWORK_INTERFACE", "IMEX_WAIT_FOR_QUORUM", "IMEX_ENABLE_AUTH_ENCRYPTION",
-        "IMEX_AUTH_ENCRYPTION_MODE", "IMEX_AUTH_SOURCE", "IMEX_SERVER_KEY", "IMEX_SERVER_CERT",
-        "IMEX_SERVER_CERT_AUTH", "IMEX_CLIENT_KEY", "IMEX_CLIENT_CERT", "IMEX_CLIENT_CERT_AUTH",
-        "IMEX_SECURITY_TARGET_OVERRIDE", "IMEX_GSS_SERVICE_NAME", "IMEX_GSS_TIMEOUT_SEC",
-        "IMEX_GSS_RETRY_INTERVAL_SEC", "IMEX_GSS_SEC_CONTEXT_LIFETIME_SEC", "IMEX_GSS_SHUTDOWN_ON_FAILURE",
+        "LOG_LEVEL",
+        "STATS_FILE_NAME",
+        "LOG_APPEND_TO_LOG",
+        "LOG_FILE_MAX_SIZE",
+        "LOG_MAX_ROTATE_COUNT",
+        "LOG_USE_SYSLOG",
+        "NETWORK_INTERFACE",
+        "IMEX_WAIT_FOR_QUORUM",
+        "IMEX_ENABLE_AUTH_ENCRYPTION",
+        "IMEX_AUTH_ENCRYPTION_MODE",
+        "IMEX_AUTH_SOURCE",
+        "IMEX_SERVER_KEY",
+        "IMEX_SERVER_CERT",
+        "IMEX_SERVER_CERT_AUTH",
+        "IMEX_CLIENT_KEY",
+        "IMEX_CLIENT_CERT",
+        "IMEX_CLIENT_CERT_AUTH",
+        "IMEX_SECURITY_TARGET_OVERRIDE",
+        "IMEX_GSS_SERVICE_NAME",
+        "IMEX_GSS_TIMEOUT_SEC",
+        "IMEX_GSS_RETRY_INTERVAL_SEC",
+        "IMEX_GSS_SEC_CONTEXT_LIFETIME_SEC",
+        "IMEX_GSS_SHUTDOWN_ON_FAILURE",
         "IMEX_NODE_DISCONNECTED_GRACE_TIME",
     }
-)  # fmt: skip
+)
 
 Parser = Callable[[str], Any]
 
@@ -89,7 +129,7 @@ def _mode(v: str) -> int:
     return m
 
 
-def _port_range(v: str) -> Tuple[int, int]:
+def _port_range(v: str) -> tuple[int, int]:
     lo_s, sep, hi_s = v.partition("-")
     try:
         lo, hi = int(lo_s), int(hi_s if sep else lo_s)
@@ -100,7 +140,7 @@ def _port_range(v: str) -> Tuple[int, int]:
     return lo, hi
 
 
-def _csv(v: str) -> Tuple[str, ...]:
+def _csv(v: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in v.split(",") if p.strip())
 
 
@@ -171,7 +211,7 @@ class Policy:
     """``[policy]``: which jobs get a domain, channels, the NVML fabric check."""
 
     jobs: str = _key("all", _choice("all", "partitions", "feature"))
-    partitions: Tuple[str, ...] = _key("", _csv)
+    partitions: tuple[str, ...] = _key("", _csv)
     feature: str = _key("imex", _name)
     shared: str = _key("refuse", _choice("refuse", "skip"))
     channels: str = _key("job", _choice("job", "none"))
@@ -205,9 +245,9 @@ class Readiness:
 class Ports:
     """``[ports]``: the per-job port ranges."""
 
-    server_port_range: Tuple[int, int] = _key("61000-61999", _port_range)
+    server_port_range: tuple[int, int] = _key("61000-61999", _port_range)
     # the command service (nvidia-imex-ctl): reached over the network by -N from every tray
-    cmd_port_range: Tuple[int, int] = _key("62000-62999", _port_range)
+    cmd_port_range: tuple[int, int] = _key("62000-62999", _port_range)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,12 +267,18 @@ class Log:
 
 
 SECTIONS: Mapping[str, type] = {
-    "paths": PathsSection, "commands": Commands, "daemon": Daemon, "policy": Policy, "readiness": Readiness,
-    "ports": Ports, "resolve": Resolve, "log": Log,
-}  # fmt: skip
+    "paths": PathsSection,
+    "commands": Commands,
+    "daemon": Daemon,
+    "policy": Policy,
+    "readiness": Readiness,
+    "ports": Ports,
+    "resolve": Resolve,
+    "log": Log,
+}
 
 # section -> key -> (default text, parser), in file order.
-SCHEMA: Dict[str, Dict[str, Tuple[str, Parser]]] = {
+SCHEMA: dict[str, dict[str, tuple[str, Parser]]] = {
     name: {f.name: (f.metadata["default"], f.metadata["parse"]) for f in dataclasses.fields(cls)}
     for name, cls in SECTIONS.items()
 }
@@ -280,10 +326,10 @@ class Paths:
     run_dir: Path
     channel_dir: Path
     proc_devices: Path
-    log_file: Optional[Path]
+    log_file: Path | None
     imex_log_file: Path
     hosts_file: Path
-    topology_file: Optional[Path]
+    topology_file: Path | None
     nvidia_params: Path
 
     @property
@@ -305,7 +351,7 @@ class Paths:
 class Settings:
     """The validated configuration: one typed, frozen object per section."""
 
-    source: Optional[Path]
+    source: Path | None
     paths: Paths
     commands: Commands
     daemon: Daemon
@@ -318,7 +364,7 @@ class Settings:
 
     def replace(self, **changes: Any) -> Settings:
         """Return a copy with ``section__key=value`` overrides (values already parsed)."""
-        sections: Dict[str, Any] = {}
+        sections: dict[str, Any] = {}
         for name, value in changes.items():
             section, _, key = name.partition("__")
             if section == "paths" or section not in SECTIONS or key not in SCHEMA[section]:
@@ -327,7 +373,7 @@ class Settings:
         return dataclasses.replace(self, **sections)
 
 
-def find_config(explicit: Optional[str], env: Mapping[str, str]) -> Tuple[Optional[Path], bool]:
+def find_config(explicit: str | None, env: Mapping[str, str]) -> tuple[Path | None, bool]:
     """Choose the config file: ``--config``, ``$IMEXCTL_CONFIG``, beside ``$SLURM_CONF``, default.
 
     Returns:
@@ -345,7 +391,7 @@ def find_config(explicit: Optional[str], env: Mapping[str, str]) -> Tuple[Option
     return DEFAULT_CONFIG, False
 
 
-def load(path: Optional[Path], *, node: str, required: bool = True, euid: Optional[int] = None) -> Settings:
+def load(path: Path | None, *, node: str, required: bool = True, euid: int | None = None) -> Settings:
     """Read and validate the configuration for this node.
 
     Args:
@@ -357,29 +403,30 @@ def load(path: Optional[Path], *, node: str, required: bool = True, euid: Option
     Raises:
         ConfigError: naming file, section and key.
     """
-    raw: Dict[str, Dict[str, str]] = {}
-    source: Optional[Path] = None
+    raw: dict[str, dict[str, str]] = {}
+    source: Path | None = None
     if path is not None:
         text = _read_config(path, required=required, euid=os.geteuid() if euid is None else euid)
         if text is not None:
             raw, source = _parse_ini(path, text), path
-    sections: Dict[str, Any] = {}
+    sections: dict[str, Any] = {}
     for name, keys in SCHEMA.items():
         given = raw.pop(name, {})
-        values = {key: _parse_value(path, name, key, given.pop(key, default), parse)
-                  for key, (default, parse) in keys.items()}  # fmt: skip
+        values = {
+            key: _parse_value(path, name, key, given.pop(key, default), parse) for key, (default, parse) in keys.items()
+        }
         if given:
-            _fail(path, name, sorted(given)[0], "unknown key")
+            _fail(path, name, min(given), "unknown key")
         sections[name] = SECTIONS[name](**values)
     imex = _imex_section(path, raw.pop("imex", {}))
     if raw:
-        _fail(path, sorted(raw)[0], None, f"unknown section (known: {', '.join([*SCHEMA, 'imex'])})")
+        _fail(path, min(raw), None, f"unknown section (known: {', '.join([*SCHEMA, 'imex'])})")
     _cross_check(path, sections)
     paths = _paths(sections.pop("paths"), node)
     return Settings(source=source, paths=paths, imex=imex, **sections)
 
 
-def _read_config(path: Path, *, required: bool, euid: int) -> Optional[str]:
+def _read_config(path: Path, *, required: bool, euid: int) -> str | None:
     try:
         with open(path, "rb") as f:
             st = os.fstat(f.fileno())
@@ -403,7 +450,7 @@ def _read_config(path: Path, *, required: bool, euid: int) -> Optional[str]:
         raise ConfigError(f"{path}: not UTF-8 text") from exc
 
 
-def _parse_ini(path: Path, text: str) -> Dict[str, Dict[str, str]]:
+def _parse_ini(path: Path, text: str) -> dict[str, dict[str, str]]:
     import configparser
 
     parser = configparser.ConfigParser(interpolation=None, strict=True, default_section="\0none")
@@ -415,15 +462,15 @@ def _parse_ini(path: Path, text: str) -> Dict[str, Dict[str, str]]:
     return {s: dict(parser.items(s)) for s in parser.sections()}
 
 
-def _parse_value(path: Optional[Path], section: str, key: str, text: str, parse: Parser) -> Any:
+def _parse_value(path: Path | None, section: str, key: str, text: str, parse: Parser) -> Any:
     try:
         return parse(text.strip())
     except ValueError as exc:
         _fail(path, section, key, f"{text.strip()!r} {exc}")
 
 
-def _imex_section(path: Optional[Path], given: Dict[str, str]) -> Dict[str, str]:
-    out: Dict[str, str] = {}
+def _imex_section(path: Path | None, given: dict[str, str]) -> dict[str, str]:
+    out: dict[str, str] = {}
     for key, value in given.items():
         if key in OWNED_IMEX_KEYS:
             _fail(path, "imex", key, "is set by imexctl for every job and cannot be overridden")
@@ -435,7 +482,7 @@ def _imex_section(path: Optional[Path], given: Dict[str, str]) -> Dict[str, str]
     return out
 
 
-def _cross_check(path: Optional[Path], sections: Mapping[str, Any]) -> None:
+def _cross_check(path: Path | None, sections: Mapping[str, Any]) -> None:
     policy, readiness, ports = sections["policy"], sections["readiness"], sections["ports"]
     if policy.jobs == "partitions" and not policy.partitions:
         _fail(path, "policy", "partitions", "must list partitions when jobs = partitions")
@@ -465,7 +512,6 @@ def _paths(p: PathsSection, node: str) -> Paths:
     )
 
 
-def _fail(path: Optional[Path], section: str, key: Optional[str], reason: str) -> Any:
+def _fail(path: Path | None, section: str, key: str | None, reason: str) -> Any:
     where = f"{path or '<defaults>'}: [{section}]" + (f" {key}" if key else "")
     raise ConfigError(f"{where}: {reason}")
-

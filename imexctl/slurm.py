@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Optional, Tuple
+from collections.abc import Mapping
 
 from imexctl import nodelist
 from imexctl.errors import EnvironmentError_
@@ -21,9 +21,9 @@ class JobContext:
 
     job_id: int
     node: str
-    nodes: Tuple[str, ...] = ()
-    uid: Optional[int] = None
-    gid: Optional[int] = None
+    nodes: tuple[str, ...] = ()
+    uid: int | None = None
+    gid: int | None = None
     user: str = ""
     partition: str = ""
     constraints: str = ""
@@ -44,7 +44,7 @@ class JobContext:
         node = env.get("SLURMD_NODENAME", "").strip()
         if not node:
             raise EnvironmentError_("SLURMD_NODENAME is not set: imexctl must run as slurmd's Prolog/Epilog")
-        nodes: Tuple[str, ...] = ()
+        nodes: tuple[str, ...] = ()
         if need_nodes:
             nodes = _nodes(env, node)
         uid = _int(env, "SLURM_JOB_UID", fallback="SLURM_UID", required=need_nodes, minimum=0)
@@ -63,12 +63,12 @@ class JobContext:
         )
 
     @property
-    def owner(self) -> Tuple[int, int]:
+    def owner(self) -> tuple[int, int]:
         """``(uid, gid)`` that own the job's channel and socket (root for what slurmd did not say)."""
         return (self.uid or 0, self.gid if self.gid is not None else 0)
 
     @property
-    def is_shared(self) -> Optional[bool]:
+    def is_shared(self) -> bool | None:
         """True if the job may share its nodes; None when Slurm (< 23.02) does not say."""
         if not self.oversubscribe:
             return None
@@ -83,7 +83,7 @@ def constraint_features(constraints: str) -> frozenset[str]:
     return frozenset(tok.split("*", 1)[0] for tok in text.split() if tok.split("*", 1)[0])
 
 
-def _nodes(env: Mapping[str, str], node: str) -> Tuple[str, ...]:
+def _nodes(env: Mapping[str, str], node: str) -> tuple[str, ...]:
     var = next((v for v in _NODELIST_VARS if env.get(v, "").strip()), None)
     if var is None:
         raise EnvironmentError_("neither SLURM_JOB_NODELIST nor SLURM_NODELIST is set")
@@ -98,9 +98,7 @@ def _nodes(env: Mapping[str, str], node: str) -> Tuple[str, ...]:
     return nodes
 
 
-def _int(
-    env: Mapping[str, str], name: str, *, fallback: str = "", required: bool, minimum: int
-) -> Optional[int]:
+def _int(env: Mapping[str, str], name: str, *, fallback: str = "", required: bool, minimum: int) -> int | None:
     key = name if env.get(name, "").strip() or not fallback else fallback
     text = env.get(key, "").strip()
     if not text:

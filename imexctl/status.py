@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any
 
 from imexctl import daemon, devices
 from imexctl.errors import CommandError, ImexctlError
 from imexctl.fsutil import read_text_nofollow
-from imexctl.runtime import Runtime
 from imexctl.nodestate import read_state
+from imexctl.runtime import Runtime
 from imexctl.teardown import known_jobs
 
 __all__ = ["collect", "render_text"]
 
 
-def collect(rt: Runtime, node: str) -> Dict[str, Any]:
+def collect(rt: Runtime, node: str) -> dict[str, Any]:
     """Owner job, daemon, port, nodes, domain and peer states, channels, staleness."""
     paths = rt.settings.paths
     jobs = [_job(jid, rt) for jid in known_jobs(rt)]
@@ -33,12 +33,12 @@ def collect(rt: Runtime, node: str) -> Dict[str, Any]:
     }
 
 
-def _job(job_id: int, rt: Runtime) -> Dict[str, Any]:
+def _job(job_id: int, rt: Runtime) -> dict[str, Any]:
     host, s = rt.host, rt.settings
     jd = s.paths.job(job_id)
     config, state = jd.config, read_state(jd)
     backend = daemon.make_backend(host, s, state.backend if state else None)
-    out: Dict[str, Any] = {"job_id": job_id, "job_dir": str(jd.path), "stale": []}
+    out: dict[str, Any] = {"job_id": job_id, "job_dir": str(jd.path), "stale": []}
     try:
         out["daemon"] = dataclasses.asdict(backend.info(jd))
     except ImexctlError as exc:
@@ -48,8 +48,14 @@ def _job(job_id: int, rt: Runtime) -> Dict[str, Any]:
         out["daemon"]["pid"] = procs[0].pid
         out["daemon"]["uptime_s"] = round(host.time() - procs[0].create_time, 1)
     if state is not None:
-        out.update(user=state.user, uid=state.uid, port=state.port, cmd_port=state.cmd_port, trays=list(state.nodes),
-                   addresses=list(state.addresses))  # fmt: skip
+        out.update(
+            user=state.user,
+            uid=state.uid,
+            port=state.port,
+            cmd_port=state.cmd_port,
+            trays=list(state.nodes),
+            addresses=list(state.addresses),
+        )
         if state.channel_minor is not None:
             out["channel"] = {"path": state.channel_path, "minor": state.channel_minor}
     out["nodes_config"] = _read(jd.nodes)
@@ -64,7 +70,7 @@ def _job(job_id: int, rt: Runtime) -> Dict[str, Any]:
     return out
 
 
-def _domain(config: Path, rt: Runtime) -> Dict[str, Any]:
+def _domain(config: Path, rt: Runtime) -> dict[str, Any]:
     from imexctl import ctloutput
 
     argv = (rt.settings.commands.nvidia_imex_ctl, "-c", str(config), "-N", "-j")
@@ -76,42 +82,57 @@ def _domain(config: Path, rt: Runtime) -> Dict[str, Any]:
     return {
         "status": dom.status,
         "nodes": [
-            {"id": n.node_id, "host": n.host, "status": n.status, "version": n.version,
-             "connections": {str(c.peer_id): c.status for c in n.connections}}  # fmt: skip
+            {
+                "id": n.node_id,
+                "host": n.host,
+                "status": n.status,
+                "version": n.version,
+                "connections": {str(c.peer_id): c.status for c in n.connections},
+            }
             for n in dom.nodes
         ],
     }
 
 
-def _channel(c: devices.Channel, claimed: Any) -> Dict[str, Any]:
+def _channel(c: devices.Channel, claimed: Any) -> dict[str, Any]:
     import pwd
 
     try:
         owner = pwd.getpwuid(c.uid).pw_name
     except KeyError:
         owner = str(c.uid)
-    return {"path": str(c.path), "minor": c.minor, "owner": owner, "uid": c.uid, "mode": f"{c.mode:04o}",
-            "stale": c.minor not in claimed and c.minor != 0}  # fmt: skip
+    return {
+        "path": str(c.path),
+        "minor": c.minor,
+        "owner": owner,
+        "uid": c.uid,
+        "mode": f"{c.mode:04o}",
+        "stale": c.minor not in claimed and c.minor != 0,
+    }
 
 
-def _read(path: Path) -> List[str]:
+def _read(path: Path) -> list[str]:
     try:
         return read_text_nofollow(path).split()
     except OSError:
         return []
 
 
-def render_text(st: Dict[str, Any]) -> str:
+def render_text(st: dict[str, Any]) -> str:
     """Human-readable status."""
     lines = [f"node: {st['node']}", f"owner job: {st['owner_job'] if st['owner_job'] is not None else '-'}"]
     if not st["jobs"]:
         lines.append("no IMEX domain on this node")
     for j in st["jobs"]:
         d = j.get("daemon", {})
-        lines.append(f"job {j['job_id']} (user {j.get('user', '?')}, port {j.get('port', '?')}, "
-                     f"command port {j.get('cmd_port', '?')}, "
-                     f"{'running' if j['running'] else 'not running'})")  # fmt: skip
-        what = " ".join(str(x) for x in (d.get("backend", "?"), d.get("unit"), d.get("state", d.get("error", "?"))) if x)
+        lines.append(
+            f"job {j['job_id']} (user {j.get('user', '?')}, port {j.get('port', '?')}, "
+            f"command port {j.get('cmd_port', '?')}, "
+            f"{'running' if j['running'] else 'not running'})"
+        )
+        what = " ".join(
+            str(x) for x in (d.get("backend", "?"), d.get("unit"), d.get("state", d.get("error", "?"))) if x
+        )
         lines.append(f"  daemon: {what}, pid {d.get('pid', '-')}, uptime {d.get('uptime_s', '-')}s")
         lines.append(f"  nodes_config: {' '.join(j['nodes_config']) or '-'}")
         dom = j.get("domain")
@@ -122,8 +143,9 @@ def render_text(st: Dict[str, Any]) -> str:
                 lines.append(f"    node {n['id']} {n['host']} {n['status']} v{n['version']}  {conns}")
         elif dom:
             lines.append(f"  domain: unknown ({dom['error']})")
-    for c in st["channels"]:
-        lines.append(f"channel {c['path']} minor {c['minor']} owner {c['owner']} mode {c['mode']}"
-                     + (" STALE" if c["stale"] else ""))  # fmt: skip
+    lines += [
+        f"channel {c['path']} minor {c['minor']} owner {c['owner']} mode {c['mode']}" + (" STALE" if c["stale"] else "")
+        for c in st["channels"]
+    ]
     lines += [f"stale: {s}" for s in st["stale"]] or ["stale: nothing"]
     return "\n".join(lines) + "\n"

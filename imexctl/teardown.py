@@ -9,17 +9,18 @@ its directory.  Every step runs even if an earlier one failed.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable
 
 from imexctl import daemon, devices
 from imexctl.errors import DeviceError, ImexctlError, UnsafeNodeError
 from imexctl.fsutil import remove_tree
 from imexctl.host import ProcInfo
+from imexctl.nodestate import JobState, job_ids, node_lock, read_state
 from imexctl.runtime import Runtime, bind, log_failed
 from imexctl.settings import JobDir
 from imexctl.slurm import JobContext
-from imexctl.nodestate import JobState, job_ids, node_lock, read_state
 
 __all__ = ["cleanup", "epilog", "known_jobs", "teardown"]
 
@@ -29,8 +30,8 @@ class _Steps:
 
     def __init__(self, dry_run: bool) -> None:
         self.dry_run = dry_run
-        self.done: List[str] = []
-        self.problems: List[str] = []
+        self.done: list[str] = []
+        self.problems: list[str] = []
 
     def run(self, what: str, action: Callable[[], Any], *, fatal: bool = True) -> None:
         if self.dry_run:
@@ -43,7 +44,7 @@ class _Steps:
             (self.problems if fatal else self.done).append(f"{what}: {exc}")
 
 
-def teardown(job_id: int, rt: Runtime, *, dry_run: bool = False) -> List[str]:
+def teardown(job_id: int, rt: Runtime, *, dry_run: bool = False) -> list[str]:
     """Remove job ``job_id``'s daemon, channel and files from this node; idempotent.
 
     Returns:
@@ -75,7 +76,7 @@ def teardown(job_id: int, rt: Runtime, *, dry_run: bool = False) -> List[str]:
     return steps.done
 
 
-def _kill(config: Path, procs: List[ProcInfo], rt: Runtime) -> None:
+def _kill(config: Path, procs: list[ProcInfo], rt: Runtime) -> None:
     killed = daemon.ensure_gone(rt.host, rt.settings, config, procs)
     if killed:
         rt.log.warning("imex.daemon.killed", pids=killed, config=str(config))
@@ -83,7 +84,7 @@ def _kill(config: Path, procs: List[ProcInfo], rt: Runtime) -> None:
         rt.log.info("imex.daemon.stopped", config=str(config))
 
 
-def _channel_of(job_id: int, state: Optional[JobState], rt: Runtime) -> Optional[Tuple[Path, int]]:
+def _channel_of(job_id: int, state: JobState | None, rt: Runtime) -> tuple[Path, int] | None:
     """The job's channel ``(path, minor)`` if it may be removed, else None."""
     if state is not None:
         return (Path(state.channel_path), state.channel_minor) if state.channel_minor is not None else None
@@ -100,13 +101,13 @@ def _channel_of(job_id: int, state: Optional[JobState], rt: Runtime) -> Optional
     return (path, minor) if os.path.lexists(path) else None
 
 
-def epilog(env: Mapping[str, str], rt: Runtime) -> Dict[str, Any]:
+def epilog(env: Mapping[str, str], rt: Runtime) -> dict[str, Any]:
     """Tear down this job's domain on this node; safe after a failed or missing prolog."""
     t0 = rt.host.monotonic()
     try:
         job = JobContext.from_env(env, need_nodes=False)
         bind(job_id=job.job_id, node=job.node)
-        actions: List[str] = []
+        actions: list[str] = []
         if _left_anything(rt.settings.paths.job(job.job_id), rt):
             with node_lock(rt.settings.paths.lock_file, rt.host, rt.settings.daemon.lock_timeout_s):
                 actions = teardown(job.job_id, rt)
@@ -119,19 +120,22 @@ def epilog(env: Mapping[str, str], rt: Runtime) -> Dict[str, Any]:
 
 
 def _left_anything(jd: JobDir, rt: Runtime) -> bool:
-    """Whether the job left anything here.  Most jobs never had a domain on a tray: their epilog
-    takes no lock, so it never waits for another job's prolog."""
+    """Whether the job left anything here.
+
+    Most jobs never had a domain on a tray: their epilog takes no lock, so it
+    never waits for another job's prolog.
+    """
     return jd.exists() or bool(daemon.job_processes(rt.host, jd.config)) or _channel_of(jd.job_id, None, rt) is not None
 
 
-def cleanup(rt: Runtime, *, job_id: Optional[int] = None, dry_run: bool = False, force: bool = False) -> Dict[str, Any]:
+def cleanup(rt: Runtime, *, job_id: int | None = None, dry_run: bool = False, force: bool = False) -> dict[str, Any]:
     """Reset the node after failed jobs: tear down every job no longer running here.
 
     A job counts as running while it has a slurmstepd or a cgroup on this node
     (decided locally; slurmctld is never asked).  ``force`` tears down running
     jobs too.  Stray channels (not channel0) are removed when imexctl owns channels.
     """
-    report: Dict[str, Any] = {"dry_run": dry_run, "actions": [], "skipped": [], "errors": []}
+    report: dict[str, Any] = {"dry_run": dry_run, "actions": [], "skipped": [], "errors": []}
     with node_lock(rt.settings.paths.lock_file, rt.host, rt.settings.daemon.lock_timeout_s):
         for jid in [job_id] if job_id is not None else known_jobs(rt):
             if rt.host.job_is_running(jid) and not force:
@@ -149,19 +153,19 @@ def cleanup(rt: Runtime, *, job_id: Optional[int] = None, dry_run: bool = False,
     return report
 
 
-def known_jobs(rt: Runtime) -> List[int]:
+def known_jobs(rt: Runtime) -> list[int]:
     """Jobs with a directory or a daemon process under this node's jobs directory."""
     jobs = set(job_ids(rt.settings.paths.jobs_dir))
     prefix = f"{rt.settings.paths.jobs_dir}/"
     for proc in rt.host.processes_with_arg(prefix, prefix=True):
         for arg in proc.cmdline:
-            head = arg[len(prefix):].split("/", 1)[0] if arg.startswith(prefix) else ""
+            head = arg[len(prefix) :].split("/", 1)[0] if arg.startswith(prefix) else ""
             if head.isdigit():
                 jobs.add(int(head))
     return sorted(jobs)
 
 
-def _remove_stray_channels(rt: Runtime, dry_run: bool) -> List[str]:
+def _remove_stray_channels(rt: Runtime, dry_run: bool) -> list[str]:
     paths = rt.settings.paths
     claimed = {st.channel_minor for j in job_ids(paths.jobs_dir) if (st := read_state(paths.job(j)))}
     out = []

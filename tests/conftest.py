@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator
+from typing import Any, Callable
 
 import pytest
 import structlog
@@ -44,7 +45,7 @@ def root() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def write_config(root: Path, sections: Dict[str, Dict[str, Any]]) -> Path:
+def write_config(root: Path, sections: dict[str, dict[str, Any]]) -> Path:
     """Write an imexctl.conf (root-owned, 0644) and return its path."""
     text = "".join(f"[{s}]\n" + "".join(f"{k} = {v}\n" for k, v in kv.items()) for s, kv in sections.items())
     path = root / "imexctl.conf"
@@ -57,8 +58,8 @@ def write_config(root: Path, sections: Dict[str, Dict[str, Any]]) -> Path:
 def make_settings(root: Path) -> Callable[..., settings.Settings]:
     """Settings for a tray under ``root``; keyword sections override the test defaults."""
 
-    def make(node: str = "gb01", **sections: Dict[str, Any]) -> settings.Settings:
-        base: Dict[str, Dict[str, Any]] = {
+    def make(node: str = "gb01", **sections: dict[str, Any]) -> settings.Settings:
+        base: dict[str, dict[str, Any]] = {
             "paths": {"root": str(root)},
             "daemon": {"backend": "exec", "kill_grace_s": 1, "stop_timeout_s": 1},
             "readiness": {"deadline_s": 5, "poll_initial_s": 0.03, "poll_max_s": 1},

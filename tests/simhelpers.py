@@ -16,8 +16,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, TypeVar
 
 import psutil
 
@@ -28,7 +29,6 @@ __all__ = ["SimCluster", "free_port", "wait_for"]
 
 REPO: Path = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
-
 
 
 def _bindable(addr: str, port: int) -> bool:
@@ -130,12 +130,17 @@ class SimCluster:
         """Return the daemon command line."""
         return [sys.executable, "-m", "imexctl.sim.daemon", "-c", str(config), *args]
 
-    def start(self, i: int, *, faults: str = "", args: Sequence[str] = (), env: Mapping[str, str] | None = None,
-              **cfg: Any) -> subprocess.Popen[str]:
+    def start(
+        self, i: int, *, faults: str = "", args: Sequence[str] = (), env: Mapping[str, str] | None = None, **cfg: Any
+    ) -> subprocess.Popen[str]:
         """Start tray ``i`` in the foreground (DAEMONIZE=0) and keep its handle."""
         proc = subprocess.Popen(
-            self.argv(self.config(i, **cfg), *args), env=self.env(faults, env), cwd="/",
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            self.argv(self.config(i, **cfg), *args),
+            env=self.env(faults, env),
+            cwd="/",
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         self.procs[i] = proc
         return proc
@@ -148,8 +153,13 @@ class SimCluster:
     def ctl(self, *args: str, timeout: float = 15.0) -> subprocess.CompletedProcess[str]:
         """Run the simulated ctl as a process."""
         return subprocess.run(
-            [sys.executable, "-m", "imexctl.sim.ctl", *args], env=self.env(), cwd="/",
-            capture_output=True, text=True, timeout=timeout, check=False,
+            [sys.executable, "-m", "imexctl.sim.ctl", *args],
+            env=self.env(),
+            cwd="/",
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
         )
 
     # ------------------------------------------------------------ queries (in-process, fast)
@@ -181,6 +191,7 @@ class SimCluster:
 
     def wait_up(self, i: int = 0, timeout: float = 15.0) -> dict[str, Any]:
         """Wait until tray ``i`` reports the domain UP and return the snapshot."""
+
         def up() -> dict[str, Any] | None:
             snap = self.domain(i)
             return snap if snap and snap["status"] == "UP" else None

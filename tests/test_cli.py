@@ -7,7 +7,7 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable
 
 import pytest
 
@@ -24,13 +24,17 @@ def cfg(make_settings: Callable[..., Settings]) -> str:
     return str(make_settings().source)
 
 
-def run(cfg: str, *argv: str, host: FakeHost, gpu: Any = None, env: Dict[str, str] | None = None) -> int:
-    return main(["--config", cfg, *argv], env=job_env() if env is None else env, host=host,
-                gpu=FakeGpu() if gpu is None else gpu)  # fmt: skip
+def run(cfg: str, *argv: str, host: FakeHost, gpu: Any = None, env: dict[str, str] | None = None) -> int:
+    return main(
+        ["--config", cfg, *argv],
+        env=job_env() if env is None else env,
+        host=host,
+        gpu=FakeGpu() if gpu is None else gpu,
+    )
 
 
-def envelope(capsys: pytest.CaptureFixture[str]) -> Dict[str, Any]:
-    out: Dict[str, Any] = json.loads(capsys.readouterr().out)
+def envelope(capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    out: dict[str, Any] = json.loads(capsys.readouterr().out)
     assert set(out) == {"imexctl_result_version", "status", "exit_code", "data", "errors"}
     assert out["imexctl_result_version"] == "1"
     return out
@@ -53,8 +57,9 @@ class TestHostlist:
         assert main(["hostlist", "fold"]) == 0
         assert capsys.readouterr().out == "gb[01-03]\n"
 
-    def test_fold_empty_stdin_prints_nothing(self, capsys: pytest.CaptureFixture[str],
-                                             monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    def test_fold_empty_stdin_prints_nothing(
+        self, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         """Empty stdin folds to no output and success."""
         monkeypatch.setattr("sys.stdin", io.StringIO(""))
         assert main(["hostlist", "fold"]) == 0
@@ -116,8 +121,9 @@ class TestHooks:
         assert run(cfg, "prolog", host=host, env=job_env(job_id=7)) == 0
         assert run(cfg, "prolog", host=host, env=job_env(job_id=8)) == ExitCode.UNAVAILABLE == 69
 
-    def test_unexpected_exception_exits_70_with_trace(self, cfg: str, host: FakeHost,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    def test_unexpected_exception_exits_70_with_trace(
+        self, cfg: str, host: FakeHost, capsys: pytest.CaptureFixture[str]
+    ) -> None:
         """An exception imexctl does not expect exits 70 and logs imexctl.crashed with the traceback."""
         assert run(cfg, "prolog", host=host, gpu=FakeGpu(error=RuntimeError("boom"))) == ExitCode.SOFTWARE == 70
         err = capsys.readouterr().err
@@ -134,8 +140,9 @@ class TestHooks:
 
 
 class TestStatus:
-    def test_json_after_prolog_running_job(self, cfg: str, real_nodes: FakeHost, root: Path,
-                                           capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    def test_json_after_prolog_running_job(
+        self, cfg: str, real_nodes: FakeHost, root: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
         """status --json after a prolog shows the job, its channel and nothing stale while the job runs."""
         host = real_nodes
         assert run(cfg, "prolog", host=host) == 0
@@ -151,8 +158,7 @@ class TestStatus:
         assert job["port"] == 61042 and job["daemon"]["state"] == "running"
         assert job["nodes_config"] == ["10.0.0.1", "10.0.0.2"] and job["domain"]["status"] == "UP"
         chan = str(root / "dev/nvidia-caps-imex-channels/channel43")
-        assert [(c["path"], c["minor"], c["mode"], c["stale"]) for c in data["channels"]] == [
-            (chan, 43, "0600", False)]  # fmt: skip
+        assert [(c["path"], c["minor"], c["mode"], c["stale"]) for c in data["channels"]] == [(chan, 43, "0600", False)]
 
     def test_json_lists_stale_job(self, cfg: str, host: FakeHost, capsys: pytest.CaptureFixture[str]) -> None:
         """A job that no longer runs on the node is listed as stale."""
@@ -162,8 +168,9 @@ class TestStatus:
         assert envelope(capsys)["data"]["stale"] == ["job 42: job no longer runs on this node"]
 
     @needs_mknod
-    def test_json_lists_stray_channel(self, cfg: str, host: FakeHost, root: Path,
-                                      capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    def test_json_lists_stray_channel(
+        self, cfg: str, host: FakeHost, root: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
         """A channel node no job claims is reported as stale."""
         chan_dir = root / "dev/nvidia-caps-imex-channels"
         chan_dir.mkdir(parents=True)
@@ -189,8 +196,9 @@ class TestStatus:
 
 
 class TestCleanup:
-    def test_dry_run_json_reports_and_changes_nothing(self, cfg: str, host: FakeHost, root: Path,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    def test_dry_run_json_reports_and_changes_nothing(
+        self, cfg: str, host: FakeHost, root: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
         """cleanup --dry-run --json lists what it would do for a dead job and does none of it."""
         assert run(cfg, "prolog", host=host) == 0
         capsys.readouterr()
@@ -212,21 +220,27 @@ class TestCleanup:
         data = envelope(capsys)["data"]
         assert data["actions"] == [] and data["skipped"] == ["job 42 still runs on this node (use --force)"]
 
-    def test_text_output_when_nothing_to_do(self, cfg: str, host: FakeHost,
-                                            capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    def test_text_output_when_nothing_to_do(self, cfg: str, host: FakeHost, capsys: pytest.CaptureFixture[str]) -> None:
         """cleanup on a clean node says there is nothing to clean up."""
         assert run(cfg, "cleanup", host=host) == 0
         assert capsys.readouterr().out == "nothing to clean up\n"
 
 
-HELP: List[List[str]] = [
-    [], ["prolog"], ["epilog"], ["status"], ["cleanup"], ["hostlist"], ["hostlist", "expand"], ["hostlist", "fold"],
+HELP: list[list[str]] = [
+    [],
+    ["prolog"],
+    ["epilog"],
+    ["status"],
+    ["cleanup"],
+    ["hostlist"],
+    ["hostlist", "expand"],
+    ["hostlist", "fold"],
     ["demo"],
 ]
 
 
 @pytest.mark.parametrize("argv", [pytest.param(a, id=" ".join(a) or "top") for a in HELP])
-def test_help_exits_0(argv: List[str], capsys: pytest.CaptureFixture[str]) -> None:
+def test_help_exits_0(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     """--help of every command prints its usage and exits 0."""
     with pytest.raises(SystemExit) as info:
         main([*argv, "--help"])

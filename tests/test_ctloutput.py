@@ -22,11 +22,26 @@ from tests.support.ctltext import parse_domain_text
 
 DATA = Path(__file__).parent / "data"
 
-AWS_HOSTS = (
-    "172.31.48.81 172.31.48.98 172.31.48.221 172.31.49.228 172.31.50.39 172.31.50.44 "
-    "172.31.51.66 172.31.51.157 172.31.52.239 172.31.53.80 172.31.54.95 172.31.54.183 "
-    "172.31.54.203 172.31.54.241 172.31.55.59 172.31.55.187 172.31.55.197 172.31.56.47"
-).split()
+AWS_HOSTS = [
+    "172.31.48.81",
+    "172.31.48.98",
+    "172.31.48.221",
+    "172.31.49.228",
+    "172.31.50.39",
+    "172.31.50.44",
+    "172.31.51.66",
+    "172.31.51.157",
+    "172.31.52.239",
+    "172.31.53.80",
+    "172.31.54.95",
+    "172.31.54.183",
+    "172.31.54.203",
+    "172.31.54.241",
+    "172.31.55.59",
+    "172.31.55.187",
+    "172.31.55.197",
+    "172.31.56.47",
+]
 
 
 def _read(name: str) -> str:
@@ -37,16 +52,12 @@ Q_SAMPLES = json.loads(_read("imexctl_q_samples.json"))
 
 
 class TestParseQuery:
-    @pytest.mark.parametrize(
-        "sample", [pytest.param(s, id=s["id"]) for s in Q_SAMPLES if "state" in s]
-    )
+    @pytest.mark.parametrize("sample", [pytest.param(s, id=s["id"]) for s in Q_SAMPLES if "state" in s])
     def test_known_states(self, sample: dict[str, str]) -> None:
         """Every documented -q word parses to itself, surrounding whitespace ignored."""
         assert sample["state"] == parse_query(sample["output"])
 
-    @pytest.mark.parametrize(
-        "sample", [pytest.param(s, id=s["id"]) for s in Q_SAMPLES if "error" in s]
-    )
+    @pytest.mark.parametrize("sample", [pytest.param(s, id=s["id"]) for s in Q_SAMPLES if "error" in s])
     def test_bad_outputs(self, sample: dict[str, str]) -> None:
         """Unparseable -q output raises OutputError naming the problem."""
         with pytest.raises(OutputError, match=sample["error"]):
@@ -54,8 +65,16 @@ class TestParseQuery:
 
     def test_state_list(self) -> None:
         """QUERY_STATES holds the eight states of imex.md §8.2 in DCGM's order."""
-        assert ("INITIALIZING", "STARTING_AUTH_SERVER", "WAITING_FOR_PEERS", "WAITING_FOR_RECOVERY",
-                "INIT_GPU", "READY", "SHUTTING_DOWN", "UNAVAILABLE") == QUERY_STATES
+        assert QUERY_STATES == (
+            "INITIALIZING",
+            "STARTING_AUTH_SERVER",
+            "WAITING_FOR_PEERS",
+            "WAITING_FOR_RECOVERY",
+            "INIT_GPU",
+            "READY",
+            "SHUTTING_DOWN",
+            "UNAVAILABLE",
+        )
 
     def test_error_quotes_text(self) -> None:
         """The error message quotes the unexpected text."""
@@ -72,14 +91,17 @@ class TestParseDomainJson:
     def test_dcgm_sample(self) -> None:
         """The DCGM 580.30 sample parses: DEGRADED, two nodes, self entry kept."""
         d = parse_domain_json(_read("imexctl_Nj_580.30_degraded_dcgm.json"))
-        assert ("DEGRADED", "5/22/2025 19:46:40.891") == (d.status, d.timestamp)
-        assert [1, 3] == [n.node_id for n in d.nodes]
+        assert (d.status, d.timestamp) == ("DEGRADED", "5/22/2025 19:46:40.891")
+        assert [n.node_id for n in d.nodes] == [1, 3]
         n1 = d.node(1)
         assert n1 is not None
-        assert ("10.76.183.30", "READY", "580.30", "") == (n1.host, n1.status, n1.version, n1.hostname)
-        assert (Connection(0, "10.76.179.115", "CONNECTED"), Connection(1, "10.76.183.30", "CONNECTED")) == n1.connections
+        assert (n1.host, n1.status, n1.version, n1.hostname) == ("10.76.183.30", "READY", "580.30", "")
+        assert (
+            Connection(0, "10.76.179.115", "CONNECTED"),
+            Connection(1, "10.76.183.30", "CONNECTED"),
+        ) == n1.connections
         assert (Connection(0, "10.76.179.115", "CONNECTED"),) == n1.peer_connections()
-        assert [] == d.not_connected()
+        assert d.not_connected() == []
 
     def test_isv_unavailable_sample(self) -> None:
         """A down peer reads as UNAVAILABLE with INVALID links; helpers find it."""
@@ -88,8 +110,8 @@ class TestParseDomainJson:
         own = d.node_by_host("10.0.0.1")
         assert own is not None and own.is_ready and own.hostname == "gpu-node-1"
         assert d.node_by_host("gpu-node-1") is own
-        assert [(1, 0, "INVALID")] == d.not_connected()
-        assert [(1, 0, "INVALID"), (1, 1, "INVALID")] == d.not_connected(include_self=True)
+        assert d.not_connected() == [(1, 0, "INVALID")]
+        assert d.not_connected(include_self=True) == [(1, 0, "INVALID"), (1, 1, "INVALID")]
         assert d.node_by_host("10.9.9.9") is None
 
     def test_minimal_and_extra_keys(self) -> None:
@@ -101,7 +123,7 @@ class TestParseDomainJson:
         """Unconfirmed status spellings are kept verbatim, not rejected."""
         text = '{"nodes":{"0":{"status":"WEIRD","host":"h","connections":{"0":{"host":"h","status":"ODD"}}}},"status":"MAYBE"}'
         d = parse_domain_json(text)
-        assert ("MAYBE", "WEIRD", "ODD") == (d.status, d.nodes[0].status, d.nodes[0].connections[0].status)
+        assert (d.status, d.nodes[0].status, d.nodes[0].connections[0].status) == ("MAYBE", "WEIRD", "ODD")
 
     @pytest.mark.parametrize(
         ("text", "named"),
@@ -117,15 +139,29 @@ class TestParseDomainJson:
             pytest.param('{"status":"UP","nodes":{"x":{}}}', "node ID 'x'", id="node-id"),
             pytest.param('{"status":"UP","nodes":{"0":"READY"}}', r"nodes\['0'\] is str", id="node-str"),
             pytest.param('{"status":"UP","nodes":{"0":{"status":"READY"}}}', "missing key 'host'", id="no-host"),
-            pytest.param('{"status":"UP","nodes":{"0":{"host":"h"}}}', r"nodes\['0'\]: missing key 'status'", id="no-node-status"),
-            pytest.param('{"status":"UP","nodes":{"0":{"host":"h","status":"READY","connections":[]}}}',
-                         "connections is list", id="connections-list"),
-            pytest.param('{"status":"UP","nodes":{"0":{"host":"h","status":"READY","connections":{"1":"C"}}}}',
-                         r"connections\['1'\] is str", id="connection-str"),
-            pytest.param('{"status":"UP","nodes":{"0":{"host":"h","status":"READY","connections":{"1":{"host":"h"}}}}}',
-                         "missing key 'status'", id="connection-no-status"),
-            pytest.param('{"status":"UP","nodes":{"0":{"host":"h","status":"READY","version":17}}}',
-                         "'version' is int", id="version-int"),
+            pytest.param(
+                '{"status":"UP","nodes":{"0":{"host":"h"}}}', r"nodes\['0'\]: missing key 'status'", id="no-node-status"
+            ),
+            pytest.param(
+                '{"status":"UP","nodes":{"0":{"host":"h","status":"READY","connections":[]}}}',
+                "connections is list",
+                id="connections-list",
+            ),
+            pytest.param(
+                '{"status":"UP","nodes":{"0":{"host":"h","status":"READY","connections":{"1":"C"}}}}',
+                r"connections\['1'\] is str",
+                id="connection-str",
+            ),
+            pytest.param(
+                '{"status":"UP","nodes":{"0":{"host":"h","status":"READY","connections":{"1":{"host":"h"}}}}}',
+                "missing key 'status'",
+                id="connection-no-status",
+            ),
+            pytest.param(
+                '{"status":"UP","nodes":{"0":{"host":"h","status":"READY","version":17}}}',
+                "'version' is int",
+                id="version-int",
+            ),
         ],
     )
     def test_garbage(self, text: str, named: str) -> None:
@@ -138,12 +174,12 @@ class TestParseDomainText:
     def test_aws_18_nodes(self) -> None:
         """The complete 570.172 sample parses to 18 READY nodes, all 324 links CONNECTED, UP."""
         d = parse_domain_text(_read("imexctl_N_570.172_18nodes.txt"))
-        assert ("UP", "5/4/2026 06:08:10.580") == (d.status, d.timestamp)
-        assert AWS_HOSTS == [n.host for n in d.nodes]
+        assert (d.status, d.timestamp) == ("UP", "5/4/2026 06:08:10.580")
+        assert [n.host for n in d.nodes] == AWS_HOSTS
         assert list(range(18)) == [n.node_id for n in d.nodes]
         assert {("READY", "570.172", "")} == {(n.status, n.version, n.hostname) for n in d.nodes}
-        assert 324 == sum(len(n.connections) for n in d.nodes)
-        assert [] == d.not_connected(include_self=True)
+        assert sum(len(n.connections) for n in d.nodes) == 324
+        assert d.not_connected(include_self=True) == []
         node17 = d.node(17)
         assert node17 is not None and Connection(10, "172.31.54.95", "CONNECTED") == node17.connection_to(10)
 
@@ -155,19 +191,24 @@ class TestParseDomainText:
     def test_old_layout_without_version(self) -> None:
         """The 570.00 layout (no Version column, 3-wide cells) parses with empty versions."""
         d = parse_domain_text(_read("imexctl_N_570.00_2nodes_old.txt"))
-        assert ("UP", "3/25/2025 10:42:08.082") == (d.status, d.timestamp)
-        assert [("10.136.206.47", "READY", ""), ("10.136.206.48", "READY", "")] == [
-            (n.host, n.status, n.version) for n in d.nodes
+        assert (d.status, d.timestamp) == ("UP", "3/25/2025 10:42:08.082")
+        assert [(n.host, n.status, n.version) for n in d.nodes] == [
+            ("10.136.206.47", "READY", ""),
+            ("10.136.206.48", "READY", ""),
         ]
 
     def test_local_marker_and_hostname(self) -> None:
         """The 580.95.09 -H node lines (with the '* host *' marker) parse host, version and host name."""
         lines = _read("imexctl_N_H_580.95.09_nodelines.txt")
-        text = "5/4/2026 06:08:10.580\nNodes:\n" + lines + "\n Nodes From\\To  0   4\n       0        C   C\n       4        C   C\n\nDomain State: UP\n"
+        text = (
+            "5/4/2026 06:08:10.580\nNodes:\n"
+            + lines
+            + "\n Nodes From\\To  0   4\n       0        C   C\n       4        C   C\n\nDomain State: UP\n"
+        )
         d = parse_domain_text(text)
-        assert [(0, "180.100.41.183", "READY", "580.95.09", "MKE030104700112"),
-                (4, "180.100.41.232", "READY", "580.95.09", "MKE030104700131")] == [
-            (n.node_id, n.host, n.status, n.version, n.hostname) for n in d.nodes
+        assert [(n.node_id, n.host, n.status, n.version, n.hostname) for n in d.nodes] == [
+            (0, "180.100.41.183", "READY", "580.95.09", "MKE030104700112"),
+            (4, "180.100.41.232", "READY", "580.95.09", "MKE030104700131"),
         ]
 
     def test_text_and_json_agree(self) -> None:
@@ -191,14 +232,26 @@ class TestParseDomainText:
             pytest.param("Node #0   - h - READY\nDomain State: UP\n", "no 'Nodes From", id="no-table"),
             pytest.param("Node #0 h READY\n", "unparseable node line", id="bad-node-line"),
             pytest.param(" Nodes From\\To  0   x\n", "column 'x'", id="bad-column"),
-            pytest.param("Node #0   - h - READY\n Nodes From\\To  0\n       0        Q\nDomain State: UP\n",
-                         "unknown cell 'Q'", id="bad-cell"),
-            pytest.param("Node #0   - h - READY\n Nodes From\\To  0\n       0        C   C\nDomain State: UP\n",
-                         "2 cells for 1 columns", id="too-many-cells"),
-            pytest.param("Node #0   - h - READY\n Nodes From\\To  0   1\n       0        C   C\nDomain State: UP\n",
-                         "do not match", id="missing-node"),
-            pytest.param("Node #0   - h - READY\n Nodes From\\To  0\n       x        C\nDomain State: UP\n",
-                         "'x' is not a node ID", id="bad-row-id"),
+            pytest.param(
+                "Node #0   - h - READY\n Nodes From\\To  0\n       0        Q\nDomain State: UP\n",
+                "unknown cell 'Q'",
+                id="bad-cell",
+            ),
+            pytest.param(
+                "Node #0   - h - READY\n Nodes From\\To  0\n       0        C   C\nDomain State: UP\n",
+                "2 cells for 1 columns",
+                id="too-many-cells",
+            ),
+            pytest.param(
+                "Node #0   - h - READY\n Nodes From\\To  0   1\n       0        C   C\nDomain State: UP\n",
+                "do not match",
+                id="missing-node",
+            ),
+            pytest.param(
+                "Node #0   - h - READY\n Nodes From\\To  0\n       x        C\nDomain State: UP\n",
+                "'x' is not a node ID",
+                id="bad-row-id",
+            ),
         ],
     )
     def test_garbage(self, text: str, named: str) -> None:
@@ -212,7 +265,7 @@ class TestFormatDomainTable:
         """The log table has a header plus one line per node with its link letters."""
         d = parse_domain_json(_read("imexctl_Nj_isv_unavailable_completed.json"))
         lines = format_domain_table(d).splitlines()
-        assert "domain DEGRADED at 9/4/2026 00:37:39.905 (2 nodes)" == lines[0]
+        assert lines[0] == "domain DEGRADED at 9/4/2026 00:37:39.905 (2 nodes)"
         assert lines[2].split() == ["0", "10.0.0.1", "READY", "580.95.05", "C", "C", "(gpu-node-1)"]
         assert lines[3].split() == ["1", "10.0.0.2", "UNAVAILABLE", "-", "I", "I"]
 

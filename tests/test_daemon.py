@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
-from typing import Callable, List
+from typing import Callable
 
 import pytest
 import structlog
 
-from tests.support import fakes
-from imexctl.prolog import prolog
-from imexctl.runtime import Runtime
-from imexctl.teardown import epilog
 from imexctl.daemon import ExecBackend, SystemdBackend, ensure_gone, make_backend, parse_systemctl_show
 from imexctl.errors import DaemonError, DomainBusyError, UnsafeNodeError
+from imexctl.prolog import prolog
+from imexctl.runtime import Runtime
 from imexctl.settings import JobDir, Settings
+from imexctl.teardown import epilog
 from tests.support.fakes import FakeGpu, FakeHost, job_env
 
 UNIT = "imexctl-imex@42.service"
@@ -57,7 +56,8 @@ class TestParseSystemctlShow:
     def test_block_without_id_is_dropped(self) -> None:
         """A block without an Id cannot be attributed and is ignored."""
         assert parse_systemctl_show("LoadState=loaded\n\nId=a.service\nLoadState=masked\n") == {
-            "a.service": {"Id": "a.service", "LoadState": "masked"}}  # fmt: skip
+            "a.service": {"Id": "a.service", "LoadState": "masked"}
+        }
 
     def test_empty_output(self) -> None:
         """No output means no units."""
@@ -94,7 +94,7 @@ def shost(host: FakeHost, root: Path) -> FakeHost:
     return host
 
 
-def verbs(host: FakeHost) -> List[str]:
+def verbs(host: FakeHost) -> list[str]:
     return [c[1] for c in host.calls if c[0].endswith("systemctl")]
 
 
@@ -104,18 +104,28 @@ class TestSystemdBackend:
         assert isinstance(make_backend(shost, systemd), SystemdBackend)
         assert isinstance(make_backend(shost, systemd, "exec"), ExecBackend)
 
-    def test_start_shows_both_units_then_starts(self, shost: FakeHost, systemd: Settings, config: Path, jd: JobDir) -> None:
+    def test_start_shows_both_units_then_starts(
+        self, shost: FakeHost, systemd: Settings, config: Path, jd: JobDir
+    ) -> None:
         """start asks systemctl show once for our unit and the stock unit, then starts our unit."""
         SystemdBackend(shost, systemd).start(jd)
         assert shost.calls == [
-            ("/usr/bin/systemctl", "show", "--property=Id,LoadState,ActiveState,SubState,MainPID,ExecStart", "--",
-             UNIT, "nvidia-imex.service"),
+            (
+                "/usr/bin/systemctl",
+                "show",
+                "--property=Id,LoadState,ActiveState,SubState,MainPID,ExecStart",
+                "--",
+                UNIT,
+                "nvidia-imex.service",
+            ),
             ("/usr/bin/systemctl", "start", "--", UNIT),
-        ]  # fmt: skip
+        ]
         assert shost.units[UNIT]["ActiveState"] == "active"
 
     @pytest.mark.parametrize("state", ["active", "activating", "reloading"])
-    def test_running_stock_unit_is_busy(self, shost: FakeHost, systemd: Settings, config: Path, jd: JobDir, state: str) -> None:
+    def test_running_stock_unit_is_busy(
+        self, shost: FakeHost, systemd: Settings, config: Path, jd: JobDir, state: str
+    ) -> None:
         """A running stock nvidia-imex.service refuses the start and says how to disable it."""
         shost.units["nvidia-imex.service"] = {"LoadState": "loaded", "ActiveState": state}
         with pytest.raises(DomainBusyError, match=r"nvidia-imex.service is running.*disable --now nvidia-imex"):
@@ -144,7 +154,9 @@ class TestSystemdBackend:
         assert "argv[]=/usr/bin/nvidia-imex -c /run/imexctl/jobs/42/config.cfg" in message
         assert verbs(host) == ["show"]
 
-    def test_exec_start_prefix_is_not_enough(self, shost: FakeHost, systemd: Settings, config: Path, jd: JobDir) -> None:
+    def test_exec_start_prefix_is_not_enough(
+        self, shost: FakeHost, systemd: Settings, config: Path, jd: JobDir
+    ) -> None:
         """A config path that merely starts with ours (job 420 for job 42) does not match."""
         shost.unit_exec = "/usr/bin/nvidia-imex -c " + str(config.parent) + "0/config.cfg"
         with pytest.raises(DaemonError, match="ExecStart does not run"):
@@ -204,7 +216,9 @@ class TestExecBackend:
     def exec_settings(self, make_settings: Callable[..., Settings]) -> Settings:
         return make_settings(daemon={"backend": "exec"})
 
-    def test_start_spawns_and_records_pid(self, host: FakeHost, exec_settings: Settings, config: Path, jd: JobDir) -> None:
+    def test_start_spawns_and_records_pid(
+        self, host: FakeHost, exec_settings: Settings, config: Path, jd: JobDir
+    ) -> None:
         """start spawns nvidia-imex -c <config> detached and writes 'pid start_time' next to the config."""
         config.parent.mkdir(parents=True)
         ExecBackend(host, exec_settings).start(jd)
@@ -226,7 +240,9 @@ class TestExecBackend:
         """Without a pid file and without a process the daemon is absent."""
         assert ExecBackend(host, exec_settings).info(jd).state == "absent"
 
-    def test_stop_sends_sigterm_to_recorded_pid(self, host: FakeHost, exec_settings: Settings, config: Path, jd: JobDir) -> None:
+    def test_stop_sends_sigterm_to_recorded_pid(
+        self, host: FakeHost, exec_settings: Settings, config: Path, jd: JobDir
+    ) -> None:
         """stop sends SIGTERM to the recorded process and it is gone."""
         config.parent.mkdir(parents=True)
         backend = ExecBackend(host, exec_settings)
@@ -235,7 +251,9 @@ class TestExecBackend:
         (pid,) = host.procs
         assert host.signals == [(pid, signal.SIGTERM)] and not host.procs[pid].alive
 
-    def test_ensure_gone_escalates_to_sigkill(self, host: FakeHost, exec_settings: Settings, config: Path, jd: JobDir) -> None:
+    def test_ensure_gone_escalates_to_sigkill(
+        self, host: FakeHost, exec_settings: Settings, config: Path, jd: JobDir
+    ) -> None:
         """A daemon ignoring SIGTERM is killed after kill_grace_s and its pid reported."""
         host.daemon_ignores_sigterm = True
         config.parent.mkdir(parents=True)
@@ -245,7 +263,9 @@ class TestExecBackend:
         assert host.signals == [(pid, signal.SIGTERM), (pid, signal.SIGKILL)]
         assert sum(host.slept) >= exec_settings.daemon.kill_grace_s
 
-    def test_ensure_gone_raises_for_unkillable(self, host: FakeHost, exec_settings: Settings, config: Path, jd: JobDir) -> None:
+    def test_ensure_gone_raises_for_unkillable(
+        self, host: FakeHost, exec_settings: Settings, config: Path, jd: JobDir
+    ) -> None:
         """A daemon that survives SIGKILL makes the node unsafe."""
         host.daemon_ignores_sigterm = host.daemon_unkillable = True
         config.parent.mkdir(parents=True)
@@ -253,7 +273,8 @@ class TestExecBackend:
         with pytest.raises(UnsafeNodeError, match="survives SIGKILL"):
             ensure_gone(host, exec_settings, config)
 
-    def test_ensure_gone_without_processes_does_nothing(self, host: FakeHost, exec_settings: Settings,
-                                                        config: Path) -> None:  # fmt: skip
+    def test_ensure_gone_without_processes_does_nothing(
+        self, host: FakeHost, exec_settings: Settings, config: Path
+    ) -> None:
         """No daemon of the job means no signal and no wait."""
         assert ensure_gone(host, exec_settings, config) == [] and host.signals == [] and host.slept == []

@@ -5,14 +5,19 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import Optional
 
 import pytest
 
 from imexctl.devices import (
-    Channel, channel_minor, channel_path, ensure_channel_dir, find_major, list_channels, read_major,
+    Channel,
+    channel_minor,
+    channel_path,
+    ensure_channel_dir,
+    find_major,
+    list_channels,
+    read_major,
     remove_channel,
-)  # fmt: skip
+)
 from imexctl.errors import DeviceError
 from tests.support.privileges import needs_chown, needs_mknod
 
@@ -47,7 +52,7 @@ class TestFindMajor:
             pytest.param("", "", None, id="absent"),
         ],
     )
-    def test_exact_name_in_character_section(self, char: str, block: str, major: Optional[int]) -> None:
+    def test_exact_name_in_character_section(self, char: str, block: str, major: int | None) -> None:
         """Only the exact name in the Character devices section counts."""
         assert find_major(PROC.format(char=char, block=block)) == major
 

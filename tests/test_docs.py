@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Dict, Iterator, List, Set, Tuple
 
 import pytest
 
@@ -42,14 +42,14 @@ def _readme() -> str:
 
 def _without_fences(text: str) -> str:
     """The text with fenced code blocks blanked out (headings inside them are not headings)."""
-    return re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    return re.sub(r"^```.*?^```", "", text, flags=re.DOTALL | re.MULTILINE)
 
 
 def _section(text: str, heading: str, level: int = 2) -> str:
     """The body under the first heading of ``level`` that starts with ``heading``, up to the next one."""
     marks = "#" * level
     lines = text.splitlines()
-    body: List[str] = []
+    body: list[str] = []
     inside = fenced = False
     for line in lines:
         if line.startswith("```"):
@@ -65,26 +65,26 @@ def _section(text: str, heading: str, level: int = 2) -> str:
     return "\n".join(body)
 
 
-def _cells(line: str) -> List[str]:
+def _cells(line: str) -> list[str]:
     parts = re.split(r"(?<!\\)\|", line.strip())
     return [p.strip() for p in parts[1:-1]]
 
 
-def _tables(text: str) -> List[List[List[str]]]:
+def _tables(text: str) -> list[list[list[str]]]:
     """Every Markdown table in ``text`` as rows of cells, header and separator rows dropped."""
-    tables: List[List[List[str]]] = []
-    current: List[List[str]] = []
-    for line in _without_fences(text).splitlines() + [""]:
+    tables: list[list[list[str]]] = []
+    current: list[list[str]] = []
+    for line in [*_without_fences(text).splitlines(), ""]:
         if line.strip().startswith("|"):
             current.append(_cells(line))
             continue
         if current:
-            tables.append([row for row in current[2:]])
+            tables.append(list(current[2:]))
             current = []
     return tables
 
 
-def _rows(text: str) -> List[List[str]]:
+def _rows(text: str) -> list[list[str]]:
     return [row for table in _tables(text) for row in table]
 
 
@@ -98,7 +98,7 @@ def _code(value: str) -> str:
 @pytest.mark.parametrize("name", PAGES)
 def test_page_exists_and_has_one_title(name: str) -> None:
     text = _without_fences(_page(name))
-    assert len(re.findall(r"^# ", text, flags=re.M)) == 1
+    assert len(re.findall(r"^# ", text, flags=re.MULTILINE)) == 1
 
 
 # ---------------------------------------------------------------- configuration
@@ -134,7 +134,7 @@ def test_config_section_documents_no_key_that_does_not_exist(section: str) -> No
 
 def test_config_sections_are_exactly_the_schema_plus_imex() -> None:
     text = _without_fences(_page("configuration.md"))
-    headings = re.findall(r"^## `\[([a-z_]+)\]`", text, flags=re.M)
+    headings = re.findall(r"^## `\[([a-z_]+)\]`", text, flags=re.MULTILINE)
     assert headings == [*settings.SCHEMA, "imex"]
 
 
@@ -160,9 +160,14 @@ def test_imex_section_lists_every_owned_key() -> None:
 
 def test_every_key_of_a_rendered_config_is_documented() -> None:
     text = imexconf.render_config(
-        job_id=42, port=61042, bind_ip="10.0.0.1", nodes_path=Path("/run/imexctl/jobs/42/nodes_config.cfg"),
-        cmd_port=62042, log_file=Path("/var/log/nvidia-imex.log"), overrides={},
-    )  # fmt: skip
+        job_id=42,
+        port=61042,
+        bind_ip="10.0.0.1",
+        nodes_path=Path("/run/imexctl/jobs/42/nodes_config.cfg"),
+        cmd_port=62042,
+        log_file=Path("/var/log/nvidia-imex.log"),
+        overrides={},
+    )
     written = {line.split("=", 1)[0] for line in text.splitlines() if line and not line.startswith("#")}
     section = _config_section("imex")
     missing = sorted(k for k in written if _code(k) not in section)
@@ -180,7 +185,7 @@ def test_config_lookup_order_is_documented_in_order() -> None:
 # ---------------------------------------------------------------- exit codes
 
 
-def _exit_rows() -> Dict[str, List[str]]:
+def _exit_rows() -> dict[str, list[str]]:
     return {row[0]: row for row in _rows(_section(_page("exit-codes.md"), "Exit codes")) if row}
 
 
@@ -220,7 +225,7 @@ def test_event_catalogue_is_exactly_log_events() -> None:
     assert set(documented) == {_code(e) for e in log.EVENTS}
 
 
-def _event_like_tokens(text: str) -> Set[str]:
+def _event_like_tokens(text: str) -> set[str]:
     prefixes = {name.split(".", 1)[0] for name in log.EVENTS}
     found = set()
     for token in re.findall(r"`([a-z_]+(?:\.[a-z_]+)+)`", text):
@@ -245,9 +250,9 @@ def test_events_page_explains_the_summary_lines_and_destinations() -> None:
 # ---------------------------------------------------------------- commands
 
 
-def _subcommands(parser: argparse.ArgumentParser, path: Tuple[str, ...] = ()) -> Iterator[
-    Tuple[Tuple[str, ...], argparse.ArgumentParser]
-]:
+def _subcommands(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for name, sub in action.choices.items():
@@ -258,13 +263,18 @@ def _subcommands(parser: argparse.ArgumentParser, path: Tuple[str, ...] = ()) ->
 PARSER = cli._parser()
 COMMANDS = [path for path, _ in _subcommands(PARSER)]
 OPTIONS = sorted(
-    {opt for p in [PARSER, *(sub for _, sub in _subcommands(PARSER))] for a in p._actions for opt in a.option_strings
-     if opt.startswith("--") and opt != "--help"}
-)  # fmt: skip
+    {
+        opt
+        for p in [PARSER, *(sub for _, sub in _subcommands(PARSER))]
+        for a in p._actions
+        for opt in a.option_strings
+        if opt.startswith("--") and opt != "--help"
+    }
+)
 
 
 @pytest.mark.parametrize("path", COMMANDS, ids=" ".join)
-def test_every_command_is_documented(path: Tuple[str, ...]) -> None:
+def test_every_command_is_documented(path: tuple[str, ...]) -> None:
     command = "imexctl " + " ".join(path)
     assert command in _readme() + _all_docs(), f"'{command}' appears in neither README.md nor docs/"
 
@@ -282,8 +292,8 @@ def test_every_demo_fault_is_named(fault: str) -> None:
 # ---------------------------------------------------------------- README quick start
 
 
-def _shell_blocks(text: str) -> List[List[str]]:
-    blocks = re.findall(r"^```([a-z]*)\n(.*?)^```", text, flags=re.S | re.M)
+def _shell_blocks(text: str) -> list[list[str]]:
+    blocks = re.findall(r"^```([a-z]*)\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE)
     return [
         [line.strip() for line in body.splitlines() if line.strip() and not line.strip().startswith("#")]
         for lang, body in blocks
@@ -335,9 +345,13 @@ def test_install_timeout_advice_matches_the_defaults() -> None:
     worst = (
         max(r["deadline_s"], d["lock_timeout_s"] + 10 + d["start_timeout_s"])
         + 2 * r["ctl_timeout_s"]
-        + d["stop_timeout_s"] + 5 + 10 + d["kill_grace_s"] + 2
-    )  # fmt: skip
-    advised = re.search(r"^PrologEpilogTimeout=(\d+)$", _page("install.md"), flags=re.M)
+        + d["stop_timeout_s"]
+        + 5
+        + 10
+        + d["kill_grace_s"]
+        + 2
+    )
+    advised = re.search(r"^PrologEpilogTimeout=(\d+)$", _page("install.md"), flags=re.MULTILINE)
     assert advised is not None
     assert worst < int(advised.group(1))
     assert f"{worst:g} s with the defaults" in _page("install.md")
@@ -352,9 +366,9 @@ def _slug(heading: str) -> str:
     return text.replace(" ", "-")
 
 
-def _anchors(text: str) -> Set[str]:
+def _anchors(text: str) -> set[str]:
     plain = _without_fences(text)
-    found = {_slug(h) for h in re.findall(r"^#{1,6} (.+)$", plain, flags=re.M)}
+    found = {_slug(h) for h in re.findall(r"^#{1,6} (.+)$", plain, flags=re.MULTILINE)}
     found |= set(re.findall(r'<a id="([^"]+)"', plain))
     return found
 

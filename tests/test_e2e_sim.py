@@ -8,14 +8,15 @@ Each test asserts the node state afterwards: no process, file or channel left.
 from __future__ import annotations
 
 import json
-import random
 import os
+import random
 import shutil
 import signal
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Dict, Iterator, List
+from typing import Any
 
 import pytest
 
@@ -28,12 +29,17 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the prolog needs root
 @pytest.fixture
 def make_rack() -> Iterator[Any]:
     """Build racks under short temporary directories; kill and remove everything afterwards."""
-    racks: List[SimRack] = []
+    racks: list[SimRack] = []
 
     def make(trays: int, deadline_s: float = 20) -> SimRack:
         # a random 127.0.0.x base, so test runs sharing the machine do not collide on addresses and ports
-        rack = SimRack(Path(tempfile.mkdtemp(prefix="imxe", dir="/tmp")), trays, deadline_s=deadline_s, uid=4242,
-                       first_address=random.randrange(20, 250 - trays))  # fmt: skip
+        rack = SimRack(
+            Path(tempfile.mkdtemp(prefix="imxe", dir="/tmp")),
+            trays,
+            deadline_s=deadline_s,
+            uid=4242,
+            first_address=random.randrange(20, 250 - trays),
+        )
         racks.append(rack)
         return rack
 
@@ -43,11 +49,11 @@ def make_rack() -> Iterator[Any]:
         shutil.rmtree(rack.base, ignore_errors=True)
 
 
-def codes(results: List[HookResult]) -> List[int]:
+def codes(results: list[HookResult]) -> list[int]:
     return [r.returncode for r in results]
 
 
-def summary(r: HookResult) -> Dict[str, Any]:
+def summary(r: HookResult) -> dict[str, Any]:
     """The last prolog.done / epilog.done line in the tray's JSON log (failures also reach stderr)."""
     log = r.tray.root / "var/log/imexctl.log"
     for line in reversed(log.read_text().splitlines()):
@@ -57,13 +63,13 @@ def summary(r: HookResult) -> Dict[str, Any]:
     raise AssertionError(f"no summary line in {log}; output: {r.output!r}")
 
 
-def domain(rack: SimRack, tray: Any, job_id: int) -> Dict[str, Any]:
+def domain(rack: SimRack, tray: Any, job_id: int) -> dict[str, Any]:
     done = rack.ctl(tray, job_id, "-N", "-j")
     assert done.returncode == 0, done.stdout + done.stderr
     return dict(json.loads(done.stdout))
 
 
-def status(rack: SimRack, tray: Any) -> Dict[str, Any]:
+def status(rack: SimRack, tray: Any) -> dict[str, Any]:
     done = rack.imexctl(tray, "status", "--json")
     assert done.returncode == 0, done.stderr
     return dict(json.loads(done.stdout)["data"])
@@ -78,11 +84,14 @@ def test_job_gets_a_domain_and_leaves_nothing(make_rack: Any, trays: int) -> Non
     for t in rack.trays:
         cfg = (t.root / "run/imexctl/jobs/500/config.cfg").read_text().splitlines()
         # the command service -N needs: the tray's own address, one explicit port for the job, no socket
-        assert {f"IMEX_CMD_BIND_INTERFACE_IP={t.address}", "IMEX_CMD_PORT=62500", "IMEX_CMD_UNIX_DOMAIN_PATH="} <= set(cfg)
+        assert {f"IMEX_CMD_BIND_INTERFACE_IP={t.address}", "IMEX_CMD_PORT=62500", "IMEX_CMD_UNIX_DOMAIN_PATH="} <= set(
+            cfg
+        )
         dom = domain(rack, t, 500)
         assert dom["status"] == "UP"
         assert [n["host"] for _, n in sorted(dom["nodes"].items(), key=lambda kv: int(kv[0]))] == [
-            x.address for x in rack.trays]  # fmt: skip
+            x.address for x in rack.trays
+        ]
         assert all(c["status"] == "CONNECTED" for n in dom["nodes"].values() for c in n["connections"].values())
         (chan,) = (t.root / "dev/nvidia-caps-imex-channels").iterdir()
         st = os.lstat(chan)
@@ -105,14 +114,24 @@ def test_peer_that_never_starts_times_out_and_rolls_back_everywhere(make_rack: A
     assert rack.leftovers() == []
 
 
-def _prologs_without(rack: SimRack, job_id: int, *, missing: Any) -> List[HookResult]:
+def _prologs_without(rack: SimRack, job_id: int, *, missing: Any) -> list[HookResult]:
     import subprocess
     import sys
 
-    procs = [(t, subprocess.Popen([sys.executable, "-m", "imexctl", "prolog"],
-                                  env=rack.job_env(t, job_id, "prolog", rack.trays), stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, cwd="/"))
-             for t in rack.trays if t is not missing]  # fmt: skip
+    procs = [
+        (
+            t,
+            subprocess.Popen(
+                [sys.executable, "-m", "imexctl", "prolog"],
+                env=rack.job_env(t, job_id, "prolog", rack.trays),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                cwd="/",
+            ),
+        )
+        for t in rack.trays
+        if t is not missing
+    ]
     outputs = [(t, p.communicate()[0].decode(), p) for t, p in procs]  # read before waiting: no pipe deadlock
     return [HookResult(t, p.returncode, out) for t, out, p in outputs]
 
@@ -226,4 +245,3 @@ def test_back_to_back_jobs_on_the_same_trays(make_rack: Any) -> None:
         assert codes(rack.run_hooks("epilog", job_id)) == [0, 0]
         assert rack.leftovers() == []
     assert len(ports) == 3
-

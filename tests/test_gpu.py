@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import pytest
 import structlog
@@ -24,8 +24,9 @@ ZERO = bytes(16)
 NOT_SUPPORTED, NOT_STARTED, IN_PROGRESS, COMPLETED = 0, 1, 2, 3
 
 
-def fi(index: int = 0, uuid: bytes = UUID_A, clique: int = 7, state: int = COMPLETED, status: int = 0,
-       **health: Any) -> FabricInfo:  # fmt: skip
+def fi(
+    index: int = 0, uuid: bytes = UUID_A, clique: int = 7, state: int = COMPLETED, status: int = 0, **health: Any
+) -> FabricInfo:
     return FabricInfo(index, uuid, clique, state, status, **health)
 
 
@@ -41,13 +42,16 @@ class TestCliqueKey:
             pytest.param([None, None], None, id="all-unsupported-none"),
             pytest.param([fi(state=NOT_SUPPORTED, status=5)], None, id="state-not-supported"),
             pytest.param([fi(uuid=ZERO), fi(1, uuid=ZERO)], None, id="zero-uuid"),
-            pytest.param([None, fi(1), fi(2, state=NOT_SUPPORTED)], "01020304-0506-0708-090a-0b0c0d0e0f10.7",
-                         id="unsupported-skipped"),
+            pytest.param(
+                [None, fi(1), fi(2, state=NOT_SUPPORTED)],
+                "01020304-0506-0708-090a-0b0c0d0e0f10.7",
+                id="unsupported-skipped",
+            ),
             pytest.param([fi(0, uuid=ZERO), fi(1)], "01020304-0506-0708-090a-0b0c0d0e0f10.7", id="zero-skipped"),
             pytest.param([fi(0, clique=0)], "01020304-0506-0708-090a-0b0c0d0e0f10.0", id="clique-zero"),
         ],
     )
-    def test_table(self, infos: List[Optional[FabricInfo]], key: Optional[str]) -> None:
+    def test_table(self, infos: list[FabricInfo | None], key: str | None) -> None:
         """GPUs without fabric support or with an all-zero cluster UUID do not form a clique."""
         assert clique_key(infos) == key
 
@@ -85,19 +89,36 @@ class TestLayouts:
     @pytest.mark.parametrize(
         ("struct", "size", "offsets"),
         [
-            pytest.param(nvml.GpuFabricInfo, 28, {"clusterUuid": 0, "status": 16, "cliqueId": 20, "state": 24},
-                         id="legacy"),
-            pytest.param(nvml.GpuFabricInfoV2, 36, {"version": 0, "clusterUuid": 4, "status": 20, "cliqueId": 24,
-                                                    "state": 28, "healthMask": 32}, id="v2"),
-            pytest.param(nvml.GpuFabricInfoV3, 40, {"version": 0, "clusterUuid": 4, "status": 20, "cliqueId": 24,
-                                                    "state": 28, "healthMask": 32, "healthSummary": 36}, id="v3"),
+            pytest.param(
+                nvml.GpuFabricInfo, 28, {"clusterUuid": 0, "status": 16, "cliqueId": 20, "state": 24}, id="legacy"
+            ),
+            pytest.param(
+                nvml.GpuFabricInfoV2,
+                36,
+                {"version": 0, "clusterUuid": 4, "status": 20, "cliqueId": 24, "state": 28, "healthMask": 32},
+                id="v2",
+            ),
+            pytest.param(
+                nvml.GpuFabricInfoV3,
+                40,
+                {
+                    "version": 0,
+                    "clusterUuid": 4,
+                    "status": 20,
+                    "cliqueId": 24,
+                    "state": 28,
+                    "healthMask": 32,
+                    "healthSummary": 36,
+                },
+                id="v3",
+            ),
         ],
-    )  # fmt: skip
-    def test_struct_matches_nvml_h(self, struct: Any, size: int, offsets: Dict[str, int]) -> None:
+    )
+    def test_struct_matches_nvml_h(self, struct: Any, size: int, offsets: dict[str, int]) -> None:
         """Each ctypes struct has nvml.h's size and field offsets (unsigned char state, 16-byte UUID)."""
         assert ctypes.sizeof(struct) == size
         assert {name: getattr(struct, name).offset for name, _ in struct._fields_} == offsets
-        assert getattr(struct, "clusterUuid").size == 16 and getattr(struct, "state").size == 1
+        assert struct.clusterUuid.size == 16 and struct.state.size == 1
 
     def test_versions_are_nvml_struct_version(self) -> None:
         """nvmlGpuFabricInfo_v2/_v3 are sizeof | ver << 24, as NVML_STRUCT_VERSION computes them."""
@@ -129,10 +150,14 @@ class TestDecodeHealth:
         health = nvml.decode_health(OK_MASK, 1)
         assert health.problems == () and health.text() == "HEALTHY"
         assert dict(health.fields) == {
-            "DEGRADED_BW": "FALSE", "ROUTE_RECOVERY": "FALSE", "ROUTE_UNHEALTHY": "FALSE",
-            "ACCESS_TIMEOUT_RECOVERY": "FALSE", "INCORRECT_CONFIGURATION": "NONE", "PARTITION_ASSIGNED": "TRUE",
+            "DEGRADED_BW": "FALSE",
+            "ROUTE_RECOVERY": "FALSE",
+            "ROUTE_UNHEALTHY": "FALSE",
+            "ACCESS_TIMEOUT_RECOVERY": "FALSE",
+            "INCORRECT_CONFIGURATION": "NONE",
+            "PARTITION_ASSIGNED": "TRUE",
             "GFM_STATE": "CONNECTED",
-        }  # fmt: skip
+        }
 
     @pytest.mark.parametrize(
         ("shift", "width", "value", "problem"),
@@ -161,10 +186,14 @@ class TestDecodeHealth:
 
     @pytest.mark.parametrize(
         ("mask", "summary", "text"),
-        [(None, None, "no health summary"), (0, None, "no health summary"), (OK_MASK, 3, "LIMITED_CAPACITY"),
-         (OK_MASK, 9, "UNKNOWN(9)")],
-    )  # fmt: skip
-    def test_layouts_without_fields(self, mask: Optional[int], summary: Optional[int], text: str) -> None:
+        [
+            (None, None, "no health summary"),
+            (0, None, "no health summary"),
+            (OK_MASK, 3, "LIMITED_CAPACITY"),
+            (OK_MASK, 9, "UNKNOWN(9)"),
+        ],
+    )
+    def test_layouts_without_fields(self, mask: int | None, summary: int | None, text: str) -> None:
         """Legacy has no mask, v2 no summary; an unknown summary value is shown as such."""
         assert nvml.decode_health(mask, summary).text() == text
 
@@ -189,10 +218,12 @@ def policy(**kw: Any) -> Any:
     return cfg.replace(**{f"policy__{k}": v for k, v in kw.items()})
 
 
-def tray(**changes: Any) -> List[Optional[FabricInfo]]:
+def tray(**changes: Any) -> list[FabricInfo | None]:
     """Four healthy v3 GPUs in one clique; ``changes`` = {index: {field: value}}."""
-    return [dataclasses.replace(fi(i, health_mask=OK_MASK, health_summary=1, layout="v3"), **changes.get(f"g{i}", {}))
-            for i in range(4)]  # fmt: skip
+    return [
+        dataclasses.replace(fi(i, health_mask=OK_MASK, health_summary=1, layout="v3"), **changes.get(f"g{i}", {}))
+        for i in range(4)
+    ]
 
 
 class TestFabricKey:
@@ -203,9 +234,15 @@ class TestFabricKey:
             key = fabric_key(FakeGpu(infos=tray()), clock, policy(), deadline=60, log=structlog.get_logger())
         assert key == "01020304-0506-0708-090a-0b0c0d0e0f10.7" and clock.slept == []
         assert [(e["event"], e["log_level"]) for e in logs] == [("gpu.fabric.read", "debug")]
-        assert logs[0]["gpus"][0] == {"gpu": 0, "state": "COMPLETED", "status": "NVML_SUCCESS (0)", "clique_id": 7,
-                                      "cluster_uuid": "01020304-0506-0708-090a-0b0c0d0e0f10", "layout": "v3",
-                                      "health": "HEALTHY"}  # fmt: skip
+        assert logs[0]["gpus"][0] == {
+            "gpu": 0,
+            "state": "COMPLETED",
+            "status": "NVML_SUCCESS (0)",
+            "clique_id": 7,
+            "cluster_uuid": "01020304-0506-0708-090a-0b0c0d0e0f10",
+            "layout": "v3",
+            "health": "HEALTHY",
+        }
 
     def test_pending_then_completed(self) -> None:
         """A registration IN_PROGRESS is asked again every second; one info line says so."""
@@ -221,16 +258,26 @@ class TestFabricKey:
         """The wait stops at the prolog's deadline when that comes before fabric_wait_s."""
         clock = Clock()
         with pytest.raises(GpuError, match=r"GPU 1: .*still NOT_STARTED after 2\.5 s"):
-            fabric_key(FakeGpu(infos=tray(g1={"state": NOT_STARTED})), clock, policy(fabric_wait_s=20.0),
-                       deadline=2.5, log=structlog.get_logger())  # fmt: skip
+            fabric_key(
+                FakeGpu(infos=tray(g1={"state": NOT_STARTED})),
+                clock,
+                policy(fabric_wait_s=20.0),
+                deadline=2.5,
+                log=structlog.get_logger(),
+            )
         assert clock.slept == [1.0, 1.0, 0.5]
 
     def test_zero_wait_fails_at_once(self) -> None:
         """fabric_wait_s = 0 refuses a pending registration without sleeping (DRA strict mode)."""
         clock = Clock()
         with pytest.raises(GpuError, match="still IN_PROGRESS after 0.0 s"):
-            fabric_key(FakeGpu(infos=tray(g0={"state": IN_PROGRESS})), clock, policy(fabric_wait_s=0.0),
-                       deadline=60, log=structlog.get_logger())  # fmt: skip
+            fabric_key(
+                FakeGpu(infos=tray(g0={"state": IN_PROGRESS})),
+                clock,
+                policy(fabric_wait_s=0.0),
+                deadline=60,
+                log=structlog.get_logger(),
+            )
         assert clock.slept == []
 
     def test_unhealthy_fails_with_reason(self) -> None:
@@ -238,8 +285,13 @@ class TestFabricKey:
         mask = OK_MASK & ~(0x3 << 4) | 1 << 4
         reason = rf"GPU 3: NVLink fabric UNHEALTHY: route unhealthy \(healthMask {mask:#x}\)"
         with pytest.raises(GpuError, match=reason):
-            fabric_key(FakeGpu(infos=tray(g3={"health_summary": 2, "health_mask": mask})), Clock(), policy(),
-                       deadline=60, log=structlog.get_logger())  # fmt: skip
+            fabric_key(
+                FakeGpu(infos=tray(g3={"health_summary": 2, "health_mask": mask})),
+                Clock(),
+                policy(),
+                deadline=60,
+                log=structlog.get_logger(),
+            )
 
     def test_unhealthy_gpu_outside_the_clique_is_ignored(self) -> None:
         """Health counts only for GPUs that form the key (an all-zero UUID GPU is not one)."""
@@ -250,8 +302,13 @@ class TestFabricKey:
     def test_limited_capacity_warns_by_default(self, summary: int) -> None:
         """LIMITED_CAPACITY (or a summary value nvml.h does not define) passes with one warning by default."""
         with capture_logs() as logs:
-            key = fabric_key(FakeGpu(infos=tray(g1={"health_summary": summary})), Clock(), policy(), deadline=60,
-                             log=structlog.get_logger())  # fmt: skip
+            key = fabric_key(
+                FakeGpu(infos=tray(g1={"health_summary": summary})),
+                Clock(),
+                policy(),
+                deadline=60,
+                log=structlog.get_logger(),
+            )
         assert key is not None
         warning = [e for e in logs if e["log_level"] == "warning"]
         assert [e["event"] for e in warning] == ["gpu.fabric.degraded"]
@@ -260,19 +317,30 @@ class TestFabricKey:
     def test_limited_capacity_refused_by_policy(self) -> None:
         """With fabric_limited = refuse, LIMITED_CAPACITY fails naming the setting."""
         with pytest.raises(GpuError, match=r"GPU 1: NVLink fabric LIMITED_CAPACITY .*fabric_limited = refuse"):
-            fabric_key(FakeGpu(infos=tray(g1={"health_summary": 3})), Clock(), policy(fabric_limited="refuse"),
-                       deadline=60, log=structlog.get_logger())  # fmt: skip
+            fabric_key(
+                FakeGpu(infos=tray(g1={"health_summary": 3})),
+                Clock(),
+                policy(fabric_limited="refuse"),
+                deadline=60,
+                log=structlog.get_logger(),
+            )
 
     def test_v2_mask_problems_are_reported_not_judged(self) -> None:
         """Without a summary (v2), mask problems are logged as a warning and the key stands."""
         infos = tray(g0={"health_summary": None, "health_mask": OK_MASK & ~0x3 | 1, "layout": "v2"})
         with capture_logs() as logs:
-            key = fabric_key(FakeGpu(infos=infos), Clock(), policy(fabric_limited="refuse"), deadline=60,
-                             log=structlog.get_logger())  # fmt: skip
+            key = fabric_key(
+                FakeGpu(infos=infos), Clock(), policy(fabric_limited="refuse"), deadline=60, log=structlog.get_logger()
+            )
         assert key is not None
         degraded = [e for e in logs if e["event"] == "gpu.fabric.degraded"]
-        assert degraded[0]["gpus"] == [{"gpu": 0, "health": "no health summary: NVLink bandwidth degraded",
-                                        "verdict": "no health summary from this driver; mask not judged"}]  # fmt: skip
+        assert degraded[0]["gpus"] == [
+            {
+                "gpu": 0,
+                "health": "no health summary: NVLink bandwidth degraded",
+                "verdict": "no health summary from this driver; mask not judged",
+            }
+        ]
 
     def test_healthy_summary_with_mask_problems_passes_with_a_warning(self) -> None:
         """A HEALTHY summary decides; problems in the mask beside it are logged."""
@@ -280,12 +348,13 @@ class TestFabricKey:
         with capture_logs() as logs:
             assert fabric_key(FakeGpu(infos=infos), Clock(), policy(), deadline=60, log=structlog.get_logger())
         degraded = [e for e in logs if e["event"] == "gpu.fabric.degraded"]
-        assert degraded[0]["gpus"] == [{"gpu": 2, "health": "HEALTHY: route recovery in progress",
-                                        "verdict": "summary HEALTHY; mask not judged"}]  # fmt: skip
+        assert degraded[0]["gpus"] == [
+            {"gpu": 2, "health": "HEALTHY: route recovery in progress", "verdict": "summary HEALTHY; mask not judged"}
+        ]
 
     def test_no_fabric_checks_no_health(self) -> None:
         """A tray without fabric gives None and no warning, whatever its GPUs' health says."""
-        infos: List[Optional[FabricInfo]] = [fi(i, uuid=ZERO, health_summary=2) for i in range(2)]
+        infos: list[FabricInfo | None] = [fi(i, uuid=ZERO, health_summary=2) for i in range(2)]
         with capture_logs() as logs:
             assert fabric_key(FakeGpu(infos=infos), Clock(), policy(), deadline=60, log=structlog.get_logger()) is None
         assert [e["event"] for e in logs] == ["gpu.fabric.read"]

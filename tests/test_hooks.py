@@ -8,7 +8,6 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Tuple
 
 import pytest
 
@@ -29,7 +28,7 @@ sys.exit(int(open({code!r}).read()))
 """
 
 
-def install_copy(tmp_path: Path, name: str) -> Tuple[Path, Path, Path]:
+def install_copy(tmp_path: Path, name: str) -> tuple[Path, Path, Path]:
     """Copy hook ``name`` into tmp_path with imexctl's path pointing at a recording stub."""
     stub, record, code = tmp_path / "imexctl", tmp_path / "record.json", tmp_path / "code"
     stub.write_text(STUB.format(python=sys.executable, record=str(record), code=str(code)))
@@ -43,12 +42,12 @@ def install_copy(tmp_path: Path, name: str) -> Tuple[Path, Path, Path]:
     return hook, record, code
 
 
-def run_hook(hook: Path, env: Dict[str, str]) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
+def run_hook(hook: Path, env: dict[str, str]) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
     return subprocess.run([str(hook)], env=env, cwd="/", capture_output=True, text=True, timeout=30, check=False)
 
 
-def recorded(record: Path) -> Dict[str, object]:
-    data: Dict[str, object] = json.loads(record.read_text())
+def recorded(record: Path) -> dict[str, object]:
+    data: dict[str, object] = json.loads(record.read_text())
     return data
 
 
@@ -66,8 +65,13 @@ class TestHookScripts:
     def test_passes_slurm_environment_unchanged(self, tmp_path: Path, name: str) -> None:
         """slurmd's variables reach imexctl exactly as given; the shell adds at most PWD."""
         hook, record, _ = install_copy(tmp_path, name)
-        env = {"SLURM_JOB_ID": "42", "SLURMD_NODENAME": "gb01", "SLURM_JOB_NODELIST": "gb[01-02]",
-               "SLURM_SCRIPT_CONTEXT": f"{name}_slurmd", "ODD": "a b\tc'\"$x"}  # fmt: skip
+        env = {
+            "SLURM_JOB_ID": "42",
+            "SLURMD_NODENAME": "gb01",
+            "SLURM_JOB_NODELIST": "gb[01-02]",
+            "SLURM_SCRIPT_CONTEXT": f"{name}_slurmd",
+            "ODD": "a b\tc'\"$x",
+        }
         assert run_hook(hook, env=env).returncode == 0
         got = dict(recorded(record)["env"])  # type: ignore[call-overload]
         got.pop("PWD", None)
@@ -105,8 +109,13 @@ class TestHookScripts:
 @pytest.mark.parametrize("name", HOOKS)
 def test_shellcheck_is_clean(name: str) -> None:
     """shellcheck finds nothing in the hook."""
-    done = subprocess.run(["shellcheck", "--shell=sh", str(REPO / "hooks" / name)], capture_output=True, text=True,
-                          timeout=60, check=False)  # fmt: skip
+    done = subprocess.run(
+        ["shellcheck", "--shell=sh", str(REPO / "hooks" / name)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -114,9 +123,10 @@ def test_shellcheck_is_clean(name: str) -> None:
 _EXPECTED_WARNING = "Command /usr/bin/nvidia-imex is not executable"
 
 
-def _verify_findings(unit: Path) -> List[str]:
-    done = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60,
-                          check=False)  # fmt: skip
+def _verify_findings(unit: Path) -> list[str]:
+    done = subprocess.run(
+        ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60, check=False
+    )
     lines = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
     return [ln for ln in lines if _EXPECTED_WARNING not in ln]
 

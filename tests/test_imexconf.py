@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Dict, List, Mapping
 
 import pytest
 
@@ -11,18 +11,24 @@ from imexctl.imexconf import DEFAULTS, job_port, nodes_hash, render_config, rend
 from imexctl.settings import IMEX_KEYS, OWNED_IMEX_KEYS
 
 
-def render(overrides: Mapping[str, str] = {}) -> str:  # noqa: B006 - read only
-    return render_config(job_id=42, port=61042, cmd_port=62042, bind_ip="10.0.0.1",
-                         nodes_path=Path("/run/imexctl/jobs/42/nodes"), log_file=Path("/var/log/nvidia-imex.log"),
-                         overrides=overrides)  # fmt: skip
+def render(overrides: Mapping[str, str] = {}) -> str:
+    return render_config(
+        job_id=42,
+        port=61042,
+        cmd_port=62042,
+        bind_ip="10.0.0.1",
+        nodes_path=Path("/run/imexctl/jobs/42/nodes"),
+        log_file=Path("/var/log/nvidia-imex.log"),
+        overrides=overrides,
+    )
 
 
-def assignments(text: str) -> List[List[str]]:
+def assignments(text: str) -> list[list[str]]:
     """KEY=value lines split once at '=' (comment and blank lines left out)."""
     return [line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#")]
 
 
-def as_dict(text: str) -> Dict[str, str]:
+def as_dict(text: str) -> dict[str, str]:
     return dict(assignments(text))  # type: ignore[arg-type]
 
 
@@ -30,11 +36,11 @@ class TestRenderConfig:
     def test_every_owned_key_exactly_once(self) -> None:
         """Each key imexctl owns appears exactly once, so no daemon default decides it."""
         keys = [k for k, _ in assignments(render())]
-        assert {k: keys.count(k) for k in OWNED_IMEX_KEYS} == {k: 1 for k in OWNED_IMEX_KEYS}
+        assert {k: keys.count(k) for k in OWNED_IMEX_KEYS} == dict.fromkeys(OWNED_IMEX_KEYS, 1)
 
     def test_no_key_twice(self) -> None:
         """No key is written twice, even with overrides for every overridable key."""
-        keys = [k for k, _ in assignments(render({k: "1" for k in IMEX_KEYS}))]
+        keys = [k for k, _ in assignments(render(dict.fromkeys(IMEX_KEYS, "1")))]
         assert len(keys) == len(set(keys))
 
     def test_owned_values(self) -> None:

@@ -6,7 +6,7 @@ import io
 import json
 import os
 from pathlib import Path
-from typing import Any, List, Tuple
+from typing import Any
 
 import pytest
 import structlog
@@ -14,7 +14,7 @@ import structlog
 from imexctl import log
 
 
-def lines(text: str) -> List[dict]:  # type: ignore[type-arg]
+def lines(text: str) -> list[dict]:  # type: ignore[type-arg]
     return [json.loads(line) for line in text.splitlines()]
 
 
@@ -28,7 +28,10 @@ def test_file_gets_every_line_and_stderr_only_warnings(tmp_path: Path, capsys: p
     logger.error("prolog.done", ok=False, reason="x")
     in_file = lines((tmp_path / "sub" / "imexctl.log").read_text())
     assert [(r["event"], r["level"]) for r in in_file] == [
-        ("imex.health.poll", "debug"), ("prolog.done", "info"), ("prolog.done", "error")]  # fmt: skip
+        ("imex.health.poll", "debug"),
+        ("prolog.done", "info"),
+        ("prolog.done", "error"),
+    ]
     # field order: the call's fields, the event, the bound context, level, timestamp
     keys = list(in_file[1])
     assert keys[:2] == ["ok", "event"] and set(keys[2:5]) == {"job_id", "node", "hook"}
@@ -45,8 +48,7 @@ def test_level_filters_every_sink(capsys: pytest.CaptureFixture[str]) -> None:
     assert [r["event"] for r in lines(capsys.readouterr().err)] == ["imex.not_ready"]
 
 
-def test_unopenable_file_is_reported_and_stderr_still_works(tmp_path: Path,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_unopenable_file_is_reported_and_stderr_still_works(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A log file that cannot be opened (a symlink there) gives a warning text; logging goes to stderr."""
     (tmp_path / "imexctl.log").symlink_to(tmp_path / "elsewhere")
     problem = log.configure_logging(log_file=tmp_path / "imexctl.log")
@@ -60,14 +62,18 @@ def test_syslog_opened_once_with_priorities(monkeypatch: pytest.MonkeyPatch) -> 
     """With syslog, openlog runs once at set-up (ident imexctl, daemon facility) and each line gets its priority."""
     import syslog
 
-    calls: List[Tuple[str, Any]] = []
+    calls: list[tuple[str, Any]] = []
     monkeypatch.setattr(syslog, "openlog", lambda *a: calls.append(("openlog", a)))
-    monkeypatch.setattr(syslog, "syslog", lambda prio, line: calls.append(("syslog", (prio, json.loads(line)["event"]))))
+    monkeypatch.setattr(
+        syslog, "syslog", lambda prio, line: calls.append(("syslog", (prio, json.loads(line)["event"])))
+    )
     sink = log.SinkLogger(None, io.StringIO(), 30, syslog=True)
     for method in ("info", "warning", "error", "exception"):
         getattr(sink, method)(json.dumps({"event": method}))
     assert calls == [
         ("openlog", ("imexctl", syslog.LOG_PID, syslog.LOG_DAEMON)),
-        ("syslog", (syslog.LOG_INFO, "info")), ("syslog", (syslog.LOG_WARNING, "warning")),
-        ("syslog", (syslog.LOG_ERR, "error")), ("syslog", (syslog.LOG_ERR, "exception")),
-    ]  # fmt: skip
+        ("syslog", (syslog.LOG_INFO, "info")),
+        ("syslog", (syslog.LOG_WARNING, "warning")),
+        ("syslog", (syslog.LOG_ERR, "error")),
+        ("syslog", (syslog.LOG_ERR, "exception")),
+    ]

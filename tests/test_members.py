@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, List
 
 import pytest
 
-from imexctl.members import domain_members, parse_hosts_file, parse_topology, resolve_all
 from imexctl.errors import ConfigError, ResolveError
+from imexctl.members import domain_members, parse_hosts_file, parse_topology, resolve_all
 from tests.support.fakes import FakeHost
 
 TOPOLOGY = """\
@@ -26,8 +25,14 @@ class TestParseTopology:
     def test_maps_every_node_to_its_block(self) -> None:
         """Each node of a BlockName line maps to that block."""
         owner = parse_topology(TOPOLOGY, "topo")
-        assert owner == {"gb01": "rackA", "gb02": "rackA", "gb03": "rackA",
-                         "gb04": "rackB", "gb05": "rackB", "gb07": "rackB"}  # fmt: skip
+        assert owner == {
+            "gb01": "rackA",
+            "gb02": "rackA",
+            "gb03": "rackA",
+            "gb04": "rackB",
+            "gb05": "rackB",
+            "gb07": "rackB",
+        }
 
     def test_ignores_other_lines(self) -> None:
         """SwitchName=, BlockSizes=, comments and blank lines add no node."""
@@ -106,8 +111,12 @@ class TestParseHostsFile:
     def test_maps_names_and_aliases(self) -> None:
         """Every name on a line maps to the line's address; comments and blank lines are skipped."""
         text = "# trays\n10.0.0.1 gb01 gb01-ib\n\n10.0.0.2\tgb02   # second\nfd00::3 gb03\n"
-        assert parse_hosts_file(text, "h") == {"gb01": "10.0.0.1", "gb01-ib": "10.0.0.1", "gb02": "10.0.0.2",
-                                               "gb03": "fd00::3"}  # fmt: skip
+        assert parse_hosts_file(text, "h") == {
+            "gb01": "10.0.0.1",
+            "gb01-ib": "10.0.0.1",
+            "gb02": "10.0.0.2",
+            "gb03": "fd00::3",
+        }
 
     @pytest.mark.parametrize(
         ("text", "lineno"),
@@ -133,7 +142,7 @@ class TestParseHostsFile:
         assert parse_hosts_file("10.0.0.1 gb01\n10.0.0.1 gb01\n", "h") == {"gb01": "10.0.0.1"}
 
 
-def _host(addresses: Dict[str, List[str]]) -> FakeHost:
+def _host(addresses: dict[str, list[str]]) -> FakeHost:
     return FakeHost(addresses=addresses)
 
 
@@ -142,7 +151,9 @@ class TestResolveDns:
         """Each tray resolves to its one IPv4 address, in the order given."""
         host = _host({"gb02": ["10.0.0.2"], "gb01": ["10.0.0.1"]})
         assert resolve_all(["gb02", "gb01"], method="dns", host=host, hosts_file=tmp_path / "h") == (
-            "10.0.0.2", "10.0.0.1")  # fmt: skip
+            "10.0.0.2",
+            "10.0.0.1",
+        )
 
     def test_loopback_and_ipv6_are_dropped(self, tmp_path: Path) -> None:
         """Loopback and IPv6 addresses are ignored when exactly one usable IPv4 remains."""
@@ -188,7 +199,9 @@ class TestResolveHostsFile:
         (tmp_path / "hosts").write_text("10.1.0.1 gb01\n10.1.0.2 gb02\n")
         host = _host({"gb01": ["10.0.0.1"], "gb02": ["10.0.0.2"]})
         assert resolve_all(["gb01", "gb02"], method="hosts_file", host=host, hosts_file=tmp_path / "hosts") == (
-            "10.1.0.1", "10.1.0.2")  # fmt: skip
+            "10.1.0.1",
+            "10.1.0.2",
+        )
 
     def test_names_missing_from_file_are_all_reported(self, tmp_path: Path) -> None:
         """Every tray absent from the hosts file is named, with the file."""

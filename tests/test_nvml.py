@@ -16,9 +16,10 @@ import shutil
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any
 
 import pytest
 
@@ -33,21 +34,32 @@ KEY = f"{uuid.UUID(hex=UUID_HEX)}.7"
 OTHER_UUID = "11" * 16
 
 # driver behaviour -> (stand-in build, behaviour key, layout read, expected fabric calls for one GPU)
-DRIVERS: Dict[str, Any] = {
+DRIVERS: dict[str, Any] = {
     "r580": ("full", "r580", "v3", ["nvmlDeviceGetGpuFabricInfoV version=0x3000028 -> 0"]),
-    "r570": ("full", "r570", "v2", ["nvmlDeviceGetGpuFabricInfoV version=0x3000028 -> 25",
-                                    "nvmlDeviceGetGpuFabricInfoV version=0x2000024 -> 0"]),
-    "legacy-only": ("full", "legacy-only", "legacy", ["nvmlDeviceGetGpuFabricInfoV version=0x3000028 -> 25",
-                                                      "nvmlDeviceGetGpuFabricInfoV version=0x2000024 -> 25",
-                                                      "nvmlDeviceGetGpuFabricInfo -> 0"]),
+    "r570": (
+        "full",
+        "r570",
+        "v2",
+        ["nvmlDeviceGetGpuFabricInfoV version=0x3000028 -> 25", "nvmlDeviceGetGpuFabricInfoV version=0x2000024 -> 0"],
+    ),
+    "legacy-only": (
+        "full",
+        "legacy-only",
+        "legacy",
+        [
+            "nvmlDeviceGetGpuFabricInfoV version=0x3000028 -> 25",
+            "nvmlDeviceGetGpuFabricInfoV version=0x2000024 -> 25",
+            "nvmlDeviceGetGpuFabricInfo -> 0",
+        ],
+    ),
     "no-v-call": ("no_v", "r580", "legacy", ["nvmlDeviceGetGpuFabricInfo -> 0"]),
-}  # fmt: skip
+}
 DRIVER_VERSIONS = {"r580": "580.65.06", "r570": "570.133.20", "legacy-only": "550.90.07", "no-v-call": "535.183.01"}
 HEALTHY = 0x2 | 0x2 << 2 | 0x2 << 4 | 0x2 << 6 | 0x1 << 8 | 0x1 << 12 | 0x1 << 14  # every field "no problem"
 
 
 @pytest.fixture(scope="session")
-def fake_nvml(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
+def fake_nvml(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The stand-in compiled in each variant: variant -> directory holding libnvidia-ml.so.1."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
@@ -55,8 +67,19 @@ def fake_nvml(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
     out = {}
     for name, flags in VARIANTS.items():
         folder = tmp_path_factory.mktemp(f"nvml-{name}")
-        argv = [cc, "-shared", "-fPIC", "-std=c11", "-Wall", "-Wextra", "-Werror", *flags,
-                "-o", str(folder / "libnvidia-ml.so.1"), str(SOURCE)]  # fmt: skip
+        argv = [
+            cc,
+            "-shared",
+            "-fPIC",
+            "-std=c11",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            *flags,
+            "-o",
+            str(folder / "libnvidia-ml.so.1"),
+            str(SOURCE),
+        ]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
         assert done.returncode == 0, f"{' '.join(argv)}\n{done.stderr}"
         out[name] = folder
@@ -65,30 +88,37 @@ def fake_nvml(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
 
 @dataclasses.dataclass
 class Run:
-    out: Dict[str, Any]
-    calls: List[str]
+    out: dict[str, Any]
+    calls: list[str]
     stderr: str
 
     @property
-    def fabric_calls(self) -> List[str]:
+    def fabric_calls(self) -> list[str]:
         """Fabric calls of GPU 0, without the ``gpu=0`` part."""
         return [c.replace(" gpu=0", "") for c in self.calls if "FabricInfo" in c and " gpu=0" in c]
 
 
 @pytest.fixture
-def nvml(fake_nvml: Dict[str, Path], tmp_path: Path) -> Iterator[Any]:
+def nvml(fake_nvml: dict[str, Path], tmp_path: Path) -> Iterator[Any]:
     """Run probe.py over the stand-in: nvml(config, mode, *args, variant=...) -> Run."""
     counter = iter(range(1000))
 
-    def run(config: Dict[str, Any], mode: str = "infos", *args: str, variant: str = "full",
-            stderr_ok: bool = False) -> Run:  # fmt: skip
+    def run(
+        config: dict[str, Any], mode: str = "infos", *args: str, variant: str = "full", stderr_ok: bool = False
+    ) -> Run:
         n = next(counter)
         cfg, log = tmp_path / f"nvml{n}.conf", tmp_path / f"nvml{n}.log"
         cfg.write_text("".join(f"{k} = {v}\n" for k, v in config.items()))
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(REPO),
-               "LD_LIBRARY_PATH": str(fake_nvml[variant]), "FAKE_NVML_CONFIG": str(cfg), "FAKE_NVML_LOG": str(log)}
-        done = subprocess.run([sys.executable, str(PROBE), mode, *args], env=env, capture_output=True, text=True,
-                              timeout=60, check=False)  # fmt: skip
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "PYTHONPATH": str(REPO),
+            "LD_LIBRARY_PATH": str(fake_nvml[variant]),
+            "FAKE_NVML_CONFIG": str(cfg),
+            "FAKE_NVML_LOG": str(log),
+        }
+        done = subprocess.run(
+            [sys.executable, str(PROBE), mode, *args], env=env, capture_output=True, text=True, timeout=60, check=False
+        )
         assert done.returncode == 0, done.stdout + done.stderr
         if not stderr_ok:
             assert done.stderr == "", done.stderr
@@ -98,14 +128,16 @@ def nvml(fake_nvml: Dict[str, Path], tmp_path: Path) -> Iterator[Any]:
     yield run
 
 
-def tray(driver: str = "r580", *, count: int = 4, every: Optional[Dict[str, Any]] = None,
-         **gpus: Any) -> Dict[str, Any]:  # fmt: skip
+def tray(driver: str = "r580", *, count: int = 4, every: dict[str, Any] | None = None, **gpus: Any) -> dict[str, Any]:
     """A stand-in config: ``count`` GPUs COMPLETED in clique 7 of UUID_HEX, healthy.
 
     ``every`` overrides fields on every GPU, ``gpu<i>={...}`` on one.
     """
-    config: Dict[str, Any] = {"behaviour": DRIVERS[driver][1], "driver_version": DRIVER_VERSIONS[driver],
-                              "count": count}  # fmt: skip
+    config: dict[str, Any] = {
+        "behaviour": DRIVERS[driver][1],
+        "driver_version": DRIVER_VERSIONS[driver],
+        "count": count,
+    }
     for i in range(count):
         fields = {"state": 3, "status": 0, "clique": 7, "uuid": UUID_HEX, "health_mask": HEALTHY, "health_summary": 1}
         fields.update(every or {})
@@ -114,7 +146,7 @@ def tray(driver: str = "r580", *, count: int = 4, every: Optional[Dict[str, Any]
     return config
 
 
-def key_of(run: Any, driver: str, config: Dict[str, Any], **policy: str) -> Run:
+def key_of(run: Any, driver: str, config: dict[str, Any], **policy: str) -> Run:
     return run(config, "key", json.dumps(policy), variant=DRIVERS[driver][0])  # type: ignore[no-any-return]
 
 

@@ -10,7 +10,6 @@ import os
 import re
 import subprocess
 from pathlib import Path
-from typing import Dict, Tuple
 
 import pytest
 
@@ -19,7 +18,7 @@ PINS = REPO / ".ci" / "nvml-versions"
 VENVS = Path("/opt/imexctl-nvml")
 
 
-def _pins() -> Dict[str, str]:
+def _pins() -> dict[str, str]:
     pins = {}
     for line in PINS.read_text().splitlines():
         if line.strip() and not line.startswith("#"):
@@ -38,7 +37,7 @@ def test_pins_are_the_oldest_allowed_and_a_newer_one() -> None:
     assert bound is not None, "setup.cfg must give nvidia-ml-py a lower bound"
     assert pins["oldest"].startswith(bound.group(1) + "."), (pins["oldest"], bound.group(1))
 
-    def key(v: str) -> Tuple[int, ...]:
+    def key(v: str) -> tuple[int, ...]:
         return tuple(int(p) for p in v.split("."))
 
     assert key(pins["oldest"]) < key(pins["legacy-mismatch"]) < key(pins["newest"])
@@ -51,12 +50,24 @@ def test_nvml_tests_pass_under(name: str) -> None:
     python = VENVS / name / "bin" / "python"
     if not python.exists():
         pytest.skip(f"{python} is missing: 'bash .ci/setup test' creates it with nvidia-ml-py {version}")
-    have = subprocess.run([str(python), "-c", "import importlib.metadata as m; print(m.version('nvidia-ml-py'))"],
-                          capture_output=True, text=True, timeout=60, check=False).stdout.strip()  # fmt: skip
+    have = subprocess.run(
+        [str(python), "-c", "import importlib.metadata as m; print(m.version('nvidia-ml-py'))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    ).stdout.strip()
     assert have == version, f"{python} has nvidia-ml-py {have!r}, .ci/nvml-versions pins {version}: rerun .ci/setup"
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(REPO)}
-    done = subprocess.run([str(python), "-m", "pytest", "tests/test_nvml.py", "-q", "-p", "no:cacheprovider"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    done = subprocess.run(
+        [str(python), "-m", "pytest", "tests/test_nvml.py", "-q", "-p", "no:cacheprovider"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
     assert re.fullmatch(r"=*\s*\d+ passed in [0-9.]+s\s*=*", summary), summary

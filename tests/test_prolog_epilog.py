@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import stat
 from pathlib import Path
-from typing import Any, Callable, List
+from typing import Any, Callable
 
 import pytest
 from structlog.testing import capture_logs
 
 from imexctl.errors import (
     CommandError,
-    DaemonError, DeviceError, DomainBusyError, EnvironmentError_, FileError, GpuError, HealthTimeout, ResolveError,
+    DaemonError,
+    DeviceError,
+    DomainBusyError,
+    EnvironmentError_,
+    FileError,
+    GpuError,
+    HealthTimeout,
+    ResolveError,
     UnsafeNodeError,
-)  # fmt: skip
+)
 from imexctl.gpu import FabricInfo
 from imexctl.prolog import prolog
 from imexctl.runtime import Runtime
@@ -24,18 +29,18 @@ from imexctl.teardown import cleanup, epilog
 from tests.support.fakes import FakeHost, domain_json, job_env
 
 
-def events(logs: List[dict], level: str = "info") -> List[str]:
+def events(logs: list[dict], level: str = "info") -> list[str]:
     return [e["event"] for e in logs if e["log_level"] == level]
 
 
-def leftovers(root: Path) -> List[str]:
+def leftovers(root: Path) -> list[str]:
     """Everything a job may leave: job dirs and channel nodes."""
     found = [str(p) for p in (root / "run/imexctl/jobs").glob("*")]
     found += [str(p) for p in (root / "dev/nvidia-caps-imex-channels").glob("*")]
     return found
 
 
-def live(host: FakeHost) -> List[int]:
+def live(host: FakeHost) -> list[int]:
     return [pid for pid, p in host.procs.items() if p.alive]
 
 
@@ -59,8 +64,12 @@ class TestProlog:
         assert out["ok"] and (out["port"], out["cmd_port"]) == (61042, 62042) and out["ready"]
         assert json.loads((job_dir / "state.json").read_text())["cmd_port"] == 62042
         assert events(logs) == [
-            "imex.nodes.resolved", "imex.config.written", "imex.daemon.started", "imex.ready",
-            "device.channel.created", "prolog.done",
+            "imex.nodes.resolved",
+            "imex.config.written",
+            "imex.daemon.started",
+            "imex.ready",
+            "device.channel.created",
+            "prolog.done",
         ]
 
     def test_health_timeout_rolls_back_everything(self, rt: Any, host: FakeHost, root: Path) -> None:
@@ -100,7 +109,8 @@ class TestProlog:
 
     def test_timeout_reports_what_the_daemon_last_said(self, rt: Any, host: FakeHost, root: Path) -> None:
         """When the final probe gets no answer, the error still names the peer the daemon last reported."""
-        def domain(hosts: List[str]) -> Any:
+
+        def domain(hosts: list[str]) -> Any:
             if host.now > 1003.0:
                 raise CommandError(("nvidia-imex-ctl",), "no answer within 0.05s")
             return 0, domain_json(hosts, status="DEGRADED", node_status={1: "WAITING_FOR_PEERS"})
@@ -109,11 +119,11 @@ class TestProlog:
         with pytest.raises(HealthTimeout, match=r"domain DEGRADED \(then ctl -N -j: .*not ready: 10\.0\.0\.2"):
             prolog(job_env(), rt)
 
-    def test_blamed_peer_leaves_failure_to_that_tray(self, host: FakeHost, gpu: Any, root: Path,
-                                                     make_settings: Callable[..., Any]) -> None:
+    def test_blamed_peer_leaves_failure_to_that_tray(
+        self, host: FakeHost, gpu: Any, root: Path, make_settings: Callable[..., Any]
+    ) -> None:
         """With blame_peers = yes, a live peer reporting itself not ready lets this tray exit 0."""
-        rt = Runtime(host, gpu, make_settings(readiness={"blame_peers": "yes"}),
-                               __import__("structlog").get_logger())  # fmt: skip
+        rt = Runtime(host, gpu, make_settings(readiness={"blame_peers": "yes"}), __import__("structlog").get_logger())
         host.domain = lambda hosts: (0, domain_json(hosts, status="DEGRADED", node_status={1: "WAITING_FOR_PEERS"}))
         with capture_logs() as logs:
             out = prolog(job_env(), rt)
@@ -151,8 +161,9 @@ class TestProlog:
         assert leftovers(root) == [] and not any(c[0] == "spawn" for c in host.calls)
 
     @pytest.mark.parametrize(("count", "ok"), [(44, True), (43, False), (8, False)])
-    def test_channel_minor_checked_against_the_driver(self, rt: Any, host: FakeHost, root: Path,
-                                                      count: int, ok: bool) -> None:
+    def test_channel_minor_checked_against_the_driver(
+        self, rt: Any, host: FakeHost, root: Path, count: int, ok: bool
+    ) -> None:
         """Job 42's minor 43 must lie below the driver's NVreg_ImexChannelCount: a clear error, before any
         daemon starts or file is written, not a failed mknod."""
         params = root / "proc/driver/nvidia/params"
@@ -165,21 +176,26 @@ class TestProlog:
             prolog(job_env(job_id=42), rt)
         assert leftovers(root) == [] and host.calls == []
 
-    def test_ctl_address_ip_queries_the_trays_endpoint(self, host: FakeHost, gpu: Any, root: Path,
-                                                       make_settings: Callable[..., Any]) -> None:
+    def test_ctl_address_ip_queries_the_trays_endpoint(
+        self, host: FakeHost, gpu: Any, root: Path, make_settings: Callable[..., Any]
+    ) -> None:
         """[readiness] ctl_address = ip: -q goes to -i <tray address> <command port>; -N keeps -c."""
-        rt = Runtime(host, gpu, make_settings(readiness={"ctl_address": "ip"}),
-                               __import__("structlog").get_logger())  # fmt: skip
+        rt = Runtime(host, gpu, make_settings(readiness={"ctl_address": "ip"}), __import__("structlog").get_logger())
         prolog(job_env(job_id=42), rt)
         ctl = [c for c in host.calls if c[0].endswith("nvidia-imex-ctl")]
         assert ctl[0] == ("/usr/bin/nvidia-imex-ctl", "-i", "10.0.0.1", "62042", "-q")
         assert ctl[-1][1] == "-c" and ctl[-1][-2:] == ("-N", "-j")
 
-    def test_policy_gate_skips_without_touching_anything(self, host: FakeHost, gpu: Any, root: Path,
-                                                         make_settings: Callable[..., Any]) -> None:
+    def test_policy_gate_skips_without_touching_anything(
+        self, host: FakeHost, gpu: Any, root: Path, make_settings: Callable[..., Any]
+    ) -> None:
         """A job outside the configured partitions exits 0 and touches nothing."""
-        rt = Runtime(host, gpu, make_settings(policy={"jobs": "partitions", "partitions": "nvl72"}),
-                               __import__("structlog").get_logger())  # fmt: skip
+        rt = Runtime(
+            host,
+            gpu,
+            make_settings(policy={"jobs": "partitions", "partitions": "nvl72"}),
+            __import__("structlog").get_logger(),
+        )
         with capture_logs() as logs:
             out = prolog(job_env(SLURM_JOB_PARTITION="cpu"), rt)
         assert "cpu" in out["skipped"] and host.calls == [] and gpu.calls == 0

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Callable, Iterator, List, Sequence, Tuple
+from typing import Callable
 
 import pytest
 import structlog
 
 from imexctl import imexconf, readiness
+from imexctl.errors import DaemonError, HealthTimeout
 from imexctl.prolog import prolog
 from imexctl.runtime import Runtime
-from imexctl.errors import DaemonError, HealthTimeout
 from imexctl.settings import Settings
 from tests.support.fakes import FakeHost, domain_json, job_env
 
@@ -19,17 +20,26 @@ ADDRESSES = ("10.0.0.1", "10.0.0.2")
 START = 1000.0  # FakeHost's clock at start
 
 
-def make_probe(root: Path, *, level: str = "domain", addresses: Sequence[str] = ADDRESSES,
-               alive: Callable[[], bool] = lambda: True) -> readiness.Probe:  # fmt: skip
+def make_probe(
+    root: Path, *, level: str = "domain", addresses: Sequence[str] = ADDRESSES, alive: Callable[[], bool] = lambda: True
+) -> readiness.Probe:
     """Write a job's nodes file and config.cfg under ``root`` and describe the probe."""
     job_dir = root / "run/imexctl/jobs/42"
     job_dir.mkdir(parents=True, exist_ok=True)
     nodes = job_dir / "nodes_config.cfg"
     nodes.write_text(imexconf.render_nodes(addresses))
     config = job_dir / "config.cfg"
-    config.write_text(imexconf.render_config(job_id=42, port=61042, bind_ip=addresses[0], nodes_path=nodes,
-                                             cmd_port=62042, log_file=root / "imex.log",
-                                             overrides={}))  # fmt: skip
+    config.write_text(
+        imexconf.render_config(
+            job_id=42,
+            port=61042,
+            bind_ip=addresses[0],
+            nodes_path=nodes,
+            cmd_port=62042,
+            log_file=root / "imex.log",
+            overrides={},
+        )
+    )
     return readiness.Probe(config, addresses[0], tuple(addresses), level, alive)
 
 
@@ -38,16 +48,16 @@ def wait(host: FakeHost, s: Settings, p: readiness.Probe) -> readiness.Readiness
     return readiness.wait_ready(host, s, p, deadline=deadline, log=structlog.get_logger())
 
 
-def ctl_calls(host: FakeHost, *flags: str) -> List[Tuple[str, ...]]:
+def ctl_calls(host: FakeHost, *flags: str) -> list[tuple[str, ...]]:
     return [c for c in host.calls if c[0].endswith("nvidia-imex-ctl") and all(f in c for f in flags)]
 
 
-def sequence(*answers: Tuple[int, str]) -> Callable[[List[str]], Tuple[int, str]]:
+def sequence(*answers: tuple[int, str]) -> Callable[[list[str]], tuple[int, str]]:
     """A FakeHost.domain answering each -N -j call with the next answer (the last one repeats)."""
-    it: Iterator[Tuple[int, str]] = iter(answers)
-    last: List[Tuple[int, str]] = []
+    it: Iterator[tuple[int, str]] = iter(answers)
+    last: list[tuple[int, str]] = []
 
-    def answer(hosts: List[str]) -> Tuple[int, str]:
+    def answer(hosts: list[str]) -> tuple[int, str]:
         last[:] = [next(it, last[0] if last else answers[-1])]
         return last[0]
 
@@ -86,8 +96,9 @@ class TestReady:
         with pytest.raises(HealthTimeout, match="domain UP"):
             wait(host, s, make_probe(root))
 
-    def test_local_level_never_asks_the_domain(self, host: FakeHost, make_settings: Callable[..., Settings],
-                                               root: Path) -> None:  # fmt: skip
+    def test_local_level_never_asks_the_domain(
+        self, host: FakeHost, make_settings: Callable[..., Settings], root: Path
+    ) -> None:
         """With level=local a READY answer to -q is enough and -N -j is never run."""
         host.ready_after = 3
         host.domain = lambda hosts: (0, "must not be asked")
@@ -103,8 +114,7 @@ class TestReady:
 
 
 class TestGarbage:
-    def test_garbage_query_output_keeps_polling_then_times_out(self, host: FakeHost, s: Settings,
-                                                               root: Path) -> None:  # fmt: skip
+    def test_garbage_query_output_keeps_polling_then_times_out(self, host: FakeHost, s: Settings, root: Path) -> None:
         """Unknown -q output is not fatal: polling continues and the timeout names the output."""
         host.q_outputs = [(0, "BANANA\n")]
         with pytest.raises(HealthTimeout, match="unknown state 'BANANA'") as info:
@@ -124,8 +134,9 @@ class TestGarbage:
             pytest.param("{not json", "not JSON", id="not-json"),
             pytest.param("[]", "top level is list", id="list"),
             pytest.param('{"nodes": {}}', "missing key 'status'", id="no-status"),
-            pytest.param('{"status": "UP", "nodes": {"0": {"status": "READY"}}}', "missing key 'host'",
-                         id="node-without-host"),
+            pytest.param(
+                '{"status": "UP", "nodes": {"0": {"status": "READY"}}}', "missing key 'host'", id="node-without-host"
+            ),
         ],
     )
     def test_garbage_domain_json_keeps_polling_then_times_out(
@@ -146,8 +157,9 @@ class TestGarbage:
 
 
 class TestHang:
-    def test_hanging_ctl_times_out_naming_the_hang(self, host: FakeHost, make_settings: Callable[..., Settings],
-                                                   root: Path) -> None:  # fmt: skip
+    def test_hanging_ctl_times_out_naming_the_hang(
+        self, host: FakeHost, make_settings: Callable[..., Settings], root: Path
+    ) -> None:
         """A ctl that never answers ends in HealthTimeout that says it did not answer."""
         host.hang_ctl = True
         with pytest.raises(HealthTimeout, match=r"ctl -q: no answer within [0-9.]+s"):
@@ -159,8 +171,9 @@ class TestHang:
         with pytest.raises(HealthTimeout, match="no answer"):
             prolog(job_env(), rt)
 
-    def test_hanging_ctl_never_runs_past_the_deadline(self, host: FakeHost, make_settings: Callable[..., Settings],
-                                                      root: Path) -> None:  # fmt: skip
+    def test_hanging_ctl_never_runs_past_the_deadline(
+        self, host: FakeHost, make_settings: Callable[..., Settings], root: Path
+    ) -> None:
         """Probes that hang are cut at the deadline, so the wait ends within deadline_s."""
         host.hang_ctl = True
         s = make_settings(readiness={"deadline_s": 6, "ctl_timeout_s": 5})
@@ -258,8 +271,9 @@ def _unreachable_peer(peers_see: str) -> str:
 
 
 class TestCommandServiceReachability:
-    def test_blocked_command_port_is_named(self, host: FakeHost, make_settings: Callable[..., Settings],
-                                           root: Path) -> None:
+    def test_blocked_command_port_is_named(
+        self, host: FakeHost, make_settings: Callable[..., Settings], root: Path
+    ) -> None:
         """A peer whose daemon its peers are CONNECTED to, but which -N cannot ask, is named with the port:
         its command port is blocked between the trays."""
         s = make_settings(readiness={"deadline_s": 2})
@@ -272,9 +286,9 @@ class TestCommandServiceReachability:
         assert "command port 62042 unreachable on 10.0.0.3" in msg and "UNAVAILABLE 10.0.0.3" in msg
         assert "2->" not in msg  # the unreachable node's own row (all INVALID by construction) is not listed
 
-    def test_peer_that_never_started_is_not_called_blocked(self, host: FakeHost,
-                                                           make_settings: Callable[..., Settings],
-                                                           root: Path) -> None:
+    def test_peer_that_never_started_is_not_called_blocked(
+        self, host: FakeHost, make_settings: Callable[..., Settings], root: Path
+    ) -> None:
         """A peer nobody is connected to (its prolog never ran) is UNAVAILABLE, not 'blocked'."""
         s = make_settings(readiness={"deadline_s": 2})
         p = make_probe(root, addresses=("10.0.0.1", "10.0.0.2", "10.0.0.3"))

@@ -35,8 +35,8 @@ class TestDefaults:
 
     def test_every_default_passes_its_own_parser(self) -> None:
         """Each schema default parses, so a missing key can never fail validation."""
-        for section, keys in SCHEMA.items():
-            for key, (default, parse) in keys.items():
+        for keys in SCHEMA.values():
+            for default, parse in keys.values():
                 parse(default)  # raises ValueError on a bad default
 
     def test_missing_default_file_is_all_defaults(self, tmp_path: Path) -> None:
@@ -51,8 +51,10 @@ class TestDefaults:
 
     def test_values_from_file_are_parsed(self, tmp_path: Path) -> None:
         """Values from the file override defaults and are converted to their types."""
-        path = conf(tmp_path, "[readiness]\ndeadline_s = 90\nlevel = local\n[policy]\n"
-                              "partitions = nvl72, gb200 ,\nchannel_mode = 0660\n")  # fmt: skip
+        path = conf(
+            tmp_path,
+            "[readiness]\ndeadline_s = 90\nlevel = local\n[policy]\npartitions = nvl72, gb200 ,\nchannel_mode = 0660\n",
+        )
         s = load(path, node="gb01")
         assert s.source == path
         assert s.readiness.deadline_s == 90.0 and s.readiness.level == "local"
@@ -199,15 +201,18 @@ class TestImexSection:
 
 
 class TestFilePermissions:
-    @pytest.mark.parametrize("mode", [pytest.param(0o664, id="group-writable"),
-                                      pytest.param(0o646, id="world-writable")])  # fmt: skip
+    @pytest.mark.parametrize(
+        "mode", [pytest.param(0o664, id="group-writable"), pytest.param(0o646, id="world-writable")]
+    )
     def test_writable_by_others_is_refused(self, tmp_path: Path, mode: int) -> None:
         """A config anyone but root may write is refused, with owner and mode in the message."""
         path = conf(tmp_path, "[log]\nlevel = debug\n", mode=mode)
         with pytest.raises(ConfigError) as info:
             load(path, node="gb01")
-        assert str(info.value) == (f"{path}: config file must be owned by root and not writable by group or "
-                                   f"others (owner uid {os.geteuid()}, mode {mode:04o})")  # fmt: skip
+        assert str(info.value) == (
+            f"{path}: config file must be owned by root and not writable by group or "
+            f"others (owner uid {os.geteuid()}, mode {mode:04o})"
+        )
 
     @needs_chown
     def test_owned_by_other_uid_is_refused(self, tmp_path: Path) -> None:

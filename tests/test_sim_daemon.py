@@ -13,15 +13,16 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from imexctl.ctloutput import parse_domain_json
-from tests.support.ctltext import parse_domain_text
 from imexctl.sim.ctl import CtlError
 from imexctl.sim.ctl import request as ctl_request
 from tests.simhelpers import REPO, SimCluster, free_port, wait_for
+from tests.support.ctltext import parse_domain_text
 
 
 @pytest.fixture
@@ -33,7 +34,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[SimCluster]:
         yield c
     finally:
         c.kill_all()
-        assert [] == c.ours()
+        assert c.ours() == []
 
 
 def _exit_code(proc: subprocess.Popen[str], timeout: float = 10.0) -> int:
@@ -51,7 +52,7 @@ class TestDomainUp:
             d = parse_domain_json(json.dumps(snap))
             assert cluster.addresses == [node.host for node in d.nodes]
             assert {("READY", "580.95.05")} == {(node.status, node.version) for node in d.nodes}
-            assert [] == d.not_connected(include_self=True)
+            assert d.not_connected(include_self=True) == []
 
     def test_ctl_cli_end_to_end(self, cluster: SimCluster) -> None:
         """The ctl CLI prints READY for -q, parseable -N text and -N -j -H JSON with host names."""
@@ -60,42 +61,47 @@ class TestDomainUp:
         cluster.wait_up(0)
         cfg = str(cluster.dir / "c0.cfg")
         q = cluster.ctl("-c", cfg, "-q")
-        assert (0, "READY\n") == (q.returncode, q.stdout)
+        assert (q.returncode, q.stdout) == (0, "READY\n")
         text = cluster.ctl("-c", cfg, "-N")
-        assert 0 == text.returncode and parse_domain_text(text.stdout).is_up
+        assert text.returncode == 0 and parse_domain_text(text.stdout).is_up
         js = cluster.ctl("-c", cfg, "-N", "-j", "-H")
-        assert ["tray-a", "tray-b"] == [n.hostname for n in parse_domain_json(js.stdout).nodes]
+        assert [n.hostname for n in parse_domain_json(js.stdout).nodes] == ["tray-a", "tray-b"]
         plain = cluster.ctl("-c", cfg, "-N", "-j")
-        assert ["", ""] == [n.hostname for n in parse_domain_json(plain.stdout).nodes]
+        assert [n.hostname for n in parse_domain_json(plain.stdout).nodes] == ["", ""]
 
     def test_tcp_command_port(self, cluster: SimCluster) -> None:
         """The command service also answers on IMEX_CMD_BIND_INTERFACE_IP:IMEX_CMD_PORT (-i and -c)."""
         cmd_port = free_port(cluster.addresses[:1])
-        cluster.start(0, IMEX_CMD_UNIX_DOMAIN_PATH="", IMEX_CMD_PORT=cmd_port,
-                      IMEX_CMD_BIND_INTERFACE_IP=cluster.addresses[0])
+        cluster.start(
+            0, IMEX_CMD_UNIX_DOMAIN_PATH="", IMEX_CMD_PORT=cmd_port, IMEX_CMD_BIND_INTERFACE_IP=cluster.addresses[0]
+        )
         cluster.start(1)
-        out = wait_for(lambda: cluster.ctl("-i", cluster.addresses[0], str(cmd_port), "-q").stdout == "READY\n",
-                       what="READY over TCP")
+        out = wait_for(
+            lambda: cluster.ctl("-i", cluster.addresses[0], str(cmd_port), "-q").stdout == "READY\n",
+            what="READY over TCP",
+        )
         assert out
         via_cfg = cluster.ctl("-c", str(cluster.dir / "c0.cfg"), "-N", "-j")
-        assert 2 == len(parse_domain_json(via_cfg.stdout).nodes)
+        assert len(parse_domain_json(via_cfg.stdout).nodes) == 2
 
     def test_host_names_in_nodes_file(self, cluster: SimCluster) -> None:
         """Host-name entries resolve (localhost) and are shown as written."""
         cluster.write("nodes.cfg", "localhost\n")
         cluster.start(0, BIND_INTERFACE_IP="127.0.0.1", IMEX_CMD_BIND_INTERFACE_IP="127.0.0.1")
         snap = cluster.wait_up(0)
-        assert "localhost" == snap["nodes"]["0"]["host"]
+        assert snap["nodes"]["0"]["host"] == "localhost"
         assert "Treating node config entry 'localhost' as a host name." in cluster.log_text(0)
 
     def test_finds_itself_from_interfaces(self, cluster: SimCluster) -> None:
         """Without BIND_INTERFACE_IP the first nodes-file address on a local interface is the own ID."""
         cluster.write("nodes.cfg", "192.0.2.123\n127.0.0.1\n")
-        proc = subprocess.Popen(cluster.argv(cluster.config(0, BIND_INTERFACE_IP="")), env=cluster.env(),
-                                stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            cluster.argv(cluster.config(0, BIND_INTERFACE_IP="")), env=cluster.env(), stderr=subprocess.PIPE, text=True
+        )
         cluster.procs[0] = proc
-        wait_for(lambda: "Identified this node as ID 1, using bind IP of '127.0.0.1'" in cluster.log_text(0),
-                 what="own ID 1")
+        wait_for(
+            lambda: "Identified this node as ID 1, using bind IP of '127.0.0.1'" in cluster.log_text(0), what="own ID 1"
+        )
 
 
 class TestCommandServicePerNode:
@@ -125,8 +131,7 @@ class TestCommandServicePerNode:
 
         snap = wait_for(blocked_view, what="tray 0 connected to tray 1")
         node1 = snap["nodes"]["1"]
-        assert node1["status"] == "UNAVAILABLE" and {c["status"] for c in node1["connections"].values()} == {
-            "INVALID"}
+        assert node1["status"] == "UNAVAILABLE" and {c["status"] for c in node1["connections"].values()} == {"INVALID"}
         assert snap["status"] == "DEGRADED"
         assert snap["nodes"]["2"]["connections"]["1"]["status"] == "CONNECTED"
 
@@ -141,7 +146,7 @@ class TestFailures:
         # tray 1's file is reversed, so there it is node 0 and tray 0 is node 1
         wait_for(lambda: cluster.link(1, 0, 1) == "NODE_MAP_MISMATCH", what="!M! on tray 1")
         snap = cluster.domain(0)
-        assert snap is not None and "UP" != snap["status"]
+        assert snap is not None and snap["status"] != "UP"
         assert "Node configuration mapping mismatch" in cluster.log_text(0)
         text = cluster.ctl("-c", str(cluster.dir / "c0.cfg"), "-N").stdout
         assert "       0        C   !M!" in text
@@ -153,33 +158,33 @@ class TestFailures:
         wait_for(lambda: cluster.link(0, 0, 1) == "VERSION_MISMATCH", what="!V! on tray 0")
         wait_for(lambda: cluster.link(1, 1, 0) == "VERSION_MISMATCH", what="!V! on tray 1")
         snap = cluster.domain(1)
-        assert snap is not None and "UP" != snap["status"]
-        assert "570.172" == snap["nodes"]["1"]["version"]
+        assert snap is not None and snap["status"] != "UP"
+        assert snap["nodes"]["1"]["version"] == "570.172"
 
     def test_never_ready(self, cluster: SimCluster) -> None:
         """never_ready keeps a tray WAITING_FOR_PEERS while its links connect; the domain stays DEGRADED."""
         cluster.start(0)
         cluster.start(1, faults="never_ready")
         wait_for(lambda: cluster.link(0, 1, 0) == "CONNECTED", what="tray 1 connected")
-        assert "WAITING_FOR_PEERS" == cluster.state(1)
+        assert cluster.state(1) == "WAITING_FOR_PEERS"
         snap = cluster.domain(0)
-        assert snap is not None and ("DEGRADED", "WAITING_FOR_PEERS") == (snap["status"], snap["nodes"]["1"]["status"])
+        assert snap is not None and (snap["status"], snap["nodes"]["1"]["status"]) == ("DEGRADED", "WAITING_FOR_PEERS")
         q = cluster.ctl("-c", str(cluster.dir / "c1.cfg"), "-q")
-        assert (0, "WAITING_FOR_PEERS\n") == (q.returncode, q.stdout)
+        assert (q.returncode, q.stdout) == (0, "WAITING_FOR_PEERS\n")
 
     def test_slow_start(self, cluster: SimCluster) -> None:
         """slow_start holds INITIALIZING (domain DOWN locally), then the tray becomes READY."""
         cluster.start(0, faults="slow_start=2.5")
-        assert "INITIALIZING" == wait_for(lambda: cluster.state(0), what="an answer")
+        assert wait_for(lambda: cluster.state(0), what="an answer") == "INITIALIZING"
         snap = cluster.domain(0)
-        assert snap is not None and "DOWN" == snap["status"]
+        assert snap is not None and snap["status"] == "DOWN"
         wait_for(lambda: cluster.state(0) == "READY", what="READY after slow start")
 
     def test_full_quorum_waits_for_all(self, cluster: SimCluster) -> None:
         """IMEX_WAIT_FOR_QUORUM=FULL stays WAITING_FOR_PEERS until every node is connected."""
         cluster.start(0, IMEX_WAIT_FOR_QUORUM="FULL")
         wait_for(lambda: cluster.link(0, 0, 0) == "CONNECTED", what="self link")
-        assert "WAITING_FOR_PEERS" == cluster.state(0)
+        assert cluster.state(0) == "WAITING_FOR_PEERS"
         cluster.start(1)
         wait_for(lambda: cluster.state(0) == "READY", what="READY once tray 1 is there")
 
@@ -188,12 +193,14 @@ class TestFailures:
         cluster.start(0)
         crashing = cluster.start(1, faults=f"@{cluster.addresses[1]} crash_after=3.0")
         wait_for(lambda: cluster.link(0, 0, 1) == "CONNECTED", what="tray 1 connected before its crash")
-        assert 134 == _exit_code(crashing)
-        wait_for(lambda: (cluster.domain(0) or {}).get("nodes", {}).get("1", {}).get("status") == "UNAVAILABLE",
-                 what="tray 1 UNAVAILABLE")
+        assert _exit_code(crashing) == 134
+        wait_for(
+            lambda: (cluster.domain(0) or {}).get("nodes", {}).get("1", {}).get("status") == "UNAVAILABLE",
+            what="tray 1 UNAVAILABLE",
+        )
         d = parse_domain_json(json.dumps(cluster.domain(0)))
-        assert "DEGRADED" == d.status
-        assert [(0, 1, "RECOVERING"), (1, 0, "INVALID")] == d.not_connected()
+        assert d.status == "DEGRADED"
+        assert d.not_connected() == [(0, 1, "RECOVERING"), (1, 0, "INVALID")]
         assert "Received notification of shutdown" not in cluster.log_text(0)
         assert os.path.exists(cluster.sock(1)), "a crash leaves the socket file behind"
 
@@ -204,7 +211,7 @@ class TestFailures:
         wait_for(lambda: cluster.link(0, 0, 0) == "CONNECTED", what="tray 0 up")
         wait_for(lambda: cluster.link(1, 1, 1) == "CONNECTED", what="tray 1 up")
         wait_for(lambda: "Attempting connection for target node 0" in cluster.log_text(1), what="attempt")
-        assert ("NEVER_CONNECTED", "NEVER_CONNECTED") == (cluster.link(0, 0, 1), cluster.link(1, 1, 0))
+        assert (cluster.link(0, 0, 1), cluster.link(1, 1, 0)) == ("NEVER_CONNECTED", "NEVER_CONNECTED")
 
 
 class TestSignals:
@@ -214,20 +221,20 @@ class TestSignals:
         cluster.wait_up(0)
         started = time.monotonic()
         cluster.procs[1].send_signal(signal.SIGTERM)
-        assert 0 == _exit_code(cluster.procs[1])
+        assert _exit_code(cluster.procs[1]) == 0
         assert time.monotonic() - started < 1.0
         assert not os.path.exists(cluster.sock(1))
         wait_for(lambda: "Received notification of shutdown from node 1" in cluster.log_text(0), what="notice")
         wait_for(lambda: cluster.link(0, 0, 1) == "RECOVERING", what="R on tray 0")
         snap = cluster.domain(0)
-        assert snap is not None and "UNAVAILABLE" == snap["nodes"]["1"]["status"]
+        assert snap is not None and snap["nodes"]["1"]["status"] == "UNAVAILABLE"
 
     def test_restarted_peer_rejoins(self, cluster: SimCluster) -> None:
         """A peer stopped and started again is seen as a new instance and the domain is UP again."""
         cluster.start_all()
         cluster.wait_up(0)
         cluster.procs[1].send_signal(signal.SIGTERM)
-        assert 0 == _exit_code(cluster.procs[1])
+        assert _exit_code(cluster.procs[1]) == 0
         wait_for(lambda: cluster.link(0, 0, 1) == "RECOVERING", what="R on tray 0")
         cluster.start(1)
         cluster.wait_up(0)
@@ -241,7 +248,7 @@ class TestSignals:
         cluster.start(0)
         wait_for(lambda: cluster.state(0) == "READY", what="READY")
         cluster.procs[0].send_signal(sig)
-        assert 0 == _exit_code(cluster.procs[0])
+        assert _exit_code(cluster.procs[0]) == 0
 
     def test_grace_time_zero_disconnects(self, cluster: SimCluster) -> None:
         """With IMEX_NODE_DISCONNECTED_GRACE_TIME=0 a lost peer goes straight to DISCONNECTED."""
@@ -262,7 +269,7 @@ class TestSignals:
         again = f"node 1 with ip address {cluster.addresses[1]}. Number of times connected: 2"
         wait_for(lambda: again in cluster.log_text(0), what="reconnect")
         log = cluster.log_text(0)
-        assert (1, 1) == (log.count("Received SIGUSR1"), log.count("Ignoring SIGUSR1"))
+        assert (log.count("Received SIGUSR1"), log.count("Ignoring SIGUSR1")) == (1, 1)
         assert "Number of times connected: 3" not in log
         cluster.wait_up(0)
 
@@ -272,7 +279,7 @@ class TestSignals:
         wait_for(lambda: cluster.state(0) == "READY", what="READY")
         cluster.procs[0].send_signal(signal.SIGHUP)
         wait_for(lambda: "Received SIGHUP" in cluster.log_text(0), what="log line")
-        assert "READY" == cluster.state(0)
+        assert cluster.state(0) == "READY"
 
 
 class TestStartup:
@@ -280,10 +287,10 @@ class TestStartup:
         """DAEMONIZE=1: the parent exits 0 with its pipes closed, the child serves on."""
         cfg = cluster.config(0, DAEMONIZE=1)
         done = subprocess.run(cluster.argv(cfg), env=cluster.env(), capture_output=True, text=True, timeout=15)
-        assert (0, "") == (done.returncode, done.stderr)
-        assert "READY" == wait_for(lambda: cluster.state(0) == "READY" and "READY", what="child READY")
+        assert (done.returncode, done.stderr) == (0, "")
+        assert wait_for(lambda: cluster.state(0) == "READY" and "READY", what="child READY") == "READY"
         children = cluster.ours()
-        assert 1 == len(children) and children[0].ppid() != os.getpid()
+        assert len(children) == 1 and children[0].ppid() != os.getpid()
         children[0].send_signal(signal.SIGTERM)
         wait_for(lambda: not os.path.exists(cluster.sock(0)), what="clean exit of the child")
 
@@ -291,21 +298,29 @@ class TestStartup:
         """DAEMONIZE=1 with a port already taken: the command exits 1 and no child stays behind."""
         cluster.start(0)
         wait_for(lambda: cluster.state(0) == "READY", what="first daemon")
-        cfg = cluster.write("dup.cfg", cluster.config(0, DAEMONIZE=1, IMEX_CMD_UNIX_DOMAIN_PATH=cluster.sock(9),
-                                                      LOG_FILE_NAME=cluster.dir / "dup.log").read_text())
+        cfg = cluster.write(
+            "dup.cfg",
+            cluster.config(
+                0, DAEMONIZE=1, IMEX_CMD_UNIX_DOMAIN_PATH=cluster.sock(9), LOG_FILE_NAME=cluster.dir / "dup.log"
+            ).read_text(),
+        )
         done = subprocess.run(cluster.argv(cfg), env=cluster.env(), capture_output=True, text=True, timeout=15)
-        assert 1 == done.returncode and "Address already in use" in done.stderr
-        assert 1 == len(cluster.ours())
+        assert done.returncode == 1 and "Address already in use" in done.stderr
+        assert len(cluster.ours()) == 1
 
     def test_address_in_use(self, cluster: SimCluster) -> None:
         """A second daemon on a held SERVER_PORT logs 'Address already in use' and exits 1."""
         cluster.start(0)
         wait_for(lambda: cluster.state(0) == "READY", what="first daemon")
-        cfg = cluster.write("dup.cfg", cluster.config(0, IMEX_CMD_UNIX_DOMAIN_PATH=cluster.sock(9),
-                                                      LOG_FILE_NAME="").read_text())
+        cfg = cluster.write(
+            "dup.cfg", cluster.config(0, IMEX_CMD_UNIX_DOMAIN_PATH=cluster.sock(9), LOG_FILE_NAME="").read_text()
+        )
         done = subprocess.run(cluster.argv(cfg), env=cluster.env(), capture_output=True, text=True, timeout=15)
-        assert 1 == done.returncode
-        assert f"Failed to bind IMEX server to {cluster.addresses[0]}:{cluster.port}: Address already in use" in done.stderr
+        assert done.returncode == 1
+        assert (
+            f"Failed to bind IMEX server to {cluster.addresses[0]}:{cluster.port}: Address already in use"
+            in done.stderr
+        )
         assert "[ERROR]" in done.stderr
 
     def test_live_unix_socket_is_not_stolen(self, cluster: SimCluster) -> None:
@@ -314,34 +329,43 @@ class TestStartup:
         wait_for(lambda: cluster.state(0) == "READY", what="first daemon")
         other_port = free_port(cluster.addresses[:1])
         other_cmd = free_port(cluster.addresses[:1], avoid=other_port)
-        cfg = cluster.write("dup.cfg", cluster.config(0, SERVER_PORT=other_port, IMEX_CMD_PORT=other_cmd,
-                                                      LOG_FILE_NAME="").read_text())
+        cfg = cluster.write(
+            "dup.cfg", cluster.config(0, SERVER_PORT=other_port, IMEX_CMD_PORT=other_cmd, LOG_FILE_NAME="").read_text()
+        )
         done = subprocess.run(cluster.argv(cfg), env=cluster.env(), capture_output=True, text=True, timeout=15)
-        assert 1 == done.returncode and f"{cluster.sock(0)}: Address already in use" in done.stderr
-        assert "READY" == cluster.state(0)
+        assert done.returncode == 1 and f"{cluster.sock(0)}: Address already in use" in done.stderr
+        assert cluster.state(0) == "READY"
 
     @pytest.mark.parametrize(
         ("nodes", "message"),
         [
             pytest.param(None, "Failed to read node configuration file", id="unreadable-nodes-file"),
             pytest.param("127.0.0.1\n\n127.0.0.2\n", "invalid entry '' on line 2", id="blank-line"),
-            pytest.param("192.0.2.7\n", "No matching network interface found for any IP addresses in the node "
-                         "configuration file", id="no-own-address"),
+            pytest.param(
+                "192.0.2.7\n",
+                "No matching network interface found for any IP addresses in the node configuration file",
+                id="no-own-address",
+            ),
         ],
     )
     def test_bad_nodes_file(self, cluster: SimCluster, nodes: str | None, message: str) -> None:
         """Nodes-file problems are logged with the real messages and the daemon exits 1."""
         path = cluster.dir / "missing.cfg" if nodes is None else cluster.write("bad.cfg", nodes)
         cfg = cluster.config(0, IMEX_NODE_CONFIG_FILE=path, BIND_INTERFACE_IP="", LOG_FILE_NAME="")
-        done = subprocess.run(cluster.argv(cfg), env=cluster.env(extra={"IMEX_SIM_LOCAL_ADDRS": "127.0.0.1"}),
-                              capture_output=True, text=True, timeout=15)
-        assert 1 == done.returncode and message in done.stderr
+        done = subprocess.run(
+            cluster.argv(cfg),
+            env=cluster.env(extra={"IMEX_SIM_LOCAL_ADDRS": "127.0.0.1"}),
+            capture_output=True,
+            text=True,
+            timeout=15,
+        )
+        assert done.returncode == 1 and message in done.stderr
 
     def test_bind_ip_not_in_nodes_file(self, cluster: SimCluster) -> None:
         """A BIND_INTERFACE_IP that is not in the nodes file is refused."""
         cfg = cluster.config(0, BIND_INTERFACE_IP="127.0.0.253", LOG_FILE_NAME="")
         done = subprocess.run(cluster.argv(cfg), env=cluster.env(), capture_output=True, text=True, timeout=15)
-        assert 1 == done.returncode and "BIND_INTERFACE_IP '127.0.0.253' does not match" in done.stderr
+        assert done.returncode == 1 and "BIND_INTERFACE_IP '127.0.0.253' does not match" in done.stderr
 
     @pytest.mark.parametrize(
         ("faults", "message"),
@@ -354,7 +378,7 @@ class TestStartup:
         """An unknown or malformed fault switch stops start-up with exit 1."""
         cfg = cluster.config(0, LOG_FILE_NAME="")
         done = subprocess.run(cluster.argv(cfg), env=cluster.env(faults), capture_output=True, text=True, timeout=15)
-        assert 1 == done.returncode and message in done.stderr
+        assert done.returncode == 1 and message in done.stderr
 
     def test_faults_file(self, cluster: SimCluster) -> None:
         """The file named by the environment variable IMEX_SIM_FAULTS_FILE is read like IMEX_SIM_FAULTS."""
@@ -362,7 +386,7 @@ class TestStartup:
         cluster.start(0, env={"IMEX_SIM_FAULTS_FILE": str(faults)})
         wait_for(lambda: cluster.state(0) == "READY", what="READY")
         snap = cluster.domain(0)
-        assert snap is not None and "from-file" == snap["nodes"]["0"]["hostName"]
+        assert snap is not None and snap["nodes"]["0"]["hostName"] == "from-file"
 
     def test_faults_never_come_from_the_config(self, cluster: SimCluster) -> None:
         """A fault file named in config.cfg (which imexctl owns) is an unknown key, logged and ignored."""
@@ -377,21 +401,25 @@ class TestStartup:
         port = free_port(cluster.addresses[:1])
         cluster.start(0, args=["--nogpu", "-p", str(port)], SERVER_PORT=1)
         snap = cluster.wait_up(0)
-        assert "NO_GPU" == snap["nodes"]["0"]["version"]
+        assert snap["nodes"]["0"]["version"] == "NO_GPU"
         assert f"bind port = {port}" in cluster.log_text(0)
 
     def test_inherited_fds_are_closed(self, cluster: SimCluster) -> None:
         """A descriptor inherited from the caller (a prolog's pipe) is not kept open."""
         rfd, wfd = os.pipe()
         try:
-            proc = subprocess.Popen(cluster.argv(cluster.config(0)), env=cluster.env(), pass_fds=(wfd,),
-                                    stderr=subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                cluster.argv(cluster.config(0)), env=cluster.env(), pass_fds=(wfd,), stderr=subprocess.DEVNULL
+            )
             cluster.procs[0] = proc  # type: ignore[assignment]
             wait_for(lambda: cluster.state(0) == "READY", what="READY")
             pipe_inode = os.fstat(wfd).st_ino
-            held = [f for f in os.listdir(f"/proc/{proc.pid}/fd")
-                    if os.stat(f"/proc/{proc.pid}/fd/{f}").st_ino == pipe_inode]
-            assert [] == held
+            held = [
+                f
+                for f in os.listdir(f"/proc/{proc.pid}/fd")
+                if os.stat(f"/proc/{proc.pid}/fd/{f}").st_ino == pipe_inode
+            ]
+            assert held == []
         finally:
             os.close(rfd)
             os.close(wfd)
@@ -411,13 +439,13 @@ class TestCtl:
         -N without the config is a usage error (it needs the nodes file and the command port)."""
         cfg = str(cluster.config(0))
         q = cluster.ctl("-c", cfg, "-q")
-        assert (1, "UNAVAILABLE\n") == (q.returncode, q.stdout)
+        assert (q.returncode, q.stdout) == (1, "UNAVAILABLE\n")
         n = cluster.ctl("-c", cfg, "-N", "-j")
         d = parse_domain_json(n.stdout)
-        assert (0, "DOWN") == (n.returncode, d.status)
+        assert (n.returncode, d.status) == (0, "DOWN")
         assert {"UNAVAILABLE"} == {node.status for node in d.nodes}
         u = cluster.ctl("-u", cluster.sock(0), "-N")
-        assert (2, "") == (u.returncode, u.stdout) and "-N requires the config file" in u.stderr
+        assert (u.returncode, u.stdout) == (2, "") and "-N requires the config file" in u.stderr
 
     def test_hang_ctl_needs_timeout(self, cluster: SimCluster) -> None:
         """hang_ctl never answers: -t bounds the ctl, without -t it waits until killed."""
@@ -425,7 +453,7 @@ class TestCtl:
         wait_for(lambda: os.path.exists(cluster.sock(0)), what="socket")
         started = time.monotonic()
         done = cluster.ctl("-u", cluster.sock(0), "-q", "-t", "300")
-        assert (1, "UNAVAILABLE\n") == (done.returncode, done.stdout) and "timed out" in done.stderr
+        assert (done.returncode, done.stdout) == (1, "UNAVAILABLE\n") and "timed out" in done.stderr
         assert time.monotonic() - started < 5.0
         with pytest.raises(subprocess.TimeoutExpired):
             cluster.ctl("-u", cluster.sock(0), "-q", timeout=0.7)
@@ -444,7 +472,7 @@ class TestCtl:
     def test_ctl_imports_stay_light(self) -> None:
         """Importing the ctl pulls in neither asyncio nor psutil."""
         code = "import sys, imexctl.sim.ctl; print(sorted(m for m in ('asyncio', 'psutil') if m in sys.modules))"
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                             env={"PYTHONPATH": str(REPO)})
-        assert "[]\n" == out.stdout
-
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={"PYTHONPATH": str(REPO)}
+        )
+        assert out.stdout == "[]\n"

@@ -10,13 +10,13 @@ from __future__ import annotations
 import calendar
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 from imexctl.ctloutput import parse_domain_json
-from tests.support.ctltext import parse_domain_text
 from imexctl.sim import ctl
 from imexctl.sim.config import SimConfigError, node_map_key, parse_config_text, parse_nodes_text
 from imexctl.sim.faults import FaultError, Faults, parse_faults
@@ -30,14 +30,30 @@ from imexctl.sim.formats import (
     node_entry,
     unavailable_snapshot,
 )
+from tests.support.ctltext import parse_domain_text
 
 DATA = Path(__file__).parent / "data"
 
-AWS_HOSTS = (
-    "172.31.48.81 172.31.48.98 172.31.48.221 172.31.49.228 172.31.50.39 172.31.50.44 "
-    "172.31.51.66 172.31.51.157 172.31.52.239 172.31.53.80 172.31.54.95 172.31.54.183 "
-    "172.31.54.203 172.31.54.241 172.31.55.59 172.31.55.187 172.31.55.197 172.31.56.47"
-).split()
+AWS_HOSTS = [
+    "172.31.48.81",
+    "172.31.48.98",
+    "172.31.48.221",
+    "172.31.49.228",
+    "172.31.50.39",
+    "172.31.50.44",
+    "172.31.51.66",
+    "172.31.51.157",
+    "172.31.52.239",
+    "172.31.53.80",
+    "172.31.54.95",
+    "172.31.54.183",
+    "172.31.54.203",
+    "172.31.54.241",
+    "172.31.55.59",
+    "172.31.55.187",
+    "172.31.55.197",
+    "172.31.56.47",
+]
 
 
 def _read(name: str) -> str:
@@ -84,7 +100,7 @@ class TestFormatText:
     def test_legend(self) -> None:
         """The legend is the documented one, typo included."""
         assert LEGEND.startswith("Connectivity Table Legend:\n") and "triggreed" in LEGEND
-        assert LEGEND == "".join(_read("imexctl_N_570.172_18nodes.txt").splitlines(keepends=True)[:9])
+        assert "".join(_read("imexctl_N_570.172_18nodes.txt").splitlines(keepends=True)[:9]) == LEGEND
 
     def test_every_status_round_trips_through_the_parser(self) -> None:
         """Every connection status the simulator can print comes back unchanged from imexctl's parser."""
@@ -114,12 +130,26 @@ class TestFormatJson:
         sample = json.loads(_read("imexctl_Nj_580.30_degraded_dcgm.json"))
         snap = {
             "nodes": {
-                "3": node_entry("10.76.186.255", "READY", "580.30", "", {
-                    "1": {"host": "10.76.183.30", "status": "CONNECTED", "changed": True},
-                    "6": {"host": "10.76.190.23", "status": "CONNECTED", "changed": True}}),
-                "1": node_entry("10.76.183.30", "READY", "580.30", "", {
-                    "0": {"host": "10.76.179.115", "status": "CONNECTED", "changed": True},
-                    "1": {"host": "10.76.183.30", "status": "CONNECTED", "changed": True}}),
+                "3": node_entry(
+                    "10.76.186.255",
+                    "READY",
+                    "580.30",
+                    "",
+                    {
+                        "1": {"host": "10.76.183.30", "status": "CONNECTED", "changed": True},
+                        "6": {"host": "10.76.190.23", "status": "CONNECTED", "changed": True},
+                    },
+                ),
+                "1": node_entry(
+                    "10.76.183.30",
+                    "READY",
+                    "580.30",
+                    "",
+                    {
+                        "0": {"host": "10.76.179.115", "status": "CONNECTED", "changed": True},
+                        "1": {"host": "10.76.183.30", "status": "CONNECTED", "changed": True},
+                    },
+                ),
             },
             "timestamp": "5/22/2025 19:46:40.891",
             "status": "DEGRADED",
@@ -133,7 +163,7 @@ class TestFormatJson:
 
     def test_hostname_blank_without_h(self) -> None:
         """hostName is filled only with -H (imex.md §8.4)."""
-        assert "" == json.loads(format_json(_isv_snapshot()))["nodes"]["0"]["hostName"]
+        assert json.loads(format_json(_isv_snapshot()))["nodes"]["0"]["hostName"] == ""
 
     def test_compact_single_line(self) -> None:
         """The JSON is one compact line ending in a newline, nodes in numeric order."""
@@ -152,16 +182,36 @@ class TestDomainState:
         ("nodes", "local", "expected"),
         [
             pytest.param(_nodes(("READY", ["CONNECTED"])), 0, "UP", id="one-node-up"),
-            pytest.param(_nodes(("READY", ["CONNECTED", "CONNECTED"]), ("READY", ["CONNECTED", "CONNECTED"])), 1,
-                         "UP", id="two-nodes-up"),
-            pytest.param(_nodes(("READY", ["CONNECTED", "NEVER_CONNECTED"]), ("UNAVAILABLE", ["INVALID", "INVALID"])),
-                         0, "DEGRADED", id="peer-never-came"),
-            pytest.param(_nodes(("READY", ["CONNECTED", "RECOVERING"]), ("READY", ["CONNECTED", "CONNECTED"])), 0,
-                         "DEGRADED", id="one-link-recovering"),
-            pytest.param(_nodes(("READY", ["CONNECTED", "CONNECTED"]), ("WAITING_FOR_PEERS", ["CONNECTED", "CONNECTED"])),
-                         0, "DEGRADED", id="peer-not-ready"),
-            pytest.param(_nodes(("WAITING_FOR_PEERS", ["CONNECTED", "CONNECTED"]), ("READY", ["CONNECTED", "CONNECTED"])),
-                         0, "DOWN", id="local-not-ready"),
+            pytest.param(
+                _nodes(("READY", ["CONNECTED", "CONNECTED"]), ("READY", ["CONNECTED", "CONNECTED"])),
+                1,
+                "UP",
+                id="two-nodes-up",
+            ),
+            pytest.param(
+                _nodes(("READY", ["CONNECTED", "NEVER_CONNECTED"]), ("UNAVAILABLE", ["INVALID", "INVALID"])),
+                0,
+                "DEGRADED",
+                id="peer-never-came",
+            ),
+            pytest.param(
+                _nodes(("READY", ["CONNECTED", "RECOVERING"]), ("READY", ["CONNECTED", "CONNECTED"])),
+                0,
+                "DEGRADED",
+                id="one-link-recovering",
+            ),
+            pytest.param(
+                _nodes(("READY", ["CONNECTED", "CONNECTED"]), ("WAITING_FOR_PEERS", ["CONNECTED", "CONNECTED"])),
+                0,
+                "DEGRADED",
+                id="peer-not-ready",
+            ),
+            pytest.param(
+                _nodes(("WAITING_FOR_PEERS", ["CONNECTED", "CONNECTED"]), ("READY", ["CONNECTED", "CONNECTED"])),
+                0,
+                "DOWN",
+                id="local-not-ready",
+            ),
             pytest.param(_nodes(("UNAVAILABLE", ["INVALID"])), None, "DOWN", id="no-daemon"),
         ],
     )
@@ -173,9 +223,9 @@ class TestDomainState:
         """With no daemon the ctl shows every nodes-file line UNAVAILABLE with INVALID links, domain DOWN."""
         snap = unavailable_snapshot(["10.0.0.1", "10.0.0.2"], when=0.0)
         d = parse_domain_text(format_text(snap))
-        assert "DOWN" == d.status
+        assert d.status == "DOWN"
         assert {("UNAVAILABLE", "")} == {(n.status, n.version) for n in d.nodes}
-        assert [(0, 1, "INVALID"), (1, 0, "INVALID")] == d.not_connected()
+        assert d.not_connected() == [(0, 1, "INVALID"), (1, 0, "INVALID")]
 
 
 @pytest.fixture
@@ -200,7 +250,7 @@ class TestTimestamp:
     )
     def test_format(self, when: tuple[int, ...], expected: str) -> None:
         """Timestamps look like the samples: M/D/YYYY HH:MM:SS.mmm."""
-        seconds = calendar.timegm(tuple(int(x) for x in when[:6]) + (0, 0, 0)) + when[6]
+        seconds = calendar.timegm((*tuple(int(x) for x in when[:6]), 0, 0, 0)) + when[6]
         assert expected == format_timestamp(seconds)
 
 
@@ -208,15 +258,27 @@ class TestConfig:
     def test_defaults(self) -> None:
         """An empty file gives the defaults of imex.md §2."""
         cfg = parse_config_text("")
-        assert (4, True, 50000, "RECOVERY", False, -1.0) == (
-            cfg.log_level, cfg.daemonize, cfg.server_port, cfg.wait_for_quorum, cfg.cmd_enabled, cfg.grace_time_s)
+        assert (
+            cfg.log_level,
+            cfg.daemonize,
+            cfg.server_port,
+            cfg.wait_for_quorum,
+            cfg.cmd_enabled,
+            cfg.grace_time_s,
+        ) == (4, True, 50000, "RECOVERY", False, -1.0)
 
     def test_reads_keys_comments_and_unknowns(self) -> None:
         """KEY=VALUE lines are read, comment and blank lines skipped, unknown keys and junk recorded."""
         text = "# c\n\nSERVER_PORT=61000\nIMEX_CMD_ENABLED=1\nIMEX_CMD_PORT=61005\nFOO=1\njunk\nDAEMONIZE=0\n"
         cfg = parse_config_text(text)
-        assert (61000, True, 61005, False, ("FOO",), (7,)) == (
-            cfg.server_port, cfg.cmd_enabled, cfg.cmd_port, cfg.daemonize, cfg.unknown_keys, cfg.bad_lines)
+        assert (cfg.server_port, cfg.cmd_enabled, cfg.cmd_port, cfg.daemonize, cfg.unknown_keys, cfg.bad_lines) == (
+            61000,
+            True,
+            61005,
+            False,
+            ("FOO",),
+            (7,),
+        )
 
     @pytest.mark.parametrize(
         ("text", "named"),
@@ -266,11 +328,19 @@ class TestFaults:
     def test_all_switches(self) -> None:
         """Every switch parses, from ';' and newline separated texts."""
         env = "slow_start=1.5; never_ready;crash_after=3"
-        file_text = ("refuse_peer=10.0.0.9\nrefuse_peer=10.0.0.8 # two\nhang_ctl\nblock_cmd\nversion=570.172\n"
-                     "hostname=tray01\n")
-        want = Faults(slow_start_s=1.5, never_ready=True, crash_after_s=3.0,
-                      refuse_peers=frozenset({"10.0.0.9", "10.0.0.8"}), hang_ctl=True, block_cmd=True,
-                      version="570.172", hostname="tray01")
+        file_text = (
+            "refuse_peer=10.0.0.9\nrefuse_peer=10.0.0.8 # two\nhang_ctl\nblock_cmd\nversion=570.172\nhostname=tray01\n"
+        )
+        want = Faults(
+            slow_start_s=1.5,
+            never_ready=True,
+            crash_after_s=3.0,
+            refuse_peers=frozenset({"10.0.0.9", "10.0.0.8"}),
+            hang_ctl=True,
+            block_cmd=True,
+            version="570.172",
+            hostname="tray01",
+        )
         assert want == parse_faults([env, file_text], ["10.0.0.1"])
 
     def test_address_prefix(self) -> None:
@@ -314,13 +384,13 @@ class TestCtlUsage:
     )
     def test_bad_usage(self, argv: list[str], named: str, capsys: pytest.CaptureFixture[str]) -> None:
         """Bad usage prints the reason and the usage text to stderr and exits 2."""
-        assert 2 == ctl.main(argv)
+        assert ctl.main(argv) == 2
         err = capsys.readouterr().err
         assert named in err and "Usage: nvidia-imex-ctl-sim" in err
 
     def test_equals_form(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """'--u=<path>' (as DRA calls it) is read like '-u <path>'."""
         missing = str(tmp_path / "none.sock")
-        assert 1 == ctl.main(["-q", f"--u={missing}"])
+        assert ctl.main(["-q", f"--u={missing}"]) == 1
         out = capsys.readouterr()
-        assert "UNAVAILABLE\n" == out.out and missing in out.err
+        assert out.out == "UNAVAILABLE\n" and missing in out.err

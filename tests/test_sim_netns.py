@@ -22,8 +22,8 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Dict, Iterator, List
 
 import pytest
 
@@ -53,7 +53,7 @@ class Rack:
         subnet = f"198.19.{random.randrange(1, 250)}"
         self.addresses = [f"{subnet}.{11 + i}" for i in range(trays)]
         self.dir = Path(os.path.realpath(__import__("tempfile").mkdtemp(prefix="imxn", dir="/tmp")))
-        self.procs: List[subprocess.Popen[str]] = []
+        self.procs: list[subprocess.Popen[str]] = []
         _ip("link", "add", self.bridge, "type", "bridge")
         _ip("link", "set", self.bridge, "up")
         for i, ns in enumerate(self.netns):
@@ -65,29 +65,46 @@ class Rack:
             _ip("-n", ns, "link", "set", "lo", "up")
         (self.dir / "nodes.cfg").write_text("".join(f"{a}\n" for a in self.addresses))
 
-    def config(self, i: int, cmd: Dict[str, str]) -> Path:
+    def config(self, i: int, cmd: dict[str, str]) -> Path:
         keys = {
-            "LOG_FILE_NAME": str(self.dir / f"log{i}"), "DAEMONIZE": "0", "BIND_INTERFACE_IP": self.addresses[i],
-            "SERVER_PORT": str(SERVER_PORT), "IMEX_NODE_CONFIG_FILE": str(self.dir / "nodes.cfg"),
-            "IMEX_WAIT_FOR_QUORUM": "NONE", "IMEX_CMD_ENABLED": "1", **cmd,
-        }  # fmt: skip
+            "LOG_FILE_NAME": str(self.dir / f"log{i}"),
+            "DAEMONIZE": "0",
+            "BIND_INTERFACE_IP": self.addresses[i],
+            "SERVER_PORT": str(SERVER_PORT),
+            "IMEX_NODE_CONFIG_FILE": str(self.dir / "nodes.cfg"),
+            "IMEX_WAIT_FOR_QUORUM": "NONE",
+            "IMEX_CMD_ENABLED": "1",
+            **cmd,
+        }
         path = self.dir / f"c{i}.cfg"
         path.write_text("".join(f"{k}={v}\n" for k, v in keys.items()))
         return path
 
-    def _in(self, i: int, *argv: str) -> List[str]:
+    def _in(self, i: int, *argv: str) -> list[str]:
         return ["nsenter", f"--net=/run/netns/{self.netns[i]}", sys.executable, *argv]
 
-    def start(self, i: int, cmd: Dict[str, str]) -> None:
+    def start(self, i: int, cmd: dict[str, str]) -> None:
         env = {"PYTHONPATH": str(REPO)}
-        self.procs.append(subprocess.Popen(self._in(i, "-m", "imexctl.sim.daemon", "-c", str(self.config(i, cmd))),
-                                           env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                           stderr=subprocess.DEVNULL, cwd="/"))  # fmt: skip
+        self.procs.append(
+            subprocess.Popen(
+                self._in(i, "-m", "imexctl.sim.daemon", "-c", str(self.config(i, cmd))),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                cwd="/",
+            )
+        )
 
     def ctl(self, i: int, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(self._in(i, "-m", "imexctl.sim.ctl", "-c", str(self.dir / f"c{i}.cfg"), *args),
-                              env={"PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=20,
-                              check=False)  # fmt: skip
+        return subprocess.run(
+            self._in(i, "-m", "imexctl.sim.ctl", "-c", str(self.dir / f"c{i}.cfg"), *args),
+            env={"PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
 
     def peers_connected(self, i: int) -> bool:
         """Whether tray ``i``'s daemon logged an established link to every node (the peering works)."""
@@ -148,10 +165,17 @@ def test_loopback_only_command_services_never_give_up(rack: Rack, setup: str) ->
 def test_own_address_command_service_gives_up_everywhere(rack: Rack) -> None:
     """The config imexctl writes (own address, one port for all) gives UP with every link CONNECTED."""
     for i in range(TRAYS):
-        rack.start(i, {"IMEX_CMD_BIND_INTERFACE_IP": rack.addresses[i], "IMEX_CMD_PORT": str(CMD_PORT),
-                       "IMEX_CMD_UNIX_DOMAIN_PATH": ""})  # fmt: skip
+        rack.start(
+            i,
+            {
+                "IMEX_CMD_BIND_INTERFACE_IP": rack.addresses[i],
+                "IMEX_CMD_PORT": str(CMD_PORT),
+                "IMEX_CMD_UNIX_DOMAIN_PATH": "",
+            },
+        )
     for i in range(TRAYS):
-        dom = wait_for(lambda: (d := parse_domain_json(rack.ctl(i, "-N", "-j").stdout)).is_up and d,
-                       what=f"domain UP on tray {i}")
+        dom = wait_for(
+            lambda: (d := parse_domain_json(rack.ctl(i, "-N", "-j").stdout)).is_up and d, what=f"domain UP on tray {i}"
+        )
         assert [n.host for n in dom.nodes] == rack.addresses
         assert not dom.not_connected(include_self=True)

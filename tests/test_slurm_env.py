@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from typing import Dict, FrozenSet, Optional
 
 import pytest
 
@@ -12,7 +11,7 @@ from imexctl.slurm import JobContext, constraint_features
 from tests.support.fakes import job_env
 
 
-def env_without(*names: str, **extra: str) -> Dict[str, str]:
+def env_without(*names: str, **extra: str) -> dict[str, str]:
     env = job_env(**extra)  # type: ignore[arg-type]
     for name in names:
         env.pop(name, None)
@@ -24,8 +23,14 @@ class TestNodeList:
         """SLURM_JOB_NODELIST is expanded in Slurm's order and the node's fields are read."""
         ctx = JobContext.from_env(job_env(job_id=42, nodelist="gb[03,01-02]", node="gb01", uid=1234), need_nodes=True)
         assert ctx.nodes == ("gb03", "gb01", "gb02")
-        assert (ctx.job_id, ctx.node, ctx.uid, ctx.gid, ctx.user, ctx.partition) == (42, "gb01", 1234, 1234,
-                                                                                     "alice", "gpu")  # fmt: skip
+        assert (ctx.job_id, ctx.node, ctx.uid, ctx.gid, ctx.user, ctx.partition) == (
+            42,
+            "gb01",
+            1234,
+            1234,
+            "alice",
+            "gpu",
+        )
 
     def test_job_nodelist_is_preferred(self) -> None:
         """When both variables are set, SLURM_JOB_NODELIST wins."""
@@ -49,7 +54,7 @@ class TestNodeList:
             pytest.param(job_env(SLURM_JOB_NODELIST="", SLURM_NODELIST=""), id="empty"),
         ],
     )
-    def test_no_node_list_is_an_error(self, env: Dict[str, str]) -> None:
+    def test_no_node_list_is_an_error(self, env: dict[str, str]) -> None:
         """Without any node list the prolog fails naming both variables."""
         with pytest.raises(EnvironmentError_, match="neither SLURM_JOB_NODELIST nor SLURM_NODELIST is set"):
             JobContext.from_env(env, need_nodes=True)
@@ -177,7 +182,7 @@ class TestOversubscribe:
             pytest.param("", None, id="empty"),
         ],
     )
-    def test_exclusivity(self, value: Optional[str], shared: Optional[bool]) -> None:
+    def test_exclusivity(self, value: str | None, shared: bool | None) -> None:
         """NO and TOPO are exclusive, any other value shared, and absence (Slurm < 23.02) unknown."""
         env = job_env() if value is None else job_env(SLURM_JOB_OVERSUBSCRIBE=value)
         assert JobContext.from_env(env, need_nodes=True).is_shared is shared
@@ -198,7 +203,7 @@ class TestConstraintFeatures:
             pytest.param("imexx&gpu", {"imexx", "gpu"}, id="no-substring-match"),
         ],
     )
-    def test_parse(self, expr: str, features: FrozenSet[str]) -> None:
+    def test_parse(self, expr: str, features: frozenset[str]) -> None:
         """Feature names are extracted from a --constraint expression; operators and counts dropped."""
         assert constraint_features(expr) == frozenset(features)
 

@@ -15,7 +15,12 @@ def test_mypy_strict_is_clean() -> None:
     """mypy --strict reports no error in imexctl/."""
     pytest.importorskip("mypy", reason="mypy is in the 'test' extra")
     # no cache: the checkout may not be writable (the fast tests also run as an unprivileged user)
-    done = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental", "--cache-dir=/dev/null"], cwd=REPO,
-                          capture_output=True,
-                          text=True, timeout=300, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-incremental", "--cache-dir=/dev/null"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr

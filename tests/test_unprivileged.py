@@ -19,9 +19,15 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 USER = "imexlab"
 MODULES = [
-    "tests/test_settings.py", "tests/test_cli.py", "tests/test_prolog_epilog.py", "tests/test_devices.py",
-    "tests/test_daemon.py", "tests/test_readiness.py", "tests/test_fsutil.py", "tests/test_members.py",
-]  # fmt: skip
+    "tests/test_settings.py",
+    "tests/test_cli.py",
+    "tests/test_prolog_epilog.py",
+    "tests/test_devices.py",
+    "tests/test_daemon.py",
+    "tests/test_readiness.py",
+    "tests/test_fsutil.py",
+    "tests/test_members.py",
+]
 
 
 def _user_exists() -> bool:
@@ -32,13 +38,29 @@ def _user_exists() -> bool:
     return True
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not _user_exists(),
-                    reason=f"needs root to switch to the unprivileged user {USER} (made by '.ci/setup test')")  # fmt: skip
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not _user_exists(),
+    reason=f"needs root to switch to the unprivileged user {USER} (made by '.ci/setup test')",
+)
 def test_unit_tests_pass_as_an_unprivileged_user() -> None:
     """The file, config, CLI and hook-flow tests pass as uid != 0; skips only name root-only needs."""
     env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1", "LANG": "C.UTF-8"}
-    argv = ["/usr/sbin/runuser", "-u", USER, "--", sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-            "-p", "no:randomly", "-rs", *MODULES]  # fmt: skip
+    argv = [
+        "/usr/sbin/runuser",
+        "-u",
+        USER,
+        "--",
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:randomly",
+        "-rs",
+        *MODULES,
+    ]
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
     skips = [line for line in done.stdout.splitlines() if line.startswith("SKIPPED")]

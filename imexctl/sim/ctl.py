@@ -24,7 +24,8 @@ from __future__ import annotations
 import json
 import socket
 import sys
-from typing import Any, Callable, Final, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any, Callable, Final
 
 from imexctl.sim.config import DEFAULT_CONFIG, SimConfig, SimConfigError, load_config, read_nodes_file
 from imexctl.sim.formats import assemble_snapshot, format_json, format_text
@@ -51,7 +52,7 @@ EXIT_USAGE: Final = 2
 EXIT_NO_CONFIG: Final = 255
 
 #: ``("unix", path)`` or ``("tcp", host, port)``.
-Endpoint = Tuple[Any, ...]
+Endpoint = tuple[Any, ...]
 
 
 class CtlError(Exception):
@@ -148,8 +149,9 @@ def _connect(endpoint: Endpoint, timeout_s: float | None, source: str = "") -> s
             sock.close()
             raise
         return sock
-    return socket.create_connection((endpoint[1], endpoint[2]), timeout=timeout_s,
-                                    source_address=(source, 0) if source else None)
+    return socket.create_connection(
+        (endpoint[1], endpoint[2]), timeout=timeout_s, source_address=(source, 0) if source else None
+    )
 
 
 def _describe(endpoint: Endpoint) -> str:
@@ -219,12 +221,16 @@ def _local_endpoint(cfg: SimConfig) -> Endpoint | None:
     return None
 
 
+def _query(endpoint: Endpoint | None, timeout_s: float | None, source: str) -> dict[str, Any]:
+    if endpoint is None:
+        raise CtlError("the command service is not enabled in the config (IMEX_CMD_ENABLED, IMEX_CMD_PORT)")
+    return request(endpoint, "query", timeout_s, source)
+
+
 def _run_query(endpoint: Endpoint | None, o: _Opts, source: str = "") -> int:
     """``-q``: print one state word."""
     try:
-        if endpoint is None:
-            raise CtlError("the command service is not enabled in the config (IMEX_CMD_ENABLED, IMEX_CMD_PORT)")
-        state = str(request(endpoint, "query", o.timeout_s, source)["state"])
+        state = str(_query(endpoint, o.timeout_s, source)["state"])
     except (CtlError, KeyError) as exc:
         sys.stderr.write(f"nvidia-imex-ctl-sim: {exc}\n")
         sys.stdout.write("UNAVAILABLE\n")
@@ -250,8 +256,9 @@ def ask_node(entry: str, cfg: SimConfig, timeout_s: float | None) -> dict[str, A
     return answer
 
 
-def gather(cfg: SimConfig, entries: Sequence[str], timeout_s: float | None,
-           warn: Callable[[str], object] = lambda _msg: None) -> dict[str, Any]:
+def gather(
+    cfg: SimConfig, entries: Sequence[str], timeout_s: float | None, warn: Callable[[str], object] = lambda _msg: None
+) -> dict[str, Any]:
     """The ``-N`` snapshot: every node's service asked in parallel; ``warn`` hears who did not answer."""
     from concurrent.futures import ThreadPoolExecutor
 

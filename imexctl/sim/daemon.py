@@ -18,7 +18,8 @@ import os
 import socket
 import stat
 import sys
-from typing import Callable, Final, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Callable, Final
 
 from imexctl.sim.config import DEFAULT_CONFIG, SimConfig, SimConfigError, load_config, node_map_key, read_nodes_file
 from imexctl.sim.faults import FaultError, Faults, parse_faults
@@ -235,7 +236,9 @@ def _prepare(opts: _Options, cfg: SimConfig, log: SimLog) -> tuple[Identity, Fau
     log.info(
         "nvidia-imex persistence file /var/run/nvidia-imex/persist.dat does not exist.  Assuming no previous importers."
     )
-    log.info("Running without GPUs (--nogpu)" if opts.nogpu else "NvGpu Library version matched with GPU Driver version")
+    log.info(
+        "Running without GPUs (--nogpu)" if opts.nogpu else "NvGpu Library version matched with GPU Driver version"
+    )
     if faults.version:
         log.info(f"Simulated fault version: reporting version {version}")
     addresses[own_id] = own_ip
@@ -244,8 +247,9 @@ def _prepare(opts: _Options, cfg: SimConfig, log: SimLog) -> tuple[Identity, Fau
     return ident, faults, _bind_all(cfg, own_ip, log)
 
 
-def _serve(parts: tuple[Identity, Faults, Sockets], cfg: SimConfig, log: SimLog,
-           on_ready: Callable[[], None] | None = None) -> int:
+def _serve(
+    parts: tuple[Identity, Faults, Sockets], cfg: SimConfig, log: SimLog, on_ready: Callable[[], None] | None = None
+) -> int:
     """Run the event loop until the daemon stops."""
 
     async def _main() -> int:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Final, Iterable
+from collections.abc import Iterable
+from typing import Callable, Final
 
 __all__ = ["FAULT_NAMES", "FaultError", "Faults", "parse_faults"]
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Final, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final
 
 __all__ = [
     "LEGEND",
@@ -66,11 +67,8 @@ def format_timestamp(when: float | None = None) -> str:
     """Return local time as ``M/D/YYYY HH:MM:SS.mmm`` (``5/4/2026 06:08:10.580``)."""
     when = time.time() if when is None else when
     tm = time.localtime(when)
-    millis = int(round((when - int(when)) * 1000)) % 1000
-    return (
-        f"{tm.tm_mon}/{tm.tm_mday}/{tm.tm_year} "
-        f"{tm.tm_hour:02d}:{tm.tm_min:02d}:{tm.tm_sec:02d}.{millis:03d}"
-    )
+    millis = round((when - int(when)) * 1000) % 1000
+    return f"{tm.tm_mon}/{tm.tm_mday}/{tm.tm_year} {tm.tm_hour:02d}:{tm.tm_min:02d}:{tm.tm_sec:02d}.{millis:03d}"
 
 
 def domain_state(nodes: Mapping[str, Mapping[str, Any]], local_id: int | None) -> str:
@@ -84,9 +82,7 @@ def domain_state(nodes: Mapping[str, Mapping[str, Any]], local_id: int | None) -
     ready = {k for k, n in nodes.items() if n.get("status") == "READY"}
     if not ready or (local_id is not None and str(local_id) not in ready):
         return "DOWN"
-    links_ok = all(
-        c.get("status") == "CONNECTED" for n in nodes.values() for c in n.get("connections", {}).values()
-    )
+    links_ok = all(c.get("status") == "CONNECTED" for n in nodes.values() for c in n.get("connections", {}).values())
     return "UP" if links_ok and len(ready) == len(nodes) else "DEGRADED"
 
 
@@ -119,7 +115,7 @@ def format_text(snapshot: Mapping[str, Any], *, hostnames: bool = False) -> str:
     nodes = snapshot["nodes"]
     body = [snapshot["timestamp"], "Nodes:"]
     body += [_node_line(k, nodes[k], hostnames) for k in _ordered(nodes)]
-    body += [""] + _table(nodes) + ["", f"Domain State: {snapshot['status']}"]
+    body += ["", *_table(nodes), "", f"Domain State: {snapshot['status']}"]
     return LEGEND + "\n" + "\n".join(body) + "\n"
 
 
@@ -157,9 +153,12 @@ def unreachable_entry(host: str, hosts: Sequence[str]) -> dict[str, Any]:
 def answered_entry(host: str, hosts: Sequence[str], answer: Mapping[str, Any]) -> dict[str, Any]:
     """The ``nodes`` entry built from one node's own answer (state, version, host name, row)."""
     row = answer.get("row") or {}
-    conns = {str(j): {"host": h, "status": str(row.get(str(j), "INVALID")), "changed": True} for j, h in enumerate(hosts)}
-    return node_entry(host, str(answer.get("state")), str(answer.get("version", "")), str(answer.get("hostname", "")),
-                      conns)
+    conns = {
+        str(j): {"host": h, "status": str(row.get(str(j), "INVALID")), "changed": True} for j, h in enumerate(hosts)
+    }
+    return node_entry(
+        host, str(answer.get("state")), str(answer.get("version", "")), str(answer.get("hostname", "")), conns
+    )
 
 
 def assemble_snapshot(

@@ -32,7 +32,7 @@ class SimLog:
         problem = ""
         if file_name:
             try:
-                stream = open(file_name, "a" if append else "w", encoding="utf-8")  # noqa: SIM115
+                stream = open(file_name, "a" if append else "w", encoding="utf-8")  # noqa: SIM115 # kept open
             except OSError as exc:
                 problem = f"Unable to open log file {file_name} ({exc.strerror}), logging to console"
         log = cls(stream, level)

@@ -99,9 +99,7 @@ def _send(writer: asyncio.StreamWriter, msg: dict[str, Any]) -> None:
 class Node:
     """One simulated ``nvidia-imex`` process."""
 
-    def __init__(
-        self, ident: Identity, cfg: SimConfig, faults: Faults, log: SimLog, socks: Sockets
-    ) -> None:
+    def __init__(self, ident: Identity, cfg: SimConfig, faults: Faults, log: SimLog, socks: Sockets) -> None:
         self.ident, self.cfg, self.faults, self.log, self.socks = ident, cfg, faults, log, socks
         self.state = "INITIALIZING"
         self.instance = uuid.uuid4().hex
@@ -155,8 +153,8 @@ class Node:
             link.task = asyncio.ensure_future(self._link_loop(link))
         if self.cfg.wait_for_quorum == "FULL":
             self.log.info("IMEX_WAIT_FOR_QUORUM == FULL, waiting for connections to all nodes.")
-            while any(link.status != "CONNECTED" for link in self.links.values()):
-                await asyncio.sleep(0.05)
+            while any(link.status != "CONNECTED" for link in self.links.values()):  # noqa: ASYNC110
+                await asyncio.sleep(0.05)  # links change in many tasks; polling their states is simplest
         else:
             self.log.info(
                 "IMEX_WAIT_FOR_QUORUM != FULL, continuing initialization without waiting for connections to all nodes."
@@ -203,7 +201,8 @@ class Node:
     def _crash(self) -> None:
         """Die like a killed process: no notification, no clean-up."""
         self.log.critical(
-            f"Simulated crash (crash_after={self.faults.crash_after_s:g}): exiting {CRASH_EXIT_CODE} without notifying peers"
+            f"Simulated crash (crash_after={self.faults.crash_after_s:g}): "
+            f"exiting {CRASH_EXIT_CODE} without notifying peers"
         )
         os._exit(CRASH_EXIT_CODE)
 
@@ -270,7 +269,7 @@ class Node:
         try:
             outcome = await self._handshake(link, reader, writer)
             if outcome == "CONNECTED":
-                await self._pump(link, reader, writer)
+                await self._pump(reader, writer)
                 self._lost(link)
             return outcome
         finally:
@@ -288,8 +287,12 @@ class Node:
         """Return the handshake message this node sends."""
         ident = self.ident
         return {
-            "type": "hello", "node_id": ident.own_id, "entry": ident.entries[ident.own_id],
-            "addr": ident.own_ip, "map_key": ident.map_key, "version": ident.version,
+            "type": "hello",
+            "node_id": ident.own_id,
+            "entry": ident.entries[ident.own_id],
+            "addr": ident.own_ip,
+            "map_key": ident.map_key,
+            "version": ident.version,
             "instance": self.instance,
         }
 
@@ -318,7 +321,7 @@ class Node:
         else:
             self.log.error(f"Version mismatch with node {peer} ({entry}), communication disabled")
 
-    async def _pump(self, link: _Link, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Send gossip every GOSSIP_INTERVAL_S until the peer goes away."""
         while not self.stopping.is_set():
             _send(writer, self._status_msg())
@@ -352,8 +355,11 @@ class Node:
     def _status_msg(self) -> dict[str, Any]:
         """Return this node's gossip: state, version, host name and table row."""
         return {
-            "type": "status", "node_id": self.ident.own_id, "state": self.state,
-            "version": self.ident.version, "hostname": self.ident.hostname,
+            "type": "status",
+            "node_id": self.ident.own_id,
+            "state": self.state,
+            "version": self.ident.version,
+            "hostname": self.ident.hostname,
             "row": {str(i): link.status for i, link in self.links.items()},
         }
 

@@ -11,7 +11,7 @@ import re
 import shutil
 import subprocess
 import uuid
-from typing import Iterator, List, Optional, Tuple
+from collections.abc import Iterator
 
 import pytest
 
@@ -89,16 +89,18 @@ def test_clique_key_on_real_hardware(gpu_count: int) -> None:
         assert any(i is not None and i.cluster_uuid != bytes(16) for i in infos)
 
 
-def _smi_fabric(gpu_count: int) -> List[Optional[Tuple[str, int]]]:
+def _smi_fabric(gpu_count: int) -> list[tuple[str, int] | None]:
     """(ClusterUUID, CliqueId) per GPU section of ``nvidia-smi -q``; None where it prints N/A or nothing."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
         pytest.skip("nvidia-smi is not on PATH")
     out = subprocess.run([smi, "-q"], capture_output=True, text=True, timeout=120, check=True).stdout
-    sections = re.split(r"^GPU [0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]\s*$", out, flags=re.M)[1:]
+    sections = re.split(
+        r"^GPU [0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]\s*$", out, flags=re.MULTILINE
+    )[1:]
     if len(sections) != gpu_count:
         pytest.skip(f"nvidia-smi -q shows {len(sections)} GPU sections, NVML {gpu_count} GPUs")
-    found: List[Optional[Tuple[str, int]]] = []
+    found: list[tuple[str, int] | None] = []
     for text in sections:
         cluster = re.search(r"ClusterUUID\s*:\s*(\S+)", text)
         clique = re.search(r"CliqueId\s*:\s*(\d+)", text)

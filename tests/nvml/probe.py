@@ -15,7 +15,7 @@ from __future__ import annotations
 import ctypes
 import json
 import sys
-from typing import Any, Dict, List, Tuple
+from typing import Any
 
 from imexctl import gpu, nvml, settings
 from imexctl.errors import GpuError
@@ -39,7 +39,7 @@ class Log:
     """Records events as [level, event, keys]."""
 
     def __init__(self) -> None:
-        self.events: List[Tuple[str, str, Dict[str, Any]]] = []
+        self.events: list[tuple[str, str, dict[str, Any]]] = []
 
     def __getattr__(self, level: str) -> Any:
         return lambda event, **kw: self.events.append((level, event, kw))
@@ -48,12 +48,20 @@ class Log:
 def _info(info: Any) -> Any:
     if info is None:
         return None
-    return {"index": info.index, "uuid": info.cluster_uuid.hex(), "clique": info.clique_id, "state": info.state,
-            "status": info.status, "health_mask": info.health_mask, "health_summary": info.health_summary,
-            "layout": info.layout, "health": info.health.text()}  # fmt: skip
+    return {
+        "index": info.index,
+        "uuid": info.cluster_uuid.hex(),
+        "clique": info.clique_id,
+        "state": info.state,
+        "status": info.status,
+        "health_mask": info.health_mask,
+        "health_summary": info.health_summary,
+        "layout": info.layout,
+        "health": info.health.text(),
+    }
 
 
-def _run(argv: List[str]) -> Dict[str, Any]:
+def _run(argv: list[str]) -> dict[str, Any]:
     if argv[0] == "infos":
         return {"infos": [_info(i) for i in gpu.NvmlGpu().fabric_infos()]}
     if argv[0] == "key":
@@ -86,7 +94,7 @@ def _call_v(version: int) -> int:
         pynvml.nvmlShutdown()
 
 
-def _error(exc: GpuError) -> Dict[str, Any]:
+def _error(exc: GpuError) -> dict[str, Any]:
     return {"error": type(exc).__name__, "message": str(exc), "cause": type(exc.__cause__).__name__}
 
 

@@ -67,11 +67,11 @@ def _read_line(line: str, parts: _TextParts) -> None:
     """Feed one line of ``-N`` text into ``parts``."""
     import re
 
-    if parts.columns is not None and parts.state is None and line.strip():
-        if not line.lstrip().startswith("Domain State:"):
-            row_id, statuses = _parse_row(line, parts.columns)
-            parts.rows[row_id] = statuses
-            return
+    in_table = parts.columns is not None and parts.state is None and line.strip()
+    if in_table and not line.lstrip().startswith("Domain State:"):
+        row_id, statuses = _parse_row(line, parts.columns)  # type: ignore[arg-type]
+        parts.rows[row_id] = statuses
+        return
     if m := re.match(_NODE_LINE, line):
         parts.nodes[int(m["id"])] = (m["host"], m["status"], m["version"] or "", m["hostname"] or "")
     elif m := re.match(_HEADER, line):
@@ -99,8 +99,7 @@ def _assemble(parts: _TextParts) -> DomainStatus:
     for node_id in sorted(parts.nodes):
         host, status, version, hostname = parts.nodes[node_id]
         conns = tuple(
-            Connection(peer, parts.nodes[peer][0], st)
-            for peer, st in sorted(zip(parts.columns, parts.rows[node_id]))
+            Connection(peer, parts.nodes[peer][0], st) for peer, st in sorted(zip(parts.columns, parts.rows[node_id]))
         )
         nodes.append(NodeStatus(node_id, host, status, version, hostname, conns))
     return DomainStatus(parts.state, parts.timestamp, tuple(nodes))

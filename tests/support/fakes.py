@@ -12,31 +12,41 @@ import json
 import os
 import signal
 import stat
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Callable
 
 from imexctl.errors import CommandError
 from imexctl.gpu import FabricInfo
 from imexctl.host import Completed, ProcInfo
 
-__all__ = ["FakeGpu", "FakeHost", "job_env", "domain_json"]
+__all__ = ["FakeGpu", "FakeHost", "domain_json", "job_env"]
 
 
 def job_env(
     *, job_id: int = 42, nodelist: str = "gb[01-02]", node: str = "gb01", uid: int = 1000, **extra: str
-) -> Dict[str, str]:
+) -> dict[str, str]:
     """The environment slurmd (23.02+) gives a prolog, as a plain dict."""
     env = {
-        "SLURM_JOB_ID": str(job_id), "SLURM_JOB_NODELIST": nodelist, "SLURM_NODELIST": nodelist,
-        "SLURMD_NODENAME": node, "SLURM_JOB_UID": str(uid), "SLURM_JOB_GID": str(uid),
-        "SLURM_JOB_USER": "alice", "SLURM_JOB_PARTITION": "gpu", "SLURM_SCRIPT_CONTEXT": "prolog_slurmd",
-    }  # fmt: skip
+        "SLURM_JOB_ID": str(job_id),
+        "SLURM_JOB_NODELIST": nodelist,
+        "SLURM_NODELIST": nodelist,
+        "SLURMD_NODENAME": node,
+        "SLURM_JOB_UID": str(uid),
+        "SLURM_JOB_GID": str(uid),
+        "SLURM_JOB_USER": "alice",
+        "SLURM_JOB_PARTITION": "gpu",
+        "SLURM_SCRIPT_CONTEXT": "prolog_slurmd",
+    }
     env.update(extra)
     return env
 
 
 def domain_json(
-    hosts: Sequence[str], *, status: str = "UP", node_status: Optional[Dict[int, str]] = None,
+    hosts: Sequence[str],
+    *,
+    status: str = "UP",
+    node_status: dict[int, str] | None = None,
     conn_status: str = "CONNECTED",
 ) -> str:
     """A ``nvidia-imex-ctl -N -j`` document in the documented shape (imex.md §8.4)."""
@@ -44,8 +54,14 @@ def domain_json(
     nodes = {}
     for i, h in enumerate(hosts):
         conns = {str(j): {"host": p, "status": conn_status, "changed": False} for j, p in enumerate(hosts) if j != i}
-        nodes[str(i)] = {"status": node_status.get(i, "READY"), "host": h, "connections": conns,
-                         "changed": False, "version": "580.95.05", "hostName": ""}  # fmt: skip
+        nodes[str(i)] = {
+            "status": node_status.get(i, "READY"),
+            "host": h,
+            "connections": conns,
+            "changed": False,
+            "version": "580.95.05",
+            "hostName": "",
+        }
     return json.dumps({"nodes": nodes, "timestamp": "12/2/2026 10:00:00.000", "status": status})
 
 
@@ -57,14 +73,14 @@ class FakeGpu:
     e.g. a registration that is ``IN_PROGRESS`` first and ``COMPLETED`` later.
     """
 
-    infos: List[Optional[FabricInfo]] = dataclasses.field(
+    infos: list[FabricInfo | None] = dataclasses.field(
         default_factory=lambda: [FabricInfo(i, b"\x11" * 16, 7, 3, 0) for i in range(4)]
     )
-    error: Optional[Exception] = None
-    then: List[List[Optional[FabricInfo]]] = dataclasses.field(default_factory=list)
+    error: Exception | None = None
+    then: list[list[FabricInfo | None]] = dataclasses.field(default_factory=list)
     calls: int = 0
 
-    def fabric_infos(self) -> List[Optional[FabricInfo]]:
+    def fabric_infos(self) -> list[FabricInfo | None]:
         self.calls += 1
         if self.error is not None:
             raise self.error
@@ -84,27 +100,27 @@ class _Proc:
 class FakeHost:
     """A scriptable host.  The clock moves only when code sleeps."""
 
-    addresses: Dict[str, List[str]] = dataclasses.field(default_factory=dict)
+    addresses: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     ready_after: int = 1
-    q_outputs: List[Tuple[int, str]] = dataclasses.field(default_factory=list)
-    domain: Optional[Callable[[List[str]], Tuple[int, str]]] = None
+    q_outputs: list[tuple[int, str]] = dataclasses.field(default_factory=list)
+    domain: Callable[[list[str]], tuple[int, str]] | None = None
     hang_ctl: bool = False
-    units: Dict[str, Dict[str, str]] = dataclasses.field(default_factory=dict)
+    units: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
     unit_exec: str = "/usr/bin/nvidia-imex -c /run/imexctl/jobs/{job}/config.cfg"
-    fail_verbs: Set[str] = dataclasses.field(default_factory=set)
-    ports_in_use: Set[Tuple[str, int]] = dataclasses.field(default_factory=set)
-    running_jobs: Set[int] = dataclasses.field(default_factory=set)
+    fail_verbs: set[str] = dataclasses.field(default_factory=set)
+    ports_in_use: set[tuple[str, int]] = dataclasses.field(default_factory=set)
+    running_jobs: set[int] = dataclasses.field(default_factory=set)
     daemon_ignores_sigterm: bool = False
     daemon_unkillable: bool = False
     daemon_dies: bool = False
     euid_value: int = 0
     real_nodes: bool = False
-    calls: List[Tuple[str, ...]] = dataclasses.field(default_factory=list)
-    slept: List[float] = dataclasses.field(default_factory=list)
-    signals: List[Tuple[int, int]] = dataclasses.field(default_factory=list)
-    mknods: List[Tuple[str, int, int, int, int, int]] = dataclasses.field(default_factory=list)
+    calls: list[tuple[str, ...]] = dataclasses.field(default_factory=list)
+    slept: list[float] = dataclasses.field(default_factory=list)
+    signals: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    mknods: list[tuple[str, int, int, int, int, int]] = dataclasses.field(default_factory=list)
     now: float = 1000.0
-    procs: Dict[int, _Proc] = dataclasses.field(default_factory=dict)
+    procs: dict[int, _Proc] = dataclasses.field(default_factory=dict)
     _q_probes: int = 0
     _next_pid: int = 4000
 
@@ -122,7 +138,7 @@ class FakeHost:
             return self._ctl(argv)
         raise AssertionError(f"FakeHost: unexpected command {argv}")
 
-    def _ctl(self, argv: Tuple[str, ...]) -> Completed:
+    def _ctl(self, argv: tuple[str, ...]) -> Completed:
         how = argv[1:3] if argv[1] == "-c" else argv[1:4] if argv[1] == "-i" else ()
         if not how or (argv[1] == "-i" and "-N" in argv):
             raise AssertionError(f"FakeHost: nvidia-imex-ctl needs -c CFG (or -i IP PORT with -q): {argv}")
@@ -140,13 +156,13 @@ class FakeHost:
         raise AssertionError(f"FakeHost: unexpected nvidia-imex-ctl arguments {argv}")
 
     @staticmethod
-    def _nodes_of(cfg: Path) -> List[str]:
+    def _nodes_of(cfg: Path) -> list[str]:
         for line in cfg.read_text().splitlines():
             if line.startswith("IMEX_NODE_CONFIG_FILE="):
                 return Path(line.split("=", 1)[1]).read_text().split()
         raise AssertionError(f"FakeHost: {cfg} has no IMEX_NODE_CONFIG_FILE")
 
-    def _systemctl(self, argv: Tuple[str, ...]) -> Completed:
+    def _systemctl(self, argv: tuple[str, ...]) -> Completed:
         verb, units = argv[1], [a for a in argv[2:] if not a.startswith("-")]
         if verb in self.fail_verbs:
             return Completed(argv, 1, "", f"Job for {units[0]} failed.")
@@ -174,8 +190,15 @@ class FakeHost:
             argv = self.unit_exec.format(job=job)
             exec_start = f"{{ path={argv.split()[0]} ; argv[]={argv} ; ignore_errors=no }}"
             st = {"LoadState": "loaded", "ExecStart": exec_start, **st}
-        props = {"Id": unit, "LoadState": "not-found", "ActiveState": "inactive", "SubState": "dead",
-                 "MainPID": st.get("pid", "0"), "ExecStart": "", **{k: v for k, v in st.items() if k != "pid"}}
+        props = {
+            "Id": unit,
+            "LoadState": "not-found",
+            "ActiveState": "inactive",
+            "SubState": "dead",
+            "MainPID": st.get("pid", "0"),
+            "ExecStart": "",
+            **{k: v for k, v in st.items() if k != "pid"},
+        }
         return "\n".join(f"{k}={v}" for k, v in props.items())
 
     # -- processes
@@ -183,17 +206,23 @@ class FakeHost:
         self.calls.append(("spawn", *argv))
         return self._spawn(tuple(argv)).info
 
-    def _spawn(self, argv: Tuple[str, ...]) -> _Proc:
+    def _spawn(self, argv: tuple[str, ...]) -> _Proc:
         self._next_pid += 1
-        proc = _Proc(ProcInfo(self._next_pid, self.now, argv, self._next_pid, self._next_pid),
-                     alive=not self.daemon_dies, ignores_sigterm=self.daemon_ignores_sigterm,
-                     unkillable=self.daemon_unkillable)  # fmt: skip
+        proc = _Proc(
+            ProcInfo(self._next_pid, self.now, argv, self._next_pid, self._next_pid),
+            alive=not self.daemon_dies,
+            ignores_sigterm=self.daemon_ignores_sigterm,
+            unkillable=self.daemon_unkillable,
+        )
         self.procs[proc.info.pid] = proc
         return proc
 
-    def processes_with_arg(self, arg: str, *, prefix: bool = False) -> List[ProcInfo]:
-        return [p.info for p in self.procs.values() if p.alive
-                and any(a.startswith(arg) if prefix else a == arg for a in p.info.cmdline)]  # fmt: skip
+    def processes_with_arg(self, arg: str, *, prefix: bool = False) -> list[ProcInfo]:
+        return [
+            p.info
+            for p in self.procs.values()
+            if p.alive and any(a.startswith(arg) if prefix else a == arg for a in p.info.cmdline)
+        ]
 
     def is_alive(self, proc: ProcInfo) -> bool:
         p = self.procs.get(proc.pid)
@@ -213,7 +242,7 @@ class FakeHost:
         return job_id in self.running_jobs
 
     # -- name resolution, ports, devices
-    def resolve(self, name: str) -> List[str]:
+    def resolve(self, name: str) -> list[str]:
         if name not in self.addresses:
             raise CommandError(("getaddrinfo", name), f"cannot resolve {name!r}: Name or service not known")
         return list(self.addresses[name])
