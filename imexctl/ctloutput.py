@@ -1,8 +1,8 @@
 """Parse what ``nvidia-imex-ctl`` prints: ``-q`` states and ``-N`` domain status.
 
 Pure functions over strings (house rule 1): nothing here runs a process.
-Formats follow docs/reference imex.md §8.2-§8.4; spellings that are not
-confirmed (§13 #3) are kept verbatim, so callers compare against ``READY``,
+Formats follow design.md source ctl-n-json; spellings that are not
+confirmed (design.md source ctl-spellings) are kept verbatim, so callers compare against ``READY``,
 ``CONNECTED`` and ``UP`` only and log anything else as it came.
 """
 
@@ -28,7 +28,7 @@ __all__ = [
     "parse_query",
 ]
 
-#: The eight ``-q`` states, in DCGM's enum order (imex.md §8.2).
+#: The eight ``-q`` states, in DCGM's enum order (design.md source ctl-q-states).
 QUERY_STATES: Final = (
     "INITIALIZING",
     "STARTING_AUTH_SERVER",
@@ -114,7 +114,7 @@ class NodeStatus:
         return None
 
     def peer_connections(self) -> tuple[Connection, ...]:
-        """Return the connections to other nodes (the self entry left out, imex.md §13 #3)."""
+        """Return the connections to other nodes (the self entry left out, design.md source ctl-spellings)."""
         return tuple(c for c in self.connections if c.peer_id != self.node_id)
 
 
@@ -181,7 +181,7 @@ class DomainStatus:
 
         Args:
             include_self: also report a node's entry for itself (the table's
-                diagonal); left out by default, as imex.md §13 #3 advises.
+                diagonal); left out by default, as design.md source ctl-spellings advises.
         """
         out = []
         for node in self.nodes:
@@ -279,7 +279,7 @@ def _json_node(key: str, raw: Any) -> NodeStatus:
 
 
 def parse_domain_json(text: str) -> DomainStatus:
-    """Parse ``nvidia-imex-ctl -N -j`` output (imex.md §8.4).
+    """Parse ``nvidia-imex-ctl -N -j`` output (design.md source ctl-n-json).
 
     Required: top-level ``status`` and ``nodes``; per node ``status`` and
     ``host``; per connection ``status``.  ``timestamp``, ``version``,

@@ -2,7 +2,7 @@
 
 Both backends run ``nvidia-imex -c <job config>`` with ``DAEMONIZE=0`` and
 never leave a child in slurmd's process group or holding its pipe
-(slurm.md §1.5).  The daemon of a job is recognised by its argv containing the
+(design.md source slurm-pgroup).  The daemon of a job is recognised by its argv containing the
 job's config path, which no other job shares.
 """
 

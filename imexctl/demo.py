@@ -1,5 +1,7 @@
 """``imexctl demo``: a multi-tray job on the IMEX simulator, as slurmd would run it.
 
+Nothing on the hook path (prolog, epilog, status, cleanup) imports this module.
+
 Each simulated tray gets its own root directory (``[paths] root``) and its own
 loopback address 127.0.0.x; all trays use the same SERVER_PORT, as on a rack.
 The real ``imexctl prolog`` and ``imexctl epilog`` run as separate processes,
@@ -124,7 +126,7 @@ class SimRack:
         return nodelist.fold([t.name for t in trays or self.trays])
 
     def job_env(self, t: Tray, job_id: int, hook: str, trays: list[Tray] | None = None) -> dict[str, str]:
-        """What slurmd gives a Prolog/Epilog: no PATH, both node-list variables (slurm.md §1.2)."""
+        """What slurmd gives a Prolog/Epilog: no PATH, both node-list variables (design.md source slurm-env)."""
         nl = self.nodelist(trays)
         return {
             "SLURM_JOB_ID": str(job_id),

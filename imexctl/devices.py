@@ -1,6 +1,6 @@
 """IMEX channel device nodes: ``/proc/devices`` parsing and per-job channels.
 
-The channel file is the security boundary (imex.md §9.4): the job gets exactly
+The channel file is the security boundary (design.md source channels): the job gets exactly
 one channel, owned by the job's user with a restrictive mode, with the same
 minor on every tray of the job, and it is removed in the epilog.
 """
@@ -45,7 +45,7 @@ class Channel:
 def find_major(proc_devices_text: str, name: str = DEVICE_NAME) -> int | None:
     """Major number of ``name`` in the ``Character devices:`` section, or None.
 
-    Exact name match only: ``nvidia-caps`` is a different device (imex.md §9.2).
+    Exact name match only: ``nvidia-caps`` is a different device (design.md source proc-devices).
 
     Raises:
         DeviceError: the text does not look like /proc/devices, or names the device twice.

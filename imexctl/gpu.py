@@ -4,7 +4,7 @@
 package (and its tests) work on hosts without the NVIDIA driver.  pynvml only
 loads ``libnvidia-ml.so.1`` and hands out handles; the fabric structs and calls
 are imexctl's own (:mod:`imexctl.nvml`).  Clique rules follow NVIDIA's DRA
-driver in strict mode (imex.md §10.3); the waiting and health policy is ours
+driver in strict mode (design.md source nvml-clique); the waiting and health policy is ours
 (docs/nvml.md).
 """
 

@@ -120,7 +120,7 @@ class RealHost:
         """Start a daemon outside our session and process group, stdio on a log file.
 
         slurmd kills the hook's process group and reads its pipe until EOF
-        (slurm.md §1.5): the child gets a new session, ``/dev/null`` as stdin
+        (design.md source slurm-pgroup): the child gets a new session, ``/dev/null`` as stdin
         and the log file as stdout/stderr, and inherits no other descriptor.
         """
         import subprocess

@@ -1,8 +1,8 @@
 """Render a complete IMEX ``config.cfg`` and ``nodes_config.cfg`` for one job (pure).
 
 We never patch NVIDIA's shipped file: every key we rely on is written, with
-comments on lines of their own (imex.md §2, §13 #17) and nodes one address
-per line with nothing else (imex.md §3, §13 #4).
+comments on lines of their own (design.md source imex-config) and nodes one address
+per line with nothing else (design.md source imex-nodes).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 __all__ = ["DEFAULTS", "job_port", "nodes_hash", "render_config", "render_nodes"]
 
-# Shipped defaults (imex.md §2) for keys a site may override through [imex].
+# Shipped defaults (design.md source imex-config) for keys a site may override through [imex].
 DEFAULTS: Mapping[str, str] = {
     "LOG_LEVEL": "4",
     "LOG_APPEND_TO_LOG": "1",
@@ -21,7 +21,7 @@ DEFAULTS: Mapping[str, str] = {
     "LOG_USE_SYSLOG": "0",
     "NETWORK_INTERFACE": "",
     # A per-job domain has no earlier importers to wait for; RECOVERY would make a
-    # rerun on the same trays wait after an unclean stop (imex.md §5).
+    # rerun on the same trays wait after an unclean stop (design.md source imex-quorum).
     "IMEX_WAIT_FOR_QUORUM": "NONE",
     "IMEX_ENABLE_AUTH_ENCRYPTION": "0",
     "IMEX_NODE_DISCONNECTED_GRACE_TIME": "-1",

@@ -1,8 +1,8 @@
 """Slurm hostlist expressions: expand them to host names and fold names back.
 
 This is an in-process copy of the grammar of Slurm's ``src/common/hostlist.c``
-(master, one dimension; reference/slurm.md section 2), so that the prolog
-never starts ``scontrol`` (slurm.md 1.9).  Importing it loads only the
+(master, one dimension; design.md source slurm-hostlist), so that the prolog
+never starts ``scontrol`` (design.md source slurm-no-commands).  Importing it loads only the
 ``imexctl`` package: it uses plain ``str`` methods instead of ``re``, and
 imports ``typing`` and
 :mod:`imexctl.errors` (which imports ``typing``, which imports ``re``) only for

@@ -53,7 +53,7 @@ OWNED_IMEX_KEYS = frozenset(
         "IMEX_CMD_UNIX_DOMAIN_PATH",
     }
 )
-# Keys of NVIDIA's config.cfg (imex.md §2) a site may set through [imex].
+# Keys of NVIDIA's config.cfg (design.md source imex-config) a site may set through [imex].
 IMEX_KEYS = frozenset(
     {
         "LOG_LEVEL",

@@ -10,7 +10,7 @@ from imexctl.errors import EnvironmentError_
 
 __all__ = ["JobContext", "constraint_features"]
 
-# slurmd sets SLURM_JOB_NODELIST from 23.02 on; 22.05 only SLURM_NODELIST (slurm.md §1.2).
+# slurmd sets SLURM_JOB_NODELIST from 23.02 on; 22.05 only SLURM_NODELIST (design.md source slurm-env).
 _NODELIST_VARS = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
 _EXCLUSIVE = frozenset({"NO", "TOPO"})
 

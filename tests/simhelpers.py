@@ -96,7 +96,7 @@ class SimCluster:
         return self.dir / f"log{i}"
 
     def config(self, i: int, **overrides: Any) -> Path:
-        """Write tray ``i``'s config.cfg (keys as in imex.md §2) and return its path."""
+        """Write tray ``i``'s config.cfg (keys as in design.md source imex-config) and return its path."""
         keys: dict[str, Any] = {
             "LOG_LEVEL": 4,
             "LOG_FILE_NAME": self.log(i),

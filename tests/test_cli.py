@@ -253,3 +253,17 @@ def test_unknown_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) ->
     with pytest.raises(SystemExit) as info:
         main(["prologue"])
     assert info.value.code == 64 and "invalid choice" in capsys.readouterr().err
+
+
+def test_hook_path_imports_no_demo_simulator_or_test_code() -> None:
+    """A prolog, an epilog, status and cleanup import neither imexctl.demo, imexctl.sim nor tests/."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, imexctl.cli, imexctl.prolog, imexctl.teardown, imexctl.status;"
+        "bad = [m for m in sys.modules if m.startswith(('imexctl.demo', 'imexctl.sim', 'tests'))];"
+        "print(bad)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert done.stdout.strip() == "[]"

@@ -64,7 +64,7 @@ class TestParseQuery:
             parse_query(sample["output"])
 
     def test_state_list(self) -> None:
-        """QUERY_STATES holds the eight states of imex.md §8.2 in DCGM's order."""
+        """QUERY_STATES holds the eight states of design.md source ctl-q-states in DCGM's order."""
         assert QUERY_STATES == (
             "INITIALIZING",
             "STARTING_AUTH_SERVER",

@@ -384,3 +384,25 @@ def test_links_between_pages_resolve(name: str) -> None:
         assert path.is_file(), f"docs/{name}: link to missing {target}"
         if anchor and path.suffix == ".md":
             assert anchor in _anchors(path.read_text(encoding="utf-8")), f"docs/{name}: no anchor {target}"
+
+
+# ---------------------------------------------------------------- design.md: module map and sources
+
+
+def test_module_map_lists_exactly_the_package_modules() -> None:
+    """Every module of imexctl/ (sim/ as one row) appears in design.md's module map, and nothing else."""
+    rows = _rows(_section(_page("design.md"), "Module map"))
+    named = {name.strip("`") for row in rows if row for name in row[0].split(", ")}
+    package = {p.name for p in (ROOT / "imexctl").glob("*.py") if p.name not in ("__init__.py", "__main__.py")}
+    assert named == package | {"sim/"}
+
+
+def test_every_cited_source_is_in_design_md() -> None:
+    """Every 'design.md source <key>' cited in the code names a row of design.md's Sources table."""
+    keys = {row[0].strip("`") for row in _rows(_section(_page("design.md"), "Sources")) if row}
+    cited = set()
+    for path in [*(ROOT / "imexctl").rglob("*.py"), *(ROOT / "tests").rglob("*.py")]:
+        key = r"(?:[a-z0-9]+-[a-z0-9-]*[a-z0-9]|channels)"
+        for match in re.finditer(rf"design\.md sources? ({key}(?:, {key})*)", path.read_text()):
+            cited |= set(match.group(1).split(", "))
+    assert cited and cited <= keys, sorted(cited - keys)

@@ -1,4 +1,4 @@
-"""gpu and nvml: the clique rule (imex.md §10.3), the fabric wait and health policy, nvml.h's layouts.
+"""gpu and nvml: the clique rule (design.md source nvml-clique), the fabric wait and health policy, nvml.h's layouts.
 
 The NVML calls themselves run against a stand-in library in tests/test_nvml.py.
 """

@@ -1,4 +1,4 @@
-"""imexconf: the job's complete config.cfg and nodes_config.cfg (imex.md §2, §3)."""
+"""imexconf: the job's complete config.cfg and nodes_config.cfg (design.md source imex-config, imex-nodes)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Tests for imexctl.nodelist: Slurm hostlist expansion and folding.
 
-Case numbers in ids refer to the reference vectors of slurm.md section 2.2.
+Case numbers in ids refer to the reference vectors of the Slurm vectors (design.md source slurm-hostlist).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def _names(fmt: str, first: int, last: int) -> list[str]:
     return [fmt.format(i) for i in range(first, last + 1)]
 
 
-# (input, expansion) of slurm.md 2.2; "22.05" marks vectors on which Slurm
+# (input, expansion) of the Slurm vectors (design.md source slurm-hostlist); "22.05" marks vectors on which Slurm
 # 22.05 agrees with master (22.05 lacks the newline separator and suffixes).
 SLURM_VECTORS = [
     pytest.param("node[1-3]", ["node1", "node2", "node3"], "22.05", id="1-range"),
@@ -100,7 +100,7 @@ MORE_VECTORS = [
 class TestExpand:
     @pytest.mark.parametrize(("text", "expected", "since"), SLURM_VECTORS)
     def test_slurm_vectors(self, text: str, expected: list[str], since: str) -> None:
-        """Each slurm.md 2.2 vector expands exactly as Slurm master does."""
+        """Each Slurm vector expands exactly as Slurm master does."""
         assert expected == expand(text)
 
     @pytest.mark.parametrize(("text", "expected"), MORE_VECTORS)
@@ -236,7 +236,7 @@ class TestFold:
         assert fold(f"gpu{i}" for i in range(1, 4)) == "gpu[1-3]"
 
     def test_case_25_recompresses(self) -> None:
-        """Two adjacent ranges fold into one (slurm.md case 25)."""
+        """Two adjacent ranges fold into one (Slurm vector case 25)."""
         assert fold(expand("node[1-2],node[3-4]")) == "node[1-4]"
 
     def test_splits_ranges_slurm_cannot_read(self) -> None:

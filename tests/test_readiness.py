@@ -1,4 +1,4 @@
-"""health: polling nvidia-imex-ctl under a deadline (imex.md §8.6), over FakeHost's fake clock."""
+"""health: polling nvidia-imex-ctl under a deadline (design.md source ctl-network), over FakeHost's fake clock."""
 
 from __future__ import annotations
 

@@ -87,7 +87,7 @@ class TestFormatText:
         assert _read("imexctl_N_570.172_18nodes.txt") == format_text(_aws_snapshot())
 
     def test_matches_elided_sample_head(self) -> None:
-        """Legend, timestamp and the first node lines equal the elided quote in imex.md §8.3."""
+        """Legend, timestamp and the first node lines equal the published sample (design.md source ctl-n-text)."""
         elided = _read("imexctl_N_570.172_elided.txt").splitlines()
         ours = format_text(_aws_snapshot()).splitlines()
         assert elided[:14] == ours[:14]
@@ -162,7 +162,7 @@ class TestFormatJson:
         assert expected == json.loads(format_json(_isv_snapshot(), hostnames=True))
 
     def test_hostname_blank_without_h(self) -> None:
-        """hostName is filled only with -H (imex.md §8.4)."""
+        """hostName is filled only with -H (design.md source ctl-n-json)."""
         assert json.loads(format_json(_isv_snapshot()))["nodes"]["0"]["hostName"] == ""
 
     def test_compact_single_line(self) -> None:
@@ -256,7 +256,7 @@ class TestTimestamp:
 
 class TestConfig:
     def test_defaults(self) -> None:
-        """An empty file gives the defaults of imex.md §2."""
+        """An empty file gives the shipped defaults (design.md source imex-config)."""
         cfg = parse_config_text("")
         assert (
             cfg.log_level,

@@ -1,4 +1,4 @@
-"""slurm: the job as slurmd's Prolog/Epilog environment describes it (slurm.md §1.2)."""
+"""slurm: the job as slurmd's Prolog/Epilog environment describes it (design.md source slurm-env)."""
 
 from __future__ import annotations
 

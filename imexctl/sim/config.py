@@ -1,9 +1,9 @@
 """Read ``config.cfg`` and ``nodes_config.cfg`` the way the simulator understands them.
 
 Shared by the simulated daemon and the simulated ``nvidia-imex-ctl``, so it
-imports nothing heavy (no psutil, no asyncio).  Rules come from imex.md §2
-and §3; where the reference says "not confirmed", the choice is written in
-imexctl/sim/README.md.
+imports nothing heavy (no psutil, no asyncio).  Rules: design.md sources
+imex-config, imex-nodes; where they say "not confirmed", the choice is written
+in imexctl/sim/README.md.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ __all__ = [
 
 DEFAULT_CONFIG: Final = "/etc/nvidia-imex/config.cfg"
 
-#: Keys of the shipped file (imex.md §2).
+#: Keys of the shipped file (design.md source imex-config).
 KNOWN_KEYS: Final = frozenset(
     {
         "LOG_LEVEL",
@@ -74,7 +74,7 @@ class SimConfigError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class SimConfig:
-    """The ``config.cfg`` values the simulator acts on (defaults from imex.md §2)."""
+    """The ``config.cfg`` values the simulator acts on (defaults from design.md source imex-config)."""
 
     path: str
     log_level: int = 4
@@ -148,7 +148,7 @@ def parse_config_text(text: str, path: str = "<config>") -> SimConfig:
     """Parse ``config.cfg`` text.
 
     Values are taken verbatim after ``=`` (no trailing-comment stripping,
-    imex.md §13 #17); unknown keys and malformed lines are recorded for the
+    design.md source imex-config); unknown keys and malformed lines are recorded for the
     daemon to log and otherwise ignored.
 
     Raises:
@@ -192,7 +192,7 @@ def parse_nodes_text(text: str) -> tuple[str, ...]:
 
     One address or host name per line; a final newline is fine.  Blank lines,
     comment lines and lines with inner whitespace are refused, because their
-    meaning is not confirmed (imex.md §13 #4) and they would shift node IDs.
+    meaning is not confirmed (design.md source imex-nodes) and they would shift node IDs.
 
     Raises:
         SimConfigError: the file is empty or has such a line.

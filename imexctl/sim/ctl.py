@@ -15,7 +15,7 @@ names one, as a tray's own connections do on a real network.
 Exit codes: 0 the daemon answered (any ``-q`` state), or ``-N`` printed a
 domain (also one where no node answered); 1 no daemon answered ``-q``
 (prints ``UNAVAILABLE``); 2 bad usage; 255 the config or node configuration
-file cannot be read (imex.md §8.5).  Start-up stays cheap: socket, json,
+file cannot be read (design.md source ctl-unavailable).  Start-up stays cheap: socket, json,
 sys and the small sim modules, nothing else (threads only for ``-N``).
 """
 

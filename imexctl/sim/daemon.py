@@ -87,7 +87,7 @@ def _close_inherited_fds() -> None:
 
 
 def _echo_config(cfg: SimConfig, version: str, log: SimLog) -> None:
-    """Log the configuration the way the real daemon does at start (imex.md §5)."""
+    """Log the configuration the way the real daemon does at start (design.md source imex-log)."""
     log.info(f"IMEX version {version} is running with the following configuration options")
     log.info(f"Logging level = {cfg.log_level}")
     log.info(f"Logging file name/path = {cfg.log_file_name}")
@@ -132,7 +132,7 @@ def _local_addresses() -> dict[str, str]:
 
 
 def _identify(entries: Sequence[str], addresses: Sequence[str], bind_ip: str) -> tuple[int, str]:
-    """Return ``(own node ID, interface name)`` (imex.md §3)."""
+    """Return ``(own node ID, interface name)`` (design.md source imex-nodes)."""
     local = _local_addresses()
     if bind_ip:
         for node_id, pair in enumerate(zip(entries, addresses)):

@@ -1,7 +1,7 @@
 """Render a domain snapshot the way ``nvidia-imex-ctl -N`` (text) and ``-N -j`` print it.
 
 A *snapshot* is the plain dict the simulated ctl assembles from every node's
-answer; its shape is the ``-N -j`` JSON of imex.md §8.4::
+answer; its shape is the ``-N -j`` JSON of design.md source ctl-n-json::
 
     {"nodes": {"0": {"status": "READY", "host": "10.0.0.1",
                      "connections": {"0": {"host": "10.0.0.1", "status": "CONNECTED", "changed": True}},
@@ -33,7 +33,7 @@ __all__ = [
     "unreachable_entry",
 ]
 
-#: Legend printed at the top of ``-N`` (imex.md §8.3, "triggreed" verbatim).
+#: Legend printed at the top of ``-N`` (design.md source ctl-n-text, "triggreed" verbatim).
 LEGEND: Final = (
     "Connectivity Table Legend:\n"
     "I - Invalid - Node wasn't reachable, no connection status available\n"

@@ -1,4 +1,4 @@
-"""The simulated daemon's log, in the real line format (imex.md §6).
+"""The simulated daemon's log, in the real line format (design.md source imex-log).
 
 ``[Mar 27 2025 15:47:10] [INFO] [tid 39] <message>``
 """
@@ -14,7 +14,8 @@ from imexctl.sim.formats import format_timestamp
 
 __all__ = ["SimLog"]
 
-# LOG_LEVEL: 0 = off, 1 = CRITICAL+, 2 = ERROR+, 3 = WARNING+, 4 = INFO+ (imex.md §2); 5 = DEBUG (sim only).
+# LOG_LEVEL: 0 = off, 1 = CRITICAL+, 2 = ERROR+, 3 = WARNING+, 4 = INFO+ (design.md source imex-config);
+# 5 = DEBUG (sim only).
 _LEVELS: Final = {"CRITICAL": 1, "ERROR": 2, "WARNING": 3, "INFO": 4, "DEBUG": 5}
 
 

@@ -2,7 +2,7 @@
 
 One asyncio loop per process.  Every node keeps one outgoing TCP link to every
 node of the nodes file, itself included (the real daemon's log shows it
-"connecting" to its own ID, imex.md §5).  Over its outgoing links a node sends
+"connecting" to its own ID, design.md source imex-log).  Over its outgoing links a node sends
 a status heartbeat every ``GOSSIP_INTERVAL_S``; a link whose peer goes quiet
 for ``REPORT_TTL_S`` is dropped.
 
@@ -184,7 +184,7 @@ class Node:
         self.log.info("Received SIGHUP: no in-memory log buffer to dump (simulator)")
 
     def _on_usr1(self) -> None:
-        """Restart all outgoing connections, at most once per 5 s (imex.md §4)."""
+        """Restart all outgoing connections, at most once per 5 s (design.md source imex-signals)."""
         now = time.monotonic()
         if self.last_usr1 is not None and now - self.last_usr1 < SIGUSR1_WINDOW_S:
             self.log.info("Ignoring SIGUSR1 received within 5 seconds of the previous one")

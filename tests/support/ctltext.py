@@ -15,7 +15,7 @@ from imexctl.errors import OutputError
 __all__ = ["parse_domain_text"]
 
 
-# Node line, as in imex.md §8.3, widened to accept the ``*`` local-node marker
+# Node line, as in design.md source ctl-n-text, widened to accept the ``*`` local-node marker
 # (``* host *``), a missing Version column (older drivers) and ``- Hostname:``.
 _NODE_LINE: Final = (
     r"^Node\s+#(?P<id>\d+)\s+(?P<mark>[-*])\s+(?P<host>\S+)\s+(?:\*\s+)?-\s+(?P<status>\S+)"
@@ -108,7 +108,7 @@ def _assemble(parts: _TextParts) -> DomainStatus:
 def parse_domain_text(text: str) -> DomainStatus:
     """Parse the human ``nvidia-imex-ctl -N`` output, with or without ``-H``.
 
-    Accepts the 570.172 layout of imex.md §8.3, the older layout without a
+    Accepts the 570.172 layout of design.md source ctl-n-text, the older layout without a
     Version column, the ``* host *`` local-node marker and a trailing
     ``- Hostname: name``.  Table letters become the ``-j`` spellings of
     :data:`CONNECTION_LETTERS`.  Prefer :func:`parse_domain_json`; this is

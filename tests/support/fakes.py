@@ -49,7 +49,7 @@ def domain_json(
     node_status: dict[int, str] | None = None,
     conn_status: str = "CONNECTED",
 ) -> str:
-    """A ``nvidia-imex-ctl -N -j`` document in the documented shape (imex.md §8.4)."""
+    """A ``nvidia-imex-ctl -N -j`` document in the documented shape (design.md source ctl-n-json)."""
     node_status = node_status or {}
     nodes = {}
     for i, h in enumerate(hosts):
