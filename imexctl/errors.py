@@ -28,6 +28,8 @@ __all__ = [
     "NotPrivilegedError",
     "OutputError",
     "ResolveError",
+    "SlurmQueryError",
+    "Terminated",
     "UnsafeNodeError",
 ]
 
@@ -182,6 +184,20 @@ class HealthTimeout(ImexctlError):
         self.last_status = last_status
         self.attempts = attempts
         self.waited_s = waited_s
+
+
+class SlurmQueryError(ImexctlError):
+    """slurmctld could not be asked what a het job's prolog needs to know."""
+
+    code = "slurm_query_failed"
+    exit_code = ExitCode.UNAVAILABLE
+
+
+class Terminated(ImexctlError):
+    """A hook was stopped by SIGTERM or SIGINT (slurmd's timeout, or an operator)."""
+
+    code = "terminated"
+    exit_code = ExitCode.TEMPFAIL
 
 
 class DeviceError(ImexctlError):

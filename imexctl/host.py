@@ -12,7 +12,7 @@ import dataclasses
 import os
 import stat
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -48,8 +48,11 @@ class ProcInfo:
 class Host(Protocol):
     """Every effect imexctl has on the machine, except plain files under ``Paths``."""
 
-    def run(self, argv: Sequence[str], *, timeout_s: float) -> Completed:
-        """Run a command to completion (no shell, bounded); CommandError if it cannot run or times out."""
+    def run(self, argv: Sequence[str], *, timeout_s: float, env: Mapping[str, str] | None = None) -> Completed:
+        """Run a command to completion: no shell, bounded, ``env`` added to :data:`SAFE_ENV`.
+
+        Raises CommandError if it cannot run or times out.
+        """
 
     def spawn_detached(self, argv: Sequence[str], *, log_path: Path) -> ProcInfo:
         """Start a daemon in a new session, stdio on ``log_path``."""
@@ -91,7 +94,7 @@ class Host(Protocol):
 class RealHost:
     """The production Host: every subprocess bounded, no shell, absolute argv[0]."""
 
-    def run(self, argv: Sequence[str], *, timeout_s: float) -> Completed:
+    def run(self, argv: Sequence[str], *, timeout_s: float, env: Mapping[str, str] | None = None) -> Completed:
         """Run a command to completion with a timeout; never raises for a non-zero exit."""
         import subprocess
 
@@ -105,7 +108,7 @@ class RealHost:
                 errors="replace",
                 timeout=timeout_s,
                 check=False,
-                env=SAFE_ENV,
+                env={**SAFE_ENV, **(env or {})},
                 close_fds=True,
             )
         except subprocess.TimeoutExpired as exc:

@@ -9,17 +9,27 @@ Any failure after the claim rolls back everything through ``teardown``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
 
-from imexctl import daemon, devices, imexconf, members
-from imexctl.errors import DomainBusyError, FileError, ImexctlError, UnsafeNodeError
+from imexctl import daemon, devices, imexconf, members, slurmconf, slurmctl
+from imexctl.errors import (
+    ConfigError,
+    DomainBusyError,
+    FileError,
+    HealthTimeout,
+    ImexctlError,
+    SlurmQueryError,
+    Terminated,
+    UnsafeNodeError,
+)
 from imexctl.fsutil import atomic_write, ensure_dir
 from imexctl.gpu import fabric_key
 from imexctl.host import Host, ProcInfo
 from imexctl.nodestate import JobState, job_ids, node_lock, write_state
-from imexctl.runtime import Runtime, bind, log_failed
+from imexctl.runtime import Runtime, bind, log_failed, terminations
 from imexctl.settings import JobDir
 from imexctl.slurm import JobContext, constraint_features
 from imexctl.teardown import teardown
@@ -27,37 +37,81 @@ from imexctl.teardown import teardown
 __all__ = ["prolog"]
 
 
+@dataclasses.dataclass
+class _Run:
+    """What one prolog run has learned so far, for its summary and its failure path."""
+
+    t0: float
+    job: JobContext | None = None
+    deadline_s: float = 0.0
+    #: which slurm.conf setting bounds this hook, e.g. ``PrologEpilogTimeout=30s``
+    hook_timeout: str = ""
+
+
 def prolog(env: Mapping[str, str], rt: Runtime) -> dict[str, Any]:
     """Set up the job's IMEX domain on this tray, or roll back and raise.
+
+    A failure that only comes from the job having been cancelled meanwhile
+    (slurmctld says so when asked) is no failure: the roll-back is done and
+    the prolog exits 0, so no healthy node is drained for it.
 
     Returns:
         The summary logged as ``prolog.done`` (one line per run, also on failure).
     """
-    t0 = rt.host.monotonic()
-    try:
-        return _prolog(env, rt, t0)
-    except ImexctlError as exc:
-        log_failed("prolog.done", exc, rt, t0)
-        raise
+    run = _Run(rt.host.monotonic(), deadline_s=rt.settings.readiness.deadline_s)
+    with terminations(lambda exc: _on_signal(exc, run, rt)):
+        try:
+            return _prolog(env, rt, run)
+        except ImexctlError as exc:
+            return _failed(exc, run, rt)
 
 
-def _prolog(env: Mapping[str, str], rt: Runtime, t0: float) -> dict[str, Any]:
-    deadline = t0 + rt.settings.readiness.deadline_s
-    job = JobContext.from_env(env, need_nodes=True)
+def _on_signal(exc: Terminated, run: _Run, rt: Runtime) -> None:
+    """Write the summary line at once: SIGKILL follows SIGTERM within 10 ms."""
+    elapsed = rt.host.monotonic() - run.t0
+    why = f"{exc} after {elapsed:.1f}s"
+    if run.hook_timeout:
+        why += f" (slurm.conf {run.hook_timeout}; readiness deadline {run.deadline_s:g}s)"
+    else:
+        why += f"; is the hook timeout in slurm.conf shorter than [readiness] deadline_s={run.deadline_s:g}s?"
+    exc.args = (why,)
+    log_failed("prolog.done", exc, rt, run.t0)
+
+
+def _failed(exc: ImexctlError, run: _Run, rt: Runtime) -> dict[str, Any]:
+    """Ask slurmctld, once, whether a job whose domain never came up was cancelled; else fail."""
+    if isinstance(exc, HealthTimeout) and run.job is not None and rt.settings.slurm.check_cancelled == "yes":
+        state = slurmctl.job_state(run.job.job_id, rt.host, rt.settings, run.job.slurm_conf)
+        if state is not None and not slurmctl.wants_to_start(state):
+            rt.log.info("prolog.job_ended", job_state=state, reason=str(exc))
+            return _done(rt, run.t0, job_ended=state)
+    if not exc.logged:
+        log_failed("prolog.done", exc, rt, run.t0)
+    raise exc
+
+
+def _prolog(env: Mapping[str, str], rt: Runtime, run: _Run) -> dict[str, Any]:
+    job = run.job = JobContext.from_env(env, need_nodes=True)
     bind(job_id=job.job_id, node=job.node)
-    skip = _skip_reason(job, rt, deadline)
+    skip = _gate(job, rt) or _shared(job, rt)
+    deadline = run.t0 + (_deadline(job, rt, run) if not skip else 0)
+    skip = skip or _no_fabric(rt, deadline)
     if skip:
-        return _done(rt, t0, skipped=skip)
+        return _done(rt, run.t0, skipped=skip)
+    job = _het_domain(job, rt)
     trays = members.domain_members(job.nodes, job.node, rt.settings.paths.topology_file)
+    single = rt.settings.policy.single_tray if len(trays) == 1 else "domain"
+    if single == "none":
+        return _done(rt, run.t0, skipped="the job has one tray in this NVLink domain ([policy] single_tray = none)")
     with node_lock(rt.settings.paths.lock_file, rt.host, rt.settings.daemon.lock_timeout_s):
         rt.step("locked")
         _claim(job, rt)
         try:
-            summary = _setup(job, trays, rt, deadline)
+            summary = _setup(job, trays, rt, deadline, with_daemon=single == "domain")
         except BaseException as exc:
             _rollback(job.job_id, rt, exc)
             raise
-    return _done(rt, t0, **summary)
+    return _done(rt, run.t0, deadline_s=run.deadline_s, **summary)
 
 
 def _done(rt: Runtime, t0: float, *, skipped: str = "", **summary: Any) -> dict[str, Any]:
@@ -69,14 +123,54 @@ def _done(rt: Runtime, t0: float, *, skipped: str = "", **summary: Any) -> dict[
     return out
 
 
-def _skip_reason(job: JobContext, rt: Runtime, deadline: float) -> str:
-    """Why this tray sets up nothing for the job ('' when it does): policy, shared node, no fabric."""
-    skip = _gate(job, rt) or _shared(job, rt)
-    if skip or rt.settings.policy.fabric != "nvml":
-        return skip
+def _deadline(job: JobContext, rt: Runtime, run: _Run) -> float:
+    """``[readiness] deadline_s``, capped below slurm.conf's hook timeout with a margin for the roll-back.
+
+    Without the cap slurmd would kill a prolog that waits longer than its
+    timeout (SIGTERM, then SIGKILL), and the reason would be lost.
+    """
+    s = rt.settings.slurm
+    if s.cap_deadline != "yes" or not job.slurm_conf:
+        return run.deadline_s
+    try:
+        found = slurmconf.hook_timeout(slurmconf.read(Path(job.slurm_conf)), "prolog")
+    except ConfigError as exc:
+        rt.log.warning("prolog.deadline", deadline_s=run.deadline_s, problem=str(exc))
+        return run.deadline_s
+    if found is None:
+        return run.deadline_s
+    timeout, key = found
+    run.hook_timeout = f"{key}={timeout}s"
+    cap = max(timeout / 2, timeout - s.timeout_margin_s)
+    if cap < run.deadline_s:
+        rt.log.info("prolog.deadline", deadline_s=cap, configured_s=run.deadline_s, hook_timeout=run.hook_timeout)
+        run.deadline_s = cap
+    return run.deadline_s
+
+
+def _no_fabric(rt: Runtime, deadline: float) -> str:
+    """Why NVML says this tray takes no part ('' when it does, or when the check is off)."""
+    if rt.settings.policy.fabric != "nvml":
+        return ""
     if fabric_key(rt.gpu, rt.host, rt.settings, deadline=deadline, log=rt.log) is None:
         return "this tray has no multi-node NVLink fabric (NVML)"
     return ""
+
+
+def _het_domain(job: JobContext, rt: Runtime) -> JobContext:
+    """A het job's components share one IMEX domain, keyed by the het job id (``[slurm] het_jobs``)."""
+    if job.het_job_id is None:
+        return job
+    if rt.settings.slurm.het_jobs == "per_component":
+        rt.log.info("imex.het_job", het_job_id=job.het_job_id, mode="per_component", trays=len(job.nodes))
+        return job
+    found = slurmctl.het_nodes(job.het_job_id, rt.host, rt.settings, job.slurm_conf)
+    nodes = tuple(dict.fromkeys(node for _, node in found))
+    if job.node not in nodes:
+        raise SlurmQueryError(f"slurmctld does not list this node {job.node} in het job {job.het_job_id}")
+    components = len({offset for offset, _ in found})
+    rt.log.info("imex.het_job", het_job_id=job.het_job_id, mode="joint", components=components, trays=len(nodes))
+    return dataclasses.replace(job, job_id=job.het_job_id, nodes=nodes)
 
 
 def _gate(job: JobContext, rt: Runtime) -> str:
@@ -119,8 +213,12 @@ def _claim(job: JobContext, rt: Runtime) -> None:
         )
 
 
-def _setup(job: JobContext, trays: tuple[str, ...], rt: Runtime, deadline: float) -> dict[str, Any]:
+def _setup(
+    job: JobContext, trays: tuple[str, ...], rt: Runtime, deadline: float, *, with_daemon: bool
+) -> dict[str, Any]:
     """Resolve, write the files, start the daemon, wait for readiness, create the channel."""
+    if not with_daemon:
+        return _setup_channel_only(job, trays, rt)
     try:
         addresses = _resolve(trays, rt)
         own = addresses[trays.index(job.node)]
@@ -145,6 +243,23 @@ def _setup(job: JobContext, trays: tuple[str, ...], rt: Runtime, deadline: float
         "ready": ready.ready,
         "blamed": list(ready.blamed),
     }
+
+
+def _setup_channel_only(job: JobContext, trays: tuple[str, ...], rt: Runtime) -> dict[str, Any]:
+    """``[policy] single_tray = channel``: the job's channel and its state, no daemon."""
+    channel = _plan_channel(job, rt)
+    jd = rt.settings.paths.job(job.job_id)
+    try:
+        ensure_dir(jd.path, 0o755)
+        minor, chan = (channel[1], str(channel[2])) if channel else (None, "")
+        state = JobState(job.job_id, job.node, *job.owner, job.user, trays, (), 0, "none", minor, chan, rt.host.time())
+        write_state(jd, state)
+        if channel is not None:
+            _create_channel(job, *channel, rt)
+            rt.step("channel_created")
+    except OSError as exc:
+        raise FileError(f"{exc.filename or 'file'}: {exc.strerror or exc}") from exc
+    return {"trays": 1, "channel": str(channel[2]) if channel else "", "daemon": False}
 
 
 def _resolve(trays: tuple[str, ...], rt: Runtime) -> tuple[str, ...]:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import signal
+from collections.abc import Iterator
 from typing import Any, Callable
 
-from imexctl.errors import ImexctlError
+from imexctl.errors import ImexctlError, Terminated
 from imexctl.gpu import Gpu
 from imexctl.host import Host
 from imexctl.settings import Settings
 
-__all__ = ["Runtime", "bind", "log_failed"]
+__all__ = ["Runtime", "bind", "log_failed", "terminations"]
 
 
 def _no_step(_name: str) -> None:
@@ -56,3 +59,27 @@ def log_failed(event: str, exc: ImexctlError, rt: Runtime, t0: float) -> None:
         duration_s=round(rt.host.monotonic() - t0, 3),
     )
     exc.logged = True
+
+
+@contextlib.contextmanager
+def terminations(on_signal: Callable[[Terminated], None]) -> Iterator[None]:
+    """Turn SIGTERM and SIGINT into :class:`Terminated`, raised where the hook is.
+
+    slurmd ends a hook that runs past its timeout with SIGTERM and, 10 ms
+    later, SIGKILL to the whole process group (design.md source slurm-pgroup):
+    ``on_signal`` runs first, so the hook's summary line is written before
+    anything else is tried.  The roll-back that follows is best effort; what
+    SIGKILL interrupts, the next epilog or ``imexctl cleanup`` finishes.
+    """
+
+    def handler(signum: int, _frame: Any) -> None:
+        exc = Terminated(f"terminated by {signal.Signals(signum).name}")
+        on_signal(exc)
+        raise exc
+
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, previous in old.items():
+            signal.signal(sig, previous)

@@ -191,6 +191,8 @@ class Commands:
     nvidia_imex: str = _key("/usr/bin/nvidia-imex", _abs_path)
     nvidia_imex_ctl: str = _key("/usr/bin/nvidia-imex-ctl", _abs_path)
     systemctl: str = _key("/usr/bin/systemctl", _abs_path)
+    # asked only on a failing prolog (was the job cancelled?) and for het jobs (their other components)
+    scontrol: str = _key("/usr/bin/scontrol", _abs_path)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,6 +223,8 @@ class Policy:
     # how long a GPU whose fabric registration is NOT_STARTED/IN_PROGRESS is waited for (docs/nvml.md)
     fabric_wait_s: float = _key("20", _number(float, 0, 600))
     fabric_limited: str = _key("warn", _choice("warn", "refuse"))
+    # a job with one tray in this NVLink domain: a one-tray IMEX domain, only the channel, or nothing
+    single_tray: str = _key("domain", _choice("domain", "channel", "none"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,6 +243,20 @@ class Readiness:
     # ready exits 0 and leaves the failure (and the drain) to that peer; Slurm may then
     # start the batch script once before it requeues the job (docs/design.md)
     blame_peers: str = _key("no", _choice("yes", "no"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Slurm:
+    """``[slurm]``: what imexctl takes from slurm.conf and asks slurmctld."""
+
+    # keep the readiness deadline below slurm.conf's PrologTimeout/PrologEpilogTimeout
+    cap_deadline: str = _key("yes", _choice("yes", "no"))
+    timeout_margin_s: float = _key("10", _number(float, 0, 600))
+    # a prolog about to fail asks slurmctld whether the job was cancelled meanwhile
+    check_cancelled: str = _key("yes", _choice("yes", "no"))
+    query_timeout_s: float = _key("3", _number(float, 0.1, 60))
+    # het jobs: one IMEX domain over all components (joint) or one per component
+    het_jobs: str = _key("joint", _choice("joint", "per_component"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,6 +290,7 @@ SECTIONS: Mapping[str, type] = {
     "daemon": Daemon,
     "policy": Policy,
     "readiness": Readiness,
+    "slurm": Slurm,
     "ports": Ports,
     "resolve": Resolve,
     "log": Log,
@@ -357,6 +376,7 @@ class Settings:
     daemon: Daemon
     policy: Policy
     readiness: Readiness
+    slurm: Slurm
     ports: Ports
     resolve: Resolve
     log: Log

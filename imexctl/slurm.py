@@ -28,6 +28,10 @@ class JobContext:
     partition: str = ""
     constraints: str = ""
     oversubscribe: str = ""
+    #: the het job's leader id (SLURM_HET_JOB_ID, or the old SLURM_PACK_JOB_ID); None for other jobs
+    het_job_id: int | None = None
+    #: the slurm.conf slurmd uses (SLURM_CONF), for the hook timeout and slurmctld queries
+    slurm_conf: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], *, need_nodes: bool) -> JobContext:
@@ -60,6 +64,8 @@ class JobContext:
             partition=env.get("SLURM_JOB_PARTITION", ""),
             constraints=env.get("SLURM_JOB_CONSTRAINTS", ""),
             oversubscribe=env.get("SLURM_JOB_OVERSUBSCRIBE", "").strip().upper(),
+            het_job_id=_int(env, "SLURM_HET_JOB_ID", fallback="SLURM_PACK_JOB_ID", required=False, minimum=1),
+            slurm_conf=env.get("SLURM_CONF", "").strip(),
         )
 
     @property

@@ -55,7 +55,7 @@ def teardown(job_id: int, rt: Runtime, *, dry_run: bool = False) -> list[str]:
     """
     jd, steps = rt.settings.paths.job(job_id), _Steps(dry_run)
     state = read_state(jd)
-    if jd.exists():
+    if jd.exists() and not (state and state.backend == "none"):  # "none": a channel-only job, no daemon
         backend = daemon.make_backend(rt.host, rt.settings, state.backend if state else None)
         # a failed stop is only a problem if a daemon survives: the kill step decides
         steps.run(f"stop daemon of job {job_id}", lambda: backend.stop(jd), fatal=False)
@@ -108,9 +108,11 @@ def epilog(env: Mapping[str, str], rt: Runtime) -> dict[str, Any]:
         job = JobContext.from_env(env, need_nodes=False)
         bind(job_id=job.job_id, node=job.node)
         actions: list[str] = []
-        if _left_anything(rt.settings.paths.job(job.job_id), rt):
-            with node_lock(rt.settings.paths.lock_file, rt.host, rt.settings.daemon.lock_timeout_s):
-                actions = teardown(job.job_id, rt)
+        # a het job's domain is keyed by the het job id (whichever component's epilog runs here)
+        for jid in dict.fromkeys([job.job_id, *([job.het_job_id] if job.het_job_id else [])]):
+            if _left_anything(rt.settings.paths.job(jid), rt):
+                with node_lock(rt.settings.paths.lock_file, rt.host, rt.settings.daemon.lock_timeout_s):
+                    actions += teardown(jid, rt)
     except ImexctlError as exc:
         log_failed("epilog.done", exc, rt, t0)
         raise

@@ -150,3 +150,69 @@ class TestSystemdUnit:
         text = (REPO / "systemd" / "imexctl-imex@.service").read_text()
         assert "ExecStart=/usr/bin/nvidia-imex -c /run/imexctl/jobs/%i/config.cfg\n" in text
         assert "Type=simple\n" in text and "Restart=no\n" in text
+
+
+# ---------------------------------------------------------------- boot-time cleanup unit
+
+CLEANUP_UNIT = REPO / "systemd" / "imexctl-cleanup.service"
+
+
+def _unit_keys(path: Path) -> dict[str, list[str]]:
+    keys: dict[str, list[str]] = {}
+    for line in path.read_text().splitlines():
+        if "=" in line and not line.startswith("#"):
+            key, value = line.split("=", 1)
+            keys.setdefault(key.strip(), []).append(value.strip())
+    return keys
+
+
+class TestBootCleanupUnit:
+    def test_runs_once_per_boot_before_slurmd(self) -> None:
+        """A oneshot that stays 'active' after it ran (so a slurmd restart does not run it again),
+        ordered before slurmd and pulled in by it, running the installed imexctl's cleanup."""
+        keys = _unit_keys(CLEANUP_UNIT)
+        assert keys["Type"] == ["oneshot"] and keys["RemainAfterExit"] == ["yes"]
+        assert keys["Before"] == ["slurmd.service"] and "slurmd.service" in keys["WantedBy"]
+        assert keys["ExecStart"] == [f"{INSTALLED} cleanup"]
+        assert "Requires" not in keys and "RequiredBy" not in keys  # a failed cleanup never blocks slurmd
+
+    @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+    def test_unit_verifies(self, tmp_path: Path) -> None:
+        """systemd-analyze verify reports nothing but what this machine lacks (slurmd, the installed imexctl)."""
+        unit = tmp_path / "imexctl-cleanup.service"
+        shutil.copy(CLEANUP_UNIT, unit)
+        done = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True,
+                              timeout=60, check=False)  # fmt: skip
+        findings = [ln for ln in (done.stdout + done.stderr).splitlines()
+                    if ln.strip() and "slurmd.service" not in ln and INSTALLED not in ln]  # fmt: skip
+        assert findings == []
+
+    @pytest.mark.skipif(os.geteuid() != 0, reason="needs root: imexctl cleanup runs as root")
+    def test_exec_start_leaves_a_crashed_tray_clean(self, tmp_path: Path) -> None:
+        """What ExecStart runs, after a crash mid-job: a job directory, a channel node of that job and its
+        daemon (a process still pointing at the job's config) are all removed, and it exits 0."""
+        root = tmp_path / "root"
+        job = root / "run/imexctl/jobs/4711"
+        job.mkdir(parents=True)
+        (root / "proc").mkdir()
+        (root / "proc/devices").write_text("Character devices:\n234 nvidia-caps-imex-channels\nBlock devices:\n")
+        chan_dir = root / "dev/nvidia-caps-imex-channels"
+        chan_dir.mkdir(parents=True)
+        os.mknod(chan_dir / "channel7", 0o20600, os.makedev(234, 7))
+        (job / "config.cfg").write_text("SERVER_PORT=61711\n")
+        daemon = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-c", str(job / "config.cfg")])
+        conf = tmp_path / "imexctl.conf"
+        conf.write_text(f"[paths]\nroot = {root}\nlog_file =\n[daemon]\nbackend = exec\nkill_grace_s = 2\n")
+        conf.chmod(0o644)
+        argv = _unit_keys(CLEANUP_UNIT)["ExecStart"][0].split()
+        argv[0] = sys.executable + " -m imexctl" if not Path(argv[0]).exists() else argv[0]
+        env = {"IMEXCTL_CONFIG": str(conf), "PYTHONPATH": str(REPO), "SLURMD_NODENAME": "tray01"}
+        try:
+            done = subprocess.run([*argv[0].split(), *argv[1:]], env=env, capture_output=True, text=True,
+                                  timeout=60, check=False)  # fmt: skip
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert daemon.wait(timeout=10) is not None
+        finally:
+            daemon.kill()
+        assert not job.exists() and list(chan_dir.iterdir()) == []
+        assert "job 4711" in done.stdout and "channel7" in done.stdout

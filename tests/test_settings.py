@@ -312,4 +312,14 @@ class TestFindConfig:
 
 def test_schema_sections_are_documented_names() -> None:
     """The schema has exactly the sections the configuration reference describes."""
-    assert list(settings.SCHEMA) == ["paths", "commands", "daemon", "policy", "readiness", "ports", "resolve", "log"]
+    assert list(settings.SCHEMA) == [
+        "paths",
+        "commands",
+        "daemon",
+        "policy",
+        "readiness",
+        "slurm",
+        "ports",
+        "resolve",
+        "log",
+    ]

@@ -12,7 +12,7 @@ import json
 import os
 import signal
 import stat
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Callable
 
@@ -116,6 +116,11 @@ class FakeHost:
     euid_value: int = 0
     real_nodes: bool = False
     calls: list[tuple[str, ...]] = dataclasses.field(default_factory=list)
+    #: (argv, extra environment) of each command run with one
+    envs: list[tuple[tuple[str, ...], dict[str, str]]] = dataclasses.field(default_factory=list)
+    #: what ``scontrol show job -o <id>`` prints per job id (absent: "Invalid job id specified")
+    slurm_jobs: dict[int, str] = dataclasses.field(default_factory=dict)
+    scontrol_hangs: bool = False
     slept: list[float] = dataclasses.field(default_factory=list)
     signals: list[tuple[int, int]] = dataclasses.field(default_factory=list)
     mknods: list[tuple[str, int, int, int, int, int]] = dataclasses.field(default_factory=list)
@@ -125,10 +130,14 @@ class FakeHost:
     _next_pid: int = 4000
 
     # -- commands
-    def run(self, argv: Sequence[str], *, timeout_s: float) -> Completed:
+    def run(self, argv: Sequence[str], *, timeout_s: float, env: Mapping[str, str] | None = None) -> Completed:
         argv = tuple(argv)
         self.calls.append(argv)
+        if env:
+            self.envs.append((argv, dict(env)))
         name = Path(argv[0]).name
+        if name == "scontrol":
+            return self._scontrol(argv, timeout_s)
         if name == "systemctl":
             return self._systemctl(argv)
         if name == "nvidia-imex-ctl":
@@ -161,6 +170,17 @@ class FakeHost:
             if line.startswith("IMEX_NODE_CONFIG_FILE="):
                 return Path(line.split("=", 1)[1]).read_text().split()
         raise AssertionError(f"FakeHost: {cfg} has no IMEX_NODE_CONFIG_FILE")
+
+    def _scontrol(self, argv: tuple[str, ...], timeout_s: float) -> Completed:
+        if argv[1:4] != ("show", "job", "-o") or len(argv) != 5:
+            raise AssertionError(f"FakeHost: unexpected scontrol arguments {argv}")
+        if self.scontrol_hangs:
+            self.now += timeout_s
+            raise CommandError(argv, f"no answer within {timeout_s:g}s")
+        out = self.slurm_jobs.get(int(argv[4]))
+        if out is None:
+            return Completed(argv, 1, "", "slurm_load_jobs error: Invalid job id specified\n")
+        return Completed(argv, 0, out, "")
 
     def _systemctl(self, argv: tuple[str, ...]) -> Completed:
         verb, units = argv[1], [a for a in argv[2:] if not a.startswith("-")]

@@ -1,0 +1,269 @@
+"""Jobs that Slurm ends, splits or restarts, over FakeHost: the hook timeout from slurm.conf,
+SIGTERM, a job cancelled while its prolog waits, het jobs and one-tray jobs."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import structlog
+from structlog.testing import capture_logs
+
+from imexctl.errors import HealthTimeout, SlurmQueryError, Terminated
+from imexctl.prolog import prolog
+from imexctl.runtime import Runtime
+from imexctl.settings import Settings
+from imexctl.teardown import epilog
+from tests.support.fakes import FakeGpu, FakeHost, job_env
+
+
+def leftovers(root: Path) -> list[str]:
+    return [str(p) for p in (root / "run/imexctl/jobs").glob("*")] + [
+        str(p) for p in (root / "dev/nvidia-caps-imex-channels").glob("*")
+    ]
+
+
+def slurm_conf(root: Path, text: str) -> str:
+    path = root / "slurm.conf"
+    path.write_text(text)
+    return str(path)
+
+
+def runtime(host: FakeHost, make_settings: Callable[..., Settings], **sections: dict[str, Any]) -> Runtime:
+    return Runtime(host, FakeGpu(), make_settings(**sections), structlog.get_logger())
+
+
+class TestDeadlineFromSlurmConf:
+    def test_capped_below_the_hook_timeout(self, host: FakeHost, make_settings: Callable[..., Settings],
+                                           root: Path) -> None:  # fmt: skip
+        """deadline_s 60 with PrologEpilogTimeout=30 and a 10 s margin: the prolog gives up after 20 s."""
+        host.ready_after = 10**6
+        rt = runtime(host, make_settings, readiness={"deadline_s": 60})
+        env = job_env(SLURM_CONF=slurm_conf(root, "ClusterName=x\nPrologEpilogTimeout=30\n"))
+        with capture_logs() as logs, pytest.raises(HealthTimeout):
+            prolog(env, rt)
+        assert 1000.0 + 19.5 <= host.now <= 1000.0 + 20.5
+        (capped,) = [e for e in logs if e["event"] == "prolog.deadline"]
+        assert (capped["deadline_s"], capped["configured_s"], capped["hook_timeout"]) == (
+            20, 60, "PrologEpilogTimeout=30s")  # fmt: skip
+
+    @pytest.mark.parametrize(
+        ("text", "cap", "deadline"),
+        [
+            pytest.param("PrologTimeout=90\nPrologEpilogTimeout=12\n", "yes", 8, id="prolog-timeout-wins"),
+            pytest.param("PrologEpilogTimeout=12\n", "yes", 6, id="half-when-margin-too-big"),
+            pytest.param("PrologEpilogTimeout=12\n", "no", 8, id="cap-off"),
+            pytest.param("ClusterName=x\n", "yes", 8, id="no-timeout"),
+        ],
+    )
+    def test_which_deadline_holds(self, host: FakeHost, make_settings: Callable[..., Settings], root: Path,
+                                  text: str, cap: str, deadline: float) -> None:  # fmt: skip
+        """The effective deadline: min(deadline_s, max(T/2, T - margin)), or deadline_s unchanged."""
+        host.ready_after = 10**6
+        rt = runtime(host, make_settings, readiness={"deadline_s": 8}, slurm={"cap_deadline": cap})
+        with pytest.raises(HealthTimeout):
+            prolog(job_env(SLURM_CONF=slurm_conf(root, text)), rt)
+        assert deadline - 0.5 <= host.now - 1000.0 <= deadline + 0.5
+
+    def test_unreadable_slurm_conf_is_a_warning(self, host: FakeHost, make_settings: Callable[..., Settings],
+                                                root: Path) -> None:  # fmt: skip
+        """A slurm.conf that cannot be read leaves the deadline as configured and says why."""
+        rt = runtime(host, make_settings)
+        with capture_logs() as logs:
+            assert prolog(job_env(SLURM_CONF=str(root / "missing.conf")), rt)["ok"]
+        (warning,) = [e for e in logs if e["event"] == "prolog.deadline"]
+        assert warning["log_level"] == "warning" and "missing.conf" in warning["problem"]
+
+
+class TestCancelledWhileWaiting:
+    def _never_ready(self, host: FakeHost, make_settings: Callable[..., Settings], root: Path,
+                     **sections: dict[str, Any]) -> tuple[Runtime, dict[str, str]]:  # fmt: skip
+        host.ready_after = 10**6
+        rt = runtime(host, make_settings, readiness={"deadline_s": 3}, **sections)
+        return rt, job_env(job_id=42, SLURM_CONF=slurm_conf(root, "ClusterName=x\n"))
+
+    @pytest.mark.parametrize("state", ["CANCELLED", "COMPLETING", "COMPLETED", "TIMEOUT"])
+    def test_ended_job_rolls_back_and_exits_0(self, host: FakeHost, make_settings: Callable[..., Settings],
+                                              root: Path, state: str) -> None:  # fmt: skip
+        """slurmctld says the job ended: everything is undone, prolog.done is ok with job_ended, no raise."""
+        rt, env = self._never_ready(host, make_settings, root)
+        host.slurm_jobs[42] = f"JobId=42 JobName=x UserId=alice(1000) JobState={state} Reason=None\n"
+        with capture_logs() as logs:
+            out = prolog(env, rt)
+        assert out["ok"] and out["job_ended"] == state and leftovers(root) == []
+        (asked,) = [c for c in host.calls if c[0].endswith("scontrol")]
+        assert asked == ("/usr/bin/scontrol", "show", "job", "-o", "42")
+        assert host.envs == [(asked, {"SLURM_CONF": env["SLURM_CONF"]})]
+        assert [e["event"] for e in logs if e["event"].startswith("prolog.")][-2:] == ["prolog.job_ended",
+                                                                                      "prolog.done"]  # fmt: skip
+
+    @pytest.mark.parametrize(
+        "answer",
+        [
+            pytest.param("JobId=42 JobState=RUNNING Reason=None\n", id="still-running"),
+            pytest.param("JobId=42 JobState=PENDING Reason=BeginTime\n", id="requeued"),
+            pytest.param(None, id="unknown-job"),
+            pytest.param("garbage\n", id="unparseable"),
+        ],
+    )
+    def test_job_that_still_wants_to_run_fails_as_before(self, host: FakeHost,
+                                                          make_settings: Callable[..., Settings], root: Path,
+                                                          answer: str | None) -> None:  # fmt: skip
+        """Running, requeued, unknown to slurmctld or no usable answer: the prolog fails (exit 75)."""
+        rt, env = self._never_ready(host, make_settings, root)
+        if answer is not None:
+            host.slurm_jobs[42] = answer
+        with pytest.raises(HealthTimeout):
+            prolog(env, rt)
+        assert leftovers(root) == []
+
+    def test_slurmctld_that_hangs_costs_query_timeout_only(self, host: FakeHost,
+                                                          make_settings: Callable[..., Settings],
+                                                          root: Path) -> None:  # fmt: skip
+        """A hung scontrol is bounded by [slurm] query_timeout_s, and the prolog still fails."""
+        rt, env = self._never_ready(host, make_settings, root, slurm={"query_timeout_s": 2})
+        host.scontrol_hangs = True
+        with pytest.raises(HealthTimeout):
+            prolog(env, rt)
+        assert host.now - 1000.0 <= 3 + 2 + 0.5
+
+    def test_check_off_asks_nobody(self, host: FakeHost, make_settings: Callable[..., Settings], root: Path) -> None:
+        """[slurm] check_cancelled = no: no scontrol call, the prolog fails."""
+        rt, env = self._never_ready(host, make_settings, root, slurm={"check_cancelled": "no"})
+        host.slurm_jobs[42] = "JobId=42 JobState=CANCELLED\n"
+        with pytest.raises(HealthTimeout):
+            prolog(env, rt)
+        assert not [c for c in host.calls if c[0].endswith("scontrol")]
+
+    def test_other_failures_never_ask(self, host: FakeHost, make_settings: Callable[..., Settings],
+                                      root: Path) -> None:  # fmt: skip
+        """A tray that is broken (here: no IMEX channel support) fails whatever became of the job."""
+        (root / "proc/devices").write_text("Character devices:\n195 nvidia\nBlock devices:\n")
+        rt = runtime(host, make_settings)
+        host.slurm_jobs[42] = "JobId=42 JobState=CANCELLED\n"
+        with pytest.raises(Exception, match="nvidia-caps-imex-channels"):
+            prolog(job_env(job_id=42), rt)
+        assert not [c for c in host.calls if c[0].endswith("scontrol")]
+
+
+class TestSigterm:
+    def test_sigterm_logs_the_reason_first_then_rolls_back(self, host: FakeHost,
+                                                            make_settings: Callable[..., Settings],
+                                                            root: Path) -> None:  # fmt: skip
+        """SIGTERM while waiting (slurmd's timeout): one prolog.done line, written before the roll-back,
+        naming the signal and the slurm.conf timeout; nothing is left; the old handler is back."""
+        host.ready_after = 10**6
+        rt = runtime(host, make_settings, readiness={"deadline_s": 50})
+        env = job_env(SLURM_CONF=slurm_conf(root, "PrologEpilogTimeout=100\n"))
+        sleeps = []
+
+        def sleep(seconds: float) -> None:
+            sleeps.append(seconds)
+            host.now += seconds
+            if len(sleeps) == 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        host.sleep = sleep  # type: ignore[method-assign]
+        before = signal.getsignal(signal.SIGTERM)
+        with capture_logs() as logs, pytest.raises(Terminated) as info:
+            prolog(env, rt)
+        done = [e for e in logs if e["event"] == "prolog.done"]
+        assert len(done) == 1 and done[0]["error_code"] == "terminated" and done[0]["exit_code"] == 75
+        assert "terminated by SIGTERM after" in str(info.value)
+        assert "(slurm.conf PrologEpilogTimeout=100s; readiness deadline 50s)" in str(info.value)
+        order = [e["event"] for e in logs]
+        assert order.index("prolog.done") < order.index("prolog.rolled_back")
+        assert leftovers(root) == [] and signal.getsignal(signal.SIGTERM) is before
+
+    def test_sigterm_without_slurm_conf_suggests_the_cause(
+        self, host: FakeHost, make_settings: Callable[..., Settings]
+    ) -> None:
+        """Without a known hook timeout, the reason points at the likely cause."""
+        host.ready_after = 10**6
+        rt = runtime(host, make_settings, readiness={"deadline_s": 50})
+        host.sleep = lambda s: (setattr(host, "now", host.now + s), os.kill(os.getpid(), signal.SIGINT))  # type: ignore
+        with pytest.raises(Terminated, match=r"terminated by SIGINT .*shorter than \[readiness\] deadline_s=50s"):
+            prolog(job_env(), rt)
+
+
+HET = (
+    "JobId=100 HetJobId=100 HetJobOffset=0 JobState=RUNNING NodeList=gb[01-02] UserId=alice(1000)\n"
+    "JobId=101 HetJobId=100 HetJobOffset=1 JobState=RUNNING NodeList=gb[03-04] UserId=alice(1000)\n"
+)
+
+
+class TestHetJobs:
+    def test_components_share_one_domain(self, host: FakeHost, make_settings: Callable[..., Settings],
+                                         root: Path) -> None:  # fmt: skip
+        """Component 1 on gb03: the domain is keyed by the het job id and lists both components' trays."""
+        host.slurm_jobs[100] = HET
+        rt = runtime(host, make_settings)
+        env = job_env(job_id=101, nodelist="gb[03-04]", node="gb03", SLURM_HET_JOB_ID="100")
+        with capture_logs() as logs:
+            out = prolog(env, rt)
+        jd = root / "run/imexctl/jobs/100"
+        assert (jd / "nodes_config.cfg").read_text() == "10.0.0.1\n10.0.0.2\n10.0.0.3\n10.0.0.4\n"
+        assert out["trays"] == 4 and out["port"] == 61100 and out["channel"].endswith("channel101")
+        (het,) = [e for e in logs if e["event"] == "imex.het_job"]
+        assert (het["mode"], het["components"], het["trays"]) == ("joint", 2, 4)
+        assert epilog(env, rt)["actions"] and leftovers(root) == []
+
+    def test_old_pack_variable(self, host: FakeHost, make_settings: Callable[..., Settings], root: Path) -> None:
+        """SLURM_PACK_JOB_ID (older Slurm) means the same."""
+        host.slurm_jobs[100] = HET
+        env = job_env(job_id=100, nodelist="gb[01-02]", node="gb01", SLURM_PACK_JOB_ID="100")
+        assert prolog(env, runtime(host, make_settings))["trays"] == 4
+
+    def test_per_component(self, host: FakeHost, make_settings: Callable[..., Settings], root: Path) -> None:
+        """[slurm] het_jobs = per_component: the component is a domain of its own; slurmctld is not asked."""
+        rt = runtime(host, make_settings, slurm={"het_jobs": "per_component"})
+        env = job_env(job_id=101, nodelist="gb[03-04]", node="gb03", SLURM_HET_JOB_ID="100")
+        assert prolog(env, rt)["trays"] == 2 and (root / "run/imexctl/jobs/101").is_dir()
+        assert not [c for c in host.calls if c[0].endswith("scontrol")]
+        epilog(env, rt)
+        assert leftovers(root) == []
+
+    @pytest.mark.parametrize(
+        "answer",
+        [
+            pytest.param(None, id="unknown"),
+            pytest.param("JobId=100 HetJobId=100 HetJobOffset=0 NodeList=gb[01-02]\n", id="this-node-missing"),
+            pytest.param("JobId=100 HetJobId=100 HetJobOffset=x NodeList=gb[01-04]\n", id="bad-offset"),
+        ],
+    )
+    def test_no_usable_answer_fails_before_anything(self, host: FakeHost, make_settings: Callable[..., Settings],
+                                                     root: Path, answer: str | None) -> None:  # fmt: skip
+        """Without the components every tray could build a different nodes file: fail (exit 69), touch nothing."""
+        if answer is not None:
+            host.slurm_jobs[100] = answer
+        env = job_env(job_id=101, nodelist="gb[03-04]", node="gb03", SLURM_HET_JOB_ID="100")
+        with pytest.raises(SlurmQueryError) as info:
+            prolog(env, runtime(host, make_settings))
+        assert info.value.exit_code == 69 and leftovers(root) == []
+        assert not any(c[0] == "spawn" for c in host.calls)
+
+
+class TestSingleTray:
+    def test_domain_by_default(self, host: FakeHost, make_settings: Callable[..., Settings], root: Path) -> None:
+        """A one-tray job gets a one-tray domain: a daemon and a channel."""
+        out = prolog(job_env(nodelist="gb01"), runtime(host, make_settings))
+        assert out["trays"] == 1 and any(c[0] == "spawn" for c in host.calls) and host.mknods
+
+    def test_channel_only(self, host: FakeHost, make_settings: Callable[..., Settings], root: Path) -> None:
+        """single_tray = channel: the channel, no daemon; the epilog removes it all."""
+        rt = runtime(host, make_settings, policy={"single_tray": "channel"})
+        out = prolog(job_env(job_id=42, nodelist="gb01"), rt)
+        assert out["daemon"] is False and out["channel"].endswith("channel43") and len(host.mknods) == 1
+        assert not any(c[0] == "spawn" or c[0].endswith("nvidia-imex-ctl") for c in host.calls)
+        epilog(job_env(job_id=42, nodelist="gb01"), rt)
+        assert leftovers(root) == [] and not [c for c in host.calls if c[0].endswith("systemctl")]
+
+    def test_none(self, host: FakeHost, make_settings: Callable[..., Settings], root: Path) -> None:
+        """single_tray = none: skipped, nothing touched; a two-tray job is unaffected."""
+        rt = runtime(host, make_settings, policy={"single_tray": "none"})
+        assert "single_tray = none" in prolog(job_env(nodelist="gb01"), rt)["skipped"]
+        assert host.calls == [] and leftovers(root) == []
+        assert prolog(job_env(nodelist="gb[01-02]"), rt)["trays"] == 2
