@@ -6,13 +6,17 @@ import dataclasses
 from collections.abc import Mapping
 
 from imexctl import nodelist
-from imexctl.errors import EnvironmentError_
+from imexctl.errors import EnvironmentError_, shorten
 
 __all__ = ["JobContext", "constraint_features"]
 
 # slurmd sets SLURM_JOB_NODELIST from 23.02 on; 22.05 only SLURM_NODELIST (design.md source slurm-env).
 _NODELIST_VARS = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
 _EXCLUSIVE = frozenset({"NO", "TOPO"})
+# Slurm job ids are uint32_t, federated ones up to 0xfffffffd (SchedMD/slurm slurm/slurm.h, SLURM_ID_HASH,
+# MAX_FED_JOB_ID).  uid_t/gid_t are 32 bits and (uid_t)-1 means "leave unchanged" to chown(2).
+_MAX_JOB_ID = 2**32 - 1
+_MAX_OWNER_ID = 2**32 - 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,15 +44,15 @@ class JobContext:
         Raises:
             EnvironmentError_: a variable is missing or malformed (named in the message).
         """
-        job_id = _int(env, "SLURM_JOB_ID", fallback="SLURM_JOBID", required=True, minimum=1)
+        job_id = _int(env, "SLURM_JOB_ID", fallback="SLURM_JOBID", required=True, minimum=1, maximum=_MAX_JOB_ID)
         node = env.get("SLURMD_NODENAME", "").strip()
         if not node:
             raise EnvironmentError_("SLURMD_NODENAME is not set: imexctl must run as slurmd's Prolog/Epilog")
         nodes: tuple[str, ...] = ()
         if need_nodes:
             nodes = _nodes(env, node)
-        uid = _int(env, "SLURM_JOB_UID", fallback="SLURM_UID", required=need_nodes, minimum=0)
-        gid = _int(env, "SLURM_JOB_GID", required=False, minimum=0)
+        uid = _int(env, "SLURM_JOB_UID", fallback="SLURM_UID", required=need_nodes, minimum=0, maximum=_MAX_OWNER_ID)
+        gid = _int(env, "SLURM_JOB_GID", required=False, minimum=0, maximum=_MAX_OWNER_ID)
         assert job_id is not None
         return cls(
             job_id=job_id,
@@ -98,13 +102,16 @@ def _nodes(env: Mapping[str, str], node: str) -> tuple[str, ...]:
     return nodes
 
 
-def _int(env: Mapping[str, str], name: str, *, fallback: str = "", required: bool, minimum: int) -> int | None:
+def _int(
+    env: Mapping[str, str], name: str, *, fallback: str = "", required: bool, minimum: int, maximum: int
+) -> int | None:
     key = name if env.get(name, "").strip() or not fallback else fallback
     text = env.get(key, "").strip()
     if not text:
         if required:
             raise EnvironmentError_(f"{name} is not set")
         return None
-    if not (text.isascii() and text.isdigit()) or int(text) < minimum:
-        raise EnvironmentError_(f"{key}={text!r} is not a valid number")
+    # the length check first: int() of thousands of digits is slow, and refused above 4300
+    if not (text.isascii() and text.isdigit() and len(text) <= 20) or not minimum <= int(text) <= maximum:
+        raise EnvironmentError_(f"{key}={shorten(text)} is not a valid number ({minimum} to {maximum})")
     return int(text)
