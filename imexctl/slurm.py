@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from imexctl import nodelist
 from imexctl.errors import EnvironmentError_, shorten
@@ -93,13 +94,18 @@ def _nodes(env: Mapping[str, str], node: str) -> tuple[str, ...]:
         raise EnvironmentError_("neither SLURM_JOB_NODELIST nor SLURM_NODELIST is set")
     nodes = tuple(nodelist.expand(env[var]))
     if not nodes:
-        raise EnvironmentError_(f"{var}={env[var]!r} names no node")
-    dupes = sorted({n for n in nodes if nodes.count(n) > 1}) if len(set(nodes)) != len(nodes) else []
+        raise EnvironmentError_(f"{var}={shorten(env[var])} names no node")
+    dupes = sorted(n for n, k in collections.Counter(nodes).items() if k > 1)
     if dupes:
-        raise EnvironmentError_(f"{var}={env[var]!r} names {', '.join(dupes)} more than once")
+        raise EnvironmentError_(f"{var}={shorten(env[var])} names {_few(dupes)} more than once")
     if node not in nodes:
-        raise EnvironmentError_(f"this node {node!r} (SLURMD_NODENAME) is not in {var}={env[var]!r}")
+        raise EnvironmentError_(f"this node {node!r} (SLURMD_NODENAME) is not in {var}={shorten(env[var])}")
     return nodes
+
+
+def _few(names: Sequence[str], shown: int = 5) -> str:
+    more = f" and {len(names) - shown} others" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def _int(
