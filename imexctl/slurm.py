@@ -54,6 +54,9 @@ class JobContext:
             nodes = _nodes(env, node)
         uid = _int(env, "SLURM_JOB_UID", fallback="SLURM_UID", required=need_nodes, minimum=0, maximum=_MAX_OWNER_ID)
         gid = _int(env, "SLURM_JOB_GID", required=False, minimum=0, maximum=_MAX_OWNER_ID)
+        user = env.get("SLURM_JOB_USER", "")
+        if need_nodes and not user.isprintable():  # the epilog never uses it
+            raise EnvironmentError_(f"SLURM_JOB_USER={shorten(user)} holds a non-printing character")
         assert job_id is not None
         return cls(
             job_id=job_id,
@@ -61,7 +64,7 @@ class JobContext:
             nodes=nodes,
             uid=uid,
             gid=gid,
-            user=env.get("SLURM_JOB_USER", ""),
+            user=user,
             partition=env.get("SLURM_JOB_PARTITION", ""),
             constraints=env.get("SLURM_JOB_CONSTRAINTS", ""),
             oversubscribe=env.get("SLURM_JOB_OVERSUBSCRIBE", "").strip().upper(),
