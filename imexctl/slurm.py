@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from imexctl import nodelist
 from imexctl.errors import EnvironmentError_, shorten
 
-__all__ = ["JobContext", "constraint_features"]
+__all__ = ["JobContext", "constraint_features", "node_name"]
 
 # slurmd sets SLURM_JOB_NODELIST from 23.02 on; 22.05 only SLURM_NODELIST (design.md source slurm-env).
 _NODELIST_VARS = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
@@ -46,7 +46,7 @@ class JobContext:
             EnvironmentError_: a variable is missing or malformed (named in the message).
         """
         job_id = _int(env, "SLURM_JOB_ID", fallback="SLURM_JOBID", required=True, minimum=1, maximum=_MAX_JOB_ID)
-        node = env.get("SLURMD_NODENAME", "").strip()
+        node = node_name(env)
         if not node:
             raise EnvironmentError_("SLURMD_NODENAME is not set: imexctl must run as slurmd's Prolog/Epilog")
         nodes: tuple[str, ...] = ()
@@ -81,6 +81,19 @@ class JobContext:
         if not self.oversubscribe:
             return None
         return self.oversubscribe not in _EXCLUSIVE
+
+
+def node_name(env: Mapping[str, str]) -> str:
+    """``SLURMD_NODENAME`` ('' when unset), checked to be usable in a path (``[paths] root`` ``%n``).
+
+    Raises:
+        EnvironmentError_: the name holds a path separator, a blank, a host-list
+            character or a non-printing character, or is ``.`` or ``..``.
+    """
+    name = env.get("SLURMD_NODENAME", "").strip()
+    if name in (".", "..") or not name.isprintable() or any(c in name for c in "/ ,[]"):
+        raise EnvironmentError_(f"SLURMD_NODENAME={shorten(name)} is not a node name")
+    return name
 
 
 def constraint_features(constraints: str) -> frozenset[str]:
