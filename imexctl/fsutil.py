@@ -72,7 +72,12 @@ def read_text_nofollow(path: Path) -> str:
     """
     # O_NONBLOCK: opening a FIFO would otherwise block until a writer appears;
     # it has no effect on reading regular files.
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # what O_NOFOLLOW reports for a symlink: say so
+            raise OSError(errno.ELOOP, "is a symbolic link (not followed)", str(path)) from None
+        raise
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
