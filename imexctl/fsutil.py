@@ -63,8 +63,14 @@ def atomic_write(path: Path, data: str, *, mode: int = 0o644) -> bool:
     return True
 
 
-def read_text_nofollow(path: Path) -> str:
+def read_text_nofollow(path: Path, *, trusted: bool = False) -> str:
     """Read a regular UTF-8 file, refusing symlinks and other file types.
+
+    Args:
+        path: the file.
+        trusted: also refuse a file owned by anyone but root (or this process's
+            user), or writable by group or others: for files that decide where
+            the job's daemons connect (hosts file, topology file).
 
     Raises:
         OSError: also for a file that is not UTF-8 text (``EILSEQ``), so callers
@@ -79,8 +85,16 @@ def read_text_nofollow(path: Path) -> str:
             raise OSError(errno.ELOOP, "is a symbolic link (not followed)", str(path)) from None
         raise
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
+        if trusted and (st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022):
+            raise OSError(
+                errno.EPERM,
+                "must be owned by root and not writable by group or others "
+                f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})",
+                str(path),
+            )
         data = f.read()
     try:
         return data.decode()
