@@ -105,7 +105,8 @@ def resolve_all(names: Sequence[str], *, method: str, host: Host, hosts_file: Pa
         except ResolveError as exc:
             problems.append(str(exc))
     if problems:
-        raise ResolveError("cannot resolve trays: " + "; ".join(problems))
+        more = f"; and {len(problems) - 5} others" if len(problems) > 5 else ""
+        raise ResolveError("cannot resolve trays: " + "; ".join(problems[:5]) + more)
     seen: dict[str, str] = {}
     for name, addr in zip(names, addresses):
         if addr in seen:
