@@ -128,12 +128,22 @@ def _dns_one(host: Host, name: str) -> str:
         found = host.resolve(name)
     except CommandError as exc:
         raise ResolveError(f"{name}: {exc.reason}") from exc
-    usable = [a for a in found if ipaddress.ip_address(a).version == 4 and not ipaddress.ip_address(a).is_loopback]
+    usable = [a for a in found if _usable(a)]
     if len(usable) == 1:
         return usable[0]
     if not usable:
-        raise ResolveError(f"{name}: no non-loopback IPv4 address (resolver gave {found or 'nothing'})")
+        raise ResolveError(f"{name}: no non-loopback IPv4 address (0.0.0.0, multicast and reserved ones do not "
+                           f"count; resolver gave {found or 'nothing'})")  # fmt: skip
     raise ResolveError(f"{name}: ambiguous, several IPv4 addresses {usable}; use [resolve] method = hosts_file")
+
+
+def _usable(text: str) -> bool:
+    """An IPv4 address a daemon can bind and its peers can reach (a DNS sink's 0.0.0.0 is not one)."""
+    try:
+        addr = ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return addr.version == 4 and not (addr.is_loopback or addr.is_unspecified or addr.is_multicast or addr.is_reserved)
 
 
 def _is_ip(text: str) -> bool:
