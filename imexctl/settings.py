@@ -428,8 +428,17 @@ def load(path: Path | None, *, node: str, required: bool = True, euid: int | Non
 
 def _read_config(path: Path, *, required: bool, euid: int) -> str | None:
     try:
-        with open(path, "rb") as f:
+        # O_NONBLOCK: a FIFO would block the open until a writer appears; checked before reading,
+        # so a FIFO or /dev/zero is refused instead of read forever
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK), "rb") as f:
             st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise ConfigError(f"{path}: not a regular file")
+            if st.st_uid not in (0, euid) or st.st_mode & 0o022:
+                raise ConfigError(
+                    f"{path}: config file must be owned by root and not writable by group or others "
+                    f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})"
+                )
             data = f.read()
     except FileNotFoundError:
         if required:
@@ -437,13 +446,6 @@ def _read_config(path: Path, *, required: bool, euid: int) -> str | None:
         return None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from exc
-    if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"{path}: not a regular file")
-    if st.st_uid not in (0, euid) or st.st_mode & 0o022:
-        raise ConfigError(
-            f"{path}: config file must be owned by root and not writable by group or others "
-            f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})"
-        )
     try:
         return data.decode()
     except UnicodeDecodeError as exc:
