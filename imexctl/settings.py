@@ -460,7 +460,8 @@ def _parse_ini(path: Path, text: str) -> dict[str, dict[str, str]]:
     try:
         parser.read_string(text, source=str(path))
     except configparser.Error as exc:
-        raise ConfigError(f"{path}: {exc.message.splitlines()[0]}") from exc
+        # the line number and text are on the message's later lines: keep them, on one line
+        raise ConfigError(f"{path}: {' '.join(part.strip() for part in exc.message.splitlines())}") from exc
     return {s: dict(parser.items(s)) for s in parser.sections()}
 
 
