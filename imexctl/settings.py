@@ -145,8 +145,9 @@ def _csv(v: str) -> tuple[str, ...]:
 
 
 def _name(v: str) -> str:
-    if not v or any(c in v for c in "/ \t\n@"):
-        raise ValueError("must be a plain name without '/', '@' or blanks")
+    # a unit name goes into systemctl's argv: a NUL there would make the command impossible to run
+    if not v or not v.isprintable() or any(c in v for c in "/ \t\n@"):
+        raise ValueError("must be a plain name without '/', '@', blanks or non-printing characters")
     return v
 
 
