@@ -241,8 +241,9 @@ def _optional_str(obj: Mapping[str, Any], key: str, where: str) -> str:
 
 def _node_id(key: str, where: str) -> int:
     """Turn a JSON object key such as ``"17"`` into a node ID."""
-    if not (key.isascii() and key.isdigit()):
-        raise OutputError(f"nvidia-imex-ctl -N -j: {where}: node ID {key!r} is not a number")
+    # node IDs are line numbers of the nodes file; int() of thousands of digits raises ValueError
+    if not (key.isascii() and key.isdigit() and len(key) <= 9):
+        raise OutputError(f"nvidia-imex-ctl -N -j: {where}: node ID {_shown(key)} is not a number below 10**9")
     return int(key)
 
 
@@ -250,7 +251,7 @@ def _json_connections(raw: Mapping[str, Any], where: str) -> tuple[Connection, .
     """Build the connections of one node from its ``connections`` object."""
     conns = []
     for key, value in raw.items():
-        cwhere = f"{where}.connections[{key!r}]"
+        cwhere = f"{where}.connections[{_shown(key)}]"
         peer = _node_id(key, cwhere)
         if not isinstance(value, dict):
             raise OutputError(f"nvidia-imex-ctl -N -j: {cwhere} is {type(value).__name__}, expected object")
@@ -261,7 +262,7 @@ def _json_connections(raw: Mapping[str, Any], where: str) -> tuple[Connection, .
 
 def _json_node(key: str, raw: Any) -> NodeStatus:
     """Build one :class:`NodeStatus` from ``nodes[key]``."""
-    where = f"nodes[{key!r}]"
+    where = f"nodes[{_shown(key)}]"
     node_id = _node_id(key, where)
     if not isinstance(raw, dict):
         raise OutputError(f"nvidia-imex-ctl -N -j: {where} is {type(raw).__name__}, expected object")
@@ -294,6 +295,8 @@ def parse_domain_json(text: str) -> DomainStatus:
         data = json.loads(text)
     except ValueError as exc:
         raise OutputError(f"nvidia-imex-ctl -N -j: not JSON ({exc}): {_shown(text)}") from exc
+    except RecursionError as exc:  # json.loads recurses once per nesting level
+        raise OutputError(f"nvidia-imex-ctl -N -j: nested too deeply to parse: {_shown(text)}") from exc
     if not isinstance(data, dict):
         raise OutputError(f"nvidia-imex-ctl -N -j: top level is {type(data).__name__}, expected object")
     status = _want(data, "status", str, "top level")
