@@ -8,7 +8,7 @@ import pytest
 
 from tests.corpus import config as CFG
 from tests.corpus._fakes import job_env
-from tests.corpus._tray import Tray, ids, tray  # noqa: F401  (fixture)
+from tests.corpus._tray import ROOT_ONLY, Tray, ids, tray  # noqa: F401  (fixture)
 
 
 def set_up(case: CFG.ConfigCase, t: Tray) -> None:
@@ -28,7 +28,8 @@ def set_up(case: CFG.ConfigCase, t: Tray) -> None:
             t.config = other
 
 
-@pytest.mark.parametrize("case", CFG.CASES, ids=ids(CFG.CASES))
+@pytest.mark.parametrize("case", [pytest.param(c, marks=[ROOT_ONLY] if c.root_only else []) for c in CFG.CASES],
+                         ids=ids(CFG.CASES))
 def test_config_case(case: CFG.ConfigCase, tray: Tray) -> None:
     """A bad config exits 78 naming file, section and key, or the file and what is wrong with it."""
     set_up(case, tray)

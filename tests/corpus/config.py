@@ -32,6 +32,7 @@ class ConfigCase:
     files: Mapping[str, bytes] = dataclasses.field(default_factory=dict)
     prepare: Optional[Prepare] = None
     ok: bool = False
+    root_only: bool = False  # prepare gives a file to another uid
 
 
 def _key(section: str, key: str, value: str, why: str) -> ConfigCase:
@@ -153,9 +154,10 @@ def _chown(uid: int, gid: int) -> Prepare:
     return prepare
 
 
-def _link_to_config(owner: int) -> Prepare:
+def _link_to_config(owner: Optional[int]) -> Prepare:
     def prepare(root: Path, config: Path) -> Path:
-        os.chown(config, owner, owner)
+        if owner is not None:
+            os.chown(config, owner, owner)
         link = root / "link.conf"
         link.symlink_to(config)
         return link
@@ -208,13 +210,14 @@ FILE = [
     ConfigCase("config-file-group-writable", (_OWNER_RULE, "mode 0664"), prepare=_chmod(0o664)),
     ConfigCase("config-file-world-writable", (_OWNER_RULE, "mode 0646"), prepare=_chmod(0o646)),
     ConfigCase("config-file-mode-0777", (_OWNER_RULE, "mode 0777"), prepare=_chmod(0o777)),
-    ConfigCase("config-file-foreign-owner", (_OWNER_RULE, "owner uid 1000"), prepare=_chown(1000, 0)),
-    ConfigCase("config-file-nobody-owner", (_OWNER_RULE, "owner uid 65534"), prepare=_chown(65534, 65534)),
-    ConfigCase("config-file-foreign-group-not-writable", prepare=_chown(0, 1000), ok=True),
+    ConfigCase("config-file-foreign-owner", (_OWNER_RULE, "owner uid 1000"), prepare=_chown(1000, 0), root_only=True),
+    ConfigCase("config-file-nobody-owner", (_OWNER_RULE, "owner uid 65534"), prepare=_chown(65534, 65534),
+               root_only=True),
+    ConfigCase("config-file-foreign-group-not-writable", prepare=_chown(0, 1000), ok=True, root_only=True),
     ConfigCase("config-file-root-only-0600", prepare=_chmod(0o600), ok=True),
     ConfigCase("config-file-symlink-to-foreign-file", ("link.conf", _OWNER_RULE, "owner uid 1000"),
-               prepare=_link_to_config(1000)),
-    ConfigCase("config-file-symlink-to-root-file", prepare=_link_to_config(0), ok=True),
+               prepare=_link_to_config(1000), root_only=True),
+    ConfigCase("config-file-symlink-to-trusted-file", prepare=_link_to_config(None), ok=True),
     ConfigCase("config-file-dangling-symlink", ("dangling.conf: config file not found",), prepare=_special("dangling")),
     ConfigCase("config-file-symlink-loop", ("loop.conf: cannot read config file",), prepare=_special("loop")),
     ConfigCase("config-file-missing", ("missing.conf: config file not found",), prepare=_special("missing")),
@@ -267,7 +270,7 @@ def _file_mode(rel: str, mode: int) -> Prepare:
 
 def _file_owner(rel: str, uid: int) -> Prepare:
     def prepare(root: Path, config: Path) -> None:
-        os.chown(root / rel, uid, 0)
+        os.chown(root / rel, uid, -1)
 
     return prepare
 
@@ -291,14 +294,16 @@ def _file_replaced(rel: str, kind: str) -> Prepare:
 
 def _site_files(kind: str, rel: str, good: bytes, sections: Mapping[str, Mapping[str, str]]) -> List[ConfigCase]:
     def case(id_: str, names: Tuple[str, ...], *, text: bytes = good, prepare: Optional[Prepare] = None,
-             ok: bool = False) -> ConfigCase:  # fmt: skip
-        return ConfigCase(f"{kind}-{id_}", names, sections, files={rel: text}, prepare=prepare, ok=ok)
+             ok: bool = False, root_only: bool = False) -> ConfigCase:  # fmt: skip
+        return ConfigCase(f"{kind}-{id_}", names, sections, files={rel: text}, prepare=prepare, ok=ok,
+                          root_only=root_only)  # fmt: skip
 
     what = "hosts file" if kind == "hosts-file" else "topology file"
     return [
         case("group-writable", (f"cannot read {what}", _FILE_RULE, "mode 0664"), prepare=_file_mode(rel, 0o664)),
         case("world-writable", (f"cannot read {what}", _FILE_RULE, "mode 0646"), prepare=_file_mode(rel, 0o646)),
-        case("foreign-owner", (f"cannot read {what}", _FILE_RULE, "owner uid 1000"), prepare=_file_owner(rel, 1000)),
+        case("foreign-owner", (f"cannot read {what}", _FILE_RULE, "owner uid 1000"), prepare=_file_owner(rel, 1000),
+             root_only=True),
         case("symlink", (f"cannot read {what}", "is a symbolic link (not followed)"),
              prepare=_file_replaced(rel, "symlink")),
         case("fifo", (f"cannot read {what}", "not a regular file"), prepare=_file_replaced(rel, "fifo")),
