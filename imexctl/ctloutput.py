@@ -149,8 +149,15 @@ class DomainStatus:
         return None
 
     def node_map(self) -> tuple[str, ...]:
-        """The nodes' addresses in node-ID order: the nodes file as the ctl saw it."""
-        return tuple(n.host for n in sorted(self.nodes, key=lambda n: n.node_id))
+        """The nodes' addresses in node-ID order: the nodes file as the ctl saw it.
+
+        Node IDs are line numbers: if they are not exactly 0..n-1, every entry is
+        ``"<id>: <address>"``, which no nodes file matches.
+        """
+        nodes = sorted(self.nodes, key=lambda n: n.node_id)
+        if [n.node_id for n in nodes] != list(range(len(nodes))):
+            return tuple(f"{n.node_id}: {n.host}" for n in nodes)
+        return tuple(n.host for n in nodes)
 
     def mismatches(self) -> list[tuple[int, int, str]]:
         """Links with a node-map or version mismatch (communication disabled: waiting cannot fix them)."""
