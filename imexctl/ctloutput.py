@@ -67,6 +67,7 @@ def is_not_configured(output: str) -> bool:
 
 
 _SHOWN_CHARS: Final = 200
+_MAX_FIELD: Final = 256
 
 
 def _shown(text: str) -> str:
@@ -236,6 +237,9 @@ def _want(obj: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
         raise OutputError(
             f"nvidia-imex-ctl -N -j: {where}: {key!r} is {type(value).__name__}, expected {kind.__name__}"
         )
+    # states, addresses, host names and versions are short; a longer one would flood every message quoting it
+    if isinstance(value, str) and len(value) > _MAX_FIELD:
+        raise OutputError(f"nvidia-imex-ctl -N -j: {where}: {key!r} is {len(value)} characters long: {_shown(value)}")
     return value
 
 
