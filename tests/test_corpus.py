@@ -6,12 +6,12 @@ says how to add one.
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+from collections.abc import Sequence
 
 from tests.corpus import config, ctl_output, environment, nodelists, resolution
 from tests.corpus._tray import DOCUMENTED
 
-FAMILIES: Dict[str, Sequence[object]] = {
+FAMILIES: dict[str, Sequence[object]] = {
     "node lists": [*nodelists.VECTORS, *nodelists.MALFORMED, *nodelists.WRONG, *nodelists.ACCEPTED, *nodelists.HUGE],
     "environment": environment.CASES,
     "config": config.CASES,
@@ -20,7 +20,7 @@ FAMILIES: Dict[str, Sequence[object]] = {
 }
 
 
-def _ids() -> List[str]:
+def _ids() -> list[str]:
     return [case.id for cases in FAMILIES.values() for case in cases]  # type: ignore[attr-defined]
 
 

@@ -10,27 +10,35 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from imexctl.ctloutput import parse_domain_json, parse_query
 from imexctl.errors import CommandError, OutputError
 from imexctl.host import MAX_OUTPUT, RealHost
-from tests.corpus import ctl_output as CTL
+from tests.corpus import ctl_output
 from tests.corpus._fakes import job_env
-from tests.corpus._tray import Tray, ids, tray  # noqa: F401  (fixture)
+from tests.corpus._tray import Tray, ids
+
+
+@pytest.fixture
+def tray(root: Path) -> Tray:
+    """A tray under the test's root (tests/conftest.py plants ``proc/devices``)."""
+    return Tray(root)
+
 
 ADDRESSES = ["10.0.0.1", "10.0.0.2"]  # gb01, gb02: the trays of job_env()
 
 
-def answer(t: Tray, case: CTL.CtlCase) -> None:
+def answer(t: Tray, case: ctl_output.CtlCase) -> None:
     t.host.q_outputs = [case.q]
     if case.nj is not None:
         t.host.domain = case.nj
 
 
-@pytest.mark.parametrize("case", CTL.CASES, ids=ids(CTL.CASES))
-def test_prolog(case: CTL.CtlCase, tray: Tray) -> None:
+@pytest.mark.parametrize("case", ctl_output.CASES, ids=ids(ctl_output.CASES))
+def test_prolog(case: ctl_output.CtlCase, tray: Tray) -> None:
     """The readiness wait turns each answer into READY, not ready at the deadline, or a fatal error, and rolls back."""
     answer(tray, case)
     out = tray.prolog(job_env())
@@ -44,9 +52,9 @@ def test_prolog(case: CTL.CtlCase, tray: Tray) -> None:
     tray.assert_clean()
 
 
-@pytest.mark.parametrize("case", [c for c in CTL.CASES if c.parse is not None],
-                         ids=ids([c for c in CTL.CASES if c.parse is not None]))  # fmt: skip
-def test_parser(case: CTL.CtlCase) -> None:
+@pytest.mark.parametrize("case", [c for c in ctl_output.CASES if c.parse is not None],
+                         ids=ids([c for c in ctl_output.CASES if c.parse is not None]))  # fmt: skip
+def test_parser(case: ctl_output.CtlCase) -> None:
     """The parser alone parses the output, or raises OutputError (never another exception) saying why."""
     if case.nj is None:
         text, parse = case.q[1], parse_query
@@ -60,8 +68,8 @@ def test_parser(case: CTL.CtlCase) -> None:
     assert case.parse in str(info.value) and len(str(info.value)) < 1000
 
 
-@pytest.mark.parametrize("case", CTL.DOMAIN, ids=ids(CTL.DOMAIN))
-def test_status_tells_what_the_ctl_said(case: CTL.CtlCase, tray: Tray) -> None:
+@pytest.mark.parametrize("case", ctl_output.DOMAIN, ids=ids(ctl_output.DOMAIN))
+def test_status_tells_what_the_ctl_said(case: ctl_output.CtlCase, tray: Tray) -> None:
     """`imexctl status --json` on a tray with a running job shows any -N answer, or why it is unreadable, and exits 0."""
     tray.prolog(job_env()).assert_ok()
     answer(tray, case)
@@ -75,8 +83,8 @@ def test_status_tells_what_the_ctl_said(case: CTL.CtlCase, tray: Tray) -> None:
     tray.assert_clean()
 
 
-@pytest.mark.parametrize("case", CTL.ENDLESS, ids=ids(CTL.ENDLESS))
-def test_realhost_bounds_a_command(case: CTL.Endless) -> None:
+@pytest.mark.parametrize("case", ctl_output.ENDLESS, ids=ids(ctl_output.ENDLESS))
+def test_realhost_bounds_a_command(case: ctl_output.Endless) -> None:
     """A real command that prints without end or never answers is killed in bounded time and memory."""
     start = time.monotonic()
     with pytest.raises(CommandError) as info:

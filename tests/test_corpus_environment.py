@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Dict, List, Mapping, Optional
+from collections.abc import Mapping
+from pathlib import Path
 
 import pytest
 
-from tests.corpus import environment as ENV
+from tests.corpus import environment
 from tests.corpus._fakes import job_env
-from tests.corpus._tray import Tray, ids, tray  # noqa: F401  (fixture)
+from tests.corpus._tray import Tray, ids
 
 
-def env_with(changes: Mapping[str, Optional[str]]) -> Dict[str, str]:
+@pytest.fixture
+def tray(root: Path) -> Tray:
+    """A tray under the test's root (tests/conftest.py plants ``proc/devices``)."""
+    return Tray(root)
+
+
+def env_with(changes: Mapping[str, str | None]) -> dict[str, str]:
     env = job_env()
     for var, value in changes.items():
         if value is None:
@@ -23,7 +30,7 @@ def env_with(changes: Mapping[str, Optional[str]]) -> Dict[str, str]:
     return env
 
 
-def files_holding(t: Tray, needle: str) -> List[str]:
+def files_holding(t: Tray, needle: str) -> list[str]:
     """Paths under the tray's root whose name or content holds ``needle``.
 
     imexctl's own log is left out, and so is ``state.json`` when it records the
@@ -46,8 +53,8 @@ def files_holding(t: Tray, needle: str) -> List[str]:
     return found
 
 
-@pytest.mark.parametrize("case", ENV.CASES, ids=ids(ENV.CASES))
-def test_environment_case(case: ENV.EnvCase, tray: Tray) -> None:
+@pytest.mark.parametrize("case", environment.CASES, ids=ids(environment.CASES))
+def test_environment_case(case: environment.EnvCase, tray: Tray) -> None:
     """Each environment case gets its documented outcome, and the tray is clean afterwards."""
     tray.configure(**{s: {k: v.replace("{root}", str(tray.root)) for k, v in kv.items()}
                       for s, kv in case.config.items()})  # fmt: skip

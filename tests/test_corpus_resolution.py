@@ -2,24 +2,31 @@
 
 from __future__ import annotations
 
-from typing import List
+from pathlib import Path
 
 import pytest
 
 from imexctl.errors import CommandError
-from tests.corpus import resolution as RES
+from tests.corpus import resolution
 from tests.corpus._fakes import job_env
-from tests.corpus._tray import Tray, ids, tray  # noqa: F401  (fixture)
+from tests.corpus._tray import Tray, ids
 
 
-def set_up(case: RES.ResolveCase, t: Tray) -> None:
+@pytest.fixture
+def tray(root: Path) -> Tray:
+    """A tray under the test's root (tests/conftest.py plants ``proc/devices``)."""
+    return Tray(root)
+
+
+def set_up(case: resolution.ResolveCase, t: Tray) -> None:
     for name, found in case.dns.items():
         if found is None:
             t.host.addresses.pop(name, None)
         else:
             t.host.addresses[name] = list(found)
     if case.fails is not None:
-        def failing(name: str) -> List[str]:
+
+        def failing(name: str) -> list[str]:
             raise CommandError(("getaddrinfo", name), f"cannot resolve {name!r}: {case.fails}")
 
         t.host.resolve = failing  # type: ignore[method-assign]
@@ -28,8 +35,8 @@ def set_up(case: RES.ResolveCase, t: Tray) -> None:
         t.configure(resolve={"method": "hosts_file"})
 
 
-@pytest.mark.parametrize("case", RES.CASES, ids=ids(RES.CASES))
-def test_resolution_case(case: RES.ResolveCase, tray: Tray) -> None:
+@pytest.mark.parametrize("case", resolution.CASES, ids=ids(resolution.CASES))
+def test_resolution_case(case: resolution.ResolveCase, tray: Tray) -> None:
     """Every tray resolves to exactly one usable, distinct address, or the prolog names each tray that does not."""
     set_up(case, tray)
     env = job_env(nodelist=case.nodelist)

@@ -19,34 +19,35 @@ import io
 import json
 import os
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Dict, FrozenSet, Iterator, List, Mapping, Optional, Sequence, Set
+from typing import Any
 
 import pytest
 
 from imexctl import cli
 from tests.corpus._fakes import FakeGpu, FakeHost
 
-__all__ = ["DOCUMENTED", "INFRASTRUCTURE", "ROOT_ONLY", "TRAYS", "Outcome", "Tray", "ids", "tray"]
+__all__ = ["DOCUMENTED", "INFRASTRUCTURE", "ROOT_ONLY", "TRAYS", "Outcome", "Tray", "ids"]
 
 ROOT = Path(__file__).resolve().parents[2]
 
 #: gb01..gb18 -> 10.0.0.1..18, one NVL72 rack.
-TRAYS: Dict[str, List[str]] = {f"gb{i:02d}": [f"10.0.0.{i}"] for i in range(1, 19)}
+TRAYS: dict[str, list[str]] = {f"gb{i:02d}": [f"10.0.0.{i}"] for i in range(1, 19)}
 
 #: What any run may leave on a clean tray (relative to the root): the shared
 #: directories, the node lock (which must not be held) and imexctl's own log.
-INFRASTRUCTURE: FrozenSet[str] = frozenset({
+INFRASTRUCTURE: frozenset[str] = frozenset({
     "run", "run/imexctl", "run/imexctl/jobs", "run/imexctl/lock",
     "var", "var/log", "var/log/imexctl.log",
     "dev", "dev/nvidia-caps-imex-channels",
 })  # fmt: skip
 
 
-def _documented() -> Dict[str, int]:
+def _documented() -> dict[str, int]:
     """error_code -> exit code, as docs/exit-codes.md's error table lists them."""
     text = (ROOT / "docs" / "exit-codes.md").read_text(encoding="utf-8")
-    return {m[1]: int(m[2]) for m in re.finditer(r"^\| `([a-z_]+)` \| `(\d+)` \|", text, flags=re.M)}
+    return {m[1]: int(m[2]) for m in re.finditer(r"^\| `([a-z_]+)` \| `(\d+)` \|", text, flags=re.MULTILINE)}
 
 
 #: The documented (error_code -> exit code) pairs every failing case must match.
@@ -65,14 +66,14 @@ class Outcome:
     rc: int
     stdout: str
     stderr: str
-    lines: List[Dict[str, Any]]
+    lines: list[dict[str, Any]]
 
-    def events(self, name: str) -> List[Dict[str, Any]]:
+    def events(self, name: str) -> list[dict[str, Any]]:
         """The log lines of one event."""
         return [line for line in self.lines if line.get("event") == name]
 
     @property
-    def failure(self) -> Dict[str, Any]:
+    def failure(self) -> dict[str, Any]:
         """The one line that reports the failure: a hook summary with ``ok: false``, or ``imexctl.failed``."""
         found = [line for line in self.lines if line.get("event") in _SUMMARIES and line.get("ok") is not True
                  and line.get("error_code") not in (None, "log_file")]  # fmt: skip
@@ -91,7 +92,7 @@ class Outcome:
             assert name in reason, f"{name!r} not named in {reason[:1000]!r}"
         assert len(reason) < 2000, f"the reason floods the log ({len(reason)} chars): {reason[:300]!r}..."
 
-    def assert_ok(self) -> Dict[str, Any]:
+    def assert_ok(self) -> dict[str, Any]:
         """Exit 0 with a hook summary ``ok: true``; returns that summary."""
         self.assert_no_crash()
         done = [line for line in self.lines if line.get("event") in _SUMMARIES and line.get("ok") is True]
@@ -112,14 +113,14 @@ class Tray:
         self.host = FakeHost(addresses={k: list(v) for k, v in TRAYS.items()}, real_nodes=os.geteuid() == 0)
         self.gpu = FakeGpu()
         self.config = root / "imexctl.conf"
-        self.before: Optional[Set[str]] = None
+        self.before: set[str] | None = None
         self.configured = False
 
     # ------------------------------------------------------------ set-up
 
     def configure(self, **sections: Mapping[str, Any]) -> Path:
         """Write a root-owned 0644 config: the corpus defaults, overridden per section."""
-        base: Dict[str, Dict[str, Any]] = {
+        base: dict[str, dict[str, Any]] = {
             "paths": {"root": str(self.root)},
             "daemon": {"backend": "exec", "kill_grace_s": 1, "stop_timeout_s": 1},
             "readiness": {"deadline_s": 5, "poll_initial_s": 0.03, "poll_max_s": 1},
@@ -146,7 +147,7 @@ class Tray:
 
     # ------------------------------------------------------------ running
 
-    def run(self, *argv: str, env: Optional[Mapping[str, str]] = None) -> Outcome:
+    def run(self, *argv: str, env: Mapping[str, str] | None = None) -> Outcome:
         """Run ``imexctl -v --config <cfg> ARGV`` in-process, as slurmd would, and capture everything."""
         if not self.configured:
             self.configure()
@@ -172,15 +173,15 @@ class Tray:
 
     # ------------------------------------------------------------ what is left
 
-    def _tree(self) -> Set[str]:
-        found: Set[str] = set()
+    def _tree(self) -> set[str]:
+        found: set[str] = set()
         for top, dirs, files in os.walk(self.root, followlinks=False):
             rel = os.path.relpath(top, self.root)
             for name in dirs + files:
                 found.add(os.path.normpath(os.path.join(rel, name)))
         return found
 
-    def leftovers(self) -> List[str]:
+    def leftovers(self) -> list[str]:
         """Everything a run left that a clean tray must not hold (empty when clean)."""
         before = self.before or set()
         found = sorted(p for p in self._tree() - before if p not in INFRASTRUCTURE)
@@ -208,19 +209,13 @@ class Tray:
         left = self.leftovers()
         assert not left, f"left on the tray: {left}"
 
-    def job_files(self, job_id: int = 42) -> List[str]:
+    def job_files(self, job_id: int = 42) -> list[str]:
         """The names in the job's directory (sorted)."""
         path = self.root / "run/imexctl/jobs" / str(job_id)
         return sorted(os.listdir(path)) if path.is_dir() else []
 
 
-@pytest.fixture
-def tray(root: Path) -> Iterator[Tray]:
-    """A tray under the test's root (tests/conftest.py plants ``proc/devices``)."""
-    yield Tray(root)
-
-
-def ids(cases: Sequence[Any]) -> List[str]:
+def ids(cases: Sequence[Any]) -> list[str]:
     """The case ids, checked unique (one case = one id)."""
     names = [c.id for c in cases]
     assert len(names) == len(set(names)), sorted({n for n in names if names.count(n) > 1})

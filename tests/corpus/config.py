@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Callable, Optional
 
 from imexctl import settings
 
@@ -26,11 +27,11 @@ class ConfigCase:
     """One hostile or broken configuration and what imexctl must say about it."""
 
     id: str
-    names: Tuple[str, ...] = ()
+    names: tuple[str, ...] = ()
     sections: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
-    text: Optional[str] = None
+    text: str | None = None
     files: Mapping[str, bytes] = dataclasses.field(default_factory=dict)
-    prepare: Optional[Prepare] = None
+    prepare: Prepare | None = None
     ok: bool = False
     root_only: bool = False  # prepare gives a file to another uid
 
@@ -154,7 +155,7 @@ def _chown(uid: int, gid: int) -> Prepare:
     return prepare
 
 
-def _link_to_config(owner: Optional[int]) -> Prepare:
+def _link_to_config(owner: int | None) -> Prepare:
     def prepare(root: Path, config: Path) -> Path:
         if owner is not None:
             os.chown(config, owner, owner)
@@ -292,8 +293,8 @@ def _file_replaced(rel: str, kind: str) -> Prepare:
     return prepare
 
 
-def _site_files(kind: str, rel: str, good: bytes, sections: Mapping[str, Mapping[str, str]]) -> List[ConfigCase]:
-    def case(id_: str, names: Tuple[str, ...], *, text: bytes = good, prepare: Optional[Prepare] = None,
+def _site_files(kind: str, rel: str, good: bytes, sections: Mapping[str, Mapping[str, str]]) -> list[ConfigCase]:
+    def case(id_: str, names: tuple[str, ...], *, text: bytes = good, prepare: Prepare | None = None,
              ok: bool = False, root_only: bool = False) -> ConfigCase:  # fmt: skip
         return ConfigCase(f"{kind}-{id_}", names, sections, files={rel: text}, prepare=prepare, ok=ok,
                           root_only=root_only)  # fmt: skip
@@ -302,10 +303,17 @@ def _site_files(kind: str, rel: str, good: bytes, sections: Mapping[str, Mapping
     return [
         case("group-writable", (f"cannot read {what}", _FILE_RULE, "mode 0664"), prepare=_file_mode(rel, 0o664)),
         case("world-writable", (f"cannot read {what}", _FILE_RULE, "mode 0646"), prepare=_file_mode(rel, 0o646)),
-        case("foreign-owner", (f"cannot read {what}", _FILE_RULE, "owner uid 1000"), prepare=_file_owner(rel, 1000),
-             root_only=True),
-        case("symlink", (f"cannot read {what}", "is a symbolic link (not followed)"),
-             prepare=_file_replaced(rel, "symlink")),
+        case(
+            "foreign-owner",
+            (f"cannot read {what}", _FILE_RULE, "owner uid 1000"),
+            prepare=_file_owner(rel, 1000),
+            root_only=True,
+        ),
+        case(
+            "symlink",
+            (f"cannot read {what}", "is a symbolic link (not followed)"),
+            prepare=_file_replaced(rel, "symlink"),
+        ),
         case("fifo", (f"cannot read {what}", "not a regular file"), prepare=_file_replaced(rel, "fifo")),
         case("directory", (f"cannot read {what}",), prepare=_file_replaced(rel, "directory")),
         case("missing", (f"cannot read {what}", "No such file or directory"), prepare=_file_replaced(rel, "missing")),
@@ -350,6 +358,6 @@ TOPOLOGY_FILE = [
 CASES = [*UNKNOWN, *WRONG_TYPES, *RELATIVE_PATHS, *IMEX_KEYS, *CROSS, *FILE, *HOSTS_FILE, *TOPOLOGY_FILE]
 
 
-def merged(case: ConfigCase, root: Path) -> Dict[str, Dict[str, str]]:
+def merged(case: ConfigCase, root: Path) -> dict[str, dict[str, str]]:
     """The case's sections with ``{root}`` filled in."""
     return {s: {k: v.replace("{root}", str(root)) for k, v in kv.items()} for s, kv in case.sections.items()}

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable
 
 from imexctl.errors import CommandError
 from tests.corpus._fakes import domain_json
 
-Answer = Tuple[int, str]
-NJ = Callable[[List[str]], Answer]
+Answer = tuple[int, str]
+NJ = Callable[[list[str]], Answer]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,18 +28,18 @@ class CtlCase:
 
     id: str
     q: Answer = (0, "READY\n")
-    nj: Optional[NJ] = None
+    nj: NJ | None = None
     code: str = ""
     exit_code: int = 0
-    names: Tuple[str, ...] = ()
-    parse: Optional[str] = None
+    names: tuple[str, ...] = ()
+    parse: str | None = None
 
 
-def _not_ready(id_: str, *names: str, parse: Optional[str] = None, **kw: Any) -> CtlCase:
+def _not_ready(id_: str, *names: str, parse: str | None = None, **kw: Any) -> CtlCase:
     return CtlCase(id_, code="not_ready", exit_code=75, names=names, parse=parse, **kw)
 
 
-def _fatal(id_: str, *names: str, parse: Optional[str] = None, **kw: Any) -> CtlCase:
+def _fatal(id_: str, *names: str, parse: str | None = None, **kw: Any) -> CtlCase:
     return CtlCase(id_, code="daemon_failed", exit_code=69, names=names, parse=parse, **kw)
 
 
@@ -74,7 +74,8 @@ QUERY = [
 
 def _doc(**top: Any) -> NJ:
     """A -N -j answer: the good document for the addresses, top-level keys replaced (None removes)."""
-    def answer(hosts: List[str]) -> Answer:
+
+    def answer(hosts: list[str]) -> Answer:
         data = json.loads(domain_json(hosts))
         for k, v in top.items():
             if v is None:
@@ -88,7 +89,8 @@ def _doc(**top: Any) -> NJ:
 
 def _node(index: int, **fields: Any) -> NJ:
     """The good document with fields of node ``index`` replaced (None removes); ``raw`` replaces the node."""
-    def answer(hosts: List[str]) -> Answer:
+
+    def answer(hosts: list[str]) -> Answer:
         data = json.loads(domain_json(hosts))
         node = data["nodes"][str(index)]
         if "raw" in fields:
@@ -109,9 +111,10 @@ def _text(make: Callable[[str], str]) -> NJ:
     return lambda hosts: (0, make(domain_json(hosts)))
 
 
-def _nodes(make: Callable[[List[str]], List[Tuple[str, str]]]) -> NJ:
+def _nodes(make: Callable[[list[str]], list[tuple[str, str]]]) -> NJ:
     """A good document over other (node ID, address) pairs."""
-    def answer(hosts: List[str]) -> Answer:
+
+    def answer(hosts: list[str]) -> Answer:
         pairs = make(hosts)
         nodes = {i: {"host": h, "status": "READY", "connections": {j: {"status": "CONNECTED"} for j, _ in pairs
                                                                     if j != i}} for i, h in pairs}  # fmt: skip
@@ -120,8 +123,20 @@ def _nodes(make: Callable[[List[str]], List[Tuple[str, str]]]) -> NJ:
     return answer
 
 
-def _hang(hosts: List[str]) -> Answer:
+def _hang(hosts: list[str]) -> Answer:
     raise CommandError(("nvidia-imex-ctl", "-N", "-j"), "no answer within 5s")
+
+
+def _strip_optional(text: str) -> str:
+    data: dict[str, Any] = json.loads(text)
+    data.pop("timestamp")
+    for node in data["nodes"].values():
+        for key in ("version", "hostName", "changed"):
+            node.pop(key)
+        for conn in node["connections"].values():
+            conn.pop("host")
+            conn.pop("changed")
+    return json.dumps(data)
 
 
 _NOT_JSON = "not JSON"
@@ -216,23 +231,11 @@ DOMAIN = [
     CtlCase("nj-extra-fields", nj=lambda h: (0, json.dumps({**json.loads(domain_json(h)), "future": {"x": [1, 2]},
                                                             "apiVersion": 3})), parse=""),
     CtlCase("nj-extra-node-fields", nj=_node(0, gpus=[0, 1, 2, 3], uptime_s=12.5), parse=""),
-    CtlCase("nj-missing-optional-fields", nj=_text(lambda t: _strip_optional(t)), parse=""),
+    CtlCase("nj-missing-optional-fields", nj=_text(_strip_optional), parse=""),
     CtlCase("nj-own-node-lists-itself", nj=_node(0, connections={"0": {"status": "INVALID"},
                                                                  "1": {"status": "CONNECTED"}}), parse=""),
     CtlCase("nj-five-megabytes-of-extra-data", nj=_doc(padding="p" * 5_000_000), parse=""),
 ]  # fmt: skip
-
-
-def _strip_optional(text: str) -> str:
-    data: Dict[str, Any] = json.loads(text)
-    data.pop("timestamp")
-    for node in data["nodes"].values():
-        for key in ("version", "hostName", "changed"):
-            node.pop(key)
-        for conn in node["connections"].values():
-            conn.pop("host")
-            conn.pop("changed")
-    return json.dumps(data)
 
 
 CASES = [*QUERY, *DOMAIN]
@@ -244,7 +247,7 @@ class Endless:
 
     id: str
     code: str
-    names: Tuple[str, ...]
+    names: tuple[str, ...]
 
 
 _PY = "import sys, time\n"

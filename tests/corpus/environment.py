@@ -13,7 +13,7 @@ no command line.
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Optional, Tuple
+from collections.abc import Mapping
 
 _DIGITS_5000 = "1" * 5000
 
@@ -23,18 +23,18 @@ class EnvCase:
     """One hostile or broken job environment and what imexctl must do with it."""
 
     id: str
-    changes: Mapping[str, Optional[str]]
+    changes: Mapping[str, str | None]
     code: str = ""
     exit_code: int = 0
-    names: Tuple[str, ...] = ()
+    names: tuple[str, ...] = ()
     hook: str = "prolog"
     config: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
     skipped: str = ""
-    owner: Tuple[int, int] = (1000, 1000)
-    inert: Tuple[str, ...] = ()
+    owner: tuple[int, int] = (1000, 1000)
+    inert: tuple[str, ...] = ()
 
 
-def _bad(id_: str, var: str, value: Optional[str], *names: str, hook: str = "prolog") -> EnvCase:
+def _bad(id_: str, var: str, value: str | None, *names: str, hook: str = "prolog") -> EnvCase:
     """A case that must exit 65 (job_env_invalid) naming ``names`` (default: the variable)."""
     return EnvCase(id_, {var: value}, "job_env_invalid", 65, names or (var,), hook=hook)
 
@@ -126,11 +126,11 @@ _PARTITIONS = {"policy": {"jobs": "partitions", "partitions": "gpu"}}
 _FEATURE = {"policy": {"jobs": "feature", "feature": "imex"}}
 
 
-def _skip_partition(id_: str, value: Optional[str]) -> EnvCase:
+def _skip_partition(id_: str, value: str | None) -> EnvCase:
     return EnvCase(id_, {"SLURM_JOB_PARTITION": value}, config=_PARTITIONS, skipped="is not in [policy] partitions")
 
 
-def _skip_feature(id_: str, value: Optional[str]) -> EnvCase:
+def _skip_feature(id_: str, value: str | None) -> EnvCase:
     return EnvCase(id_, {"SLURM_JOB_CONSTRAINTS": value}, config=_FEATURE, skipped="did not request feature 'imex'")
 
 

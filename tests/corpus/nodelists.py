@@ -11,10 +11,10 @@ fail (or pass) in bounded time.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, List, Optional, Tuple
+from typing import Callable
 
 
-def _names(fmt: str, first: int, last: int) -> List[str]:
+def _names(fmt: str, first: int, last: int) -> list[str]:
     return [fmt.format(i) for i in range(first, last + 1)]
 
 
@@ -24,7 +24,7 @@ class Vector:
 
     id: str
     text: str
-    names: Tuple[str, ...]
+    names: tuple[str, ...]
 
 
 VECTORS = [
@@ -132,10 +132,10 @@ class Wrong:
     """A parseable list that cannot be this job's list (``job_env_invalid``, 65): the error names ``names``."""
 
     id: str
-    nodelist: Optional[str]
+    nodelist: str | None
     node: str
-    names: Tuple[str, ...]
-    legacy: Optional[str] = None  # SLURM_NODELIST (22.05); None leaves it out
+    names: tuple[str, ...]
+    legacy: str | None = None  # SLURM_NODELIST (22.05); None leaves it out
 
 
 WRONG = [
@@ -163,7 +163,7 @@ class Accepted:
 
     id: str
     nodelist: str
-    trays: Tuple[str, ...]
+    trays: tuple[str, ...]
 
 
 ACCEPTED = [
@@ -187,7 +187,7 @@ class Huge:
     id: str
     make: Callable[[], str]
     code: str
-    names: Tuple[str, ...]
+    names: tuple[str, ...]
     exit_code: int = 65
 
 

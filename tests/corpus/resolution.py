@@ -11,7 +11,7 @@ nodes file.
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Mapping, Optional, Tuple
+from collections.abc import Mapping
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,17 +19,17 @@ class ResolveCase:
     """One way the trays' names resolve (or do not) and what the prolog must do."""
 
     id: str
-    dns: Mapping[str, Optional[List[str]]] = dataclasses.field(default_factory=dict)
-    hosts: Optional[str] = None
+    dns: Mapping[str, list[str] | None] = dataclasses.field(default_factory=dict)
+    hosts: str | None = None
     nodelist: str = "gb[01-02]"
-    fails: Optional[str] = None
+    fails: str | None = None
     code: str = "resolve_failed"
     exit_code: int = 69
-    names: Tuple[str, ...] = ()
-    nodes: Tuple[str, ...] = ()
+    names: tuple[str, ...] = ()
+    nodes: tuple[str, ...] = ()
 
 
-def _ok(id_: str, nodes: Tuple[str, ...], **kw: object) -> ResolveCase:
+def _ok(id_: str, nodes: tuple[str, ...], **kw: object) -> ResolveCase:
     return ResolveCase(id_, code="", exit_code=0, nodes=nodes, **kw)  # type: ignore[arg-type]
 
 
