@@ -44,7 +44,7 @@ def nodes_file(t: Tray) -> list[str]:
 class TestReferenceVectors:
     @pytest.mark.parametrize("case", nodelists.VECTORS, ids=ids(nodelists.VECTORS))
     def test_expand_agrees_with_slurm(self, case: nodelists.Vector) -> None:
-        """expand() gives Slurm master's expansion of the slurm.md §2.2 vector, and fold() reads back."""
+        """expand() gives Slurm master's expansion of the reference vector, and fold() reads back."""
         assert list(case.names) == expand(case.text)
         assert list(case.names) == expand(fold(case.names))
 

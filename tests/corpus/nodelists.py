@@ -1,7 +1,8 @@
 """Corpus family 1: node lists (``SLURM_JOB_NODELIST``), one case per id.
 
-``VECTORS`` are the reference expansions of Slurm master (slurm.md §2.2, case
-numbers in the ids).  ``MALFORMED`` must fail with ``nodelist_invalid`` (65)
+``VECTORS`` are the reference expansions of Slurm master's ``hostlist.c``
+(design.md source slurm-hostlist; the case numbers in the ids are those of
+``tests/test_nodelist.py``).  ``MALFORMED`` must fail with ``nodelist_invalid`` (65)
 naming the faulty ``part``; ``WRONG`` parse but cannot be a job's list
 (``job_env_invalid``, 65); ``ACCEPTED`` are odd but valid lists the prolog
 takes; ``HUGE`` are megabytes long or expand to millions of names and must
@@ -63,7 +64,7 @@ class Malformed:
 
 
 MALFORMED = [
-    # slurm.md §2.2 error vectors
+    # the reference error vectors
     Malformed("v32-open-bracket", "node[1-2", "node[1-2"),
     Malformed("v34-empty-brackets", "node[]", "[]"),
     Malformed("v34-letters", "node[a-c]", "a-c"),
