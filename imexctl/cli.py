@@ -89,12 +89,13 @@ def main(
 
 
 def _with_runtime(args: argparse.Namespace, env: dict[str, str], host: Any, gpu: Any) -> int:
-    from imexctl import settings
+    from imexctl import settings, slurm
     from imexctl.host import RealHost
     from imexctl.runtime import Runtime
 
     host = host if host is not None else RealHost()
-    node = env.get("SLURMD_NODENAME") or _short_hostname()
+    # checked before it reaches a path: [paths] root may hold %n
+    node = slurm.node_name(env) or _short_hostname()
     path, required = settings.find_config(args.config, env)
     try:
         cfg = settings.load(path, node=node, required=required)

@@ -67,6 +67,7 @@ def is_not_configured(output: str) -> bool:
 
 
 _SHOWN_CHARS: Final = 200
+_MAX_FIELD: Final = 256
 
 
 def _shown(text: str) -> str:
@@ -149,8 +150,15 @@ class DomainStatus:
         return None
 
     def node_map(self) -> tuple[str, ...]:
-        """The nodes' addresses in node-ID order: the nodes file as the ctl saw it."""
-        return tuple(n.host for n in sorted(self.nodes, key=lambda n: n.node_id))
+        """The nodes' addresses in node-ID order: the nodes file as the ctl saw it.
+
+        Node IDs are line numbers: if they are not exactly 0..n-1, every entry is
+        ``"<id>: <address>"``, which no nodes file matches.
+        """
+        nodes = sorted(self.nodes, key=lambda n: n.node_id)
+        if [n.node_id for n in nodes] != list(range(len(nodes))):
+            return tuple(f"{n.node_id}: {n.host}" for n in nodes)
+        return tuple(n.host for n in nodes)
 
     def mismatches(self) -> list[tuple[int, int, str]]:
         """Links with a node-map or version mismatch (communication disabled: waiting cannot fix them)."""
@@ -229,6 +237,9 @@ def _want(obj: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
         raise OutputError(
             f"nvidia-imex-ctl -N -j: {where}: {key!r} is {type(value).__name__}, expected {kind.__name__}"
         )
+    # states, addresses, host names and versions are short; a longer one would flood every message quoting it
+    if isinstance(value, str) and len(value) > _MAX_FIELD:
+        raise OutputError(f"nvidia-imex-ctl -N -j: {where}: {key!r} is {len(value)} characters long: {_shown(value)}")
     return value
 
 
@@ -241,8 +252,9 @@ def _optional_str(obj: Mapping[str, Any], key: str, where: str) -> str:
 
 def _node_id(key: str, where: str) -> int:
     """Turn a JSON object key such as ``"17"`` into a node ID."""
-    if not (key.isascii() and key.isdigit()):
-        raise OutputError(f"nvidia-imex-ctl -N -j: {where}: node ID {key!r} is not a number")
+    # node IDs are line numbers of the nodes file; int() of thousands of digits raises ValueError
+    if not (key.isascii() and key.isdigit() and len(key) <= 9):
+        raise OutputError(f"nvidia-imex-ctl -N -j: {where}: node ID {_shown(key)} is not a number below 10**9")
     return int(key)
 
 
@@ -250,7 +262,7 @@ def _json_connections(raw: Mapping[str, Any], where: str) -> tuple[Connection, .
     """Build the connections of one node from its ``connections`` object."""
     conns = []
     for key, value in raw.items():
-        cwhere = f"{where}.connections[{key!r}]"
+        cwhere = f"{where}.connections[{_shown(key)}]"
         peer = _node_id(key, cwhere)
         if not isinstance(value, dict):
             raise OutputError(f"nvidia-imex-ctl -N -j: {cwhere} is {type(value).__name__}, expected object")
@@ -261,7 +273,7 @@ def _json_connections(raw: Mapping[str, Any], where: str) -> tuple[Connection, .
 
 def _json_node(key: str, raw: Any) -> NodeStatus:
     """Build one :class:`NodeStatus` from ``nodes[key]``."""
-    where = f"nodes[{key!r}]"
+    where = f"nodes[{_shown(key)}]"
     node_id = _node_id(key, where)
     if not isinstance(raw, dict):
         raise OutputError(f"nvidia-imex-ctl -N -j: {where} is {type(raw).__name__}, expected object")
@@ -294,6 +306,8 @@ def parse_domain_json(text: str) -> DomainStatus:
         data = json.loads(text)
     except ValueError as exc:
         raise OutputError(f"nvidia-imex-ctl -N -j: not JSON ({exc}): {_shown(text)}") from exc
+    except RecursionError as exc:  # json.loads recurses once per nesting level
+        raise OutputError(f"nvidia-imex-ctl -N -j: nested too deeply to parse: {_shown(text)}") from exc
     if not isinstance(data, dict):
         raise OutputError(f"nvidia-imex-ctl -N -j: top level is {type(data).__name__}, expected object")
     status = _want(data, "status", str, "top level")

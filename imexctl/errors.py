@@ -31,7 +31,15 @@ __all__ = [
     "SlurmQueryError",
     "Terminated",
     "UnsafeNodeError",
+    "shorten",
 ]
+
+
+def shorten(text: str, limit: int = 200) -> str:
+    """``repr(text)`` cut after ``limit`` characters, so a message quotes bad input without flooding the log."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text)} chars)"
 
 
 class ExitCode(enum.IntEnum):
@@ -92,7 +100,7 @@ class NodeListError(ImexctlError):
     exit_code = ExitCode.DATAERR
 
     def __init__(self, nodelist: str, part: str, reason: str) -> None:
-        super().__init__(f"invalid node list: {reason}: {part!r} in {nodelist!r}")
+        super().__init__(f"invalid node list: {reason}: {shorten(part)} in {shorten(nodelist)}")
         self.nodelist = nodelist
         self.part = part
         self.reason = reason

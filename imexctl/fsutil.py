@@ -63,8 +63,14 @@ def atomic_write(path: Path, data: str, *, mode: int = 0o644) -> bool:
     return True
 
 
-def read_text_nofollow(path: Path) -> str:
+def read_text_nofollow(path: Path, *, trusted: bool = False) -> str:
     """Read a regular UTF-8 file, refusing symlinks and other file types.
+
+    Args:
+        path: the file.
+        trusted: also refuse a file owned by anyone but root (or this process's
+            user), or writable by group or others: for files that decide where
+            the job's daemons connect (hosts file, topology file).
 
     Raises:
         OSError: also for a file that is not UTF-8 text (``EILSEQ``), so callers
@@ -72,10 +78,23 @@ def read_text_nofollow(path: Path) -> str:
     """
     # O_NONBLOCK: opening a FIFO would otherwise block until a writer appears;
     # it has no effect on reading regular files.
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # what O_NOFOLLOW reports for a symlink: say so
+            raise OSError(errno.ELOOP, "is a symbolic link (not followed)", str(path)) from None
+        raise
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
+        if trusted and (st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022):
+            raise OSError(
+                errno.EPERM,
+                "must be owned by root and not writable by group or others "
+                f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})",
+                str(path),
+            )
         data = f.read()
     try:
         return data.decode()

@@ -14,14 +14,20 @@ import stat
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import subprocess
 
 from imexctl.errors import CommandError, DeviceError
 
-__all__ = ["SAFE_ENV", "Completed", "Host", "ProcInfo", "RealHost"]
+__all__ = ["MAX_OUTPUT", "SAFE_ENV", "Completed", "Host", "ProcInfo", "RealHost"]
 
 # The environment of every child: slurmd gives hooks none worth passing on.
 SAFE_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+# Most bytes kept from one command (stdout and stderr together).  `nvidia-imex-ctl -N -j`
+# for a full rack prints about 20 KB; a command that never stops printing must not fill memory.
+MAX_OUTPUT = 4 * 1024 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,29 +101,35 @@ class RealHost:
     """The production Host: every subprocess bounded, no shell, absolute argv[0]."""
 
     def run(self, argv: Sequence[str], *, timeout_s: float, env: Mapping[str, str] | None = None) -> Completed:
-        """Run a command to completion with a timeout; never raises for a non-zero exit."""
+        """Run a command to completion with a timeout; never raises for a non-zero exit.
+
+        Raises:
+            CommandError: it cannot be started, does not finish within ``timeout_s``,
+                or prints more than :data:`MAX_OUTPUT` bytes (it is killed then).
+        """
         import subprocess
 
         argv = tuple(argv)
         try:
-            p = subprocess.run(
+            p = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                errors="replace",
-                timeout=timeout_s,
-                check=False,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 env={**SAFE_ENV, **(env or {})},
                 close_fds=True,
             )
-        except subprocess.TimeoutExpired as exc:
-            out = exc.stdout or b""
-            text = out.decode(errors="replace") if isinstance(out, bytes) else out
-            raise CommandError(argv, f"no answer within {timeout_s:.3g}s", output=text) from exc
-        except OSError as exc:
-            raise CommandError(argv, f"cannot run: {exc.strerror}") from exc
-        return Completed(argv, p.returncode, p.stdout, p.stderr)
+        except (OSError, ValueError) as exc:  # ValueError: a NUL byte in argv
+            raise CommandError(argv, f"cannot run: {getattr(exc, 'strerror', None) or exc}") from exc
+        try:
+            out, err, problem = _collect(p, timeout_s)
+        finally:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        if problem:
+            raise CommandError(argv, problem, output=out)
+        return Completed(argv, p.returncode, out, err)
 
     def spawn_detached(self, argv: Sequence[str], *, log_path: Path) -> ProcInfo:
         """Start a daemon outside our session and process group, stdio on a log file.
@@ -264,3 +276,42 @@ class RealHost:
                 return ProcInfo(pid, p.create_time(), tuple(p.cmdline()), os.getpgid(pid), os.getsid(pid))
         except (psutil.Error, ProcessLookupError):
             return None
+
+
+def _collect(p: subprocess.Popen[bytes], timeout_s: float) -> tuple[str, str, str]:
+    """Read a child's stdout and stderr until it exits: ``(stdout, stderr, problem)``.
+
+    ``problem`` is '' on success, else why reading stopped: the deadline passed or the
+    output exceeded :data:`MAX_OUTPUT` (what was read so far is returned with it).
+    """
+    import selectors
+    import subprocess
+
+    assert p.stdout is not None
+    assert p.stderr is not None
+    deadline = time.monotonic() + timeout_s
+    fds = (p.stdout.fileno(), p.stderr.fileno())
+    bufs = {fd: bytearray() for fd in fds}
+    problem = ""
+    with selectors.DefaultSelector() as sel:
+        for fd in fds:
+            sel.register(fd, selectors.EVENT_READ)
+        while sel.get_map() and not problem:
+            left = deadline - time.monotonic()
+            ready = sel.select(left) if left > 0 else []
+            if not ready:
+                problem = f"no answer within {timeout_s:.3g}s"
+            for key, _ in ready:
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    sel.unregister(key.fd)
+                bufs[key.fd] += chunk
+                if sum(map(len, bufs.values())) > MAX_OUTPUT:
+                    problem = f"printed more than {MAX_OUTPUT} bytes"
+    if not problem:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            problem = f"no answer within {timeout_s:.3g}s"
+    out, err = (bytes(bufs[fd]).decode(errors="replace") for fd in fds)
+    return out, err, problem

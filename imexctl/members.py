@@ -56,7 +56,7 @@ def domain_members(nodes: Sequence[str], me: str, topology_file: Path | None) ->
     if topology_file is None:
         return tuple(nodes)
     try:
-        text = read_text_nofollow(topology_file)
+        text = read_text_nofollow(topology_file, trusted=True)
     except OSError as exc:
         raise ConfigError(f"cannot read topology file {topology_file}: {exc.strerror}") from exc
     owner = parse_topology(text, str(topology_file))
@@ -105,7 +105,8 @@ def resolve_all(names: Sequence[str], *, method: str, host: Host, hosts_file: Pa
         except ResolveError as exc:
             problems.append(str(exc))
     if problems:
-        raise ResolveError("cannot resolve trays: " + "; ".join(problems))
+        more = f"; and {len(problems) - 5} others" if len(problems) > 5 else ""
+        raise ResolveError("cannot resolve trays: " + "; ".join(problems[:5]) + more)
     seen: dict[str, str] = {}
     for name, addr in zip(names, addresses):
         if addr in seen:
@@ -116,7 +117,7 @@ def resolve_all(names: Sequence[str], *, method: str, host: Host, hosts_file: Pa
 
 def _hosts_table(path: Path) -> dict[str, str]:
     try:
-        text = read_text_nofollow(path)
+        text = read_text_nofollow(path, trusted=True)
     except OSError as exc:
         raise ConfigError(f"cannot read hosts file {path}: {exc.strerror}") from exc
     return parse_hosts_file(text, str(path))
@@ -127,12 +128,22 @@ def _dns_one(host: Host, name: str) -> str:
         found = host.resolve(name)
     except CommandError as exc:
         raise ResolveError(f"{name}: {exc.reason}") from exc
-    usable = [a for a in found if ipaddress.ip_address(a).version == 4 and not ipaddress.ip_address(a).is_loopback]
+    usable = [a for a in found if _usable(a)]
     if len(usable) == 1:
         return usable[0]
     if not usable:
-        raise ResolveError(f"{name}: no non-loopback IPv4 address (resolver gave {found or 'nothing'})")
+        raise ResolveError(f"{name}: no non-loopback IPv4 address (0.0.0.0, multicast and reserved ones do not "
+                           f"count; resolver gave {found or 'nothing'})")  # fmt: skip
     raise ResolveError(f"{name}: ambiguous, several IPv4 addresses {usable}; use [resolve] method = hosts_file")
+
+
+def _usable(text: str) -> bool:
+    """An IPv4 address a daemon can bind and its peers can reach (a DNS sink's 0.0.0.0 is not one)."""
+    try:
+        addr = ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return addr.version == 4 and not (addr.is_loopback or addr.is_unspecified or addr.is_multicast or addr.is_reserved)
 
 
 def _is_ip(text: str) -> bool:

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from imexctl.errors import NodeListError
 
 __all__ = [
+    "MAX_HOSTS",
     "MAX_PREFIX_COMBINATIONS",
     "MAX_RANGE",
     "MAX_RANGE_ITEMS",
@@ -37,6 +38,9 @@ MAX_PREFIX_COMBINATIONS: Final = 64 * 1024
 
 MAX_RANGE_ITEMS: Final = 256 * 1024
 """Most comma-separated items in one bracket group (Slurm's ``MAX_RANGES``)."""
+
+MAX_HOSTS: Final = 1024 * 1024
+"""Most names one expression expands to, all tokens together (Slurm has no such limit)."""
 
 _FOLD_MAX_ITEMS: Final = 64 * 1024
 _ULONG_MAX: Final = 2**64 - 1
@@ -71,7 +75,10 @@ def expand(text: str) -> list[str]:
       (CR, NUL, no-break space), which Slurm keeps inside names;
     * more than :data:`MAX_PREFIX_COMBINATIONS` prefixes counted over *all*
       leading groups together (Slurm counts per group);
-    * more than :data:`MAX_RANGE_ITEMS` items in one group (Slurm: ``fatal()``).
+    * more than :data:`MAX_RANGE_ITEMS` items in one group (Slurm: ``fatal()``);
+    * more than :data:`MAX_HOSTS` names in all (``a[1-65536]b[0-65535]`` would
+      be 4 billion): counted before anything is expanded, so a hostile
+      expression fails in bounded time and memory.
 
     Like Slurm: more than :data:`MAX_RANGE` hosts in one item is an error,
     newline is a separator (Slurm >= 23.02) and suffixes work (>= 23.11).
@@ -95,10 +102,13 @@ def expand(text: str) -> list[str]:
             "hostlist functions need slurmctld and are not expanded in-process",
         )
     if "[" not in text and "]" not in text:
-        return [t for t in _split_separators(text) if t]
-    names: list[str] = []
+        names = [t for t in _split_separators(text) if t]
+        if len(names) > MAX_HOSTS:
+            raise _error(text, names[MAX_HOSTS], f"more than {MAX_HOSTS} hosts in the list")
+        return names
+    names = []
     for pieces in _tokens(text):
-        names.extend(_expand_token(text, pieces))
+        names.extend(_expand_token(text, pieces, MAX_HOSTS - len(names)))
     return names
 
 
@@ -206,18 +216,22 @@ def _raw(pieces: list[str]) -> str:
     return "".join(p if i % 2 == 0 else f"[{p}]" for i, p in enumerate(pieces))
 
 
-def _expand_token(text: str, pieces: list[str]) -> list[str]:
+def _expand_token(text: str, pieces: list[str], budget: int) -> list[str]:
+    """Expand one token into at most *budget* names (else the whole list has too many)."""
     texts, groups = pieces[0::2], pieces[1::2]
     if any("]" in t for t in texts):
         raise _error(text, _raw(pieces), "']' outside a bracket group")
+    count = 1
+    parsed = [_parse_group(text, g) for g in groups]
+    for items in parsed[:-1]:
+        count *= sum(hi - lo + 1 for lo, hi, _ in items)
+    if count > MAX_PREFIX_COMBINATIONS:
+        raise _error(text, _raw(pieces), f"more than {MAX_PREFIX_COMBINATIONS} prefix combinations")
+    count *= sum(hi - lo + 1 for lo, hi, _ in parsed[-1]) if parsed else 1
+    if count > budget:
+        raise _error(text, _raw(pieces), f"more than {MAX_HOSTS} hosts in the list")
     if not groups:
         return pieces
-    parsed = [_parse_group(text, g) for g in groups]
-    combinations = 1
-    for items in parsed[:-1]:
-        combinations *= sum(hi - lo + 1 for lo, hi, _ in items)
-    if combinations > MAX_PREFIX_COMBINATIONS:
-        raise _error(text, _raw(pieces), f"more than {MAX_PREFIX_COMBINATIONS} prefix combinations")
     prefixes = [texts[0]]
     for items, after in zip(parsed[:-1], texts[1:-1]):
         values = [f"{j:0{w}d}" for lo, hi, w in items for j in range(lo, hi + 1)]

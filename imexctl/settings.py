@@ -145,8 +145,9 @@ def _csv(v: str) -> tuple[str, ...]:
 
 
 def _name(v: str) -> str:
-    if not v or any(c in v for c in "/ \t\n@"):
-        raise ValueError("must be a plain name without '/', '@' or blanks")
+    # a unit name goes into systemctl's argv: a NUL there would make the command impossible to run
+    if not v or not v.isprintable() or any(c in v for c in "/ \t\n@"):
+        raise ValueError("must be a plain name without '/', '@', blanks or non-printing characters")
     return v
 
 
@@ -448,8 +449,17 @@ def load(path: Path | None, *, node: str, required: bool = True, euid: int | Non
 
 def _read_config(path: Path, *, required: bool, euid: int) -> str | None:
     try:
-        with open(path, "rb") as f:
+        # O_NONBLOCK: a FIFO would block the open until a writer appears; checked before reading,
+        # so a FIFO or /dev/zero is refused instead of read forever
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK), "rb") as f:
             st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise ConfigError(f"{path}: not a regular file")
+            if st.st_uid not in (0, euid) or st.st_mode & 0o022:
+                raise ConfigError(
+                    f"{path}: config file must be owned by root and not writable by group or others "
+                    f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})"
+                )
             data = f.read()
     except FileNotFoundError:
         if required:
@@ -457,13 +467,6 @@ def _read_config(path: Path, *, required: bool, euid: int) -> str | None:
         return None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from exc
-    if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"{path}: not a regular file")
-    if st.st_uid not in (0, euid) or st.st_mode & 0o022:
-        raise ConfigError(
-            f"{path}: config file must be owned by root and not writable by group or others "
-            f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})"
-        )
     try:
         return data.decode()
     except UnicodeDecodeError as exc:
@@ -478,7 +481,8 @@ def _parse_ini(path: Path, text: str) -> dict[str, dict[str, str]]:
     try:
         parser.read_string(text, source=str(path))
     except configparser.Error as exc:
-        raise ConfigError(f"{path}: {exc.message.splitlines()[0]}") from exc
+        # the line number and text are on the message's later lines: keep them, on one line
+        raise ConfigError(f"{path}: {' '.join(part.strip() for part in exc.message.splitlines())}") from exc
     return {s: dict(parser.items(s)) for s in parser.sections()}
 
 

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from imexctl import nodelist
-from imexctl.errors import EnvironmentError_
+from imexctl.errors import EnvironmentError_, shorten
 
-__all__ = ["JobContext", "constraint_features"]
+__all__ = ["JobContext", "constraint_features", "node_name"]
 
 # slurmd sets SLURM_JOB_NODELIST from 23.02 on; 22.05 only SLURM_NODELIST (design.md source slurm-env).
 _NODELIST_VARS = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
 _EXCLUSIVE = frozenset({"NO", "TOPO"})
+# Slurm job ids are uint32_t, federated ones up to 0xfffffffd (SchedMD/slurm slurm/slurm.h, SLURM_ID_HASH,
+# MAX_FED_JOB_ID).  uid_t/gid_t are 32 bits and (uid_t)-1 means "leave unchanged" to chown(2).
+_MAX_JOB_ID = 2**32 - 1
+_MAX_OWNER_ID = 2**32 - 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,15 +49,18 @@ class JobContext:
         Raises:
             EnvironmentError_: a variable is missing or malformed (named in the message).
         """
-        job_id = _int(env, "SLURM_JOB_ID", fallback="SLURM_JOBID", required=True, minimum=1)
-        node = env.get("SLURMD_NODENAME", "").strip()
+        job_id = _int(env, "SLURM_JOB_ID", fallback="SLURM_JOBID", required=True, minimum=1, maximum=_MAX_JOB_ID)
+        node = node_name(env)
         if not node:
             raise EnvironmentError_("SLURMD_NODENAME is not set: imexctl must run as slurmd's Prolog/Epilog")
         nodes: tuple[str, ...] = ()
         if need_nodes:
             nodes = _nodes(env, node)
-        uid = _int(env, "SLURM_JOB_UID", fallback="SLURM_UID", required=need_nodes, minimum=0)
-        gid = _int(env, "SLURM_JOB_GID", required=False, minimum=0)
+        uid = _int(env, "SLURM_JOB_UID", fallback="SLURM_UID", required=need_nodes, minimum=0, maximum=_MAX_OWNER_ID)
+        gid = _int(env, "SLURM_JOB_GID", required=False, minimum=0, maximum=_MAX_OWNER_ID)
+        user = env.get("SLURM_JOB_USER", "")
+        if need_nodes and not user.isprintable():  # the epilog never uses it
+            raise EnvironmentError_(f"SLURM_JOB_USER={shorten(user)} holds a non-printing character")
         assert job_id is not None
         return cls(
             job_id=job_id,
@@ -60,11 +68,13 @@ class JobContext:
             nodes=nodes,
             uid=uid,
             gid=gid,
-            user=env.get("SLURM_JOB_USER", ""),
+            user=user,
             partition=env.get("SLURM_JOB_PARTITION", ""),
             constraints=env.get("SLURM_JOB_CONSTRAINTS", ""),
             oversubscribe=env.get("SLURM_JOB_OVERSUBSCRIBE", "").strip().upper(),
-            het_job_id=_int(env, "SLURM_HET_JOB_ID", fallback="SLURM_PACK_JOB_ID", required=False, minimum=1),
+            het_job_id=_int(
+                env, "SLURM_HET_JOB_ID", fallback="SLURM_PACK_JOB_ID", required=False, minimum=1, maximum=_MAX_JOB_ID
+            ),
             slurm_conf=env.get("SLURM_CONF", "").strip(),
         )
 
@@ -81,6 +91,19 @@ class JobContext:
         return self.oversubscribe not in _EXCLUSIVE
 
 
+def node_name(env: Mapping[str, str]) -> str:
+    """``SLURMD_NODENAME`` ('' when unset), checked to be usable in a path (``[paths] root`` ``%n``).
+
+    Raises:
+        EnvironmentError_: the name holds a path separator, a blank, a host-list
+            character or a non-printing character, or is ``.`` or ``..``.
+    """
+    name = env.get("SLURMD_NODENAME", "").strip()
+    if name in (".", "..") or not name.isprintable() or any(c in name for c in "/ ,[]"):
+        raise EnvironmentError_(f"SLURMD_NODENAME={shorten(name)} is not a node name")
+    return name
+
+
 def constraint_features(constraints: str) -> frozenset[str]:
     """Feature names in a ``--constraint`` expression (operators and counts dropped)."""
     text = constraints
@@ -95,22 +118,30 @@ def _nodes(env: Mapping[str, str], node: str) -> tuple[str, ...]:
         raise EnvironmentError_("neither SLURM_JOB_NODELIST nor SLURM_NODELIST is set")
     nodes = tuple(nodelist.expand(env[var]))
     if not nodes:
-        raise EnvironmentError_(f"{var}={env[var]!r} names no node")
-    dupes = sorted({n for n in nodes if nodes.count(n) > 1}) if len(set(nodes)) != len(nodes) else []
+        raise EnvironmentError_(f"{var}={shorten(env[var])} names no node")
+    dupes = sorted(n for n, k in collections.Counter(nodes).items() if k > 1)
     if dupes:
-        raise EnvironmentError_(f"{var}={env[var]!r} names {', '.join(dupes)} more than once")
+        raise EnvironmentError_(f"{var}={shorten(env[var])} names {_few(dupes)} more than once")
     if node not in nodes:
-        raise EnvironmentError_(f"this node {node!r} (SLURMD_NODENAME) is not in {var}={env[var]!r}")
+        raise EnvironmentError_(f"this node {node!r} (SLURMD_NODENAME) is not in {var}={shorten(env[var])}")
     return nodes
 
 
-def _int(env: Mapping[str, str], name: str, *, fallback: str = "", required: bool, minimum: int) -> int | None:
+def _few(names: Sequence[str], shown: int = 5) -> str:
+    more = f" and {len(names) - shown} others" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def _int(
+    env: Mapping[str, str], name: str, *, fallback: str = "", required: bool, minimum: int, maximum: int
+) -> int | None:
     key = name if env.get(name, "").strip() or not fallback else fallback
     text = env.get(key, "").strip()
     if not text:
         if required:
             raise EnvironmentError_(f"{name} is not set")
         return None
-    if not (text.isascii() and text.isdigit()) or int(text) < minimum:
-        raise EnvironmentError_(f"{key}={text!r} is not a valid number")
+    # the length check first: int() of thousands of digits is slow, and refused above 4300
+    if not (text.isascii() and text.isdigit() and len(text) <= 20) or not minimum <= int(text) <= maximum:
+        raise EnvironmentError_(f"{key}={shorten(text)} is not a valid number ({minimum} to {maximum})")
     return int(text)

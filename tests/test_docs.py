@@ -21,7 +21,16 @@ from imexctl.errors import ExitCode, ImexctlError
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
-PAGES = ("install.md", "configuration.md", "exit-codes.md", "events.md", "troubleshooting.md", "design.md", "nvml.md")
+PAGES = (
+    "install.md",
+    "configuration.md",
+    "exit-codes.md",
+    "events.md",
+    "troubleshooting.md",
+    "design.md",
+    "nvml.md",
+    "security.md",
+)
 SHELL_FENCES = ("sh", "shell", "bash", "console")
 # last name parts that make a dotted token a file name, not an event name
 FILE_SUFFIXES = frozenset({"cfg", "conf", "d", "json", "log", "md", "pid", "py", "service", "sock", "yaml"})
