@@ -19,6 +19,7 @@ import fcntl
 import functools
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -190,7 +191,6 @@ class SlurmLab:
                  env: Optional[Mapping[str, str]]) -> Tuple[List[str], Dict[str, Any]]:
         ids = None
         if user is not None:
-            import pwd
             pw = pwd.getpwuid(user)
             ids = (pw.pw_uid, pw.pw_gid)
         full, kw = self.slurm.command(argv, ids, str(cwd or self.dir / "out"))
@@ -350,7 +350,7 @@ class SlurmLab:
 
     def _bring_up(self) -> None:
         self._write_files()
-        self.slurm.attach(self.dir, REPO, self.state["fs"])
+        self.slurm.attach(self.dir, self.state["fs"])
         self._save()
         self.state["munged"] = self.slurm.start_munge()
         self._save()

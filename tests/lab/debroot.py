@@ -149,7 +149,8 @@ def ensure_root(repo: Path = REPO, log: Callable[[str], None] = print, lock_time
         os.rename(partial, CACHE / key)
         log(f"built {CACHE / key} in {info['build_s']:.0f}s (Slurm {info['slurm_version']})")
     found = cached_root(repo)
-    assert found is not None
+    if found is None:
+        raise LabError(f"{CACHE / key} has no {INFO} right after its build")
     return found
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -139,7 +140,7 @@ def leftovers(lab: SlurmLab, node: str, job: Optional[int] = None) -> List[str]:
     return found
 
 
-def imexctl_admin(lab: SlurmLab, node: str, *args: str, check: bool = True) -> Any:
+def imexctl_admin(lab: SlurmLab, node: str, *args: str, check: bool = True) -> "subprocess.CompletedProcess[str]":
     """Run an imexctl admin command for a node, as an administrator would (in the node's namespace)."""
     return lab.node_exec(node, [str(IMEXCTL), "--config", str(lab.imexctl_conf), *args],
                          env={"SLURMD_NODENAME": node}, check=check, timeout=60)

@@ -16,6 +16,7 @@ way for both: network namespaces, slurm.conf, imexctl.conf, bring-up, teardown.
 
 from __future__ import annotations
 
+import abc
 import errno
 import os
 import shutil
@@ -73,7 +74,7 @@ class LabNames:
         return Path(f"/run/{self.prefix}.lock")
 
 
-class SlurmInstall:
+class SlurmInstall(abc.ABC):
     """One Slurm version the lab can run; subclasses say how."""
 
     kind = ""
@@ -82,35 +83,35 @@ class SlurmInstall:
     def __init__(self, names: LabNames) -> None:
         self.names = names
 
+    @abc.abstractmethod
     def problems(self) -> List[str]:
         """Return why this install cannot run here (empty when it can)."""
-        raise NotImplementedError
 
     def to_state(self) -> Dict[str, Any]:
         """Return what :func:`install_from_state` needs to rebuild this object."""
         return {"kind": self.kind, "names": self.names.__dict__}
 
+    @abc.abstractmethod
     def command(self, argv: Sequence[str], user: User = None, cwd: Optional[str] = None) -> Command:
         """Return the argv and extra ``subprocess`` arguments that run a Slurm command of this version."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def daemon(self, hostname: str, argv: Sequence[str]) -> List[str]:
         """Return the argv that runs a daemon under its own UTS hostname (every step must exec)."""
-        raise NotImplementedError
 
     def path_inside(self, path: Path) -> Path:
         """Return the path by which Slurm's processes see a file of the checkout or the lab directory."""
         return path
 
-    def attach(self, lab_dir: Path, repo: Path, state: Dict[str, Any]) -> None:
+    def attach(self, lab_dir: Path, state: Dict[str, Any]) -> None:
         """Make the file systems ready for a lab in ``lab_dir``; record what to undo in ``state``."""
 
     def detach(self, state: Dict[str, Any]) -> None:
         """Undo :meth:`attach` (idempotent, also after a crash)."""
 
+    @abc.abstractmethod
     def set_hosts(self, lines: Sequence[str]) -> None:
         """Make the lab's names resolvable for Slurm and the hooks (``lines``: ``<addr> <name>``)."""
-        raise NotImplementedError
 
     def clear_hosts(self) -> None:
         """Forget the lab's names again (where :meth:`set_hosts` changed something that outlives the lab)."""
@@ -118,9 +119,9 @@ class SlurmInstall:
     def clean_leftovers(self) -> None:
         """Remove what a crashed lab with these names left and did not record (found by name)."""
 
+    @abc.abstractmethod
     def start_munge(self) -> Optional[ProcRecord]:
         """Make munge answer; return the munged this call started, if any."""
-        raise NotImplementedError
 
     def extra_files(self) -> Dict[str, str]:
         """Return configuration files beside slurm.conf this version needs (name: text)."""
@@ -214,9 +215,10 @@ class RootSlurm(SlurmInstall):
     kind = "root"
     NAMES = LabNames(prefix="imx24", bridge="imx24br0", subnet="198.18.1", ctl_port=6827)
 
-    def __init__(self, root: Path, names: LabNames = NAMES) -> None:
+    def __init__(self, root: Path, names: LabNames = NAMES, repo: Path = debroot.REPO) -> None:
         super().__init__(names)
         self.root = Path(root)
+        self.repo = Path(repo)  # the checkout whose imexctl and hooks run inside the root
         self.merged: Optional[Path] = None
 
     def problems(self) -> List[str]:
@@ -232,7 +234,8 @@ class RootSlurm(SlurmInstall):
         return problems
 
     def to_state(self) -> Dict[str, Any]:
-        return dict(super().to_state(), root=str(self.root), merged=str(self.merged) if self.merged else None)
+        return dict(super().to_state(), root=str(self.root), repo=str(self.repo),
+                    merged=str(self.merged) if self.merged else None)
 
     def _inside(self) -> Path:
         if self.merged is None:
@@ -249,16 +252,15 @@ class RootSlurm(SlurmInstall):
                 "chroot", str(self._inside()), *argv]
 
     def path_inside(self, path: Path) -> Path:
-        repo = debroot.REPO
-        if path == repo or repo in path.parents:
-            return Path(debroot.SRC) / path.relative_to(repo)
+        if path == self.repo or self.repo in path.parents:
+            return Path(debroot.SRC) / path.relative_to(self.repo)
         return path
 
     def extra_files(self) -> Dict[str, str]:
         # slurmd 24.11 refuses to start without a cgroup file system unless told not to use cgroups
         return {"cgroup.conf": "CgroupPlugin=disabled\n"}
 
-    def attach(self, lab_dir: Path, repo: Path, state: Dict[str, Any]) -> None:
+    def attach(self, lab_dir: Path, state: Dict[str, Any]) -> None:
         top = lab_dir / "root"
         for sub in ("upper", "work", "merged"):
             (top / sub).mkdir(parents=True, exist_ok=True)
@@ -274,7 +276,7 @@ class RootSlurm(SlurmInstall):
         inner_lab = merged / str(lab_dir).lstrip("/")
         inner_lab.mkdir(parents=True, exist_ok=True)
         self._mount(["--bind", str(lab_dir)], inner_lab)
-        self._mount(["--bind", str(repo)], merged / debroot.SRC.lstrip("/"))
+        self._mount(["--bind", str(self.repo)], merged / debroot.SRC.lstrip("/"))
 
     @staticmethod
     def _mount(args: Sequence[str], where: Path) -> None:
@@ -335,7 +337,7 @@ def install_from_state(state: Dict[str, Any]) -> SlurmInstall:
     if state["kind"] == HostSlurm.kind:
         return HostSlurm(names)
     if state["kind"] == RootSlurm.kind:
-        install = RootSlurm(Path(state["root"]), names)
+        install = RootSlurm(Path(state["root"]), names, Path(state.get("repo", debroot.REPO)))
         install.merged = Path(state["merged"]) if state.get("merged") else None
         return install
     raise LabError(f"unknown Slurm install kind {state['kind']!r}")
