@@ -3,7 +3,7 @@
     /opt/imexctl/bin/python -m tests.lab up [--slurm 24.11] [--nodes N] [--dir D]  # prints SLURM_CONF
     /opt/imexctl/bin/python -m tests.lab status [--slurm 24.11] [--dir D]
     /opt/imexctl/bin/python -m tests.lab down [--slurm 24.11] [--dir D]
-    /opt/imexctl/bin/python -m tests.lab root       # build (or find) the Debian 13 root, print its path
+    /opt/imexctl/bin/python -m tests.lab root [--prune]  # build (or find) the Debian 13 root, print its path
 
 ``--slurm 22.05`` (the default) is the host's Slurm, ``--slurm 24.11`` Slurm from the Debian 13 root.
 The two use different names (namespaces, bridge, subnet, slurmctld port), so both can be up at once.
@@ -63,11 +63,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p_up.add_argument("--prolog", help="Prolog script (default: this checkout's hooks/prolog)")
     p_up.add_argument("--epilog", help="Epilog script (default: this checkout's hooks/epilog)")
     for name in ("down", "status"):
-        p = sub.add_parser(name, help=f"{name} the lab (default: this machine's current lab of that version)")
+        what = "tear a lab down" if name == "down" else "print a lab's state"
+        p = sub.add_parser(name, help=f"{what} (default: this machine's current lab of that version)")
         p.add_argument("--dir")
     for p in sub.choices.values():
         p.add_argument("--slurm", choices=sorted(VERSIONS), default="22.05")
-    sub.add_parser("root", help="build the Debian 13 root if needed and print its path")
+    p_root = sub.add_parser("root", help="build the Debian 13 root if needed and print its path")
+    p_root.add_argument("--prune", action="store_true", help="also remove cached roots of other keys")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "up":
@@ -78,6 +80,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(json.dumps(SlurmLab.attach(VERSIONS[args.slurm], args.dir).status(), indent=1, sort_keys=True))
         else:
             root = debroot.ensure_root(log=log)
+            if args.prune:
+                debroot.prune(log=log)
             print(root.path)
     except LabError as exc:
         print(f"tests.lab: {exc}", file=sys.stderr)

@@ -11,9 +11,10 @@ background build started by ``.ci/setup test`` share one build):
    ``/opt/imexctl-src``. That directory is left empty: a lab bind-mounts the checkout there, so the
    root always runs the checkout's code and the repository's hooks run unchanged inside it.
 
-The cache key hashes everything above (suite, mirror, packages, imexctl's ``install_requires``, the user,
-:data:`BUILD_STEPS`), so a change to any of them builds a new root beside the old one. Remove
-:data:`CACHE` to reclaim the space (about 350 MB per root).
+The cache key hashes everything above (suite, mirror, packages, imexctl's ``install_requires`` and
+console scripts, the user, :data:`BUILD_STEPS`), so a change to any of them builds a new root beside the
+old one. ``python -m tests.lab
+root --prune`` removes the roots of other keys (about 300 MB each).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 from tests.lab.procs import SYS_PATH, LabError, sh
 
 __all__ = ["CACHE", "DebRoot", "PACKAGES", "SRC", "TEST_UID", "TEST_USER", "VENV", "build_problems", "cached_root",
-           "ensure_root", "root_key"]
+           "ensure_root", "prune", "root_key"]
 
 SUITE = "trixie"
 MIRROR = "http://deb.debian.org/debian"
@@ -65,17 +66,24 @@ class DebRoot:
         return str(self.info["slurm_version"])
 
 
-def _install_requires(repo: Path) -> List[str]:
+def _setup_cfg(repo: Path, section: str, key: str) -> List[str]:
+    """Return the lines of a multi-line setup.cfg value, comments left out."""
     cfg = configparser.ConfigParser()
     cfg.read(repo / "setup.cfg", encoding="utf-8")
-    lines = cfg.get("options", "install_requires", fallback="").splitlines()
+    lines = cfg.get(section, key, fallback="").splitlines()
     return [ln.strip() for ln in lines if ln.strip() and not ln.strip().startswith("#")]
+
+
+def _install_requires(repo: Path) -> List[str]:
+    return _setup_cfg(repo, "options", "install_requires")
 
 
 def root_key(repo: Path = REPO) -> str:
     """Return the cache key of the root this checkout needs (``trixie-<12 hex digits>``)."""
     spec = {"suite": SUITE, "mirror": MIRROR, "variant": "minbase", "packages": sorted(PACKAGES),
-            "requires": _install_requires(repo), "user": [TEST_USER, TEST_UID], "steps": BUILD_STEPS}
+            "requires": _install_requires(repo), "user": [TEST_USER, TEST_UID], "steps": BUILD_STEPS,
+            # the editable install fixes the console scripts; the code itself comes from the checkout
+            "scripts": _setup_cfg(repo, "options.entry_points", "console_scripts")}
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
     return f"{SUITE}-{digest}"
 
@@ -152,6 +160,29 @@ def ensure_root(repo: Path = REPO, log: Callable[[str], None] = print, lock_time
     if found is None:
         raise LabError(f"{CACHE / key} has no {INFO} right after its build")
     return found
+
+
+def prune(repo: Path = REPO, log: Callable[[str], None] = print) -> List[Path]:
+    """Remove the cached roots of other keys (older checkouts), except any a lab in sight still mounts."""
+    keep = root_key(repo)
+    mounted = Path("/proc/self/mountinfo").read_text()
+    removed = []
+    for path in sorted(CACHE.glob(f"{SUITE}-*")):
+        if path.name.startswith(keep) or not path.is_dir():
+            continue
+        if f"lowerdir={path}/" in mounted:
+            log(f"keeping {path}: a lab still runs from it")
+            continue
+        with open(CACHE / f"{path.name.split('.')[0]}.lock", "a") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log(f"keeping {path}: a build holds its lock")
+                continue
+            shutil.rmtree(path)
+        removed.append(path)
+        log(f"removed {path}")
+    return removed
 
 
 def _chroot(root: Path, *argv: str, timeout: float = 300) -> str:

@@ -267,6 +267,9 @@ class RootSlurm(SlurmInstall):
         merged = top / "merged"
         state["mount_top"] = str(top)
         self.merged = merged
+        # a private mount above everything else: on a host whose / is shared (systemd), the mounts below
+        # then never propagate to other mount namespaces, nor theirs to ours
+        self._mount(["--bind", str(top)], top)
         self._mount(["-t", "overlay", "overlay", "-o",
                      f"lowerdir={self.root},upperdir={top / 'upper'},workdir={top / 'work'}"], merged)
         self._mount(["-t", "proc", "proc"], merged / "proc")
