@@ -1,0 +1,93 @@
+"""Bring a lab up or down by hand, as root, from the repository root.
+
+    /opt/imexctl/bin/python -m tests.lab up [--slurm 24.11] [--nodes N] [--dir D]  # prints SLURM_CONF
+    /opt/imexctl/bin/python -m tests.lab status [--slurm 24.11] [--dir D]
+    /opt/imexctl/bin/python -m tests.lab down [--slurm 24.11] [--dir D]
+    /opt/imexctl/bin/python -m tests.lab root [--prune]  # build (or find) the Debian 13 root, print its path
+
+``--slurm 22.05`` (the default) is the host's Slurm, ``--slurm 24.11`` Slurm from the Debian 13 root.
+The two use different names (namespaces, bridge, subnet, slurmctld port), so both can be up at once.
+It installs nothing on the host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from tests.lab import debroot
+from tests.lab.cluster import LabError, SlurmLab, log
+from tests.lab.versions import HostSlurm, RootSlurm, SlurmInstall
+
+VERSIONS = {"22.05": HostSlurm.NAMES, "24.11": RootSlurm.NAMES}
+
+
+def _install(version: str) -> SlurmInstall:
+    if version == "22.05":
+        return HostSlurm()
+    return RootSlurm(debroot.ensure_root(log=log).path)
+
+
+def _up(args: argparse.Namespace) -> None:
+    lab = SlurmLab(_install(args.slurm), args.dir, nodes=args.nodes, prolog=args.prolog, epilog=args.epilog).up()
+    client = "" if args.slurm == "22.05" else f"chroot {lab.slurm.to_state()['merged']} "
+    print(f"LAB={lab.dir}")
+    print(f"export SLURM_CONF={lab.conf}")
+    print(f"# Slurm {lab.version}; a client command: {client}sinfo")
+    print(f"# imexctl: SLURMD_NODENAME=node1 {client}/opt/imexctl/bin/imexctl --config {lab.imexctl_conf} status")
+    print(f"# run in a node: nsenter --net=/run/netns/{lab.netns('node1')} {client}<cmd>")
+    print(f"# tear down:     python3 -m tests.lab down --slurm {args.slurm} --dir {lab.dir}")
+
+
+def _down(args: argparse.Namespace) -> None:
+    names = VERSIONS[args.slurm]
+    try:
+        lab = SlurmLab.attach(names, args.dir)
+    except LabError as exc:
+        log(f"{exc}; removing leftovers by name")
+        # the root's path does not matter for removing leftovers
+        SlurmLab(HostSlurm(names) if args.slurm == "22.05" else RootSlurm(debroot.CACHE, names)).remove_stale()
+        return
+    lab.down()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``up`` / ``down`` / ``status`` / ``root`` command line."""
+    ap = argparse.ArgumentParser(prog="python -m tests.lab", description=(__doc__ or "").split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p_up = sub.add_parser("up", help="bring a lab up (replacing a stale one with the same names)")
+    p_up.add_argument("--nodes", type=int, default=4)
+    p_up.add_argument("--dir", help="lab directory (default: a new /tmp/<prefix>-XXXX); must be empty")
+    p_up.add_argument("--prolog", help="Prolog script (default: this checkout's hooks/prolog)")
+    p_up.add_argument("--epilog", help="Epilog script (default: this checkout's hooks/epilog)")
+    for name in ("down", "status"):
+        what = "tear a lab down" if name == "down" else "print a lab's state"
+        p = sub.add_parser(name, help=f"{what} (default: this machine's current lab of that version)")
+        p.add_argument("--dir")
+    for p in sub.choices.values():
+        p.add_argument("--slurm", choices=sorted(VERSIONS), default="22.05")
+    p_root = sub.add_parser("root", help="build the Debian 13 root if needed and print its path")
+    p_root.add_argument("--prune", action="store_true", help="also remove cached roots of other keys")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "up":
+            _up(args)
+        elif args.cmd == "down":
+            _down(args)
+        elif args.cmd == "status":
+            print(json.dumps(SlurmLab.attach(VERSIONS[args.slurm], args.dir).status(), indent=1, sort_keys=True))
+        else:
+            root = debroot.ensure_root(log=log)
+            if args.prune:
+                debroot.prune(log=log)
+            print(root.path)
+    except LabError as exc:
+        print(f"tests.lab: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,325 @@
+"""A Debian 13 (trixie) root with Slurm 24.11 and imexctl, built once per machine and cached on disk.
+
+``ensure_root()`` returns the cached root, or builds it under a lock (concurrent test processes and the
+background build started by ``.ci/setup test`` share one build):
+
+1. ``debootstrap --variant=minbase`` of :data:`PACKAGES` from :data:`MIRROR` (Slurm, munge, Python, and
+   systemd + dbus so that the same root can be booted with ``systemd-nspawn``);
+2. the lab's job user (:data:`TEST_USER`, uid :data:`TEST_UID`), as on the host;
+3. a venv at ``/opt/imexctl`` made with the root's own ``python3``, imexctl's dependencies from PyPI
+   (wheels fetched by the host's pip for the root's Python), and imexctl installed *editable* from
+   ``/opt/imexctl-src``. That directory is left empty: a lab bind-mounts the checkout there, so the
+   root always runs the checkout's code and the repository's hooks run unchanged inside it.
+
+The cache key hashes everything above (suite, mirror, packages, imexctl's ``install_requires`` and
+console scripts, the user, :data:`BUILD_STEPS`), so a change to any of them builds a new root beside the
+old one. ``python -m tests.lab
+root --prune`` removes the roots of other keys (about 300 MB each).
+"""
+
+from __future__ import annotations
+
+import configparser
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from tests.lab.procs import SYS_PATH, LabError, sh
+
+__all__ = [
+    "CACHE",
+    "PACKAGES",
+    "SRC",
+    "TEST_UID",
+    "TEST_USER",
+    "VENV",
+    "DebRoot",
+    "build_problems",
+    "cached_root",
+    "ensure_root",
+    "prune",
+    "root_key",
+]
+
+SUITE = "trixie"
+MIRROR = "http://deb.debian.org/debian"
+PACKAGES = (
+    "slurmd",
+    "slurmctld",
+    "slurm-client",
+    "munge",
+    "python3",
+    "python3-venv",
+    "iproute2",
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+)
+CACHE = Path("/var/cache/imexctl-lab")
+VENV = "/opt/imexctl"
+SRC = "/opt/imexctl-src"
+TEST_USER = "imexlab"
+TEST_UID = 1501
+# bump when the build steps change in a way the key does not see
+BUILD_STEPS = 1
+REPO = Path(__file__).resolve().parents[2]
+DEBOOTSTRAP_TIMEOUT = 1200
+INFO = "info.json"
+
+
+@dataclass(frozen=True)
+class DebRoot:
+    """A built root: its file system and what was recorded when it was built."""
+
+    path: Path
+    info: dict[str, Any]
+
+    @property
+    def slurm_version(self) -> str:
+        """Slurm's version in the root, e.g. ``24.11.5``."""
+        return str(self.info["slurm_version"])
+
+
+def _setup_cfg(repo: Path, section: str, key: str) -> list[str]:
+    """Return the lines of a multi-line setup.cfg value, comments left out."""
+    cfg = configparser.ConfigParser()
+    cfg.read(repo / "setup.cfg", encoding="utf-8")
+    lines = cfg.get(section, key, fallback="").splitlines()
+    return [ln.strip() for ln in lines if ln.strip() and not ln.strip().startswith("#")]
+
+
+def _install_requires(repo: Path) -> list[str]:
+    return _setup_cfg(repo, "options", "install_requires")
+
+
+def root_key(repo: Path = REPO) -> str:
+    """Return the cache key of the root this checkout needs (``trixie-<12 hex digits>``)."""
+    spec = {
+        "suite": SUITE,
+        "mirror": MIRROR,
+        "variant": "minbase",
+        "packages": sorted(PACKAGES),
+        "requires": _install_requires(repo),
+        "user": [TEST_USER, TEST_UID],
+        "steps": BUILD_STEPS,
+        # the editable install fixes the console scripts; the code itself comes from the checkout
+        "scripts": _setup_cfg(repo, "options.entry_points", "console_scripts"),
+    }
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+    return f"{SUITE}-{digest}"
+
+
+def build_problems() -> list[str]:
+    """Return why this machine cannot build or use a root (empty when it can)."""
+    problems = []
+    if os.geteuid() != 0:
+        problems.append("not root (debootstrap and chroot need root)")
+    missing = [b for b in ("debootstrap", "chroot") if shutil.which(b, path=SYS_PATH) is None]
+    if missing:
+        problems.append(f"missing {', '.join(missing)} (apt-get install debootstrap)")
+    return problems
+
+
+def cached_root(repo: Path = REPO) -> DebRoot | None:
+    """Return the root this checkout needs if it is already built, else None."""
+    final = CACHE / root_key(repo)
+    try:
+        info = json.loads((final / INFO).read_text())
+    except (OSError, ValueError):
+        return None
+    return DebRoot(final / "root", info)
+
+
+@contextlib.contextmanager
+def _locked(path: Path, timeout: float, log: Callable[[str], None]) -> Iterator[None]:
+    """Hold an exclusive flock on ``path``, waiting at most ``timeout`` s for another builder."""
+    with open(path, "a") as fh:
+        deadline = time.monotonic() + timeout
+        told = False
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise LabError(f"{path} still locked after {timeout:.0f}s (another build hangs?)") from None
+                if not told:
+                    log(f"waiting for another process building the root ({path})")
+                    told = True
+                time.sleep(0.5)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def ensure_root(repo: Path = REPO, log: Callable[[str], None] = print, lock_timeout: float = 1800) -> DebRoot:
+    """Return the root this checkout needs, building it first if no process has yet."""
+    found = cached_root(repo)
+    if found:
+        return found
+    problems = build_problems()
+    if problems:
+        raise LabError("cannot build the Debian root: " + "; ".join(problems))
+    CACHE.mkdir(mode=0o755, parents=True, exist_ok=True)
+    key = root_key(repo)
+    with _locked(CACHE / f"{key}.lock", lock_timeout, log):
+        found = cached_root(repo)
+        if found:
+            return found
+        partial = CACHE / f"{key}.partial"
+        if partial.exists():
+            shutil.rmtree(partial)  # a build that died; we hold the lock, so nobody else uses it
+        partial.mkdir(mode=0o755)
+        t0 = time.monotonic()
+        info = _build(partial, repo, log)
+        info["build_s"] = round(time.monotonic() - t0, 1)
+        (partial / INFO).write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
+        os.rename(partial, CACHE / key)
+        log(f"built {CACHE / key} in {info['build_s']:.0f}s (Slurm {info['slurm_version']})")
+    found = cached_root(repo)
+    if found is None:
+        raise LabError(f"{CACHE / key} has no {INFO} right after its build")
+    return found
+
+
+def prune(repo: Path = REPO, log: Callable[[str], None] = print) -> list[Path]:
+    """Remove the cached roots of other keys (older checkouts), except any a lab in sight still mounts."""
+    keep = root_key(repo)
+    mounted = Path("/proc/self/mountinfo").read_text()
+    removed = []
+    for path in sorted(CACHE.glob(f"{SUITE}-*")):
+        if path.name.startswith(keep) or not path.is_dir():
+            continue
+        if f"lowerdir={path}/" in mounted:
+            log(f"keeping {path}: a lab still runs from it")
+            continue
+        with open(CACHE / f"{path.name.split('.')[0]}.lock", "a") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log(f"keeping {path}: a build holds its lock")
+                continue
+            shutil.rmtree(path)
+        removed.append(path)
+        log(f"removed {path}")
+    return removed
+
+
+def _chroot(root: Path, *argv: str, timeout: float = 300) -> str:
+    """Run a command inside the root with a clean environment and return its stdout."""
+    env = {"PATH": SYS_PATH, "LANG": "C", "HOME": "/root"}
+    return sh(["chroot", str(root), *argv], env=env, timeout=timeout).stdout
+
+
+def _build(partial: Path, repo: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    """Run the build steps into ``partial/root`` and return what to record."""
+    root = partial / "root"
+    debs = CACHE / "debs"
+    debs.mkdir(mode=0o755, exist_ok=True)
+    log(f"debootstrap {SUITE} into {root} (about a minute)")
+    res = sh(
+        [
+            "debootstrap",
+            "--variant=minbase",
+            f"--include={','.join(PACKAGES)}",
+            f"--cache-dir={debs}",
+            SUITE,
+            str(root),
+            MIRROR,
+        ],
+        check=False,
+        timeout=DEBOOTSTRAP_TIMEOUT,
+    )
+    (partial / "debootstrap.log").write_text(res.stdout + res.stderr)
+    if res.returncode != 0:
+        tail = "\n".join((res.stdout + res.stderr).splitlines()[-15:])
+        raise LabError(f"debootstrap failed ({res.returncode}); see {partial}/debootstrap.log:\n{tail}")
+    _chroot(root, "useradd", "--uid", str(TEST_UID), "--no-create-home", "--shell", "/usr/sbin/nologin", TEST_USER)
+    if not (root / "etc/munge/munge.key").exists():
+        _chroot(root, "mungekey", "--create")
+        _chroot(root, "chown", "munge:munge", "/etc/munge/munge.key")
+    _install_imexctl(root, repo, log)
+    shutil.rmtree(root / "var/cache/apt/archives", ignore_errors=True)
+    (root / "var/cache/apt/archives/partial").mkdir(parents=True)
+    return {
+        "key": root_key(repo),
+        "suite": SUITE,
+        "mirror": MIRROR,
+        "packages": sorted(PACKAGES),
+        "slurm_version": _chroot(root, "slurmd", "-V").split()[-1],
+        "python": _chroot(root, "/usr/bin/python3", "-c", "import sys; print(sys.version.split()[0])").strip(),
+        "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def _install_imexctl(root: Path, repo: Path, log: Callable[[str], None]) -> None:
+    """Make the venv, install the dependencies from downloaded wheels and imexctl editable from SRC."""
+    pyver = _chroot(root, "/usr/bin/python3", "-c", "import sys; print('%d%d' % sys.version_info[:2])").strip()
+    wheels = root / "tmp" / "imexctl-wheels"
+    wheels.mkdir(parents=True)
+    requires = _install_requires(repo)
+    log(f"fetching wheels for Python {pyver}: {', '.join(requires)}")
+    # the host's pip and its configuration do the download; the root then installs offline
+    sh(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "-d",
+            str(wheels),
+            "--only-binary=:all:",
+            "--python-version",
+            pyver,
+            "--implementation",
+            "cp",
+            "--abi",
+            f"cp{pyver}",
+            "--platform",
+            "manylinux2014_x86_64",
+            "--platform",
+            "manylinux_2_28_x86_64",
+            "--platform",
+            "linux_x86_64",
+            *requires,
+            "setuptools>=64",
+        ],
+        env=os.environ,
+        timeout=600,
+    )
+    src = root / SRC.lstrip("/")
+    src.mkdir(parents=True)
+    shutil.copytree(repo / "imexctl", src / "imexctl", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("setup.cfg", "pyproject.toml", "README.md"):
+        shutil.copy2(repo / name, src / name)
+    _chroot(root, "/usr/bin/python3", "-m", "venv", VENV)
+    _chroot(
+        root,
+        f"{VENV}/bin/pip",
+        "install",
+        "-q",
+        "--disable-pip-version-check",
+        "--no-cache-dir",
+        "--no-index",
+        "--find-links",
+        "/tmp/imexctl-wheels",
+        "-e",
+        SRC,
+        timeout=600,
+    )
+    _chroot(root, f"{VENV}/bin/imexctl", "--version")
+    # from now on the code comes from the checkout a lab bind-mounts here, never from a stale copy
+    for child in src.iterdir():
+        shutil.rmtree(child) if child.is_dir() else child.unlink()
+    shutil.rmtree(wheels)

@@ -1,0 +1,57 @@
+"""A prolog that fails under real Slurm: roll back everywhere, drain, requeue held, and recover after repair."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.lab.cluster import SlurmLab
+from tests.lab.conftest import NODES
+from tests.lab.jobs import PROLOG_TIMEOUT, events, imexctl_admin, leftovers, sbatch, wait_done
+from tests.simhelpers import wait_for
+
+pytestmark = pytest.mark.slurm
+
+
+def test_prolog_failure_rolls_back_drains_requeues_and_recovers(lab: SlurmLab) -> None:
+    """A daemon that never gets ready fails the prolog: rollback, drain, requeue held; after repair the job runs."""
+    bad = "node2"
+    lab.faults.write_text(f"@{lab.addr(bad)} never_ready\n")
+    marker = lab.dir / "out" / "prolog-failure-ran"
+    job = sbatch(lab, f"touch {marker}.$SLURM_RESTART_COUNT", NODES)
+
+    def held() -> dict[str, str] | None:
+        rec = lab.job(job)
+        held = rec.get("JobState") == "PENDING" and rec.get("Reason") == "launch_failed_requeued_held"
+        return rec if held else None
+
+    info = wait_for(held, PROLOG_TIMEOUT + 30, what=f"job {job} to be requeued and held")
+    assert info["JobState"] == "PENDING" and info.get("Restarts") == "1", info
+    states = lab.node_states()
+    assert states[bad]["state"].startswith("drain") and states[bad]["reason"] == "Prolog error", states
+    # by default ([readiness] blame_peers = no) every tray fails, so the batch script never starts
+    assert not list(marker.parent.glob(marker.name + ".*")), "the batch script ran on a domain that was not UP"
+    for node in sorted(set(NODES) - {bad}):
+        done = wait_for(lambda: events(lab, node, job, "prolog.done"), 30, what=f"{node}'s prolog summary")
+        assert f"not ready: {lab.addr(bad)}" in done[-1].get("reason", ""), f"{node}: {done}"
+    wait_for(lambda: all(s["state"].startswith("drain") for s in lab.node_states().values()), 30, what="all drained")
+    drained = list(NODES)
+    # the epilog runs too after a failed prolog; wait for the nodes to stop completing, then nothing may remain
+    wait_for(lambda: not lab.run(["squeue", "-h", "-t", "CG"], check=False).stdout.strip(), 30, what="epilogs")
+    for node in NODES:
+        assert leftovers(lab, node, job) == [], f"{node} not rolled back after the failed prolog"
+    assert events(lab, bad, job, "prolog.rolled_back"), f"{bad}: imexctl logged no rollback for job {job}"
+
+    lab.faults.write_text("")
+    res = imexctl_admin(lab, bad, "cleanup", check=False)
+    assert res.returncode == 0, f"imexctl cleanup on {bad} failed ({res.returncode}): {res.stdout}{res.stderr}"
+    for node in drained:
+        lab.run(["scontrol", "update", f"nodename={node}", "state=resume"])
+    lab.wait_idle()
+    lab.run(["scontrol", "release", str(job)])
+    lab.run(["scontrol", "update", f"jobid={job}", "StartTime=now"])
+    info = wait_done(lab, job)
+    assert info.get("Restarts") == "1" and Path(f"{marker}.1").exists(), info
+    for node in NODES:
+        assert leftovers(lab, node) == [], f"{node} not clean after the recovered job {job}"
