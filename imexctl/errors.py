@@ -187,11 +187,15 @@ class HealthTimeout(ImexctlError):
     code = "not_ready"
     exit_code = ExitCode.TEMPFAIL
 
-    def __init__(self, message: str, *, last_status: str, attempts: int, waited_s: float) -> None:
+    def __init__(
+        self, message: str, *, last_status: str, attempts: int, waited_s: float, local_ready: bool = False
+    ) -> None:
         super().__init__(message)
         self.last_status = last_status
         self.attempts = attempts
         self.waited_s = waited_s
+        #: this tray's own daemon reported READY at some point: what was missing were its peers
+        self.local_ready = local_ready
 
 
 class SlurmQueryError(ImexctlError):

@@ -22,6 +22,7 @@ EVENTS: dict[str, str] = {
     "imex.skipped": "the job gets no IMEX domain on this node (policy, fabric, shared node)",
     "prolog.deadline": "the readiness deadline was capped below slurm.conf's hook timeout (or it was unreadable)",
     "prolog.job_ended": "the job was cancelled while its prolog waited: rolled back, exit 0, no drain",
+    "imex.channels.slurm": "slurm.conf sets SwitchType=switch/nvidia_imex: Slurm owns the channels, imexctl makes none",
     "imex.het_job": "a het job: one domain over its components (joint) or one per component",
     "imex.nodes.resolved": "the job's trays in this NVLink domain, their addresses and the list's hash",
     "imex.config.written": "config.cfg and nodes_config.cfg written for the job",

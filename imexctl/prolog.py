@@ -46,6 +46,8 @@ class _Run:
     deadline_s: float = 0.0
     #: which slurm.conf setting bounds this hook, e.g. ``PrologEpilogTimeout=30s``
     hook_timeout: str = ""
+    #: slurm.conf sets SwitchType=switch/nvidia_imex: Slurm's plugin owns the channels
+    slurm_channels: bool = False
 
 
 def prolog(env: Mapping[str, str], rt: Runtime) -> dict[str, Any]:
@@ -79,8 +81,14 @@ def _on_signal(exc: Terminated, run: _Run, rt: Runtime) -> None:
 
 
 def _failed(exc: ImexctlError, run: _Run, rt: Runtime) -> dict[str, Any]:
-    """Ask slurmctld, once, whether a job whose domain never came up was cancelled; else fail."""
-    if isinstance(exc, HealthTimeout) and run.job is not None and rt.settings.slurm.check_cancelled == "yes":
+    """Exit 0 for a job that will not run here any more, if this tray did its part; else fail.
+
+    Only a tray whose own daemon got READY, and which waited for its peers in
+    vain, asks slurmctld (once).  A tray whose own daemon never got ready is
+    broken whatever became of the job, and is drained.
+    """
+    timed_out = isinstance(exc, HealthTimeout) and exc.local_ready
+    if timed_out and run.job is not None and rt.settings.slurm.check_cancelled == "yes":
         state = slurmctl.job_state(run.job.job_id, rt.host, rt.settings, run.job.slurm_conf)
         if state is not None and not slurmctl.wants_to_start(state):
             rt.log.info("prolog.job_ended", job_state=state, reason=str(exc))
@@ -94,7 +102,7 @@ def _prolog(env: Mapping[str, str], rt: Runtime, run: _Run) -> dict[str, Any]:
     job = run.job = JobContext.from_env(env, need_nodes=True)
     bind(job_id=job.job_id, node=job.node)
     skip = _gate(job, rt) or _shared(job, rt)
-    deadline = run.t0 + (_deadline(job, rt, run) if not skip else 0)
+    deadline = run.t0 + (_read_slurm_conf(job, rt, run) if not skip else 0)
     skip = skip or _no_fabric(rt, deadline)
     if skip:
         return _done(rt, run.t0, skipped=skip)
@@ -107,7 +115,9 @@ def _prolog(env: Mapping[str, str], rt: Runtime, run: _Run) -> dict[str, Any]:
         rt.step("locked")
         _claim(job, rt)
         try:
-            summary = _setup(job, trays, rt, deadline, with_daemon=single == "domain")
+            summary = _setup(
+                job, trays, rt, deadline, with_daemon=single == "domain", slurm_channels=run.slurm_channels
+            )
         except BaseException as exc:
             _rollback(job.job_id, rt, exc)
             raise
@@ -123,21 +133,28 @@ def _done(rt: Runtime, t0: float, *, skipped: str = "", **summary: Any) -> dict[
     return out
 
 
-def _deadline(job: JobContext, rt: Runtime, run: _Run) -> float:
+def _read_slurm_conf(job: JobContext, rt: Runtime, run: _Run) -> float:
+    """Read the job's slurm.conf once: whether Slurm owns the channels, and the deadline in effect."""
+    if not job.slurm_conf:
+        return run.deadline_s
+    try:
+        conf = slurmconf.read(Path(job.slurm_conf))
+        found = slurmconf.hook_timeout(conf, "prolog")
+    except ConfigError as exc:
+        rt.log.warning("prolog.deadline", deadline_s=run.deadline_s, problem=str(exc))
+        return run.deadline_s
+    run.slurm_channels = (conf.get("SwitchType") or "").strip() == "switch/nvidia_imex"
+    return _capped_deadline(found, rt, run)
+
+
+def _capped_deadline(found: tuple[int, str] | None, rt: Runtime, run: _Run) -> float:
     """``[readiness] deadline_s``, capped below slurm.conf's hook timeout with a margin for the roll-back.
 
     Without the cap slurmd would kill a prolog that waits longer than its
     timeout (SIGTERM, then SIGKILL), and the reason would be lost.
     """
     s = rt.settings.slurm
-    if s.cap_deadline != "yes" or not job.slurm_conf:
-        return run.deadline_s
-    try:
-        found = slurmconf.hook_timeout(slurmconf.read(Path(job.slurm_conf)), "prolog")
-    except ConfigError as exc:
-        rt.log.warning("prolog.deadline", deadline_s=run.deadline_s, problem=str(exc))
-        return run.deadline_s
-    if found is None:
+    if s.cap_deadline != "yes" or found is None:
         return run.deadline_s
     timeout, key = found
     run.hook_timeout = f"{key}={timeout}s"
@@ -214,7 +231,7 @@ def _claim(job: JobContext, rt: Runtime) -> None:
 
 
 def _setup(
-    job: JobContext, trays: tuple[str, ...], rt: Runtime, deadline: float, *, with_daemon: bool
+    job: JobContext, trays: tuple[str, ...], rt: Runtime, deadline: float, *, with_daemon: bool, slurm_channels: bool
 ) -> dict[str, Any]:
     """Resolve, write the files, start the daemon, wait for readiness, create the channel."""
     if not with_daemon:
@@ -222,7 +239,7 @@ def _setup(
     try:
         addresses = _resolve(trays, rt)
         own = addresses[trays.index(job.node)]
-        channel = _plan_channel(job, rt)
+        channel = _plan_channel(job, rt, slurm_channels=slurm_channels)
         ports = _ports(job, rt)
         jd = _write_files(job, trays, addresses, ports, channel, rt)
         rt.step("files_written")
@@ -277,14 +294,21 @@ def _ports(job: JobContext, rt: Runtime) -> tuple[int, int]:
     return (imexconf.job_port(job.job_id, ports.server_port_range), imexconf.job_port(job.job_id, ports.cmd_port_range))
 
 
-def _plan_channel(job: JobContext, rt: Runtime) -> tuple[int, int, Path] | None:
+def _plan_channel(job: JobContext, rt: Runtime, *, slurm_channels: bool = False) -> tuple[int, int, Path] | None:
     """``(major, minor, path)`` of the job's channel, or None with ``channels = none``.
 
-    Checked before anything starts: the driver must have channels, and the
-    minor must lie below the driver's ``NVreg_ImexChannelCount``.
+    None too when slurm.conf has ``SwitchType=switch/nvidia_imex``: that plugin
+    gives each step its own channel in a private mount namespace and removes
+    host channel nodes when slurmd starts, so a channel of imexctl's would be
+    invisible to the job (design.md source slurm-switch-imex).  Checked before
+    anything starts: the driver must have channels, and the minor must lie
+    below the driver's ``NVreg_ImexChannelCount``.
     """
     s, paths = rt.settings, rt.settings.paths
     if s.policy.channels != "job":
+        return None
+    if slurm_channels:
+        rt.log.info("imex.channels.slurm", reason="slurm.conf: SwitchType=switch/nvidia_imex owns the channels")
         return None
     major = devices.read_major(paths.proc_devices)
     minor = devices.channel_minor(job.job_id, s.policy.channel_count)

@@ -47,6 +47,8 @@ class Readiness:
     domain: ctloutput.DomainStatus | None = None
     blamed: tuple[str, ...] = ()
     reason: str = ""
+    #: this tray's own daemon answered READY to ``-q`` in this probe
+    local_ready: bool = False
 
     @property
     def ready(self) -> bool:
@@ -79,7 +81,7 @@ def probe(host: Host, settings: Settings, p: Probe, deadline: float = float("inf
     local = _local(host, settings, p, deadline)
     if local.outcome is not Outcome.READY or p.level == "local":
         return local
-    return _domain(host, settings, p, deadline)
+    return dataclasses.replace(_domain(host, settings, p, deadline), local_ready=True)
 
 
 def _local(host: Host, settings: Settings, p: Probe, deadline: float) -> Readiness:
@@ -186,6 +188,7 @@ class _Watch:
     def __init__(self, host: Host, settings: Settings, p: Probe, deadline: float, log: Any) -> None:
         self.host, self.settings, self.p, self.deadline, self.log = host, settings, p, deadline, log
         self.attempts = 0
+        self.local_ready = False
         self.seen: dict[str, str] = {}
         self.answered: Readiness | None = None
 
@@ -193,6 +196,7 @@ class _Watch:
         self.attempts += 1
         r = self._sticky_blame(probe(self.host, self.settings, self.p, self.deadline))
         self.log.debug("imex.health.poll", attempt=self.attempts, status=r.status)
+        self.local_ready = self.local_ready or r.local_ready
         if r.outcome is not Outcome.NO_ANSWER:
             self.answered = r
         return r
@@ -279,4 +283,5 @@ def wait_ready(host: Host, settings: Settings, p: Probe, *, deadline: float, log
         last_status=result.status,
         attempts=watch.attempts,
         waited_s=waited,
+        local_ready=watch.local_ready,
     )

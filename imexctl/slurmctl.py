@@ -21,21 +21,15 @@ from imexctl.settings import Settings
 
 __all__ = ["ENDED_STATES", "het_nodes", "job_state", "parse_show_job", "wants_to_start"]
 
-#: job states after which the job will not start on this allocation
+#: job states in which the job will not run on the allocation this prolog sets up: it ended, is
+#: ending, or went back to the queue (requeued because another node's prolog failed, say)
 ENDED_STATES: Final = frozenset(
     {
-        "CANCELLED",
-        "COMPLETED",
-        "COMPLETING",
-        "FAILED",
-        "TIMEOUT",
-        "NODE_FAIL",
-        "PREEMPTED",
-        "BOOT_FAIL",
-        "DEADLINE",
-        "OUT_OF_MEMORY",
+        "CANCELLED", "COMPLETED", "COMPLETING", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
+        "DEADLINE", "OUT_OF_MEMORY", "PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT",
+        "REVOKED",
     }
-)
+)  # fmt: skip
 _PAIR: Final = re.compile(r"(\w+)=(\S*)")
 
 

@@ -17,7 +17,7 @@ from imexctl.prolog import prolog
 from imexctl.runtime import Runtime
 from imexctl.settings import Settings
 from imexctl.teardown import epilog
-from tests.support.fakes import FakeGpu, FakeHost, job_env
+from tests.support.fakes import FakeGpu, FakeHost, domain_json, job_env
 
 
 def leftovers(root: Path) -> list[str]:
@@ -81,11 +81,13 @@ class TestDeadlineFromSlurmConf:
 class TestCancelledWhileWaiting:
     def _never_ready(self, host: FakeHost, make_settings: Callable[..., Settings], root: Path,
                      **sections: dict[str, Any]) -> tuple[Runtime, dict[str, str]]:  # fmt: skip
-        host.ready_after = 10**6
+        """This tray's daemon is READY; its peer went away (its epilog stopped it): the domain never comes UP."""
+        host.domain = lambda hosts: (0, domain_json(hosts, status="DEGRADED", node_status={1: "UNAVAILABLE"},
+                                                    conn_status="INVALID"))  # fmt: skip
         rt = runtime(host, make_settings, readiness={"deadline_s": 3}, **sections)
         return rt, job_env(job_id=42, SLURM_CONF=slurm_conf(root, "ClusterName=x\n"))
 
-    @pytest.mark.parametrize("state", ["CANCELLED", "COMPLETING", "COMPLETED", "TIMEOUT"])
+    @pytest.mark.parametrize("state", ["CANCELLED", "COMPLETING", "COMPLETED", "TIMEOUT", "PENDING", "REQUEUED"])
     def test_ended_job_rolls_back_and_exits_0(self, host: FakeHost, make_settings: Callable[..., Settings],
                                               root: Path, state: str) -> None:  # fmt: skip
         """slurmctld says the job ended: everything is undone, prolog.done is ok with job_ended, no raise."""
@@ -104,7 +106,8 @@ class TestCancelledWhileWaiting:
         "answer",
         [
             pytest.param("JobId=42 JobState=RUNNING Reason=None\n", id="still-running"),
-            pytest.param("JobId=42 JobState=PENDING Reason=BeginTime\n", id="requeued"),
+            pytest.param("JobId=42 JobState=CONFIGURING Reason=None\n", id="configuring"),
+            pytest.param("JobId=41 JobState=CANCELLED Reason=None\n", id="another-job"),
             pytest.param(None, id="unknown-job"),
             pytest.param("garbage\n", id="unparseable"),
         ],
@@ -129,6 +132,17 @@ class TestCancelledWhileWaiting:
         with pytest.raises(HealthTimeout):
             prolog(env, rt)
         assert host.now - 1000.0 <= 3 + 2 + 0.5
+
+    def test_a_tray_whose_own_daemon_never_got_ready_is_drained(self, host: FakeHost,
+                                                                 make_settings: Callable[..., Settings],
+                                                                 root: Path) -> None:  # fmt: skip
+        """The broken tray itself (its daemon never READY) fails whatever became of the job: no question asked."""
+        host.ready_after = 10**6
+        rt = runtime(host, make_settings, readiness={"deadline_s": 3})
+        host.slurm_jobs[42] = "JobId=42 JobState=PENDING Reason=launch_failed_requeued_held\n"
+        with pytest.raises(HealthTimeout) as info:
+            prolog(job_env(job_id=42, SLURM_CONF=slurm_conf(root, "ClusterName=x\n")), rt)
+        assert info.value.local_ready is False and not [c for c in host.calls if c[0].endswith("scontrol")]
 
     def test_check_off_asks_nobody(self, host: FakeHost, make_settings: Callable[..., Settings], root: Path) -> None:
         """[slurm] check_cancelled = no: no scontrol call, the prolog fails."""
@@ -267,3 +281,26 @@ class TestSingleTray:
         assert "single_tray = none" in prolog(job_env(nodelist="gb01"), rt)["skipped"]
         assert host.calls == [] and leftovers(root) == []
         assert prolog(job_env(nodelist="gb[01-02]"), rt)["trays"] == 2
+
+
+class TestSlurmOwnsChannels:
+    def test_switch_nvidia_imex_means_no_channel_from_imexctl(self, host: FakeHost,
+                                                              make_settings: Callable[..., Settings],
+                                                              root: Path) -> None:  # fmt: skip
+        """slurm.conf with SwitchType=switch/nvidia_imex: the domain is set up, but imexctl makes no channel."""
+        rt = runtime(host, make_settings)
+        env = job_env(
+            SLURM_CONF=slurm_conf(root, "SwitchType=switch/nvidia_imex\nSwitchParameters=imex_channel_count=64\n")
+        )
+        with capture_logs() as logs:
+            out = prolog(env, rt)
+        assert out["ready"] and out["channel"] == "" and host.mknods == []
+        assert [e["event"] for e in logs if e["event"] == "imex.channels.slurm"] == ["imex.channels.slurm"]
+        epilog(env, rt)
+        assert leftovers(root) == []
+
+    def test_other_switch_types_keep_channels(self, host: FakeHost, make_settings: Callable[..., Settings],
+                                              root: Path) -> None:  # fmt: skip
+        """switch/none (or none set): imexctl creates the job's channel as usual."""
+        out = prolog(job_env(SLURM_CONF=slurm_conf(root, "SwitchType=switch/none\n")), runtime(host, make_settings))
+        assert out["channel"] and len(host.mknods) == 1
