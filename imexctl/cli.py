@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any, NoReturn
+from typing import Any, Callable, NoReturn
 
 from imexctl import __version__
 from imexctl.errors import ExitCode, ImexctlError, NotPrivilegedError
@@ -63,8 +63,13 @@ def main(
     env: Mapping[str, str] | None = None,
     host: Any = None,
     gpu: Any = None,
+    on_step: Callable[[str], None] | None = None,
 ) -> int:
-    """Run one command; returns the exit code.  Tests call this directly."""
+    """Run one command; returns the exit code.
+
+    Tests call this directly, with fakes for ``host`` and ``gpu``, and
+    ``on_step`` to act at each step boundary of a hook (fault injection).
+    """
     args = _parser().parse_args(argv)
     env = dict(os.environ) if env is None else dict(env)
     try:
@@ -74,7 +79,7 @@ def main(
             from imexctl import demo
 
             return int(demo.run(trays=args.trays, fault=args.fault, keep=args.keep))
-        return _with_runtime(args, env, host, gpu)
+        return _with_runtime(args, env, host, gpu, on_step)
     except ImexctlError as exc:
         if not exc.logged:
             _log_failure(exc)
@@ -88,7 +93,9 @@ def main(
         return int(ExitCode.SOFTWARE)
 
 
-def _with_runtime(args: argparse.Namespace, env: dict[str, str], host: Any, gpu: Any) -> int:
+def _with_runtime(
+    args: argparse.Namespace, env: dict[str, str], host: Any, gpu: Any, on_step: Callable[[str], None] | None
+) -> int:
     from imexctl import settings, slurm
     from imexctl.host import RealHost
     from imexctl.runtime import Runtime
@@ -111,7 +118,7 @@ def _with_runtime(args: argparse.Namespace, env: dict[str, str], host: Any, gpu:
         gpu = NvmlGpu()
     import structlog
 
-    rt = Runtime(host, gpu, cfg, structlog.get_logger())
+    rt = Runtime(host, gpu, cfg, structlog.get_logger(), **({"on_step": on_step} if on_step else {}))
     if args.command == "prolog":
         from imexctl.prolog import prolog
 

@@ -114,6 +114,7 @@ def _prolog(env: Mapping[str, str], rt: Runtime, run: _Run) -> dict[str, Any]:
     with node_lock(rt.settings.paths.lock_file, rt.host, rt.settings.daemon.lock_timeout_s):
         rt.step("locked")
         _claim(job, rt)
+        rt.step("claimed")
         try:
             summary = _setup(
                 job, trays, rt, deadline, with_daemon=single == "domain", slurm_channels=run.slurm_channels

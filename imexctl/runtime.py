@@ -24,10 +24,12 @@ def _no_step(_name: str) -> None:
 class Runtime:
     """The seams every step receives.
 
-    ``on_step`` is called with a name at each step boundary of the prolog,
-    teardown and cleanup (``locked``, ``files_written``, ``daemon_started``,
-    ...); production passes nothing.  Fault-injection tests use it to kill
-    the process exactly there.
+    ``on_step`` is called with a name at each step boundary: the prolog's
+    ``locked``, ``claimed``, ``files_written``, ``daemon_started``, ``ready``,
+    ``channel_created``; the epilog's and cleanup's ``locked``; teardown's
+    ``daemon_stopped``, ``channel_removed``, ``removed``.  Production passes
+    nothing.  Fault-injection tests use it to kill or pause the process
+    exactly there (tests/faults/).
     """
 
     host: Host

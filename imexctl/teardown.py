@@ -71,6 +71,7 @@ def teardown(job_id: int, rt: Runtime, *, dry_run: bool = False) -> list[str]:
         rt.step("channel_removed")
     if jd.exists():
         steps.run(f"remove {jd.path}", lambda: remove_tree(jd.path))
+        rt.step("removed")
     if steps.problems:
         raise UnsafeNodeError("; ".join(steps.problems))
     return steps.done
@@ -112,6 +113,7 @@ def epilog(env: Mapping[str, str], rt: Runtime) -> dict[str, Any]:
         for jid in dict.fromkeys([job.job_id, *([job.het_job_id] if job.het_job_id else [])]):
             if _left_anything(rt.settings.paths.job(jid), rt):
                 with node_lock(rt.settings.paths.lock_file, rt.host, rt.settings.daemon.lock_timeout_s):
+                    rt.step("locked")
                     actions += teardown(jid, rt)
     except ImexctlError as exc:
         log_failed("epilog.done", exc, rt, t0)
@@ -139,6 +141,7 @@ def cleanup(rt: Runtime, *, job_id: int | None = None, dry_run: bool = False, fo
     """
     report: dict[str, Any] = {"dry_run": dry_run, "actions": [], "skipped": [], "errors": []}
     with node_lock(rt.settings.paths.lock_file, rt.host, rt.settings.daemon.lock_timeout_s):
+        rt.step("locked")
         for jid in [job_id] if job_id is not None else known_jobs(rt):
             if rt.host.job_is_running(jid) and not force:
                 report["skipped"].append(f"job {jid} still runs on this node (use --force)")

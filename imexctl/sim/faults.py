@@ -33,6 +33,8 @@ class Faults:
     refuse_peers: frozenset[str] = frozenset()
     hang_ctl: bool = False
     block_cmd: bool = False
+    stop_delay_s: float = 0.0
+    ignore_sigterm: bool = False
     version: str | None = None
     hostname: str | None = None
 
@@ -69,6 +71,8 @@ _CHECKS: Final[dict[str, Callable[[str, str | None], object]]] = {
     "refuse_peer": _text,
     "hang_ctl": _flag,
     "block_cmd": _flag,
+    "stop_delay": _seconds,
+    "ignore_sigterm": _flag,
     "version": _text,
     "hostname": _text,
 }
@@ -132,6 +136,8 @@ def parse_faults(texts: Iterable[str], own_addresses: Iterable[str]) -> Faults:
         refuse_peers=frozenset(refused),
         hang_ctl=bool(values.get("hang_ctl", False)),
         block_cmd=bool(values.get("block_cmd", False)),
+        stop_delay_s=float(values.get("stop_delay", 0.0)),  # type: ignore[arg-type]
+        ignore_sigterm=bool(values.get("ignore_sigterm", False)),
         version=values.get("version"),  # type: ignore[arg-type]
         hostname=values.get("hostname"),  # type: ignore[arg-type]
     )

@@ -173,10 +173,18 @@ class Node:
     # ---------------------------------------------------------------- signals
 
     def _on_stop(self, name: str) -> None:
-        """Begin a clean shutdown."""
-        if not self.stopping.is_set():
-            self.log.info(f"Received signal {name}, shutting down")
-            self.state = "SHUTTING_DOWN"
+        """Begin a clean shutdown (after ``stop_delay`` seconds; never, under ``ignore_sigterm``)."""
+        if self.stopping.is_set() or self.state == "SHUTTING_DOWN":
+            return
+        if self.faults.ignore_sigterm:
+            self.log.info(f"Simulated fault ignore_sigterm: ignoring {name}")
+            return
+        self.log.info(f"Received signal {name}, shutting down")
+        self.state = "SHUTTING_DOWN"
+        if self.faults.stop_delay_s:
+            self.log.info(f"Simulated fault stop_delay: shutting down in {self.faults.stop_delay_s:g} s")
+            asyncio.get_running_loop().call_later(self.faults.stop_delay_s, self.stopping.set)
+        else:
             self.stopping.set()
 
     def _on_hup(self) -> None:
