@@ -39,12 +39,23 @@ import os
 import stat
 import sys
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Callable, Protocol
 
 from imexctl import jobchannel
 from imexctl.errors import DeviceError, ExitCode, FileError, ImexctlError
 
-__all__ = ["DIR_NAME", "LibcMounter", "Mounter", "main", "mount_id", "parse_mountinfo", "run", "show_channel"]
+__all__ = [
+    "DIR_NAME",
+    "LibcMounter",
+    "MountInfo",
+    "Mounter",
+    "main",
+    "mount_id",
+    "parse_mountinfo",
+    "read_mountinfo",
+    "run",
+    "show_channel",
+]
 
 DIR_NAME = "nvidia-caps-imex-channels"
 VARIABLE = "NVIDIA_IMEX_CHANNELS"
@@ -54,6 +65,8 @@ MS_NOEXEC = 0x8
 MS_BIND = 0x1000
 MS_PRIVATE = 1 << 18
 _TMPFS_OPTIONS = "mode=0755,size=64k,nr_inodes=64"
+#: mount id -> (mount point, optional fields such as ``shared:1``, file system type)
+MountInfo = dict[int, tuple[str, tuple[str, ...], str]]
 
 
 class Mounter(Protocol):
@@ -81,7 +94,7 @@ class LibcMounter:
             raise OSError(err, os.strerror(err), target)
 
 
-def parse_mountinfo(text: str) -> dict[int, tuple[str, tuple[str, ...], str]]:
+def parse_mountinfo(text: str) -> MountInfo:
     """``/proc/self/mountinfo`` as ``mount id -> (mount point, optional fields, fs type)``."""
     mounts = {}
     for line in text.splitlines():
@@ -103,7 +116,8 @@ def mount_id(fd: int) -> int:
     raise FileError(f"/proc/self/fdinfo/{fd} has no mnt_id")
 
 
-def _mountinfo() -> dict[int, tuple[str, tuple[str, ...], str]]:
+def read_mountinfo() -> MountInfo:
+    """This process's ``/proc/self/mountinfo``."""
     with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
         return parse_mountinfo(f.read())
 
@@ -116,6 +130,7 @@ def run(
     uid: int | None = None,
     uid_map: jobchannel.UidMap = None,
     read_map: bool = True,
+    mountinfo: Callable[[], MountInfo] | None = None,
 ) -> int:
     """The hook; returns 0 or raises :class:`ImexctlError` (``main`` prints it as one line).
 
@@ -126,6 +141,7 @@ def run(
         uid: the caller's uid (default: ``os.getuid()``).
         uid_map: the caller's uid map (default: ``/proc/self/uid_map`` when ``read_map``).
         read_map: whether to read ``/proc/self/uid_map`` when ``uid_map`` is None.
+        mountinfo: reads ``/proc/self/mountinfo`` (default: the real one).
     """
     if not env.get("SLURM_JOB_ID"):
         return 0  # enroot outside a Slurm job: nothing of ours to show
@@ -146,7 +162,7 @@ def run(
         return 0
     src_fd, _ = _open_host_node(channel, paths, uid_map)
     try:
-        show_channel(rootfs, channel.minor, src_fd, mounter or LibcMounter())
+        show_channel(rootfs, channel.minor, src_fd, mounter or LibcMounter(), mountinfo or read_mountinfo)
     finally:
         os.close(src_fd)
     _append_environ(environ, channel.minor)
@@ -173,7 +189,9 @@ def _open_host_node(
         ) from None
 
 
-def show_channel(rootfs: str, minor: int, src_fd: int, mounter: Mounter) -> None:
+def show_channel(
+    rootfs: str, minor: int, src_fd: int, mounter: Mounter, mountinfo: Callable[[], MountInfo] = read_mountinfo
+) -> None:
     """Make ``<rootfs>/dev/nvidia-caps-imex-channels`` hold exactly ``channel<minor>``, bound to ``src_fd``.
 
     Raises:
@@ -183,10 +201,10 @@ def show_channel(rootfs: str, minor: int, src_fd: int, mounter: Mounter) -> None
     with _Fd(_open_rootfs(rootfs)) as root, _Fd(_openat_dir(root.fd, "dev", rootfs)) as dev:
         target = f"{rootfs}/dev/{DIR_NAME}"
         with _Fd(_openat_dir(dev.fd, DIR_NAME, target, create=True)) as under:
-            below = _refuse_shared(under.fd, target)
+            below = _refuse_shared(under.fd, target, mountinfo())
             _mount(mounter, "tmpfs", under.fd, "tmpfs", MS_NOSUID | MS_NOEXEC, _TMPFS_OPTIONS, target)
         with _Fd(_openat_dir(dev.fd, DIR_NAME, target)) as tmpfs:
-            _check_fresh_tmpfs(tmpfs.fd, below, target)
+            _check_fresh_tmpfs(tmpfs.fd, below, target, mountinfo())
             _mount(mounter, None, tmpfs.fd, None, MS_PRIVATE, None, target)
             name = f"channel{minor}"
             try:
@@ -227,10 +245,10 @@ def _openat_dir(dir_fd: int, name: str, path: str, *, create: bool = False) -> i
         raise FileError(f"{path}: {exc.strerror}") from exc
 
 
-def _refuse_shared(fd: int, path: str) -> int:
+def _refuse_shared(fd: int, path: str, mounts: MountInfo) -> int:
     """The id of ``fd``'s mount, which must not be shared: a mount on it would propagate to its peers (the host's)."""
     below = mount_id(fd)
-    info = _mountinfo().get(below)
+    info = mounts.get(below)
     if info is None:
         raise FileError(f"{path}: its mount is not in /proc/self/mountinfo")
     if any(tag.startswith("shared:") for tag in info[1]):
@@ -240,9 +258,9 @@ def _refuse_shared(fd: int, path: str) -> int:
     return below
 
 
-def _check_fresh_tmpfs(fd: int, below: int, path: str) -> None:
+def _check_fresh_tmpfs(fd: int, below: int, path: str, mounts: MountInfo) -> None:
     now = mount_id(fd)
-    info = _mountinfo().get(now)
+    info = mounts.get(now)
     if now == below or info is None or info[2] != "tmpfs" or os.listdir(fd):
         raise FileError(f"{path}: the new tmpfs is not where it was mounted")
 

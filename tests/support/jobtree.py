@@ -64,7 +64,9 @@ class Tree:
         """``state.json`` for a job, as the prolog writes it (under ``paths``, default this tree's)."""
         jd = (paths or self.paths).job(job_id)
         ensure_dir(jd.path, 0o755)
-        path = channel_path if channel_path is not None else (str(self.channel_path(minor)) if minor is not None else "")
+        path = (
+            channel_path if channel_path is not None else (str(self.channel_path(minor)) if minor is not None else "")
+        )
         write_state(jd, JobState(job_id, "n1", uid, uid, "u", ("n1",), ("10.0.0.1",), 0, "none", minor, path, 0.0))
         return jd.path
 
