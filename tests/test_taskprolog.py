@@ -335,9 +335,9 @@ def test_module_imports_nothing_heavy(t: Tree) -> None:
     """A whole TaskProlog run imports no logging, settings, subprocess or third-party module."""
     t.add_job(77, uid=os.getuid(), minor=3, channel_path="/dev/null")
     code = (
-        "import sys; sys.path.insert(0, %r); before = set(sys.modules)\n"
-        "from imexctl import taskprolog; taskprolog.lines(%r)\n"
-        "print(' '.join(sorted(set(sys.modules) - before)))" % (str(REPO), t.env(77))
+        f"import sys; sys.path.insert(0, {str(REPO)!r}); before = set(sys.modules)\n"
+        f"from imexctl import taskprolog; taskprolog.lines({t.env(77)!r})\n"
+        "print(' '.join(sorted(set(sys.modules) - before)))"
     )
     done = _python(code, {"PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr
