@@ -27,6 +27,9 @@ MODULES = [
     "tests/test_readiness.py",
     "tests/test_fsutil.py",
     "tests/test_members.py",
+    "tests/test_taskprolog.py",
+    "tests/test_enroothook.py",
+    "tests/test_containers.py",
 ]
 
 
