@@ -88,6 +88,32 @@ def emulate(
         error, the listing of ``/dev/nvidia-caps-imex-channels`` seen from inside
         the container root (None if absent), and the environment file after the hook.
     """
+    spec_file = write_spec(
+        rootfs=rootfs, host_dev=host_dev, workdir=workdir, env=env, dev=dev, hook=hook, shared=shared
+    )
+    if user is None:
+        argv = [UNSHARE, "--mount", "--propagation", "private", *inner_argv(spec_file)]
+    else:
+        argv = [RUNUSER, "-u", user, "--", *user_namespace_argv(spec_file, remap_root=remap_root)]
+    run_env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1", "LANG": "C.UTF-8"}
+    done = subprocess.run(argv, env=run_env, capture_output=True, text=True, timeout=timeout, check=False, cwd="/")
+    if done.returncode != 0:
+        raise RuntimeError(f"emulation failed ({done.returncode}): {done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def write_spec(
+    *,
+    rootfs: Path,
+    host_dev: Path,
+    workdir: Path,
+    env: dict[str, str],
+    dev: str = "host",
+    hook: list[str] | None = None,
+    shared: bool = False,
+) -> Path:
+    """Write ``<workdir>/spec.json`` for :func:`inside` (arguments as for :func:`emulate`)."""
     spec = {
         "rootfs": str(rootfs),
         "host_dev": str(host_dev),
@@ -100,18 +126,21 @@ def emulate(
     spec_file = workdir / "spec.json"
     spec_file.write_text(json.dumps(spec))
     spec_file.chmod(0o644)
-    inner = [sys.executable, "-m", "tests.support.enrootemu", str(spec_file)]
-    if user is None:
-        argv = [UNSHARE, "--mount", "--propagation", "private", *inner]
-    else:
-        mapping = "--map-root-user" if remap_root else "--map-current-user"
-        argv = [RUNUSER, "-u", user, "--", UNSHARE, "--user", mapping, "--keep-caps", "--mount", *inner]
-    run_env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1", "LANG": "C.UTF-8"}
-    done = subprocess.run(argv, env=run_env, capture_output=True, text=True, timeout=timeout, check=False, cwd="/")
-    if done.returncode != 0:
-        raise RuntimeError(f"emulation failed ({done.returncode}): {done.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(done.stdout)
-    return result
+    return spec_file
+
+
+def inner_argv(spec_file: Path) -> list[str]:
+    """The command that runs inside the namespaces (needs ``PYTHONPATH`` = the checkout)."""
+    return [sys.executable, "-m", "tests.support.enrootemu", str(spec_file)]
+
+
+def user_namespace_argv(spec_file: Path, *, remap_root: bool = False) -> list[str]:
+    """The emulation as the calling (unprivileged) user, as enroot starts containers for users.
+
+    A Slurm job step of the lab can run exactly this line as the job's user.
+    """
+    mapping = "--map-root-user" if remap_root else "--map-current-user"
+    return [UNSHARE, "--user", mapping, "--keep-caps", "--mount", *inner_argv(spec_file)]
 
 
 # ---------------------------------------------------------------- inside the namespaces
