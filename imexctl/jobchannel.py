@@ -50,7 +50,7 @@ __all__ = [
     "to_host_uid",
 ]
 
-# The same defaults as imexctl.settings (tests/test_jobchannel.py keeps them equal).
+# The same defaults as imexctl.settings (tests/test_taskprolog.py keeps them equal).
 DEFAULT_CONFIG = "/etc/imexctl/imexctl.conf"
 _DEFAULTS = {"root": "/", "run_dir": "/run/imexctl", "proc_devices": "/proc/devices"}
 _MAX_CONFIG_BYTES = 1 << 20
@@ -161,6 +161,8 @@ def _read_paths_section(path: str, required: bool, uid_map: UidMap) -> dict[str,
         if not stat.S_ISREG(st.st_mode) or not _trusted(st, uid_map):
             raise NoChannel(f"{path}: not a regular file owned by root and writable only by its owner")
         data = f.read(_MAX_CONFIG_BYTES + 1)
+    if len(data) > _MAX_CONFIG_BYTES:
+        raise NoChannel(f"{path}: larger than {_MAX_CONFIG_BYTES} bytes")
     import configparser
 
     # the same parser options as imexctl.settings, so both read a file the same way
