@@ -7,10 +7,10 @@ Output: one block per NVLink domain, as topology.conf lines (Slurm 23.11+,
 topology.conf(5)), as topology.yaml (Slurm 25.05+, topology.yaml(5)), or as a
 ``NODE KEY`` map.  Block names come from the key, node lists are folded with
 :mod:`imexctl.nodelist`, and everything is sorted, so the same reports give the
-same bytes whatever their order.  BlockSizes rules: SchedMD/slurm
-``src/plugins/topology/block/block_record.c`` (each size a power-of-two
-multiple of the first, at most 2**15 times it; before 25.05 slurmctld refuses a
-block smaller than the base size).
+same bytes whatever their order.  BlockSizes rules (design.md source
+slurm-topology, from SchedMD/slurm ``src/plugins/topology/block/block_record.c``):
+each size a power-of-two multiple of the first, at most 2**15 times it; before
+25.05 slurmctld refuses a block smaller than the base size.
 """
 
 from __future__ import annotations

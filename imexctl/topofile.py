@@ -5,8 +5,7 @@ node is in, and, where the source says, the domain's NVML key.  topology.conf
 and topology.yaml carry a key as a comment ``# imexctl-key: <key>`` on the
 block's line (``imexctl topology blocks`` writes it); a map gives every node
 its key.  Syntax: Slurm's topology.conf(5) and topology.yaml(5) (Slurm 25.05+;
-``doc/man/man5/topology.yaml.5`` and the ``TOPOLOGY_CONF`` parsers in
-``src/plugins/data_parser/v0.0.43/parsers.c`` in SchedMD/slurm).
+design.md source slurm-topology).
 
 topology.yaml is read by a strict reader of the YAML that such files use
 (block mappings and sequences, one-line scalars, ``[a, b]`` lists, comments);
