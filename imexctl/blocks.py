@@ -134,7 +134,7 @@ def collect(reports: Iterable[Report]) -> Collected:
     """Every node once; the same node twice with one answer is fine.
 
     Raises:
-        ReportError: a node reported twice with different answers, naming both places.
+        ReportError: a node reported twice with different answers, naming both places; no report at all.
     """
     first: dict[str, Report] = {}
     for report in reports:
@@ -144,6 +144,8 @@ def collect(reports: Iterable[Report]) -> Collected:
                 f"{report.where}: node {report.node} reported twice with different keys: "
                 f"{_answer(seen)} ({seen.where}) and {_answer(report)} ({report.where})"
             )
+    if not first:
+        raise ReportError("no reports in the input (expected 'NODE KEY' lines or 'imexctl topology --json' output)")
     return Collected(
         keys={n: r.key for n, r in first.items() if r.key},
         no_fabric={n: r.reason for n, r in first.items() if not r.key and not r.error},
@@ -206,9 +208,9 @@ def parse_block_sizes(text: str) -> tuple[int, ...]:
 
 
 def size_warnings(blocks: Sequence[Block], sizes: Sequence[int]) -> list[str]:
-    """Blocks smaller than the base block size: fatal for slurmctld before 25.05."""
+    """No block at all, or blocks smaller than the base block size (fatal for slurmctld before 25.05)."""
     if not blocks:
-        return []
+        return ["no node reported a multi-node NVLink fabric: the output has no block, which slurmctld refuses"]
     base = sizes[0] if sizes else len(blocks[0].nodes)
     what = "the first BlockSizes value" if sizes else f"the first block ({blocks[0].name})"
     return [

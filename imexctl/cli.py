@@ -61,7 +61,12 @@ def _parser() -> argparse.ArgumentParser:
 def _topology_parser(sub: Any) -> None:
     tp = sub.add_parser("topology", help="this tray's NVLink domain from NVML ('blocks': Slurm blocks from many trays)")
     tp.add_argument("--json", action="store_true", help="one JSON object on one line (what 'topology blocks' reads)")
-    tp.add_argument("--node", metavar="NAME", help="node name to report (default: $SLURMD_NODENAME, short host name)")
+    tp.add_argument(
+        "--node",
+        type=_node_name,
+        metavar="NAME",
+        help="node name to report (default: $SLURMD_NODENAME, short host name)",
+    )
     tsub = tp.add_subparsers(dest="topology_command", metavar="ACTION")
     bl = tsub.add_parser("blocks", help="Slurm topology blocks from 'imexctl topology' reports of many trays")
     bl.add_argument("files", nargs="*", metavar="FILE", help="report files (default and '-': stdin)")
@@ -70,6 +75,17 @@ def _topology_parser(sub: Any) -> None:
     form.add_argument("--map", action="store_true", help="a NODE KEY map (for source = map, topology_map)")
     bl.add_argument("--block-sizes", type=_block_sizes, metavar="N[,N...]", help="BlockSizes to write, e.g. 18")
     bl.add_argument("--topology-name", default="nvlink", metavar="NAME", help="with --yaml: its name (default nvlink)")
+
+
+def _node_name(text: str) -> str:
+    from imexctl import nodelist
+    from imexctl.errors import NodeListError
+
+    try:
+        nodelist.fold([text])
+    except NodeListError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one node name: {exc.reason}") from None
+    return text
 
 
 def _block_sizes(text: str) -> tuple[int, ...]:

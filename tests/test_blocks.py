@@ -353,6 +353,19 @@ class TestCommand:
         code, _, err = run_blocks(str(tmp_path / "nope"), stdin="", capsys=capsys, monkeypatch=monkeypatch)
         assert code == 65 and f"cannot read {tmp_path}/nope" in err
 
+    def test_empty_input_exits_65(self, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+        """No report at all (only comments) is refused: a topology without blocks is useless."""
+        code, out, err = run_blocks(stdin="# nothing\n\n", capsys=capsys, monkeypatch=monkeypatch)
+        assert code == 65 and out == "" and "no reports in the input" in err
+
+    def test_no_fabric_anywhere_warns(
+        self, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Reports without any fabric: the output lists them, stderr says there is no block."""
+        code, out, err = run_blocks(stdin="cpu1 -\ncpu2 -\n", capsys=capsys, monkeypatch=monkeypatch)
+        assert code == 0 and "BlockName" not in out and "in no block): cpu[1-2]" in out
+        assert "no node reported a multi-node NVLink fabric: the output has no block" in err
+
     def test_bad_block_sizes_is_a_usage_error(
         self, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
     ) -> None:

@@ -154,6 +154,13 @@ class TestCommand:
 
         assert json.loads(capsys.readouterr().out)["data"]["node"] == socket.gethostname().split(".")[0]
 
+    def test_bad_node_name_is_a_usage_error(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """--node must be one node name (no host list): usage error 64, NVML not asked."""
+        gpu = FakeGpu()
+        with pytest.raises(SystemExit) as info:
+            main(["topology", "--node", "gb[01-02]"], env={}, gpu=gpu)
+        assert info.value.code == 64 and "is not one node name" in capsys.readouterr().err and gpu.calls == 0
+
     def test_nvml_failure_exits_69_with_a_clean_answer(self, capsys: pytest.CaptureFixture[str]) -> None:
         """NVML failing: exit 69, the error in the envelope and in words, no traceback."""
         gpu = FakeGpu(error=GpuError("NVML init failed: no driver"))
