@@ -63,7 +63,7 @@ def domain_members(nodes: Sequence[str], me: str, source: BlockMap | None) -> tu
         return tuple(nodes)
     mine = source.block_of.get(me)
     if mine is None:
-        raise ConfigError(f"{source.source}: this node {me} is in no NVLink domain (no block or map line names it)")
+        raise ConfigError(f"{source.source}: this node {me} is in no {source.unit} (in no NVLink domain)")
     return tuple(n for n in nodes if source.block_of.get(n) == mine)
 
 

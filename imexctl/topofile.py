@@ -36,6 +36,8 @@ class BlockMap:
     source: str
     block_of: Mapping[str, str]
     keys: Mapping[str, str]
+    #: what names a node's domain in this format, for messages: "BlockName= block", "map line"...
+    unit: str = "block"
 
     def key_of(self, node: str) -> str | None:
         """The key the source gives ``node``'s block, or None."""
@@ -66,8 +68,8 @@ def load(kind: str, path: Path, yaml_topology: str = "") -> BlockMap:
 class _Builder:
     """Collects node -> block and block -> key, refusing a node in two blocks."""
 
-    def __init__(self, source: str) -> None:
-        self.source = source
+    def __init__(self, source: str, unit: str) -> None:
+        self.source, self.unit = source, unit
         self.block_of: dict[str, str] = {}
         self.keys: dict[str, str] = {}
 
@@ -79,7 +81,7 @@ class _Builder:
             raise ConfigError(f"{where}: block {block} has two keys, {self.keys[block]} and {key}")
 
     def done(self) -> BlockMap:
-        return BlockMap(self.source, self.block_of, self.keys)
+        return BlockMap(self.source, self.block_of, self.keys, self.unit)
 
 
 def _expand(nodes: str, where: str) -> list[str]:
@@ -116,7 +118,7 @@ def parse_topology(text: str, source: str) -> BlockMap:
         ConfigError: a block line without a name or nodes, a bad host list,
             a node in two blocks, a block with two keys, a bad key comment.
     """
-    built = _Builder(source)
+    built = _Builder(source, "BlockName= block")
     for lineno, raw in enumerate(text.splitlines(), 1):
         line, _, comment = raw.partition("#")
         line = line.strip()
@@ -144,7 +146,7 @@ def parse_map(text: str, source: str) -> BlockMap:
     """
     from imexctl.topology import parse_key
 
-    built, seen = _Builder(source), set()
+    built, seen = _Builder(source, "map line"), set()
     for lineno, raw in enumerate(text.splitlines(), 1):
         fields = raw.split("#", 1)[0].split()
         if not fields:
@@ -187,7 +189,7 @@ def parse_yaml(text: str, source: str, topology: str = "") -> BlockMap:
     if end != len(tokens):
         raise ConfigError(f"{source}:{tokens[end].line}: unexpected indentation")
     chosen = _choose_topology(doc, source, topology)
-    built = _Builder(source)
+    built = _Builder(source, "block of the topology")
     comments = {t.line: t.comment for t in tokens if t.key == "block"}
     for name, nodes, line in _blocks_of(chosen, source):
         where = f"{source}:{line}"

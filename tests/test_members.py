@@ -58,7 +58,9 @@ class TestDomainMembers:
 
     def test_node_not_in_any_block_is_an_error(self) -> None:
         """A tray that is in no block of the source fails with its name and the source."""
-        with pytest.raises(ConfigError, match=r"^topo: this node gb06 is in no NVLink domain"):
+        with pytest.raises(
+            ConfigError, match=r"^topo: this node gb06 is in no BlockName= block \(in no NVLink domain\)"
+        ):
             domain_members(["gb01", "gb06"], "gb06", parse_topology(TOPOLOGY, "topo"))
 
     def test_job_node_outside_blocks_is_left_out(self) -> None:
@@ -155,7 +157,7 @@ class TestJobDomain:
     def test_node_missing_from_the_map_source(self, files: Path, make_settings: Callable[..., Any]) -> None:
         """With source = map, a tray missing from the map fails; a job node missing from it is left out."""
         s = make_settings(node="gb06", paths={"topology_file": "/etc/slurm/nvlink.map"}, topology={"source": "map"})
-        with pytest.raises(ConfigError, match="gb06 is in no NVLink domain"):
+        with pytest.raises(ConfigError, match="gb06 is in no map line"):
             job_domain(["gb01", "gb06"], "gb06", s, KEY_A, _Log())
         assert job_domain(["gb01", "gb06"], "gb01", s, KEY_A, _Log()) == ("gb01",)
 

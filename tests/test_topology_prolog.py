@@ -156,7 +156,7 @@ def test_tray_missing_from_the_source_fails_before_anything_starts(base: Path) -
     (base / "gb03/etc/slurm/nvlink").write_text((base / "gb01/etc/slurm/nvlink").read_text())
     cluster.addresses["gb03"] = ["10.0.0.3"]
     rt = cluster.runtime("gb03", KEYS["A"], paths={"topology_file": source}, topology={"source": "map"})
-    with pytest.raises(ConfigError, match="this node gb03 is in no NVLink domain"):
+    with pytest.raises(ConfigError, match="this node gb03 is in no map line"):
         prolog(job_env(job_id=42, nodelist="gb[01-03]", node="gb03"), rt)
     assert rt.host.calls == [] and not (base / "gb03/run").exists()
     rt = cluster.runtime("gb01", KEYS["A"], paths={"topology_file": source}, topology={"source": "map"})
