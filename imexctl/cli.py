@@ -120,8 +120,8 @@ def main(
     except ImexctlError as exc:
         if not exc.logged:
             _log_failure(exc)
-        if args.command in ("status", "cleanup") and getattr(args, "json", False):
-            _print_json(None, errors=[exc])
+        if args.command in ("status", "cleanup", "topology") and getattr(args, "json", False):
+            _print_json(None, errors=[exc], indent=None if args.command == "topology" else 2)
         return int(exc.exit_code)
     except KeyboardInterrupt:
         return 130
@@ -202,12 +202,13 @@ def _cmd_topology(args: argparse.Namespace, env: Mapping[str, str], gpu: Any) ->
         return _cmd_blocks(args)
     from imexctl import topology
     from imexctl.errors import GpuError
+    from imexctl.slurm import node_name
 
     if gpu is None:
         from imexctl.gpu import NvmlGpu
 
         gpu = NvmlGpu()
-    tray = topology.read_tray(gpu, args.node or env.get("SLURMD_NODENAME") or _short_hostname())
+    tray = topology.read_tray(gpu, args.node or node_name(env) or _short_hostname())
     errors = [GpuError(tray.error)] if tray.error else []
     if args.json:
         _print_json(tray.data(), errors=errors, indent=None)

@@ -154,6 +154,15 @@ class TestCommand:
 
         assert json.loads(capsys.readouterr().out)["data"]["node"] == socket.gethostname().split(".")[0]
 
+    def test_bad_slurmd_nodename_is_an_error_in_the_envelope(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """A $SLURMD_NODENAME that is no node name: exit 65, the one-line envelope says why, NVML not asked."""
+        gpu = FakeGpu()
+        assert main(["topology", "--json"], env={"SLURMD_NODENAME": "a/b"}, gpu=gpu) == 65
+        out = capsys.readouterr().out
+        doc = json.loads(out)
+        assert out.count("\n") == 1 and doc["data"] is None and doc["errors"][0]["code"] == "job_env_invalid"
+        assert gpu.calls == 0
+
     def test_bad_node_name_is_a_usage_error(self, capsys: pytest.CaptureFixture[str]) -> None:
         """--node must be one node name (no host list): usage error 64, NVML not asked."""
         gpu = FakeGpu()
