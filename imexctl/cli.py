@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Callable, NoReturn
 
 from imexctl import __version__
@@ -50,11 +50,51 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("expr", nargs="+", metavar="EXPR")
     fo = hsub.add_parser("fold", help="compressed list, like 'scontrol show hostlist'")
     fo.add_argument("names", nargs="*", metavar="NAME", help="names (default: read from stdin)")
+    _topology_parser(sub)
     de = sub.add_parser("demo", help="run a multi-tray job on the IMEX simulator (no GPU needed)")
     de.add_argument("--trays", type=int, default=4, metavar="N", help="simulated trays (default 4, at most 64)")
     de.add_argument("--fault", metavar="NAME", help="inject a simulator fault (see 'imexctl demo --help')")
     de.add_argument("--keep", action="store_true", help="keep the demo's temporary directory")
     return p
+
+
+def _topology_parser(sub: Any) -> None:
+    tp = sub.add_parser("topology", help="this tray's NVLink domain from NVML ('blocks': Slurm blocks from many trays)")
+    tp.add_argument("--json", action="store_true", help="one JSON object on one line (what 'topology blocks' reads)")
+    tp.add_argument(
+        "--node",
+        type=_node_name,
+        metavar="NAME",
+        help="node name to report (default: $SLURMD_NODENAME, short host name)",
+    )
+    tsub = tp.add_subparsers(dest="topology_command", metavar="ACTION")
+    bl = tsub.add_parser("blocks", help="Slurm topology blocks from 'imexctl topology' reports of many trays")
+    bl.add_argument("files", nargs="*", metavar="FILE", help="report files (default and '-': stdin)")
+    form = bl.add_mutually_exclusive_group()
+    form.add_argument("--yaml", action="store_true", help="topology.yaml (Slurm 25.05+) instead of topology.conf")
+    form.add_argument("--map", action="store_true", help="a NODE KEY map (for source = map, topology_map)")
+    bl.add_argument("--block-sizes", type=_block_sizes, metavar="N[,N...]", help="BlockSizes to write, e.g. 18")
+    bl.add_argument("--topology-name", default="nvlink", metavar="NAME", help="with --yaml: its name (default nvlink)")
+
+
+def _node_name(text: str) -> str:
+    from imexctl import nodelist
+    from imexctl.errors import NodeListError
+
+    try:
+        nodelist.fold([text])
+    except NodeListError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one node name: {exc.reason}") from None
+    return text
+
+
+def _block_sizes(text: str) -> tuple[int, ...]:
+    from imexctl.blocks import parse_block_sizes
+
+    try:
+        return parse_block_sizes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def main(
@@ -75,6 +115,8 @@ def main(
     try:
         if args.command == "hostlist":
             return _cmd_hostlist(args)
+        if args.command == "topology":
+            return _cmd_topology(args, env, gpu)
         if args.command == "demo":
             from imexctl import demo
 
@@ -83,8 +125,8 @@ def main(
     except ImexctlError as exc:
         if not exc.logged:
             _log_failure(exc)
-        if args.command in ("status", "cleanup") and getattr(args, "json", False):
-            _print_json(None, errors=[exc])
+        if args.command in ("status", "cleanup", "topology") and getattr(args, "json", False):
+            _print_json(None, errors=[exc], indent=None if args.command == "topology" else 2)
         return int(exc.exit_code)
     except KeyboardInterrupt:
         return 130
@@ -161,6 +203,66 @@ def _cmd_hostlist(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_topology(args: argparse.Namespace, env: Mapping[str, str], gpu: Any) -> int:
+    """``imexctl topology``: needs no config and no root; NVML failing is exit 69 with a clean answer."""
+    if args.topology_command == "blocks":
+        return _cmd_blocks(args)
+    from imexctl import topology
+    from imexctl.errors import GpuError
+    from imexctl.slurm import node_name
+
+    if gpu is None:
+        from imexctl.gpu import NvmlGpu
+
+        gpu = NvmlGpu()
+    tray = topology.read_tray(gpu, args.node or node_name(env) or _short_hostname())
+    errors = [GpuError(tray.error)] if tray.error else []
+    if args.json:
+        _print_json(tray.data(), errors=errors, indent=None)
+    else:
+        sys.stdout.write(topology.render_text(tray))
+    return int(GpuError.exit_code) if errors else 0
+
+
+def _cmd_blocks(args: argparse.Namespace) -> int:
+    """``imexctl topology blocks``: exit 69 (after printing) when a node's report says NVML failed."""
+    from imexctl import blocks
+
+    collected = blocks.collect(_read_reports(args.files or ["-"]))
+    found = blocks.group(collected)
+    sizes = args.block_sizes or ()
+    if args.map:
+        sys.stdout.write(blocks.render_map(collected))
+    elif args.yaml:
+        sys.stdout.write(blocks.render_yaml(found, collected, sizes, args.topology_name))
+    else:
+        sys.stdout.write(blocks.render_conf(found, collected, sizes))
+    notes = [] if args.map else blocks.size_warnings(found, sizes)
+    if collected.no_fabric:
+        fold = blocks.fold_names(collected.no_fabric)
+        notes.append(f"{len(collected.no_fabric)} node(s) without multi-node NVLink fabric, in no block: {fold}")
+    notes += [f"{node}: no answer, in no block: {why}" for node, why in sorted(collected.failed.items())]
+    sys.stderr.write("".join(f"imexctl topology blocks: {line}\n" for line in notes))
+    return int(ExitCode.UNAVAILABLE) if collected.failed else 0
+
+
+def _read_reports(files: Sequence[str]) -> Iterator[Any]:
+    from pathlib import Path
+
+    from imexctl import blocks
+    from imexctl.errors import ReportError
+
+    for name in files:
+        try:
+            text = sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ReportError(f"cannot read {name}: {exc}") from exc
+        for lineno, line in enumerate(text.splitlines(), 1):
+            report = blocks.parse_line(line, f"{'stdin' if name == '-' else name}:{lineno}")
+            if report is not None:
+                yield report
+
+
 def _print_cleanup(report: dict[str, Any]) -> None:
     for line in report["actions"] or ["nothing to clean up"]:
         print(line)
@@ -168,7 +270,7 @@ def _print_cleanup(report: dict[str, Any]) -> None:
         print(f"skipped: {line}")
 
 
-def _print_json(data: Any, errors: Sequence[ImexctlError] = ()) -> None:
+def _print_json(data: Any, errors: Sequence[ImexctlError] = (), indent: int | None = 2) -> None:
     import json
 
     out = {
@@ -178,7 +280,7 @@ def _print_json(data: Any, errors: Sequence[ImexctlError] = ()) -> None:
         "data": data,
         "errors": [{"code": e.code, "message": str(e)} for e in errors],
     }
-    print(json.dumps(out, indent=2))
+    print(json.dumps(out, indent=indent))
 
 
 def _configure_logging(cfg: Any, args: argparse.Namespace, env: Mapping[str, str]) -> None:

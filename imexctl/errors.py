@@ -27,9 +27,11 @@ __all__ = [
     "NodeListError",
     "NotPrivilegedError",
     "OutputError",
+    "ReportError",
     "ResolveError",
     "SlurmQueryError",
     "Terminated",
+    "TopologyMismatch",
     "UnsafeNodeError",
     "shorten",
 ]
@@ -66,13 +68,13 @@ _MEANINGS = {
     ExitCode.OK: "ok",
     ExitCode.FAILURE: "the demo's job failed",
     ExitCode.USAGE: "usage",
-    ExitCode.DATAERR: "bad node list or job environment",
+    ExitCode.DATAERR: "bad node list, job environment or topology report",
     ExitCode.UNAVAILABLE: "IMEX, NVML, systemd or name resolution unavailable, or the node is busy",
     ExitCode.SOFTWARE: "node left unsafe, or an internal error",
     ExitCode.OSERR: "device node or file error",
     ExitCode.TEMPFAIL: "not ready in time, or the node lock was busy",
     ExitCode.NOPERM: "not root",
-    ExitCode.CONFIG: "invalid configuration",
+    ExitCode.CONFIG: "invalid configuration, or a topology source that disagrees with NVML",
 }
 
 
@@ -91,6 +93,20 @@ class ConfigError(ImexctlError):
 
     code = "config_invalid"
     exit_code = ExitCode.CONFIG
+
+
+class TopologyMismatch(ImexctlError):
+    """This tray's NVLink domain (NVML) is not the one the configured topology source gives it."""
+
+    code = "topology_mismatch"
+    exit_code = ExitCode.CONFIG
+
+
+class ReportError(ImexctlError):
+    """``imexctl topology blocks``: a malformed report line, or one node reported with two keys."""
+
+    code = "report_invalid"
+    exit_code = ExitCode.DATAERR
 
 
 class NodeListError(ImexctlError):

@@ -33,6 +33,7 @@ __all__ = [
     "Readiness",
     "Resolve",
     "Settings",
+    "Topology",
     "find_config",
     "load",
 ]
@@ -180,7 +181,10 @@ class PathsSection:
     log_file: str = _key("/var/log/imexctl.log", _opt_abs_path)
     imex_log_file: str = _key("/var/log/nvidia-imex.log", _abs_path)
     hosts_file: str = _key("/etc/imexctl/hosts", _abs_path)
+    # the NVLink-domain source chosen by [topology] source (topology.conf, topology.yaml or a NODE KEY map)
     topology_file: str = _key("", _opt_abs_path)
+    # a NODE KEY map (imexctl topology blocks --map) that the prolog checks this tray's NVML key against
+    topology_map: str = _key("", _opt_abs_path)
     # the driver's module parameters; ImexChannelCount bounds the channel minor
     nvidia_params: str = _key("/proc/driver/nvidia/params", _abs_path)
 
@@ -276,6 +280,20 @@ class Resolve:
     method: str = _key("dns", _choice("dns", "hosts_file"))
 
 
+def _opt_name(v: str) -> str:
+    return _name(v) if v else ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """``[topology]``: where the NVLink domains (Slurm blocks) come from (docs/topology.md)."""
+
+    # auto: topology_conf when [paths] topology_file is set, none otherwise (load() resolves it)
+    source: str = _key("auto", _choice("auto", "topology_conf", "topology_yaml", "map", "none"))
+    # the topology of topology.yaml to read; empty: the file's only block topology
+    yaml_topology: str = _key("", _opt_name)
+
+
 @dataclasses.dataclass(frozen=True)
 class Log:
     """``[log]``: imexctl's own log."""
@@ -294,6 +312,7 @@ SECTIONS: Mapping[str, type] = {
     "slurm": Slurm,
     "ports": Ports,
     "resolve": Resolve,
+    "topology": Topology,
     "log": Log,
 }
 
@@ -350,6 +369,7 @@ class Paths:
     imex_log_file: Path
     hosts_file: Path
     topology_file: Path | None
+    topology_map: Path | None
     nvidia_params: Path
 
     @property
@@ -380,6 +400,7 @@ class Settings:
     slurm: Slurm
     ports: Ports
     resolve: Resolve
+    topology: Topology
     log: Log
     imex: Mapping[str, str]
 
@@ -443,6 +464,7 @@ def load(path: Path | None, *, node: str, required: bool = True, euid: int | Non
     if raw:
         _fail(path, min(raw), None, f"unknown section (known: {', '.join([*SCHEMA, 'imex'])})")
     _cross_check(path, sections)
+    sections["topology"] = _topology(path, sections["topology"], sections["paths"])
     paths = _paths(sections.pop("paths"), node)
     return Settings(source=source, paths=paths, imex=imex, **sections)
 
@@ -517,6 +539,22 @@ def _cross_check(path: Path | None, sections: Mapping[str, Any]) -> None:
         _fail(path, "ports", "cmd_port_range", "must not overlap server_port_range (a job needs both ports)")
 
 
+def _topology(path: Path | None, topo: Topology, paths: PathsSection) -> Topology:
+    """Check the topology keys against ``[paths]`` and resolve ``source = auto``."""
+    source = topo.source
+    if source == "auto":
+        source = "topology_conf" if paths.topology_file else "none"
+    if source != "none" and not paths.topology_file:
+        _fail(path, "topology", "source", f"{source} needs [paths] topology_file")
+    if source == "none" and paths.topology_file:
+        _fail(path, "paths", "topology_file", "is set but [topology] source = none would ignore it")
+    if paths.topology_map and source not in ("topology_conf", "topology_yaml"):
+        _fail(path, "paths", "topology_map", f"checks a topology_conf or topology_yaml source, not {source}")
+    if topo.yaml_topology and source != "topology_yaml":
+        _fail(path, "topology", "yaml_topology", "needs source = topology_yaml")
+    return dataclasses.replace(topo, source=source)
+
+
 def _paths(p: PathsSection, node: str) -> Paths:
     root = Path(p.root.replace("%n", node))
 
@@ -532,6 +570,7 @@ def _paths(p: PathsSection, node: str) -> Paths:
         imex_log_file=under(p.imex_log_file),
         hosts_file=under(p.hosts_file),
         topology_file=under(p.topology_file) if p.topology_file else None,
+        topology_map=under(p.topology_map) if p.topology_map else None,
         nvidia_params=under(p.nvidia_params),
     )
 

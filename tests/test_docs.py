@@ -30,6 +30,7 @@ PAGES = (
     "design.md",
     "nvml.md",
     "security.md",
+    "topology.md",
 )
 SHELL_FENCES = ("sh", "shell", "bash", "console")
 # last name parts that make a dotted token a file name, not an event name
