@@ -302,7 +302,7 @@ def _histogram(name: str, label: str, histograms: Mapping[str, Any]) -> list[str
     lines = _head(name)
     for key, h in sorted(histograms.items()):
         for bound, n in zip(BUCKETS, h["buckets"]):
-            lines.append(f"{name}_bucket{_labels(**{label: key, 'le': _number(bound)})} {_number(n)}")
+            lines.append(f"{name}_bucket{_labels(**{label: key, 'le': repr(float(bound))})} {_number(n)}")
         lines.append(f"{name}_bucket{_labels(**{label: key, 'le': '+Inf'})} {_number(h['count'])}")
         lines.append(f"{name}_sum{_labels(**{label: key})} {_number(round(h['sum'], 6))}")
         lines.append(f"{name}_count{_labels(**{label: key})} {_number(h['count'])}")
