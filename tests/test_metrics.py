@@ -105,7 +105,7 @@ def test_skipped_job_counts_as_skipped(cfg: str, host: FakeHost, prom_dir: Path)
     assert run(cfg, "prolog", host=host, gpu=FakeGpu(infos=[None])) == 0
     fams = families(prom_dir)
     assert sample(fams, "imexctl_hook_runs_total", hook="prolog", outcome="skipped", error_code="none") == 1
-    assert not [s for s in fams["imexctl_time_to_ready_seconds"].samples]
+    assert not list(fams["imexctl_time_to_ready_seconds"].samples)
 
 
 def test_cleanup_counts_its_actions(cfg: str, host: FakeHost, prom_dir: Path, root: Path) -> None:
@@ -211,7 +211,7 @@ def test_docs_metrics_page_lists_every_metric_with_its_type() -> None:
     assert dict(rows) == {name: kind for name, (kind, _help) in metrics.METRICS.items()}
     assert len(rows) == len(metrics.METRICS)
     mentioned = set(re.findall(r"\bimexctl_[a-z_]+[a-z]\b", text)) - {"imexctl_result_version"}
-    known = {n for n in metrics.METRICS} | {f"{n}_{s}" for n in metrics.METRICS for s in ("bucket", "sum", "count")}
+    known = set(metrics.METRICS) | {f"{n}_{s}" for n in metrics.METRICS for s in ("bucket", "sum", "count")}
     assert mentioned <= known, sorted(mentioned - known)
 
 
