@@ -24,8 +24,33 @@ from imexctl.errors import ImexctlError
 from imexctl.nodestate import job_ids, read_state
 from imexctl.runtime import Runtime
 
-__all__ = ["FAIL", "OK", "WARN", "Check", "Context", "as_json", "exit_code", "render_text", "run", "under_root"]
+__all__ = ["CHECK_NAMES", "FAIL", "OK", "WARN", "Check", "Context", "as_json", "exit_code", "render_text", "run", "under_root"]
 
+#: every check's name, in report order (``nvml.gpu<N>`` stands for one per GPU); docs/operations.md lists them
+CHECK_NAMES: Final = (
+    "imexctl.config",
+    "imexctl.dirs",
+    "imexctl.stale",
+    "imexctl.channels",
+    "slurm.conf",
+    "slurm.prolog",
+    "slurm.epilog",
+    "slurm.prolog_flags",
+    "slurm.prolog_timeout",
+    "slurm.epilog_timeout",
+    "slurm.switch",
+    "slurm.topology",
+    "imex.binaries",
+    "imex.version",
+    "imex.stock_unit",
+    "imex.unit",
+    "imex.channel_device",
+    "imex.channel_count",
+    "ports.ephemeral",
+    "ports.listening",
+    "nvml.fabric",
+    "nvml.gpu<N>",
+)
 OK: Final = "OK"
 WARN: Final = "WARN"
 FAIL: Final = "FAIL"

@@ -24,9 +24,10 @@ from imexctl.settings import Settings
 
 __all__ = ["CANDIDATES", "checks", "epilog_worst_case_s", "prolog_worst_case_s"]
 
-#: where doctor looks for slurm.conf without --slurm-conf or $SLURM_CONF (under [paths] root)
+#: where doctor looks for slurm.conf without --slurm-conf or $SLURM_CONF (under [paths] root);
+#: the second is configless slurmd's copy (design.md source slurm-configless)
 CANDIDATES: Final = ("/etc/slurm/slurm.conf", "/run/slurm/conf/slurm.conf")
-#: flags that imply Alloc (slurm.conf(5) PrologFlags; /work reference slurm.md section 1.7)
+#: flags that imply Alloc (design.md source slurm-prologflags)
 _ALLOC_FLAGS: Final = frozenset({"alloc", "contain", "nohold", "runinjob", "x11"})
 _HOOK_LINE: Final = re.compile(r"^\s*(?:exec\s+)?(/\S*/imexctl)\s+(prolog|epilog)\b", re.MULTILINE)
 _MAX_LINKS: Final = 8
@@ -104,7 +105,8 @@ def _hook(conf: slurmconf.SlurmConf, hook: str, ctx: Context) -> Check:
 
 
 def _hook_order(name: str, hook: str, scripts: list[Path], script: Path, target: str) -> Check:
-    # slurmd runs a glob's matches in reverse alphabetical order and stops at the first failure (slurm.md 1.4)
+    # slurmd runs a glob's matches in reverse alphabetical order and stops at the first failure
+    # (slurm.conf(5) "Prolog"; docs/install.md explains the names)
     order = sorted(scripts, reverse=True)
     runs = order.index(script)
     late = hook == "prolog" and runs != len(order) - 1

@@ -104,6 +104,13 @@ def test_good_tray_passes_every_check(make_rt: Any) -> None:
     assert doctor.exit_code(list(checks.values())) == 0
 
 
+def test_every_check_name_is_in_the_catalogue(make_rt: Any, gpu: FakeGpu) -> None:
+    """Every name doctor reports is in doctor.CHECK_NAMES (docs/operations.md's table), in its order."""
+    names = [c.name for c in doctor.run(doctor.Context(make_rt(), {}, "gb01"))]
+    general = ["nvml.gpu<N>" if n.startswith("nvml.gpu") else n for n in names]
+    assert list(dict.fromkeys(general)) == list(doctor.CHECK_NAMES)
+
+
 def test_cli_json_lists_name_status_message_fix(tray: Path, host: FakeHost, gpu: FakeGpu, capsys: Any) -> None:
     """``doctor --json`` prints the envelope with one {name, status, message, fix} per check; exit 1 on a FAIL."""
     cfg = tray / "imexctl.conf"

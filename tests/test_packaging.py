@@ -81,7 +81,8 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
         if (REPO / name).is_file():
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, src / name, follow_symlinks=False)
-    code = "import sys; from setuptools import build_meta as b; b.build_sdist(sys.argv[1]); b.build_wheel(sys.argv[1])"
+    # the backend rewrites sys.argv: keep the directory first
+    code = "import sys; from setuptools import build_meta as b; d = sys.argv[1]; b.build_sdist(d); b.build_wheel(d)"
     sh([SYS_PYTHON, "-c", code, str(out)], cwd=src)
     return out
 
@@ -308,6 +309,16 @@ def rpms(dist: Path) -> dict[str, Path]:
     return out
 
 
+def _python39() -> str | None:
+    """A Python 3.9 interpreter (EL9's version) that runs, or None."""
+    found = sorted(Path("/root/.pyenv/versions").glob("3.9.*/bin/python3.9")) + [Path("/usr/bin/python3.9")]
+    for candidate in found:
+        ok = candidate.is_file() and subprocess.run([str(candidate), "-c", "pass"], check=False, timeout=60)
+        if ok and ok.returncode == 0:
+            return str(candidate)
+    return None
+
+
 def _rpm(rpm: Path, *args: str) -> str:
     return sh(["rpm", "-qp", *args, str(rpm)])
 
@@ -346,9 +357,9 @@ def test_rpm_payload_matches_its_architecture(rpms: dict[str, Path], tmp_path: P
         (so,) = (dest / "opt/imexctl/lib/python3.9/site-packages/psutil").glob("*.so")
         assert int.from_bytes(so.read_bytes()[18:20], "little") == machine
     site = tmp_path / "x86_64/opt/imexctl/lib/python3.9/site-packages"
-    python39 = shutil.which("python3.9") or next(iter(Path("/root/.pyenv/versions").glob("3.9.*/bin/python3.9")), None)
+    python39 = _python39()
     if python39 is None:
-        pytest.skip("no Python 3.9 on this machine to run the RPM's payload with")
+        pytest.skip("no working Python 3.9 on this machine to run the RPM's payload with")
     code = f"import sys; sys.path.insert(0, {str(site)!r}); from imexctl.cli import main; sys.exit(main(['--version']))"
     out = subprocess.run([str(python39), "-I", "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0 and out.stdout.strip() == f"imexctl {__version__}", out.stderr
