@@ -24,7 +24,19 @@ from imexctl.errors import ImexctlError
 from imexctl.nodestate import job_ids, read_state
 from imexctl.runtime import Runtime
 
-__all__ = ["CHECK_NAMES", "FAIL", "OK", "WARN", "Check", "Context", "as_json", "exit_code", "render_text", "run", "under_root"]
+__all__ = [
+    "CHECK_NAMES",
+    "FAIL",
+    "OK",
+    "WARN",
+    "Check",
+    "Context",
+    "as_json",
+    "exit_code",
+    "render_text",
+    "run",
+    "under_root",
+]
 
 #: every check's name, in report order (``nvml.gpu<N>`` stands for one per GPU); docs/operations.md lists them
 CHECK_NAMES: Final = (

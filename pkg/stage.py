@@ -44,7 +44,7 @@ MANYLINUX = ("manylinux2014", "manylinux_2_17", "manylinux_2_28")
 def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--destdir", required=True, type=Path)
-    p.add_argument("--python-version", default="%d.%d" % sys.version_info[:2], help="target X.Y")
+    p.add_argument("--python-version", default="{}.{}".format(*sys.version_info[:2]), help="target X.Y")
     p.add_argument("--arch", default=os.uname().machine, help="x86_64 or aarch64")
     p.add_argument("--unitdir", default="/usr/lib/systemd/system")
     p.add_argument("--wheels", type=Path, help="install only from the wheels in this directory (offline)")
@@ -61,7 +61,7 @@ def build_wheel(out: Path) -> Path:
 
 
 def install_site(site: Path, wheel: Path, pyver: str, arch: str, wheels: Path | None) -> None:
-    """imexctl and its dependencies into ``site``, as binary wheels for the target Python and machine."""
+    """Install imexctl and its dependencies into ``site``, as binary wheels for the target Python and machine."""
     nodot = pyver.replace(".", "")
     argv = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile"]
     argv += ["--root-user-action=ignore"]
@@ -127,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(root)
     with tempfile.TemporaryDirectory() as tmp:
         wheel = build_wheel(Path(tmp))
-        install_site(root / f"lib/python{args.python_version}/site-packages", wheel, args.python_version, args.arch, args.wheels)
+        site = root / f"lib/python{args.python_version}/site-packages"
+        install_site(site, wheel, args.python_version, args.arch, args.wheels)
     make_venv(root, args.python_version)
     scripts = write_scripts(root / "bin")
     install_files(args.destdir, args.unitdir)

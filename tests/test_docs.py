@@ -36,7 +36,9 @@ PAGES = (
 )
 SHELL_FENCES = ("sh", "shell", "bash", "console")
 # last name parts that make a dotted token a file name, not an event name
-FILE_SUFFIXES = frozenset({"cfg", "conf", "d", "json", "log", "lock", "md", "pid", "prom", "py", "service", "sock", "yaml"})
+FILE_SUFFIXES = frozenset(
+    {"cfg", "conf", "d", "json", "log", "lock", "md", "pid", "prom", "py", "service", "sock", "yaml"}
+)
 
 
 def _page(name: str) -> str:

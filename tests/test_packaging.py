@@ -311,7 +311,7 @@ def rpms(dist: Path) -> dict[str, Path]:
 
 def _python39() -> str | None:
     """A Python 3.9 interpreter (EL9's version) that runs, or None."""
-    found = sorted(Path("/root/.pyenv/versions").glob("3.9.*/bin/python3.9")) + [Path("/usr/bin/python3.9")]
+    found = [*sorted(Path("/root/.pyenv/versions").glob("3.9.*/bin/python3.9")), Path("/usr/bin/python3.9")]
     for candidate in found:
         ok = candidate.is_file() and subprocess.run([str(candidate), "-c", "pass"], check=False, timeout=60)
         if ok and ok.returncode == 0:
