@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Callable, NoReturn
 
 from imexctl import __version__
@@ -38,7 +38,12 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("prolog", help="set up this job's IMEX domain (Slurm Prolog=)", description=_HOOK_HELP)
     sub.add_parser("epilog", help="tear down this job's IMEX domain (Slurm Epilog=)", description=_HOOK_HELP)
     st = sub.add_parser("status", help="show this node's IMEX domain, channels and stale state")
-    st.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    form = st.add_mutually_exclusive_group()
+    form.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    form.add_argument("--prometheus", action="store_true", help="the domain gauges in Prometheus text format")
+    dr = sub.add_parser("doctor", help="check this tray and slurm.conf before a job does (exit 1 on a FAIL)")
+    dr.add_argument("--json", action="store_true", help="the checks as JSON: name, status, message, fix")
+    dr.add_argument("--slurm-conf", metavar="FILE", help="slurm.conf to check (default: $SLURM_CONF, /etc/slurm)")
     cl = sub.add_parser("cleanup", help="reset the node after failed jobs")
     cl.add_argument("--job", type=int, metavar="ID", help="only this job")
     cl.add_argument("--dry-run", action="store_true", help="show what would be done")
@@ -60,11 +65,51 @@ def _parser() -> argparse.ArgumentParser:
         help="show an enroot container exactly the job's IMEX channel (/etc/enroot/hooks.d)",
         description="reads ENROOT_ROOTFS, ENROOT_ENVIRON and SLURM_JOB_ID (docs/containers.md)",
     )
+    _topology_parser(sub)
     de = sub.add_parser("demo", help="run a multi-tray job on the IMEX simulator (no GPU needed)")
     de.add_argument("--trays", type=int, default=4, metavar="N", help="simulated trays (default 4, at most 64)")
     de.add_argument("--fault", metavar="NAME", help="inject a simulator fault (see 'imexctl demo --help')")
     de.add_argument("--keep", action="store_true", help="keep the demo's temporary directory")
     return p
+
+
+def _topology_parser(sub: Any) -> None:
+    tp = sub.add_parser("topology", help="this tray's NVLink domain from NVML ('blocks': Slurm blocks from many trays)")
+    tp.add_argument("--json", action="store_true", help="one JSON object on one line (what 'topology blocks' reads)")
+    tp.add_argument(
+        "--node",
+        type=_node_name,
+        metavar="NAME",
+        help="node name to report (default: $SLURMD_NODENAME, short host name)",
+    )
+    tsub = tp.add_subparsers(dest="topology_command", metavar="ACTION")
+    bl = tsub.add_parser("blocks", help="Slurm topology blocks from 'imexctl topology' reports of many trays")
+    bl.add_argument("files", nargs="*", metavar="FILE", help="report files (default and '-': stdin)")
+    form = bl.add_mutually_exclusive_group()
+    form.add_argument("--yaml", action="store_true", help="topology.yaml (Slurm 25.05+) instead of topology.conf")
+    form.add_argument("--map", action="store_true", help="a NODE KEY map (for source = map, topology_map)")
+    bl.add_argument("--block-sizes", type=_block_sizes, metavar="N[,N...]", help="BlockSizes to write, e.g. 18")
+    bl.add_argument("--topology-name", default="nvlink", metavar="NAME", help="with --yaml: its name (default nvlink)")
+
+
+def _node_name(text: str) -> str:
+    from imexctl import nodelist
+    from imexctl.errors import NodeListError
+
+    try:
+        nodelist.fold([text])
+    except NodeListError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one node name: {exc.reason}") from None
+    return text
+
+
+def _block_sizes(text: str) -> tuple[int, ...]:
+    from imexctl.blocks import parse_block_sizes
+
+    try:
+        return parse_block_sizes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def main(
@@ -87,6 +132,10 @@ def main(
             return _cmd_hostlist(args)
         if args.command in ("task-prolog", "enroot-hook"):
             return _cmd_container(args, env)
+        if args.command == "topology":
+            return _cmd_topology(args, env, gpu)
+        if args.command == "doctor":
+            return _cmd_doctor(args, env, host, gpu)
         if args.command == "demo":
             from imexctl import demo
 
@@ -95,8 +144,8 @@ def main(
     except ImexctlError as exc:
         if not exc.logged:
             _log_failure(exc)
-        if args.command in ("status", "cleanup") and getattr(args, "json", False):
-            _print_json(None, errors=[exc])
+        if args.command in ("status", "cleanup", "topology", "doctor") and getattr(args, "json", False):
+            _print_json(None, errors=[exc], indent=None if args.command == "topology" else 2)
         return int(exc.exit_code)
     except KeyboardInterrupt:
         return 130
@@ -131,29 +180,61 @@ def _with_runtime(
     import structlog
 
     rt = Runtime(host, gpu, cfg, structlog.get_logger(), **({"on_step": on_step} if on_step else {}))
-    if args.command == "prolog":
-        from imexctl.prolog import prolog
-
-        prolog(env, rt)
-    elif args.command == "epilog":
-        from imexctl.teardown import epilog
-
-        epilog(env, rt)
-    elif args.command == "status":
+    if args.command == "status":
         return _cmd_status(args, rt, node)
-    elif args.command == "cleanup":
-        from imexctl.teardown import cleanup
+    return _run_hook(args, env, rt)
 
-        report = cleanup(rt, job_id=args.job, dry_run=args.dry_run, force=args.force)
-        _print_json(report) if args.json else _print_cleanup(report)
+
+def _run_hook(args: argparse.Namespace, env: Mapping[str, str], rt: Any) -> int:
+    """Run the prolog, the epilog or cleanup, then count it in the metrics (the one place that does)."""
+    t0 = rt.host.monotonic()
+    result: Any = None
+    error: BaseException | None = None
+    try:
+        if args.command == "prolog":
+            from imexctl.prolog import prolog
+
+            result = prolog(env, rt)
+        elif args.command == "epilog":
+            from imexctl.teardown import epilog
+
+            result = epilog(env, rt)
+        else:
+            from imexctl.teardown import cleanup
+
+            result = cleanup(rt, job_id=args.job, dry_run=args.dry_run, force=args.force)
+            _print_json(result) if args.json else _print_cleanup(result)
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        if not getattr(args, "dry_run", False):
+            _record_metrics(rt, args.command, result, error, rt.host.monotonic() - t0)
     return 0
+
+
+def _record_metrics(rt: Any, command: str, result: Any, error: BaseException | None, duration_s: float) -> None:
+    """Update the Prometheus text file ([metrics] textfile_dir); a failure is a warning, never the run's."""
+    if not rt.settings.metrics.textfile_dir:
+        return
+    try:
+        from imexctl import metrics
+
+        run = metrics.run_of(command, result, error, duration_s, rt.settings.readiness.level)
+        metrics.record(rt.settings, run, rt.host.time())
+    except Exception as exc:  # metrics must never fail a hook
+        rt.log.warning("metrics.failed", reason=f"{type(exc).__name__}: {exc}")
 
 
 def _cmd_status(args: argparse.Namespace, rt: Any, node: str) -> int:
     from imexctl import status
 
     data = status.collect(rt, node)
-    if args.json:
+    if args.prometheus:
+        from imexctl import metrics
+
+        sys.stdout.write(metrics.render_gauges(metrics.domain_of_status(data)))
+    elif args.json:
         _print_json(data)
     else:
         sys.stdout.write(status.render_text(data))
@@ -171,6 +252,44 @@ def _cmd_container(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     return enroothook.main(env, config=args.config)
 
 
+def _cmd_doctor(args: argparse.Namespace, env: Mapping[str, str], host: Any, gpu: Any) -> int:
+    """``imexctl doctor``: a broken config is one FAIL among the checks (they then use the defaults)."""
+    from pathlib import Path
+
+    import structlog
+
+    from imexctl import doctor, settings, slurm
+    from imexctl.errors import ConfigError, DoctorFailed
+    from imexctl.log import configure_logging
+    from imexctl.runtime import Runtime
+
+    node = slurm.node_name(env) or _short_hostname()
+    path, required = settings.find_config(args.config, env)
+    try:
+        cfg, problem = settings.load(path, node=node, required=required), ""
+    except ConfigError as exc:
+        cfg, problem = settings.load(None, node=node), str(exc)
+    # doctor only reads: no log file, warnings on stderr
+    configure_logging(level=cfg.log.level, stderr_level="info" if args.verbose else "warning")
+    if host is None:
+        from imexctl.host import RealHost
+
+        host = RealHost()
+    if gpu is None:
+        from imexctl.gpu import NvmlGpu
+
+        gpu = NvmlGpu()
+    rt = Runtime(host, gpu, cfg, structlog.get_logger())
+    conf = Path(args.slurm_conf) if args.slurm_conf else None
+    checks = doctor.run(doctor.Context(rt, env, node, conf, problem))
+    failed = [c.name for c in checks if c.status == doctor.FAIL]
+    if args.json:
+        _print_json(doctor.as_json(checks), errors=[DoctorFailed(f"failed: {', '.join(failed)}")] if failed else [])
+    else:
+        sys.stdout.write(doctor.render_text(checks))
+    return doctor.exit_code(checks)
+
+
 def _cmd_hostlist(args: argparse.Namespace) -> int:
     from imexctl import nodelist
 
@@ -184,6 +303,66 @@ def _cmd_hostlist(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_topology(args: argparse.Namespace, env: Mapping[str, str], gpu: Any) -> int:
+    """``imexctl topology``: needs no config and no root; NVML failing is exit 69 with a clean answer."""
+    if args.topology_command == "blocks":
+        return _cmd_blocks(args)
+    from imexctl import topology
+    from imexctl.errors import GpuError
+    from imexctl.slurm import node_name
+
+    if gpu is None:
+        from imexctl.gpu import NvmlGpu
+
+        gpu = NvmlGpu()
+    tray = topology.read_tray(gpu, args.node or node_name(env) or _short_hostname())
+    errors = [GpuError(tray.error)] if tray.error else []
+    if args.json:
+        _print_json(tray.data(), errors=errors, indent=None)
+    else:
+        sys.stdout.write(topology.render_text(tray))
+    return int(GpuError.exit_code) if errors else 0
+
+
+def _cmd_blocks(args: argparse.Namespace) -> int:
+    """``imexctl topology blocks``: exit 69 (after printing) when a node's report says NVML failed."""
+    from imexctl import blocks
+
+    collected = blocks.collect(_read_reports(args.files or ["-"]))
+    found = blocks.group(collected)
+    sizes = args.block_sizes or ()
+    if args.map:
+        sys.stdout.write(blocks.render_map(collected))
+    elif args.yaml:
+        sys.stdout.write(blocks.render_yaml(found, collected, sizes, args.topology_name))
+    else:
+        sys.stdout.write(blocks.render_conf(found, collected, sizes))
+    notes = [] if args.map else blocks.size_warnings(found, sizes)
+    if collected.no_fabric:
+        fold = blocks.fold_names(collected.no_fabric)
+        notes.append(f"{len(collected.no_fabric)} node(s) without multi-node NVLink fabric, in no block: {fold}")
+    notes += [f"{node}: no answer, in no block: {why}" for node, why in sorted(collected.failed.items())]
+    sys.stderr.write("".join(f"imexctl topology blocks: {line}\n" for line in notes))
+    return int(ExitCode.UNAVAILABLE) if collected.failed else 0
+
+
+def _read_reports(files: Sequence[str]) -> Iterator[Any]:
+    from pathlib import Path
+
+    from imexctl import blocks
+    from imexctl.errors import ReportError
+
+    for name in files:
+        try:
+            text = sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ReportError(f"cannot read {name}: {exc}") from exc
+        for lineno, line in enumerate(text.splitlines(), 1):
+            report = blocks.parse_line(line, f"{'stdin' if name == '-' else name}:{lineno}")
+            if report is not None:
+                yield report
+
+
 def _print_cleanup(report: dict[str, Any]) -> None:
     for line in report["actions"] or ["nothing to clean up"]:
         print(line)
@@ -191,7 +370,7 @@ def _print_cleanup(report: dict[str, Any]) -> None:
         print(f"skipped: {line}")
 
 
-def _print_json(data: Any, errors: Sequence[ImexctlError] = ()) -> None:
+def _print_json(data: Any, errors: Sequence[ImexctlError] = (), indent: int | None = 2) -> None:
     import json
 
     out = {
@@ -201,7 +380,7 @@ def _print_json(data: Any, errors: Sequence[ImexctlError] = ()) -> None:
         "data": data,
         "errors": [{"code": e.code, "message": str(e)} for e in errors],
     }
-    print(json.dumps(out, indent=2))
+    print(json.dumps(out, indent=indent))
 
 
 def _configure_logging(cfg: Any, args: argparse.Namespace, env: Mapping[str, str]) -> None:

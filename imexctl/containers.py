@@ -245,8 +245,9 @@ def enroot_checks(root: Path) -> list[Check]:
     name = f"enroot {_show(version)}" if version else "enroot (version unknown)"
     dev = "a fresh /dev (ENROOT_RESTRICT_DEV)" if restrict else "the host's /dev"
     out = [Check("containers.enroot", OK, f"{name}; containers get {dev} unless the user's environment says otherwise")]
-    out.append(_enroot_hook(hooks, old=version is not None and version < ENROOT_CHANNEL_DIR_VERSION, restrict=restrict))
-    out.extend(_enroot_other_hooks(hooks))
+    old = version is not None and version < ENROOT_CHANNEL_DIR_VERSION
+    out.append(_enroot_hook(root, hooks, old=old, restrict=restrict))
+    out.extend(_enroot_other_hooks(root, hooks))
     out.append(_enroot_environment(root / sysconf.lstrip("/") / "environ.d", conf))
     return out
 
@@ -277,8 +278,8 @@ def _enroot_flag(value: str) -> bool:
     return bool(value) and not re.fullmatch(r"no?|N[oO]?|[fF](alse)?|FALSE", value)
 
 
-def _enroot_hook(hooks: Path, *, old: bool, restrict: bool) -> Check:
-    ours = _hooks_running(hooks, HOOK_MODULE)
+def _enroot_hook(root: Path, hooks: Path, *, old: bool, restrict: bool) -> Check:
+    ours = [(p, real) for p, real in _hook_files(root, hooks) if HOOK_MODULE in _text(real)]
     install = f"install -o root -g root -m 0755 hooks/enroot/99-imexctl.sh {hooks}/99-imexctl.sh"
     if not ours:
         if old and restrict:
@@ -287,32 +288,35 @@ def _enroot_hook(hooks: Path, *, old: bool, restrict: bool) -> Check:
             seen = "enroot containers see every channel node of the tray (stale ones, channel0), not only their job's"
         msg = f"imexctl's enroot hook is not in {hooks}: {seen}"
         return Check("containers.enroot.hook", WARN, msg, install)
-    path = ours[0]
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
-        return Check("containers.enroot.hook", WARN, f"{path} is not a regular file (a symlink?)", install)
-    if st.st_uid != 0 or st.st_mode & 0o022:
+    path, real = ours[0]
+    st = os.stat(real)
+    if not stat.S_ISREG(st.st_mode):
+        return Check("containers.enroot.hook", WARN, f"{path} is not a regular file", install)
+    suspects = [real] if real == path else [real, real.parent]  # a link: also who may replace its target
+    writable = [x for x in suspects if _others_may_write(x)]
+    if writable:
         mode = f"owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}"
-        msg = f"{path} may be written by others ({mode}): it runs in every user's container start"
-        return Check("containers.enroot.hook", FAIL, msg, f"chown root:root {path} && chmod 0755 {path}")
+        msg = f"{writable[0]} may be written by others than root ({mode}): it runs in every user's container start"
+        return Check("containers.enroot.hook", FAIL, msg, f"chown root:root {real} && chmod 0755 {real}")
     if st.st_mode & 0o005 != 0o005:
-        return Check(
-            "containers.enroot.hook",
-            WARN,
-            f"{path} is not readable and executable by users: enroot skips it",
-            f"chmod 0755 {path}",
-        )
+        msg = f"{path} is not readable and executable by users: enroot skips it"
+        return Check("containers.enroot.hook", WARN, msg, f"chmod 0755 {real}")
     late = [n for n in DEV_HOOKS if (hooks / n).exists() and n > path.name]
     if late:
         return Check("containers.enroot.hook", WARN, f"{', '.join(late)} run after {path.name} and undo it", install)
     return Check("containers.enroot.hook", OK, f"{path} shows each container exactly its job's channel")
 
 
-def _enroot_other_hooks(hooks: Path) -> list[Check]:
+def _others_may_write(path: Path) -> bool:
+    st = os.stat(path)
+    return st.st_uid != 0 or bool(st.st_mode & 0o022)
+
+
+def _enroot_other_hooks(root: Path, hooks: Path) -> list[Check]:
     risky = [
         p.name
-        for p in _hook_files(hooks)
-        if HOOK_MODULE not in _text(p) and re.search(r"--imex-channel|NVIDIA_IMEX_CHANNELS", _text(p))
+        for p, real in _hook_files(root, hooks)
+        if HOOK_MODULE not in _text(real) and re.search(r"--imex-channel|NVIDIA_IMEX_CHANNELS", _text(real))
     ]
     if not risky:
         return [Check("containers.enroot.other_hooks", OK, "no other enroot hook handles IMEX channels")]
@@ -332,12 +336,22 @@ def _enroot_environment(environ_d: Path, conf: dict[str, str]) -> Check:
     return Check("containers.enroot.environment", WARN, msg, "remove it; imexctl's hook sets the job's value")
 
 
-def _hooks_running(hooks: Path, module: str) -> list[Path]:
-    return [p for p in _hook_files(hooks) if module in _text(p)]
+def _hook_files(root: Path, hooks: Path) -> list[tuple[Path, Path]]:
+    """``(entry, file it names)`` for each ``*.sh`` in ``hooks``; a symlink's target is taken under ``root``.
 
-
-def _hook_files(hooks: Path) -> list[Path]:
-    return _files(hooks, ".sh")
+    The packages install the hook in /usr/share/imexctl/hooks/enroot and a site
+    may link it, as it links the Slurm hooks (docs/install.md).
+    """
+    out = []
+    for path in _files(hooks, ".sh"):
+        real = path
+        for _ in range(8):
+            if not real.is_symlink():
+                break
+            target = os.readlink(real)
+            real = root / target.lstrip("/") if target.startswith("/") else real.parent / target
+        out.append((path, real))
+    return out
 
 
 # ---------------------------------------------------------------- channel0

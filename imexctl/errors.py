@@ -16,6 +16,7 @@ __all__ = [
     "ConfigError",
     "DaemonError",
     "DeviceError",
+    "DoctorFailed",
     "DomainBusyError",
     "EnvironmentError_",
     "ExitCode",
@@ -27,9 +28,11 @@ __all__ = [
     "NodeListError",
     "NotPrivilegedError",
     "OutputError",
+    "ReportError",
     "ResolveError",
     "SlurmQueryError",
     "Terminated",
+    "TopologyMismatch",
     "UnsafeNodeError",
     "shorten",
 ]
@@ -64,15 +67,15 @@ class ExitCode(enum.IntEnum):
 
 _MEANINGS = {
     ExitCode.OK: "ok",
-    ExitCode.FAILURE: "the demo's job failed",
+    ExitCode.FAILURE: "the demo's job failed, or doctor found a FAIL",
     ExitCode.USAGE: "usage",
-    ExitCode.DATAERR: "bad node list or job environment",
+    ExitCode.DATAERR: "bad node list, job environment or topology report",
     ExitCode.UNAVAILABLE: "IMEX, NVML, systemd or name resolution unavailable, or the node is busy",
     ExitCode.SOFTWARE: "node left unsafe, or an internal error",
     ExitCode.OSERR: "device node or file error",
     ExitCode.TEMPFAIL: "not ready in time, or the node lock was busy",
     ExitCode.NOPERM: "not root",
-    ExitCode.CONFIG: "invalid configuration",
+    ExitCode.CONFIG: "invalid configuration, or a topology source that disagrees with NVML",
 }
 
 
@@ -91,6 +94,20 @@ class ConfigError(ImexctlError):
 
     code = "config_invalid"
     exit_code = ExitCode.CONFIG
+
+
+class TopologyMismatch(ImexctlError):
+    """This tray's NVLink domain (NVML) is not the one the configured topology source gives it."""
+
+    code = "topology_mismatch"
+    exit_code = ExitCode.CONFIG
+
+
+class ReportError(ImexctlError):
+    """``imexctl topology blocks``: a malformed report line, or one node reported with two keys."""
+
+    code = "report_invalid"
+    exit_code = ExitCode.DATAERR
 
 
 class NodeListError(ImexctlError):
@@ -238,3 +255,10 @@ class UnsafeNodeError(ImexctlError):
 
     code = "node_unsafe"
     exit_code = ExitCode.SOFTWARE
+
+
+class DoctorFailed(ImexctlError):
+    """``imexctl doctor`` found at least one check that FAILs (the checks say which and why)."""
+
+    code = "doctor_failed"
+    exit_code = ExitCode.FAILURE

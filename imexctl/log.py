@@ -24,6 +24,7 @@ EVENTS: dict[str, str] = {
     "prolog.job_ended": "the job was cancelled while its prolog waited: rolled back, exit 0, no drain",
     "imex.channels.slurm": "slurm.conf sets SwitchType=switch/nvidia_imex: Slurm owns the channels, imexctl makes none",
     "imex.het_job": "a het job: one domain over its components (joint) or one per component",
+    "imex.domain.split": "the job spans several NVLink domains: the one this tray joined and its tray count",
     "imex.nodes.resolved": "the job's trays in this NVLink domain, their addresses and the list's hash",
     "imex.config.written": "config.cfg and nodes_config.cfg written for the job",
     "imex.daemon.started": "the IMEX daemon was started for the job",
@@ -41,6 +42,7 @@ EVENTS: dict[str, str] = {
     "device.channel.foreign": "other channel nodes are visible next to the job's channel",
     "state.removed": "the job's per-job directory and state were removed",
     "prolog.rolled_back": "a failed prolog undid what it had done",
+    "metrics.failed": "the Prometheus text file could not be updated; the run itself is not affected",
     "imexctl.failed": "a command failed with an expected error (error_code, exit_code)",
     "imexctl.crashed": "a command failed with an unexpected exception (a bug)",
 }

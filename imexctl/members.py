@@ -1,9 +1,10 @@
 """Which trays form this job's IMEX domain on this node, and their addresses.
 
 Every tray of the job computes the same list from the same inputs: the job's
-node list order, the optional NVLink-domain map (a Slurm ``topology.conf``
-with ``BlockName=`` lines), and one resolution rule.  Nothing here depends
-on which tray runs it, except choosing the tray's own block.
+node list order, the optional NVLink-domain source (``[topology] source``:
+Slurm blocks or a ``NODE KEY`` map, :mod:`imexctl.topofile`), and one
+resolution rule.  Nothing here depends on which tray runs it, except choosing
+the tray's own block and checking the tray's own NVML key against the source.
 """
 
 from __future__ import annotations
@@ -11,58 +12,100 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from imexctl import nodelist
-from imexctl.errors import CommandError, ConfigError, NodeListError, ResolveError
+from imexctl import nodelist, topofile
+from imexctl.errors import CommandError, ConfigError, ResolveError, TopologyMismatch
 from imexctl.fsutil import read_text_nofollow
 from imexctl.host import Host
+from imexctl.settings import Settings
+from imexctl.topofile import BlockMap
 
-__all__ = ["domain_members", "parse_hosts_file", "parse_topology", "resolve_all"]
+__all__ = ["cross_check", "domain_members", "job_domain", "parse_hosts_file", "resolve_all"]
 
 
-def parse_topology(text: str, source: str) -> dict[str, str]:
-    """Map node name -> block name from ``BlockName=<b> Nodes=<hostlist>`` lines.
+def job_domain(nodes: Sequence[str], me: str, settings: Settings, nvml_key: str | None, log: Any) -> tuple[str, ...]:
+    """This tray's domain members, after checking its NVML key against the configured source.
 
-    Other Slurm topology lines (``BlockSizes=``, ``SwitchName=``), blank lines
-    and ``#`` comments are ignored.
+    Reads ``[topology] source`` (``[paths] topology_file``) and ``[paths]
+    topology_map``; touches nothing else, so a failure here happens before the
+    prolog takes the lock or writes a file.  A job over several NVLink domains
+    logs ``imex.domain.split`` with the domain this tray joined.
 
     Raises:
-        ConfigError: a malformed block line, or a node in two blocks.
+        ConfigError: a source that cannot be read or parsed, this node in no block or not in the map.
+        TopologyMismatch: the source gives this tray another key than NVML.
     """
-    owner: dict[str, str] = {}
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line.startswith("BlockName="):
-            continue
-        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
-        block, nodes = fields.get("BlockName", ""), fields.get("Nodes", "")
-        if not block or not nodes:
-            raise ConfigError(f"{source}:{lineno}: block line needs BlockName= and Nodes=: {line!r}")
-        try:
-            names = nodelist.expand(nodes)
-        except NodeListError as exc:
-            raise ConfigError(f"{source}:{lineno}: {exc}") from exc
-        for name in names:
-            if owner.setdefault(name, block) != block:
-                raise ConfigError(f"{source}:{lineno}: node {name} is in blocks {owner[name]} and {block}")
-    return owner
+    topo, paths = settings.topology, settings.paths
+    source = None
+    if topo.source != "none" and paths.topology_file is not None:
+        source = topofile.load(topo.source, paths.topology_file, topo.yaml_topology)
+    trays = domain_members(nodes, me, source)
+    checks = [(source, False)] if source is not None else []
+    if paths.topology_map is not None:
+        checks.append((topofile.load("map", paths.topology_map), True))
+    cross_check(me, nvml_key, checks)
+    if source is not None:
+        _log_split(nodes, me, source, len(trays), nvml_key, log)
+    return trays
 
 
-def domain_members(nodes: Sequence[str], me: str, topology_file: Path | None) -> tuple[str, ...]:
+def domain_members(nodes: Sequence[str], me: str, source: BlockMap | None) -> tuple[str, ...]:
     """The job's trays that share this tray's NVLink domain, in node-list order.
 
-    Without a topology file every tray of the job is in one domain.
+    Without a source every tray of the job is in one domain.  Job nodes in no
+    block are in no domain (their own prologs fail).
+
+    Raises:
+        ConfigError: this node is in no block of the source.
     """
-    if topology_file is None:
+    if source is None:
         return tuple(nodes)
-    try:
-        text = read_text_nofollow(topology_file, trusted=True)
-    except OSError as exc:
-        raise ConfigError(f"cannot read topology file {topology_file}: {exc.strerror}") from exc
-    owner = parse_topology(text, str(topology_file))
-    if me not in owner:
-        raise ConfigError(f"{topology_file}: this node {me} is in no BlockName= block")
-    return tuple(n for n in nodes if owner.get(n) == owner[me])
+    mine = source.block_of.get(me)
+    if mine is None:
+        raise ConfigError(f"{source.source}: this node {me} is in no {source.unit} (in no NVLink domain)")
+    return tuple(n for n in nodes if source.block_of.get(n) == mine)
+
+
+def cross_check(me: str, nvml_key: str | None, sources: Sequence[tuple[BlockMap, bool]]) -> None:
+    """Refuse a tray whose NVML key differs from the key a source gives it.
+
+    Args:
+        me: this node.
+        nvml_key: this tray's key from NVML; None (no NVML check) skips the check.
+        sources: each source, and whether it must name this node (a map given only for the check).
+
+    Raises:
+        TopologyMismatch: naming both keys and the source.
+        ConfigError: a source that must name this node does not.
+    """
+    if nvml_key is None:
+        return
+    for source, required in sources:
+        expected = source.key_of(me)
+        if expected is None and required:
+            raise ConfigError(f"{source.source}: this node {me} is not in the NVLink domain map")
+        if expected is not None and expected != nvml_key:
+            raise TopologyMismatch(
+                f"this tray ({me}) is in NVLink domain {nvml_key} (NVML), but {source.source} puts it in "
+                f"{expected} (block {source.block_of[me]}); refusing IMEX before starting anything: "
+                f"regenerate the topology file (imexctl topology blocks) or check the tray"
+            )
+
+
+def _log_split(nodes: Sequence[str], me: str, source: BlockMap, trays: int, key: str | None, log: Any) -> None:
+    """One line per tray when the job spans several domains (or has nodes in none)."""
+    domains = {source.block_of[n] for n in nodes if n in source.block_of}
+    outside = [n for n in nodes if n not in source.block_of]
+    if len(domains) > 1 or outside:
+        log.info(
+            "imex.domain.split",
+            domain=source.block_of[me],
+            key=key or source.key_of(me),
+            trays=trays,
+            domains=len(domains),
+            outside=nodelist.fold(outside),
+        )
 
 
 def parse_hosts_file(text: str, source: str) -> dict[str, str]:

@@ -103,11 +103,12 @@ def _prolog(env: Mapping[str, str], rt: Runtime, run: _Run) -> dict[str, Any]:
     bind(job_id=job.job_id, node=job.node)
     skip = _gate(job, rt) or _shared(job, rt)
     deadline = run.t0 + (_read_slurm_conf(job, rt, run) if not skip else 0)
-    skip = skip or _no_fabric(rt, deadline)
+    no_fabric, key = ("", None) if skip else _no_fabric(rt, deadline)
+    skip = skip or no_fabric
     if skip:
         return _done(rt, run.t0, skipped=skip)
     job = _het_domain(job, rt)
-    trays = members.domain_members(job.nodes, job.node, rt.settings.paths.topology_file)
+    trays = members.job_domain(job.nodes, job.node, rt.settings, key, rt.log)  # cross-checks the NVML key
     single = rt.settings.policy.single_tray if len(trays) == 1 else "domain"
     if single == "none":
         return _done(rt, run.t0, skipped="the job has one tray in this NVLink domain ([policy] single_tray = none)")
@@ -166,13 +167,12 @@ def _capped_deadline(found: tuple[int, str] | None, rt: Runtime, run: _Run) -> f
     return run.deadline_s
 
 
-def _no_fabric(rt: Runtime, deadline: float) -> str:
-    """Why NVML says this tray takes no part ('' when it does, or when the check is off)."""
+def _no_fabric(rt: Runtime, deadline: float) -> tuple[str, str | None]:
+    """Why NVML says this tray takes no part ('' when it does, or when the check is off), and its key."""
     if rt.settings.policy.fabric != "nvml":
-        return ""
-    if fabric_key(rt.gpu, rt.host, rt.settings, deadline=deadline, log=rt.log) is None:
-        return "this tray has no multi-node NVLink fabric (NVML)"
-    return ""
+        return "", None
+    key = fabric_key(rt.gpu, rt.host, rt.settings, deadline=deadline, log=rt.log)
+    return ("" if key else "this tray has no multi-node NVLink fabric (NVML)"), key
 
 
 def _het_domain(job: JobContext, rt: Runtime) -> JobContext:

@@ -26,6 +26,7 @@ __all__ = [
     "Daemon",
     "JobDir",
     "Log",
+    "Metrics",
     "Paths",
     "PathsSection",
     "Policy",
@@ -33,6 +34,7 @@ __all__ = [
     "Readiness",
     "Resolve",
     "Settings",
+    "Topology",
     "find_config",
     "load",
 ]
@@ -180,7 +182,10 @@ class PathsSection:
     log_file: str = _key("/var/log/imexctl.log", _opt_abs_path)
     imex_log_file: str = _key("/var/log/nvidia-imex.log", _abs_path)
     hosts_file: str = _key("/etc/imexctl/hosts", _abs_path)
+    # the NVLink-domain source chosen by [topology] source (topology.conf, topology.yaml or a NODE KEY map)
     topology_file: str = _key("", _opt_abs_path)
+    # a NODE KEY map (imexctl topology blocks --map) that the prolog checks this tray's NVML key against
+    topology_map: str = _key("", _opt_abs_path)
     # the driver's module parameters; ImexChannelCount bounds the channel minor
     nvidia_params: str = _key("/proc/driver/nvidia/params", _abs_path)
 
@@ -276,6 +281,20 @@ class Resolve:
     method: str = _key("dns", _choice("dns", "hosts_file"))
 
 
+def _opt_name(v: str) -> str:
+    return _name(v) if v else ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """``[topology]``: where the NVLink domains (Slurm blocks) come from (docs/topology.md)."""
+
+    # auto: topology_conf when [paths] topology_file is set, none otherwise (load() resolves it)
+    source: str = _key("auto", _choice("auto", "topology_conf", "topology_yaml", "map", "none"))
+    # the topology of topology.yaml to read; empty: the file's only block topology
+    yaml_topology: str = _key("", _opt_name)
+
+
 @dataclasses.dataclass(frozen=True)
 class Log:
     """``[log]``: imexctl's own log."""
@@ -283,6 +302,14 @@ class Log:
     level: str = _key("info", _choice("debug", "info", "warning", "error"))
     # also send every line to syslog (the journal on systemd hosts), ident "imexctl"
     syslog: str = _key("no", _choice("yes", "no"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Metrics:
+    """``[metrics]``: the Prometheus text file for node_exporter's textfile collector (docs/metrics.md)."""
+
+    # empty: no metrics; else a directory (taken under [paths] root) that gets imexctl.prom after each run
+    textfile_dir: str = _key("", _opt_abs_path)
 
 
 SECTIONS: Mapping[str, type] = {
@@ -294,7 +321,9 @@ SECTIONS: Mapping[str, type] = {
     "slurm": Slurm,
     "ports": Ports,
     "resolve": Resolve,
+    "topology": Topology,
     "log": Log,
+    "metrics": Metrics,
 }
 
 # section -> key -> (default text, parser), in file order.
@@ -350,6 +379,7 @@ class Paths:
     imex_log_file: Path
     hosts_file: Path
     topology_file: Path | None
+    topology_map: Path | None
     nvidia_params: Path
 
     @property
@@ -380,7 +410,9 @@ class Settings:
     slurm: Slurm
     ports: Ports
     resolve: Resolve
+    topology: Topology
     log: Log
+    metrics: Metrics
     imex: Mapping[str, str]
 
     def replace(self, **changes: Any) -> Settings:
@@ -443,6 +475,7 @@ def load(path: Path | None, *, node: str, required: bool = True, euid: int | Non
     if raw:
         _fail(path, min(raw), None, f"unknown section (known: {', '.join([*SCHEMA, 'imex'])})")
     _cross_check(path, sections)
+    sections["topology"] = _topology(path, sections["topology"], sections["paths"])
     paths = _paths(sections.pop("paths"), node)
     return Settings(source=source, paths=paths, imex=imex, **sections)
 
@@ -517,6 +550,22 @@ def _cross_check(path: Path | None, sections: Mapping[str, Any]) -> None:
         _fail(path, "ports", "cmd_port_range", "must not overlap server_port_range (a job needs both ports)")
 
 
+def _topology(path: Path | None, topo: Topology, paths: PathsSection) -> Topology:
+    """Check the topology keys against ``[paths]`` and resolve ``source = auto``."""
+    source = topo.source
+    if source == "auto":
+        source = "topology_conf" if paths.topology_file else "none"
+    if source != "none" and not paths.topology_file:
+        _fail(path, "topology", "source", f"{source} needs [paths] topology_file")
+    if source == "none" and paths.topology_file:
+        _fail(path, "paths", "topology_file", "is set but [topology] source = none would ignore it")
+    if paths.topology_map and source not in ("topology_conf", "topology_yaml"):
+        _fail(path, "paths", "topology_map", f"checks a topology_conf or topology_yaml source, not {source}")
+    if topo.yaml_topology and source != "topology_yaml":
+        _fail(path, "topology", "yaml_topology", "needs source = topology_yaml")
+    return dataclasses.replace(topo, source=source)
+
+
 def _paths(p: PathsSection, node: str) -> Paths:
     root = Path(p.root.replace("%n", node))
 
@@ -532,6 +581,7 @@ def _paths(p: PathsSection, node: str) -> Paths:
         imex_log_file=under(p.imex_log_file),
         hosts_file=under(p.hosts_file),
         topology_file=under(p.topology_file) if p.topology_file else None,
+        topology_map=under(p.topology_map) if p.topology_map else None,
         nvidia_params=under(p.nvidia_params),
     )
 

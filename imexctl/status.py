@@ -27,10 +27,21 @@ def collect(rt: Runtime, node: str) -> dict[str, Any]:
     return {
         "node": node,
         "owner_job": jobs[0]["job_id"] if len(jobs) == 1 else None,
+        "fabric": _fabric(rt, node),
         "jobs": jobs,
         "channels": channels,
         "stale": stale,
     }
+
+
+def _fabric(rt: Runtime, node: str) -> dict[str, Any] | None:
+    """The tray's NVLink domain key and fabric health (one NVML read, no wait); None with ``fabric = none``."""
+    if rt.settings.policy.fabric != "nvml":
+        return None
+    from imexctl.topology import read_tray
+
+    tray = read_tray(rt.gpu, node)
+    return {"fabric": tray.fabric, "key": tray.key, "health": tray.health, "reason": tray.reason, "error": tray.error}
 
 
 def _job(job_id: int, rt: Runtime) -> dict[str, Any]:
@@ -118,9 +129,20 @@ def _read(path: Path) -> list[str]:
         return []
 
 
+def _fabric_line(fabric: dict[str, Any] | None) -> str:
+    if fabric is None:
+        return "NVLink domain: not checked ([policy] fabric = none)"
+    if fabric["key"]:
+        return f"NVLink domain: {fabric['key']}, fabric health {fabric['health']}"
+    if fabric["error"]:
+        return f"NVLink domain: unknown ({fabric['error']})"
+    return f"NVLink domain: none (no multi-node NVLink fabric: {fabric['reason']})"
+
+
 def render_text(st: dict[str, Any]) -> str:
     """Human-readable status."""
-    lines = [f"node: {st['node']}", f"owner job: {st['owner_job'] if st['owner_job'] is not None else '-'}"]
+    lines = [f"node: {st['node']}", _fabric_line(st["fabric"])]
+    lines.append(f"owner job: {st['owner_job'] if st['owner_job'] is not None else '-'}")
     if not st["jobs"]:
         lines.append("no IMEX domain on this node")
     for j in st["jobs"]:

@@ -260,6 +260,21 @@ class TestEnroot:
         check = _by_name(containers.enroot_checks(root))["containers.enroot.hook"]
         assert check.status == OK and "/opt/enroot/hooks.d/99-imexctl.sh" in check.message
 
+    @needs_chown
+    def test_hook_linked_to_the_packaged_file_is_ok(self, tmp_path: Path) -> None:
+        """A link to the packages' /usr/share/imexctl/hooks/enroot/99-imexctl.sh (root's, 0755) is fine."""
+        root = _enroot_root(tmp_path, "enroot-good", hook=False)
+        shared = root / "usr/share/imexctl/hooks/enroot"
+        shared.mkdir(parents=True)
+        shutil.copy(REPO / "hooks" / "enroot" / "99-imexctl.sh", shared / "99-imexctl.sh")
+        os.chmod(shared / "99-imexctl.sh", 0o755)
+        (root / "etc/enroot/hooks.d/99-imexctl.sh").symlink_to("/usr/share/imexctl/hooks/enroot/99-imexctl.sh")
+        check = _by_name(containers.enroot_checks(root))["containers.enroot.hook"]
+        assert check.status == OK, check
+        os.chmod(shared, 0o777)
+        check = _by_name(containers.enroot_checks(root))["containers.enroot.hook"]
+        assert check.status == FAIL and str(shared) in check.message
+
     def test_not_installed_is_ok(self, tmp_path: Path) -> None:
         """No /usr/bin/enroot: nothing to check."""
         assert _statuses(containers.enroot_checks(tmp_path)) == {"containers.enroot": OK}

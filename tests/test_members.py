@@ -1,13 +1,15 @@
-"""domain: NVLink-domain membership from a topology file, and one address per tray."""
+"""members: NVLink-domain membership from a topology source, the NVML cross-check, and one address per tray."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 
-from imexctl.errors import ConfigError, ResolveError
-from imexctl.members import domain_members, parse_hosts_file, parse_topology, resolve_all
+from imexctl.errors import ConfigError, ResolveError, TopologyMismatch
+from imexctl.members import cross_check, domain_members, job_domain, parse_hosts_file, resolve_all
+from imexctl.topofile import BlockMap, parse_topology
 from tests.support.fakes import FakeHost
 
 TOPOLOGY = """\
@@ -19,92 +21,153 @@ SwitchName=s1 Nodes=gb[01-07]
 
    # indented comment
 """
+KEY_A = "4f2a9c1e-5d6b-4e8f-9a0b-1c2d3e4f5a6b.7"
+KEY_B = "11111111-2222-3333-4444-555555555555.7"
+KEY_C = "11111111-2222-3333-4444-555555555555.8"
 
 
-class TestParseTopology:
-    def test_maps_every_node_to_its_block(self) -> None:
-        """Each node of a BlockName line maps to that block."""
-        owner = parse_topology(TOPOLOGY, "topo")
-        assert owner == {
-            "gb01": "rackA",
-            "gb02": "rackA",
-            "gb03": "rackA",
-            "gb04": "rackB",
-            "gb05": "rackB",
-            "gb07": "rackB",
-        }
-
-    def test_ignores_other_lines(self) -> None:
-        """SwitchName=, BlockSizes=, comments and blank lines add no node."""
-        owner = parse_topology("SwitchName=s1 Nodes=gb[01-09]\nBlockSizes=4\n\n# BlockName=x Nodes=gb01\n", "t")
-        assert owner == {}
-
-    def test_trailing_comment_on_block_line(self) -> None:
-        """A comment after a block line is ignored."""
-        assert parse_topology("BlockName=b1 Nodes=gb01  # first\n", "t") == {"gb01": "b1"}
-
-    def test_node_in_two_blocks_is_refused(self) -> None:
-        """A node listed in two different blocks is an error naming file, line, node and both blocks."""
-        with pytest.raises(ConfigError) as info:
-            parse_topology("BlockName=b1 Nodes=gb[01-02]\nBlockName=b2 Nodes=gb02\n", "/etc/topo.conf")
-        assert "/etc/topo.conf:2" in str(info.value)
-        assert all(word in str(info.value) for word in ("gb02", "b1", "b2"))
-
-    @pytest.mark.parametrize(
-        "line",
-        [
-            pytest.param("BlockName=b1", id="no-nodes"),
-            pytest.param("BlockName= Nodes=gb01", id="empty-name"),
-            pytest.param("BlockName=b1 Nodes=", id="empty-nodes"),
-        ],
-    )
-    def test_incomplete_block_line_is_refused(self, line: str) -> None:
-        """A block line without a name or nodes is an error naming file and line."""
-        with pytest.raises(ConfigError, match=r"^topo:1: block line needs"):
-            parse_topology(line + "\n", "topo")
-
-    def test_malformed_node_list_is_a_config_error_with_location(self) -> None:
-        """A bad Nodes= hostlist is a ConfigError naming file, line and the faulty part."""
-        with pytest.raises(ConfigError, match=r"^/etc/topo.conf:2: .*gb\[01-"):
-            parse_topology("BlockName=b0 Nodes=gb09\nBlockName=b1 Nodes=gb[01-\n", "/etc/topo.conf")
+def blocks(**nodes: str) -> BlockMap:
+    """A BlockMap from node=block keyword arguments, without keys."""
+    return BlockMap("test", nodes, {})
 
 
 class TestDomainMembers:
-    @pytest.fixture
-    def topo(self, tmp_path: Path) -> Path:
-        path = tmp_path / "topology.conf"
-        path.write_text(TOPOLOGY)
-        return path
-
-    def test_without_topology_all_nodes_in_order(self) -> None:
-        """Without a topology file every node of the job is a member, in node-list order."""
+    def test_without_a_source_all_nodes_in_order(self) -> None:
+        """Without a source every node of the job is a member, in node-list order."""
         assert domain_members(["gb05", "gb01", "gb03"], "gb01", None) == ("gb05", "gb01", "gb03")
 
-    def test_keeps_only_own_block_in_node_list_order(self, topo: Path) -> None:
+    def test_keeps_only_own_block_in_node_list_order(self) -> None:
         """Only the trays in this tray's block are members, in the job's node-list order."""
+        source = parse_topology(TOPOLOGY, "topo")
         nodes = ["gb07", "gb02", "gb04", "gb01", "gb05"]
-        assert domain_members(nodes, "gb04", topo) == ("gb07", "gb04", "gb05")
-        assert domain_members(nodes, "gb01", topo) == ("gb02", "gb01")
+        assert domain_members(nodes, "gb04", source) == ("gb07", "gb04", "gb05")
+        assert domain_members(nodes, "gb01", source) == ("gb02", "gb01")
 
-    def test_node_not_in_any_block_is_an_error(self, topo: Path) -> None:
-        """A tray that is in no block of the topology file fails with its name."""
-        with pytest.raises(ConfigError, match="gb06 is in no BlockName"):
-            domain_members(["gb01", "gb06"], "gb06", topo)
+    def test_three_domains_and_a_domain_of_one(self) -> None:
+        """A job over three blocks: each tray gets exactly its block's trays; a block with one tray is a domain."""
+        source = blocks(a1="A", a2="A", b1="B", b2="B", b3="B", c1="C")
+        nodes = ["a1", "b1", "c1", "a2", "b2", "b3"]
+        assert {me: domain_members(nodes, me, source) for me in nodes} == {
+            "a1": ("a1", "a2"),
+            "a2": ("a1", "a2"),
+            "b1": ("b1", "b2", "b3"),
+            "b2": ("b1", "b2", "b3"),
+            "b3": ("b1", "b2", "b3"),
+            "c1": ("c1",),
+        }
 
-    def test_job_node_outside_blocks_is_left_out(self, topo: Path) -> None:
+    def test_node_not_in_any_block_is_an_error(self) -> None:
+        """A tray that is in no block of the source fails with its name and the source."""
+        with pytest.raises(
+            ConfigError, match=r"^topo: this node gb06 is in no BlockName= block \(in no NVLink domain\)"
+        ):
+            domain_members(["gb01", "gb06"], "gb06", parse_topology(TOPOLOGY, "topo"))
+
+    def test_job_node_outside_blocks_is_left_out(self) -> None:
         """A job node that is in no block is simply not a member of this tray's domain."""
-        assert domain_members(["gb01", "gb06", "gb02"], "gb01", topo) == ("gb01", "gb02")
+        assert domain_members(["gb01", "gb06", "gb02"], "gb01", parse_topology(TOPOLOGY, "t")) == ("gb01", "gb02")
 
-    def test_missing_topology_file_is_a_config_error(self, tmp_path: Path) -> None:
-        """A configured topology file that does not exist is a ConfigError naming it."""
-        with pytest.raises(ConfigError, match="topology file .*nope"):
-            domain_members(["gb01"], "gb01", tmp_path / "nope")
 
-    def test_symlinked_topology_file_is_refused(self, tmp_path: Path, topo: Path) -> None:
-        """A topology file that is a symlink is not followed."""
-        (tmp_path / "link").symlink_to(topo)
-        with pytest.raises(ConfigError, match="cannot read topology file"):
-            domain_members(["gb01"], "gb01", tmp_path / "link")
+class TestCrossCheck:
+    def test_matching_key_passes(self) -> None:
+        """A source that gives this tray the key NVML reports lets the prolog go on."""
+        cross_check("gb01", KEY_A, [(BlockMap("m", {"gb01": KEY_A}, {KEY_A: KEY_A}), True)])
+
+    def test_mismatch_names_both_keys_the_node_and_the_source(self) -> None:
+        """NVML key A against a map that says B: refused, naming node, both keys, the file and the block."""
+        source = BlockMap("/etc/slurm/nvlink.map", {"gb01": KEY_B}, {KEY_B: KEY_B})
+        with pytest.raises(TopologyMismatch) as info:
+            cross_check("gb01", KEY_A, [(source, True)])
+        message = str(info.value)
+        assert all(part in message for part in ("gb01", KEY_A, KEY_B, "/etc/slurm/nvlink.map", "before starting"))
+
+    def test_block_without_a_key_is_not_checked(self) -> None:
+        """A topology.conf block without a key comment has nothing to compare against."""
+        cross_check("gb01", KEY_A, [(blocks(gb01="rackA"), False)])
+
+    def test_required_map_must_name_this_node(self) -> None:
+        """A map configured for the check that lacks this node is a config error naming the node."""
+        with pytest.raises(ConfigError, match="this node gb01 is not in the NVLink domain map"):
+            cross_check("gb01", KEY_A, [(BlockMap("m", {"gb02": KEY_A}, {KEY_A: KEY_A}), True)])
+
+    def test_no_nvml_key_skips_the_check(self) -> None:
+        """With [policy] fabric = none there is no NVML key: nothing is compared."""
+        cross_check("gb01", None, [(BlockMap("m", {"gb01": KEY_B}, {KEY_B: KEY_B}), True)])
+
+    def test_every_source_is_checked(self) -> None:
+        """A matching topology file does not hide a map that disagrees."""
+        conf = BlockMap("conf", {"gb01": "rackA"}, {"rackA": KEY_A})
+        with pytest.raises(TopologyMismatch, match="map puts it in"):
+            cross_check("gb01", KEY_A, [(conf, False), (BlockMap("map", {"gb01": KEY_B}, {KEY_B: KEY_B}), True)])
+
+
+class TestJobDomain:
+    @pytest.fixture
+    def files(self, root: Path) -> Path:
+        etc = root / "etc/slurm"
+        etc.mkdir(parents=True)
+        (etc / "topology.conf").write_text(TOPOLOGY)
+        (etc / "nvlink.map").write_text(
+            "".join(f"gb{i:02d} {KEY_A}\n" for i in (1, 2, 3)) + "".join(f"gb{i:02d} {KEY_B}\n" for i in (4, 5, 7))
+        )
+        return etc
+
+    def test_default_source_is_all_trays(self, make_settings: Callable[..., Any]) -> None:
+        """With no topology file ([topology] source = auto -> none), the job's trays are one domain."""
+        s = make_settings()
+        assert s.topology.source == "none"
+        assert job_domain(["gb01", "gb09"], "gb01", s, KEY_A, None) == ("gb01", "gb09")
+
+    def test_map_source_splits_and_logs_once(self, files: Path, make_settings: Callable[..., Any]) -> None:
+        """source = map: the trays with this tray's key; a job over two domains logs imex.domain.split once."""
+        s = make_settings(node="gb04", paths={"topology_file": "/etc/slurm/nvlink.map"}, topology={"source": "map"})
+        log = _Log()
+        assert job_domain(["gb01", "gb04", "gb02", "gb05"], "gb04", s, KEY_B, log) == ("gb04", "gb05")
+        assert [(e[1], e[2]["domain"], e[2]["trays"], e[2]["domains"]) for e in log.events] == [
+            ("imex.domain.split", KEY_B, 2, 2)
+        ]
+
+    def test_split_event_names_domain_key_and_counts(self, files: Path, make_settings: Callable[..., Any]) -> None:
+        """imex.domain.split carries the domain joined, its key, its trays, the domains and nodes in none."""
+        s = make_settings(paths={"topology_file": "/etc/slurm/topology.conf"})
+        log = _Log()
+        job_domain(["gb01", "gb04", "gb02", "gb06"], "gb01", s, KEY_A, log)
+        assert log.events == [
+            (
+                "info",
+                "imex.domain.split",
+                {"domain": "rackA", "key": KEY_A, "trays": 2, "domains": 2, "outside": "gb06"},
+            )
+        ]
+
+    def test_one_domain_logs_nothing(self, files: Path, make_settings: Callable[..., Any]) -> None:
+        """A job inside one domain logs no split event."""
+        s = make_settings(paths={"topology_file": "/etc/slurm/topology.conf"})
+        log = _Log()
+        assert job_domain(["gb01", "gb02"], "gb01", s, KEY_A, log) == ("gb01", "gb02")
+        assert log.events == []
+
+    def test_topology_conf_with_a_map_for_the_check(self, files: Path, make_settings: Callable[..., Any]) -> None:
+        """Blocks from topology.conf, keys from [paths] topology_map: a tray whose NVML key differs is refused."""
+        s = make_settings(paths={"topology_file": "/etc/slurm/topology.conf", "topology_map": "/etc/slurm/nvlink.map"})
+        assert job_domain(["gb01", "gb02"], "gb01", s, KEY_A, _Log()) == ("gb01", "gb02")
+        with pytest.raises(TopologyMismatch, match=f"{KEY_C} .NVML.*nvlink.map puts it in {KEY_A}"):
+            job_domain(["gb01", "gb02"], "gb01", s, KEY_C, _Log())
+
+    def test_node_missing_from_the_map_source(self, files: Path, make_settings: Callable[..., Any]) -> None:
+        """With source = map, a tray missing from the map fails; a job node missing from it is left out."""
+        s = make_settings(node="gb06", paths={"topology_file": "/etc/slurm/nvlink.map"}, topology={"source": "map"})
+        with pytest.raises(ConfigError, match="gb06 is in no map line"):
+            job_domain(["gb01", "gb06"], "gb06", s, KEY_A, _Log())
+        assert job_domain(["gb01", "gb06"], "gb01", s, KEY_A, _Log()) == ("gb01",)
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, dict[str, Any]]] = []
+
+    def __getattr__(self, level: str) -> Any:
+        return lambda event, **kw: self.events.append((level, event, kw))
 
 
 class TestParseHostsFile:

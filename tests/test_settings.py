@@ -283,6 +283,57 @@ class TestPaths:
         assert load(path, node="gb01").paths.log_file is None
 
 
+class TestTopology:
+    def test_auto_is_topology_conf_with_a_file_and_none_without(self, tmp_path: Path) -> None:
+        """source = auto (default): today's rule, a topology_file is a topology.conf; none without one."""
+        assert load(None, node="gb01").topology.source == "none"
+        path = conf(tmp_path, "[paths]\ntopology_file = /etc/slurm/topology.conf\n")
+        s = load(path, node="gb01")
+        assert s.topology.source == "topology_conf" and s.paths.topology_file == Path("/etc/slurm/topology.conf")
+
+    def test_map_file_is_rebased_under_root(self, tmp_path: Path) -> None:
+        """[paths] topology_map lands under root like every path."""
+        text = (
+            "[paths]\nroot = /srv/n1\ntopology_file = /t.yaml\ntopology_map = /m\n[topology]\nsource = topology_yaml\n"
+        )
+        s = load(conf(tmp_path, text), node="gb01")
+        assert (s.paths.topology_file, s.paths.topology_map) == (Path("/srv/n1/t.yaml"), Path("/srv/n1/m"))
+
+    @pytest.mark.parametrize(
+        ("text", "match"),
+        [
+            pytest.param(
+                "[topology]\nsource = map\n", r"\[topology\] source: map needs \[paths\] topology_file", id="no-file"
+            ),
+            pytest.param(
+                "[paths]\ntopology_file = /t\n[topology]\nsource = none\n",
+                r"\[paths\] topology_file: is set but \[topology\] source = none would ignore it",
+                id="none-with-file",
+            ),
+            pytest.param(
+                "[paths]\ntopology_file = /t\ntopology_map = /m\n[topology]\nsource = map\n",
+                r"\[paths\] topology_map: checks a topology_conf or topology_yaml source, not map",
+                id="map-twice",
+            ),
+            pytest.param(
+                "[paths]\ntopology_map = /m\n", r"\[paths\] topology_map: checks .* not none", id="map-without-source"
+            ),
+            pytest.param(
+                "[paths]\ntopology_file = /t\n[topology]\nyaml_topology = racks\n",
+                r"\[topology\] yaml_topology: needs source = topology_yaml",
+                id="yaml-name-without-yaml",
+            ),
+            pytest.param(
+                "[topology]\nsource = slurm\n", r"\[topology\] source: 'slurm' must be one of auto", id="value"
+            ),
+        ],
+    )
+    def test_contradictions_are_config_errors(self, tmp_path: Path, text: str, match: str) -> None:
+        """A source without its file, a file no source reads, a map beside a map: each names its key."""
+        with pytest.raises(ConfigError, match=match):
+            load(conf(tmp_path, text), node="gb01")
+
+
 class TestFindConfig:
     def test_explicit_option_wins(self, tmp_path: Path) -> None:
         """--config is used (and required) even when the environment names other files."""
@@ -321,5 +372,7 @@ def test_schema_sections_are_documented_names() -> None:
         "slurm",
         "ports",
         "resolve",
+        "topology",
         "log",
+        "metrics",
     ]

@@ -1,4 +1,4 @@
-"""Corpus family 3: the configuration (imexctl.conf, the hosts file, the topology file), one case per id.
+"""Corpus family 3: the configuration (imexctl.conf, the hosts file, the topology sources), one case per id.
 
 A case gives ``sections`` merged over the corpus defaults, or raw ``text``
 for the config file (``{root}`` is the tray's root), plus ``files`` to plant
@@ -62,7 +62,7 @@ _CHOICES = {
     ("readiness", "level"): "domain", ("readiness", "ctl_address"): "config", ("readiness", "blame_peers"): "no",
     ("resolve", "method"): "dns", ("log", "level"): "info", ("log", "syslog"): "no",
     ("policy", "single_tray"): "domain", ("slurm", "cap_deadline"): "yes", ("slurm", "check_cancelled"): "yes",
-    ("slurm", "het_jobs"): "joint",
+    ("slurm", "het_jobs"): "joint", ("topology", "source"): "auto",
 }  # fmt: skip
 
 WRONG_TYPES = [
@@ -99,6 +99,7 @@ WRONG_TYPES = [
     _key("policy", "feature", "imex/gpu", "must be a plain name"),
     _key("daemon", "stock_unit", "nvidia-imex", "must be a full unit name"),
     _key("daemon", "stock_unit", ".service", "must be a full unit name"),
+    _key("topology", "yaml_topology", "racks/1", "must be a plain name"),
 ]  # fmt: skip
 
 _PATHS = [(s, k) for s, keys in settings.SCHEMA.items() for k, (_, parse) in keys.items()
@@ -110,6 +111,7 @@ RELATIVE_PATHS = [
     _key("paths", "run_dir", "./run/imexctl", "must be an absolute path"),
     _key("paths", "root", "%n", "must be an absolute path"),
     _key("paths", "run_dir", "%(root)s/run", "must be an absolute path"),
+    _key("metrics", "textfile_dir", "var/lib/node_exporter", "must be an absolute path"),
     _key("commands", "nvidia_imex_ctl", "nvidia-imex-ctl", "must be an absolute path"),
     _key("paths", "proc_devices", "", "must be an absolute path"),
 ]  # fmt: skip
@@ -138,6 +140,14 @@ CROSS = [
                {"ports": {"cmd_port_range": "61500-62500"}}),
     ConfigCase("port-ranges-equal", ("[ports] cmd_port_range: must not overlap",),
                {"ports": {"server_port_range": "61000-61999", "cmd_port_range": "61000-61999"}}),
+    ConfigCase("topology-source-without-file", ("[topology] source: map needs [paths] topology_file",),
+               {"topology": {"source": "map"}}),
+    ConfigCase("topology-file-ignored-by-source-none", ("[paths] topology_file: is set but [topology] source = none",),
+               {"paths": {"topology_file": "/etc/slurm/topology.conf"}, "topology": {"source": "none"}}),
+    ConfigCase("topology-map-beside-a-map-source", ("[paths] topology_map: checks a topology_conf or topology_yaml",),
+               {"paths": {"topology_file": "/m", "topology_map": "/m"}, "topology": {"source": "map"}}),
+    ConfigCase("yaml-topology-without-yaml-source", ("[topology] yaml_topology: needs source = topology_yaml",),
+               {"paths": {"topology_file": "/t"}, "topology": {"yaml_topology": "racks"}}),
 ]  # fmt: skip
 
 # ---------------------------------------------------------------- the file itself
@@ -261,6 +271,11 @@ _HOSTS_OK = b"10.0.0.1 gb01\n10.0.0.2 gb02\n"
 _TOPO_OK = b"BlockName=rack1 Nodes=gb[01-18]\n"
 _BY_HOSTS = {"resolve": {"method": "hosts_file"}}
 _BY_TOPO = {"paths": {"topology_file": "/" + _TOPO}}
+_YAML = "etc/slurm/topology.yaml"
+_BY_YAML = {"paths": {"topology_file": "/" + _YAML}, "topology": {"source": "topology_yaml"}}
+_MAP = "etc/slurm/nvlink.map"
+_BY_MAP = {"paths": {"topology_file": "/" + _MAP}, "topology": {"source": "map"}}
+_FAKE_KEY = b"11111111-1111-1111-1111-111111111111.7"  # the NVML key of FakeGpu's tray
 _FILE_RULE = "must be owned by root and not writable by group or others"
 
 
@@ -355,6 +370,26 @@ TOPOLOGY_FILE = [
                files={_TOPO: b"BlockName=rack2 Nodes=gb[10-18]\n"}),
     ConfigCase("topology-file-other-lines-ignored", sections=_BY_TOPO, ok=True,
                files={_TOPO: b"# racks\nSwitchName=s1 Nodes=gb[01-18]\nBlockSizes=18\n" + _TOPO_OK}),
+    ConfigCase("topology-file-key-comment-matches-nvml", sections=_BY_TOPO, ok=True,
+               files={_TOPO: b"BlockName=r1 Nodes=gb[01-18]  # imexctl-key: " + _FAKE_KEY + b"\n"}),
+    ConfigCase("topology-file-bad-key-comment", ("topology.conf:1: bad imexctl-key: comment",), _BY_TOPO,
+               files={_TOPO: b"BlockName=r1 Nodes=gb[01-18]  # imexctl-key: rack1\n"}),
+    ConfigCase("topology-yaml-blocks", sections=_BY_YAML, ok=True,
+               files={_YAML: b"- topology: nvl\n  block:\n    blocks:\n      - block: r1\n        nodes: gb[01-18]\n"}),
+    ConfigCase("topology-yaml-anchor", ("topology.yaml:2: YAML that imexctl does not read",), _BY_YAML,
+               files={_YAML: b"- topology: nvl\n  block: &b\n"}),
+    ConfigCase("topology-yaml-two-block-topologies", ("set [topology] yaml_topology: 2 block topologies (a, b)",),
+               _BY_YAML, files={_YAML: b"- topology: a\n  block:\n    blocks: []\n- topology: b\n  block:\n"
+                                       b"    blocks: []\n"}),
+    ConfigCase("topology-map-lines", sections=_BY_MAP, ok=True,
+               files={_MAP: b"gb01 " + _FAKE_KEY + b"\ngb02 " + _FAKE_KEY + b"\nlogin1 -\n"}),
+    ConfigCase("topology-map-line-without-key", ("nvlink.map:1: expected 'NODE KEY'",), _BY_MAP,
+               files={_MAP: b"gb01\n"}),
+    ConfigCase("topology-map-bad-key", ("nvlink.map:1: node gb01:", "is not a cluster UUID"), _BY_MAP,
+               files={_MAP: b"gb01 rack1.7\n"}),
+    ConfigCase("topology-check-map-without-this-node", ("this node gb01 is not in the NVLink domain map",),
+               {"paths": {"topology_file": "/" + _TOPO, "topology_map": "/" + _MAP}},
+               files={_TOPO: _TOPO_OK, _MAP: b"gb02 " + _FAKE_KEY + b"\n"}),
 ]  # fmt: skip
 
 CASES = [*UNKNOWN, *WRONG_TYPES, *RELATIVE_PATHS, *IMEX_KEYS, *CROSS, *FILE, *HOSTS_FILE, *TOPOLOGY_FILE]

@@ -7,11 +7,15 @@ what ``nvidia-smi`` shows (docs/nvml.md, "Confirming on hardware").
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +24,7 @@ from imexctl.errors import GpuError
 from imexctl.gpu import FabricInfo, NvmlGpu, clique_key
 
 pytestmark = pytest.mark.gpu
+REPO = Path(__file__).resolve().parent.parent.parent
 
 
 def _nvml_works() -> bool:
@@ -120,3 +125,29 @@ def test_same_fabric_as_nvidia_smi(gpu_count: int) -> None:
             continue
         assert info is not None, f"GPU {index}: nvidia-smi shows {smi}, NVML says not supported"
         assert (str(uuid.UUID(bytes=info.cluster_uuid)), info.clique_id) == smi, f"GPU {index}"
+
+
+def test_topology_json_reports_what_the_reader_reads(gpu_count: int) -> None:
+    """'imexctl topology --json' in its own process: one line, every GPU, the key clique_key gives (docs/topology.md)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    argv = [sys.executable, "-m", "imexctl", "topology", "--json", "--node", "gpu-test"]
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.stdout.count("\n") == 1 and done.stderr == "", done.stdout + done.stderr
+    doc = json.loads(done.stdout)
+    data = doc["data"]
+    assert doc["exit_code"] == done.returncode and data["node"] == "gpu-test" and len(data["gpus"]) == gpu_count
+    infos = NvmlGpu().fabric_infos()
+    try:
+        key = clique_key(infos)
+    except GpuError:
+        assert (done.returncode, data["fabric"], data["key"]) == (69, "error", None)
+        return
+    assert done.returncode == 0 and data["key"] == key and data["fabric"] == ("nvlink" if key else "none")
+    for info, gpu in zip(infos, data["gpus"]):
+        if info is not None:
+            assert (gpu["cluster_uuid"], gpu["clique_id"], gpu["layout"]) == (
+                str(uuid.UUID(bytes=info.cluster_uuid)),
+                info.clique_id,
+                info.layout,
+            )
+    assert re.match(r"\d+\.\d+", data["nvml"]["driver"]), data["nvml"]

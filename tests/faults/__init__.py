@@ -1,0 +1,1 @@
+"""Fault injection: hooks killed, paused and raced at their step boundaries (pytest marker ``faults``)."""

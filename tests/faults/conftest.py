@@ -1,0 +1,47 @@
+"""Fixtures for the fault tests: racks under short temporary directories, killed and removed afterwards."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from tests.faults.rack import FaultRack
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under tests/faults/ carries the ``faults`` marker and needs root (device nodes, chown)."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.faults)
+            if os.geteuid() != 0:
+                item.add_marker(pytest.mark.skip(reason="the hooks need root (device nodes, chown)"))
+
+
+@pytest.fixture
+def make_rack() -> Iterator[Callable[..., FaultRack]]:
+    """Build fault racks; every process started under them is killed at the end."""
+    racks: list[FaultRack] = []
+
+    def make(trays: int = 2, deadline_s: float = 10) -> FaultRack:
+        rack = FaultRack(
+            Path(tempfile.mkdtemp(prefix="imxf", dir="/tmp")),
+            trays,
+            deadline_s=deadline_s,
+            uid=4242,
+            first_address=random.randrange(20, 250 - trays),
+        )
+        racks.append(rack)
+        return rack
+
+    yield make
+    for rack in racks:
+        rack.kill_all()
+        shutil.rmtree(rack.base, ignore_errors=True)
