@@ -55,16 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("expr", nargs="+", metavar="EXPR")
     fo = hsub.add_parser("fold", help="compressed list, like 'scontrol show hostlist'")
     fo.add_argument("names", nargs="*", metavar="NAME", help="names (default: read from stdin)")
-    sub.add_parser(
-        "task-prolog",
-        help="print 'export NVIDIA_IMEX_CHANNELS=<N>' for a task of a job with a channel here (Slurm TaskProlog=)",
-        description="runs as the job's user; always exits 0 and never writes to stderr (docs/containers.md)",
-    )
-    sub.add_parser(
-        "enroot-hook",
-        help="show an enroot container exactly the job's IMEX channel (/etc/enroot/hooks.d)",
-        description="reads ENROOT_ROOTFS, ENROOT_ENVIRON and SLURM_JOB_ID (docs/containers.md)",
-    )
+    _container_parsers(sub)
     _topology_parser(sub)
     de = sub.add_parser("demo", help="run a multi-tray job on the IMEX simulator (no GPU needed)")
     de.add_argument("--trays", type=int, default=4, metavar="N", help="simulated trays (default 4, at most 64)")
@@ -110,6 +101,20 @@ def _block_sizes(text: str) -> tuple[int, ...]:
         return parse_block_sizes(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _container_parsers(sub: Any) -> None:
+    """The job user's commands (docs/containers.md)."""
+    sub.add_parser(
+        "task-prolog",
+        help="print 'export NVIDIA_IMEX_CHANNELS=<N>' for a task of a job with a channel here (Slurm TaskProlog=)",
+        description="runs as the job's user; always exits 0 and never writes to stderr (docs/containers.md)",
+    )
+    sub.add_parser(
+        "enroot-hook",
+        help="show an enroot container exactly the job's IMEX channel (/etc/enroot/hooks.d)",
+        description="reads ENROOT_ROOTFS, ENROOT_ENVIRON and SLURM_JOB_ID (docs/containers.md)",
+    )
 
 
 def main(
