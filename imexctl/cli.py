@@ -55,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("expr", nargs="+", metavar="EXPR")
     fo = hsub.add_parser("fold", help="compressed list, like 'scontrol show hostlist'")
     fo.add_argument("names", nargs="*", metavar="NAME", help="names (default: read from stdin)")
+    _container_parsers(sub)
     _topology_parser(sub)
     de = sub.add_parser("demo", help="run a multi-tray job on the IMEX simulator (no GPU needed)")
     de.add_argument("--trays", type=int, default=4, metavar="N", help="simulated trays (default 4, at most 64)")
@@ -102,6 +103,20 @@ def _block_sizes(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _container_parsers(sub: Any) -> None:
+    """The job user's commands (docs/containers.md)."""
+    sub.add_parser(
+        "task-prolog",
+        help="print 'export NVIDIA_IMEX_CHANNELS=<N>' for a task of a job with a channel here (Slurm TaskProlog=)",
+        description="runs as the job's user; always exits 0 and never writes to stderr (docs/containers.md)",
+    )
+    sub.add_parser(
+        "enroot-hook",
+        help="show an enroot container exactly the job's IMEX channel (/etc/enroot/hooks.d)",
+        description="reads ENROOT_ROOTFS, ENROOT_ENVIRON and SLURM_JOB_ID (docs/containers.md)",
+    )
+
+
 def main(
     argv: Sequence[str] | None = None,
     *,
@@ -120,6 +135,8 @@ def main(
     try:
         if args.command == "hostlist":
             return _cmd_hostlist(args)
+        if args.command in ("task-prolog", "enroot-hook"):
+            return _cmd_container(args, env)
         if args.command == "topology":
             return _cmd_topology(args, env, gpu)
         if args.command == "doctor":
@@ -227,6 +244,17 @@ def _cmd_status(args: argparse.Namespace, rt: Any, node: str) -> int:
     else:
         sys.stdout.write(status.render_text(data))
     return 0
+
+
+def _cmd_container(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    """The job user's commands: no settings machinery, no logging set-up (they run per task)."""
+    if args.command == "task-prolog":
+        from imexctl import taskprolog
+
+        return taskprolog.run(env, config=args.config)
+    from imexctl import enroothook
+
+    return enroothook.main(env, config=args.config)
 
 
 def _cmd_doctor(args: argparse.Namespace, env: Mapping[str, str], host: Any, gpu: Any) -> int:

@@ -62,7 +62,20 @@ CHECK_NAMES: Final = (
     "ports.listening",
     "nvml.fabric",
     "nvml.gpu<N>",
+    "containers.toolkit",
+    "containers.toolkit.version",
+    "containers.toolkit.config",
+    "containers.toolkit.imex_requests",
+    "containers.toolkit.imex_creation",
+    "containers.toolkit.unprivileged_env",
+    "containers.cdi",
+    "containers.enroot",
+    "containers.enroot.hook",
+    "containers.enroot.other_hooks",
+    "containers.enroot.environment",
+    "containers.channel0",
 )
+_COMMAND_TIMEOUT_S: Final = 10.0
 OK: Final = "OK"
 WARN: Final = "WARN"
 FAIL: Final = "FAIL"
@@ -115,6 +128,7 @@ def run(ctx: Context) -> list[Check]:
         ("imex", hostcheck.imex_checks),
         ("ports", hostcheck.port_checks),
         ("nvml", hostcheck.nvml_checks),
+        ("containers", _containers),
     ]
     out: list[Check] = []
     for name, fn in groups:
@@ -145,6 +159,23 @@ def render_text(checks: list[Check]) -> str:
 
 
 # ---------------------------------------------------------------- imexctl itself
+
+
+def _containers(ctx: Context) -> list[Check]:
+    """The container runtimes' IMEX settings (imexctl/containers.py; docs/containers.md)."""
+    from imexctl import containers
+
+    paths = ctx.rt.settings.paths
+    ctk = under_root(ctx, containers.TOOLKIT_VERSION_ARGV[0])
+    version = None
+    if ctk.is_file():
+        try:
+            done = ctx.rt.host.run((str(ctk), *containers.TOOLKIT_VERSION_ARGV[1:]), timeout_s=_COMMAND_TIMEOUT_S)
+            version = done.stdout
+        except ImexctlError as exc:
+            version = f"(could not run: {exc})"
+    found = containers.run_all(paths.root, channel_dir=paths.channel_dir, toolkit_version=version)
+    return [Check(c.name, c.status, c.message, c.fix) for c in found]
 
 
 def _config(ctx: Context) -> list[Check]:

@@ -22,6 +22,10 @@ _FILES = (
     ("/run/imexctl/jobs/<job id>/", "each job's config.cfg, nodes_config.cfg and state.json"),
     ("/var/log/imexctl.log", "imexctl's log, one JSON object per line"),
     ("/usr/share/imexctl/hooks/", "the prolog and epilog scripts for slurm.conf's Prolog= and Epilog="),
+    (
+        "/usr/share/imexctl/hooks/task-prolog, enroot/99-imexctl.sh",
+        "the optional TaskProlog= and the enroot hook for /etc/enroot/hooks.d (docs/containers.md)",
+    ),
     ("/opt/imexctl/", "imexctl and its Python dependencies (the packages)"),
 )
 

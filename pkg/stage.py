@@ -7,7 +7,7 @@ The layout (docs/install.md, "What the packages install"):
       pyvenv.cfg, bin/python3 -> /usr/bin/python3, bin/imexctl (and the simulator's two scripts),
       lib/pythonX.Y/site-packages/ imexctl and its dependencies, from wheels
     /usr/sbin/imexctl -> /opt/imexctl/bin/imexctl
-    /usr/share/imexctl/hooks/      prolog and epilog (not installed into slurm.conf's directories)
+    /usr/share/imexctl/hooks/      prolog, epilog, task-prolog, enroot/99-imexctl.sh (installed nowhere else)
     <unitdir>/                     imexctl-imex@.service, imexctl-cleanup.service (not enabled)
     /etc/imexctl/imexctl.conf      every key commented out (python3 -m imexctl.reference config)
     /etc/logrotate.d/imexctl       imexctl's log and the IMEX daemon's log
@@ -108,7 +108,7 @@ def install_files(dest: Path, unitdir: str) -> None:
     sys.path.insert(0, str(SRC))
     from imexctl import reference
 
-    for hook in ("prolog", "epilog"):
+    for hook in ("prolog", "epilog", "task-prolog", "enroot/99-imexctl.sh"):
         _put(dest / "usr/share/imexctl/hooks" / hook, (SRC / "hooks" / hook).read_text(), 0o755)
     for unit in sorted((SRC / "systemd").glob("*.service")):
         _put(dest / unitdir.lstrip("/") / unit.name, unit.read_text(), 0o644)

@@ -33,6 +33,7 @@ PAGES = (
     "topology.md",
     "operations.md",
     "metrics.md",
+    "containers.md",
 )
 SHELL_FENCES = ("sh", "shell", "bash", "console")
 # last name parts that make a dotted token a file name, not an event name

@@ -105,10 +105,31 @@ def test_good_tray_passes_every_check(make_rt: Any) -> None:
 
 
 def test_every_check_name_is_in_the_catalogue(make_rt: Any, gpu: FakeGpu) -> None:
-    """Every name doctor reports is in doctor.CHECK_NAMES (docs/operations.md's table), in its order."""
+    """Every name doctor reports is in doctor.CHECK_NAMES (docs/operations.md's table), in its order.
+
+    Without a container toolkit or enroot on the tray, their detail checks are not reported.
+    """
     names = [c.name for c in doctor.run(doctor.Context(make_rt(), {}, "gb01"))]
-    general = ["nvml.gpu<N>" if n.startswith("nvml.gpu") else n for n in names]
-    assert list(dict.fromkeys(general)) == list(doctor.CHECK_NAMES)
+    general = list(dict.fromkeys("nvml.gpu<N>" if n.startswith("nvml.gpu") else n for n in names))
+    absent = {n for n in doctor.CHECK_NAMES if n.startswith(("containers.toolkit.", "containers.enroot."))}
+    assert general == [n for n in doctor.CHECK_NAMES if n not in absent]
+
+
+def test_container_toolkit_is_checked_with_its_version(make_rt: Any, tray: Path, host: FakeHost) -> None:
+    """With the toolkit installed, doctor runs the tray's nvidia-ctk --version and reports its IMEX settings."""
+    ctk = tray / "usr/bin/nvidia-ctk"
+    ctk.write_text("#!/bin/sh\n")
+    ctk.chmod(0o755)
+    conf = tray / "etc/nvidia-container-runtime/config.toml"
+    conf.parent.mkdir(parents=True)
+    shutil.copy(DATA.parent / "containers/toolkit/risky-default.toml", conf)
+    checks = _checks(make_rt())
+    assert (str(ctk), "--version") in host.calls
+    # 1.16.2 honours IMEX requests and has no flag to refuse them; the config does not refuse them either
+    assert checks["containers.toolkit.version"].status == doctor.WARN
+    assert "1.16.2" in checks["containers.toolkit.version"].message
+    assert checks["containers.toolkit.imex_requests"].status == doctor.WARN
+    assert doctor.exit_code(list(checks.values())) == 0
 
 
 def test_cli_json_lists_name_status_message_fix(tray: Path, host: FakeHost, gpu: FakeGpu, capsys: Any) -> None:

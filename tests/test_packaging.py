@@ -41,6 +41,8 @@ LAYOUT = (
     "/usr/sbin/imexctl",
     "/usr/share/imexctl/hooks/prolog",
     "/usr/share/imexctl/hooks/epilog",
+    "/usr/share/imexctl/hooks/task-prolog",
+    "/usr/share/imexctl/hooks/enroot/99-imexctl.sh",
     "/etc/imexctl/imexctl.conf",
     "/etc/logrotate.d/imexctl",
 )

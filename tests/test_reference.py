@@ -33,7 +33,7 @@ def page() -> str:
 @pytest.mark.parametrize("path", [p for p, _ in COMMANDS], ids=" ".join)
 def test_man_page_has_a_section_per_command(page: str, path: tuple[str, ...]) -> None:
     """Every command and subcommand of the parser has its own .SS heading."""
-    assert f'.SS "{" ".join(path)}"' in page
+    assert f'.SS "{reference._roff(" ".join(path))}"' in page  # roff escapes the hyphen of task-prolog
 
 
 @pytest.mark.parametrize(
@@ -49,7 +49,7 @@ def test_man_page_has_a_section_per_command(page: str, path: tuple[str, ...]) ->
 )
 def test_man_page_lists_every_option(page: str, path: tuple[str, ...], option: str) -> None:
     """Every option of every command is in the page, escaped for roff, after its command's heading."""
-    heading = page.index(f'.SS "{" ".join(path)}"') if len(path) > 1 else 0
+    heading = page.index(f'.SS "{reference._roff(" ".join(path))}"') if len(path) > 1 else 0
     assert f"\\fB{option.replace('-', chr(92) + '-')}\\fR" in page[heading:]
 
 
