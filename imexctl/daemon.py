@@ -13,7 +13,7 @@ import signal
 from pathlib import Path
 from typing import Protocol
 
-from imexctl.errors import CommandError, DaemonError, DomainBusyError, UnsafeNodeError
+from imexctl.errors import CommandError, DaemonError, DomainBusyError, UnsafeNodeError, shorten
 from imexctl.fsutil import atomic_write, read_text_nofollow
 from imexctl.host import Host, ProcInfo
 from imexctl.settings import JobDir, Settings
@@ -177,7 +177,11 @@ class SystemdBackend:
         done = self.host.run((self.systemctl, "show", f"--property={props}", "--", *units), timeout_s=10)
         if done.returncode != 0:
             raise DaemonError(f"systemctl show {' '.join(units)}: exit {done.returncode}: {done.stderr.strip()}")
-        return parse_systemctl_show(done.stdout)
+        shown = parse_systemctl_show(done.stdout)
+        # systemctl shows properties (LoadState=not-found at least) for any unit name it is given
+        if units[0] not in shown:
+            raise DaemonError(f"systemctl show {units[0]}: no properties of the unit in {shorten(done.stdout, 120)}")
+        return shown
 
     def _ctl(self, verb: str, unit: str, *, timeout_s: float, check: bool = True) -> None:
         try:

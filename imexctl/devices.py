@@ -42,10 +42,11 @@ class Channel:
     mode: int
 
 
-def find_major(proc_devices_text: str, name: str = DEVICE_NAME) -> int | None:
+def find_major(proc_devices_text: str, name: str = DEVICE_NAME, *, source: str = "/proc/devices") -> int | None:
     """Major number of ``name`` in the ``Character devices:`` section, or None.
 
     Exact name match only: ``nvidia-caps`` is a different device (design.md source proc-devices).
+    ``source`` names the file in errors.
 
     Raises:
         DeviceError: the text does not look like /proc/devices, or names the device twice.
@@ -62,12 +63,15 @@ def find_major(proc_devices_text: str, name: str = DEVICE_NAME) -> int | None:
         number, _, dev = stripped.partition(" ")
         if dev.strip() == name:
             if not number.isdigit():
-                raise DeviceError(f"/proc/devices: malformed line {line!r}")
+                raise DeviceError(f"{source}: malformed line {line!r}")
             found.append(int(number))
     if section is None:
-        raise DeviceError("/proc/devices: no 'Character devices:' section")
+        raise DeviceError(f"{source}: no 'Character devices:' section")
     if len(found) > 1:
-        raise DeviceError(f"/proc/devices: {name} listed {len(found)} times")
+        raise DeviceError(
+            f"{source}: {name} listed {len(found)} times (majors {', '.join(map(str, found))}): "
+            "which one the driver uses is unknown"
+        )
     return found[0] if found else None
 
 
@@ -75,13 +79,13 @@ def read_major(proc_devices: Path) -> int:
     """The IMEX channel major from the node's /proc/devices.
 
     Raises:
-        DeviceError: the file is unreadable or has no IMEX entry.
+        DeviceError: naming the file: it is unreadable, or has no IMEX entry or two.
     """
     try:
         text = read_text_nofollow(proc_devices)
     except OSError as exc:
         raise DeviceError(f"cannot read {proc_devices}: {exc.strerror}") from exc
-    major = find_major(text)
+    major = find_major(text, source=str(proc_devices))
     if major is None:
         raise DeviceError(
             f"{proc_devices} has no {DEVICE_NAME} entry: the NVIDIA driver is not loaded "

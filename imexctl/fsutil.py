@@ -8,17 +8,25 @@ import stat
 import tempfile
 from pathlib import Path
 
-__all__ = ["atomic_write", "ensure_dir", "read_text_nofollow", "remove_file", "remove_tree"]
+__all__ = ["atomic_write", "check_private_dir", "ensure_dir", "read_text_nofollow", "remove_file", "remove_tree"]
 
 
-def ensure_dir(path: Path, mode: int = 0o755) -> bool:
+def ensure_dir(path: Path, mode: int = 0o755, *, private_from: Path | None = None) -> bool:
     """Create ``path`` (and parents) as real directories; never accept a symlink.
+
+    Args:
+        path: the directory.
+        mode: for the directories created now.
+        private_from: from this directory down (it and every component below it on the
+            way to ``path``), each directory must be ours: see :func:`check_private_dir`.
+            Checked before anything is created inside it.
 
     Returns:
         True if the last component was created now.
 
     Raises:
-        OSError: a component exists and is not a directory (symlinks included).
+        OSError: a component exists and is not a directory (symlinks included), or
+            (``EPERM``) a private one is not ours; ``filename`` names the component.
     """
     created = False
     for part in [*reversed(path.parents), path]:
@@ -27,20 +35,52 @@ def ensure_dir(path: Path, mode: int = 0o755) -> bool:
             created = part == path
         except FileExistsError:
             pass
+        if private_from is not None and (part == private_from or private_from in part.parents):
+            check_private_dir(part)
+            continue
         st = os.lstat(part)
         if not stat.S_ISDIR(st.st_mode):
             raise OSError(errno.ENOTDIR, "exists and is not a directory (symlink?)", str(part))
     return created
 
 
+def check_private_dir(path: Path) -> None:
+    """Refuse a directory that anybody but this process's user (root, for the hooks) could change.
+
+    It must be a real directory (not a symlink), owned by the effective uid and not
+    writable by group or others: whoever can write a directory can replace what is in it.
+
+    Raises:
+        OSError: ``ENOTDIR`` or ``EPERM``, with ``filename`` the directory and the owner and
+            mode in the message.
+    """
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
+        raise OSError(errno.ENOTDIR, f"is {what}, where a directory of root's belongs", str(path))
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise OSError(
+            errno.EPERM,
+            "must be owned by root and not writable by group or others "
+            f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})",
+            str(path),
+        )
+
+
 def atomic_write(path: Path, data: str, *, mode: int = 0o644) -> bool:
     """Write ``data`` to ``path`` atomically (temp file, fsync, rename, fsync dir).
 
-    An existing symlink at ``path`` is replaced, never followed.  Identical
-    content is left alone.
+    The temporary file is ``mkstemp``'s: a random name beside ``path``, created
+    exclusively (``O_EXCL``, never through a symlink), mode ``0600`` until the
+    ``fchmod``.  An existing symlink at ``path`` is replaced, never followed.
+    Identical content is left alone.
 
     Returns:
         True if the file changed.
+
+    Raises:
+        OSError: with ``filename`` the target ``path`` (not the temporary name), e.g.
+            a full (``ENOSPC``) or read-only (``EROFS``) file system; nothing is left.
     """
     raw = data.encode()
     try:
@@ -48,10 +88,19 @@ def atomic_write(path: Path, data: str, *, mode: int = 0o644) -> bool:
             return False
     except (FileNotFoundError, OSError):
         pass
+    try:
+        _replace(path, raw, mode)
+        _fsync_dir(path.parent)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
+    return True
+
+
+def _replace(path: Path, raw: bytes, mode: int) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
-        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)
             f.write(raw)
             f.flush()
             os.fsync(f.fileno())
@@ -59,8 +108,6 @@ def atomic_write(path: Path, data: str, *, mode: int = 0o644) -> bool:
     except BaseException:
         _unlink_quiet(Path(tmp))
         raise
-    _fsync_dir(path.parent)
-    return True
 
 
 def read_text_nofollow(path: Path, *, trusted: bool = False) -> str:

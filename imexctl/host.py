@@ -42,7 +42,12 @@ class Completed:
 
 @dataclasses.dataclass(frozen=True)
 class ProcInfo:
-    """A live process, identified by ``(pid, create_time)`` against pid reuse."""
+    """A live process, identified by ``(pid, create_time)`` against pid reuse.
+
+    ``create_time`` is when the process started, in seconds since boot (the clock of
+    :meth:`Host.since_boot`), not a wall-clock time: it never changes while the process
+    lives, whatever happens to the wall clock.
+    """
 
     pid: int
     create_time: float
@@ -92,6 +97,9 @@ class Host(Protocol):
 
     def time(self) -> float:
         """Wall clock, seconds since the epoch."""
+
+    def since_boot(self) -> float:
+        """Seconds since boot, suspend included: the clock of ``ProcInfo.create_time``."""
 
     def euid(self) -> int:
         """Effective user id."""
@@ -192,11 +200,12 @@ class RealHost:
         import psutil
 
         found = []
-        for p in psutil.process_iter(["cmdline", "create_time", "status"]):
+        for p in psutil.process_iter(["cmdline", "status"]):
             cmd = p.info.get("cmdline") or []
             hit = any(a.startswith(arg) for a in cmd) if prefix else arg in cmd
-            if hit and p.info.get("status") != psutil.STATUS_ZOMBIE:
-                found.append(self._info(p.pid) or ProcInfo(p.pid, p.info["create_time"], tuple(cmd)))
+            info = self._info(p.pid) if hit and p.info.get("status") != psutil.STATUS_ZOMBIE else None
+            if info is not None:  # None: it exited meanwhile
+                found.append(info)
         return found
 
     def is_alive(self, proc: ProcInfo) -> bool:
@@ -260,6 +269,10 @@ class RealHost:
         """Wall clock, seconds since the epoch."""
         return time.time()
 
+    def since_boot(self) -> float:
+        """``CLOCK_BOOTTIME``: the clock of the kernel's process start times."""
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+
     def euid(self) -> int:
         """Effective user id."""
         return os.geteuid()
@@ -273,9 +286,26 @@ class RealHost:
             with p.oneshot():
                 if p.status() == psutil.STATUS_ZOMBIE:
                     return None
-                return ProcInfo(pid, p.create_time(), tuple(p.cmdline()), os.getpgid(pid), os.getsid(pid))
-        except (psutil.Error, ProcessLookupError):
+                return ProcInfo(pid, _start_time(pid), tuple(p.cmdline()), os.getpgid(pid), os.getsid(pid))
+        except (psutil.Error, OSError):  # OSError: ProcessLookupError, or /proc/<pid> gone
             return None
+
+
+def _start_time(pid: int) -> float:
+    """When process ``pid`` started, in seconds since boot: ``starttime``, field 22 of ``/proc/<pid>/stat``.
+
+    proc(5): "The time the process started after system boot", in clock ticks.
+    It never changes.  psutil's ``create_time()`` adds the boot time of
+    ``/proc/stat``, which the kernel recomputes from the wall clock on every
+    read, so it moves when the clock is stepped (and can flip by a second
+    under NTP): the same process would look like another one
+    (giampaolo/psutil issues #2526 and #2541).
+    """
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        data = f.read()
+    # the command name (field 2) is in parentheses and may hold blanks or ')': split after the last ')'
+    fields = data[data.rindex(b")") + 2 :].split()
+    return int(fields[19]) / os.sysconf("SC_CLK_TCK")
 
 
 def _collect(p: subprocess.Popen[bytes], timeout_s: float) -> tuple[str, str, str]:

@@ -70,10 +70,12 @@ def node_lock(path: Path, host: Host, timeout_s: float) -> Iterator[None]:
     import fcntl
 
     try:
-        ensure_dir(path.parent, 0o755)
+        # the run directory holds the lock and every job's state: root's alone, or refused
+        ensure_dir(path.parent, 0o755, private_from=path.parent)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as exc:
-        raise FileError(f"cannot open the node lock {path}: {exc.strerror}") from exc
+        where = f"{exc.filename}: " if exc.filename and exc.filename != str(path) else ""
+        raise FileError(f"cannot open the node lock {path}: {where}{exc.strerror}") from exc
     try:
         deadline = host.monotonic() + timeout_s
         while True:

@@ -268,7 +268,7 @@ def _setup_channel_only(job: JobContext, trays: tuple[str, ...], rt: Runtime) ->
     channel = _plan_channel(job, rt)
     jd = rt.settings.paths.job(job.job_id)
     try:
-        ensure_dir(jd.path, 0o755)
+        ensure_dir(jd.path, 0o755, private_from=rt.settings.paths.run_dir)
         minor, chan = (channel[1], str(channel[2])) if channel else (None, "")
         state = JobState(job.job_id, job.node, *job.owner, job.user, trays, (), 0, "none", minor, chan, rt.host.time())
         write_state(jd, state)
@@ -328,7 +328,7 @@ def _write_files(
     """The nodes file, the complete config.cfg, then state.json (so teardown finds the channel)."""
     s, jd = rt.settings, rt.settings.paths.job(job.job_id)
     own = addresses[trays.index(job.node)]
-    ensure_dir(jd.path, 0o755)
+    ensure_dir(jd.path, 0o755, private_from=s.paths.run_dir)
     atomic_write(jd.nodes, imexconf.render_nodes(addresses), mode=0o644)
     ensure_dir(s.paths.imex_log_file.parent)
     text = imexconf.render_config(

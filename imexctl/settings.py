@@ -494,6 +494,7 @@ def _read_config(path: Path, *, required: bool, euid: int) -> str | None:
                     f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})"
                 )
             data = f.read()
+        _check_config_dirs(path, euid)
     except FileNotFoundError:
         if required:
             raise ConfigError(f"{path}: config file not found") from None
@@ -504,6 +505,21 @@ def _read_config(path: Path, *, required: bool, euid: int) -> str | None:
         return data.decode()
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text") from exc
+
+
+def _check_config_dirs(path: Path, euid: int) -> None:
+    """Refuse a config file in a directory that anyone but root may write: they could replace the file.
+
+    Both the directory the path names and, for a symlinked file, the directory of
+    the file it leads to; symlinks are followed and the real directory is judged and named.
+    """
+    for d in dict.fromkeys((Path(os.path.realpath(path.parent)), Path(os.path.realpath(path)).parent)):
+        st = os.stat(d)
+        if st.st_uid not in (0, euid) or st.st_mode & 0o022:
+            raise ConfigError(
+                f"{path}: config directory {d} must be owned by root and not writable by group or others "
+                f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})"
+            )
 
 
 def _parse_ini(path: Path, text: str) -> dict[str, dict[str, str]]:

@@ -57,7 +57,8 @@ def _job(job_id: int, rt: Runtime) -> dict[str, Any]:
     procs = daemon.job_processes(host, config)
     if procs:
         out["daemon"]["pid"] = procs[0].pid
-        out["daemon"]["uptime_s"] = round(host.time() - procs[0].create_time, 1)
+        # both on the boot clock: a stepped wall clock changes neither; never negative
+        out["daemon"]["uptime_s"] = round(max(0.0, host.since_boot() - procs[0].create_time), 1)
     if state is not None:
         out.update(
             user=state.user,

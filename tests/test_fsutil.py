@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import stat
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from imexctl.fsutil import atomic_write, ensure_dir, read_text_nofollow, remove_file, remove_tree
+from imexctl.fsutil import atomic_write, check_private_dir, ensure_dir, read_text_nofollow, remove_file, remove_tree
+from tests.support.privileges import needs_chown
 
 
 @pytest.fixture
@@ -98,6 +101,53 @@ class TestAtomicWrite:
             atomic_write(tmp_path / "d", "x")
         assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
 
+    @pytest.mark.parametrize("err", [errno.ENOSPC, errno.EROFS, errno.EIO])
+    def test_a_failed_write_names_the_target_and_leaves_nothing(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, err: int
+    ) -> None:
+        """A full, read-only or failing file system: the error names the file being written, not a
+        temporary name (or nothing: ENOSPC from write() carries no file name), and no file is left."""
+
+        def fail(fd: int) -> None:
+            raise OSError(err, os.strerror(err))
+
+        monkeypatch.setattr(os, "fsync", fail)
+        with pytest.raises(OSError) as info:
+            atomic_write(tmp_path / "config.cfg", "A=1\n")
+        assert (info.value.errno, info.value.filename) == (err, str(tmp_path / "config.cfg"))
+        assert info.value.strerror == os.strerror(err)
+        assert list(tmp_path.iterdir()) == []
+
+    def test_a_temporary_file_that_cannot_be_made_names_the_target(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """mkstemp's own error would name the random temporary name: the target is named instead."""
+
+        def fail(**kw: object) -> tuple[int, str]:
+            raise OSError(errno.EROFS, "Read-only file system", str(tmp_path / ".state.json.x1y2z3"))
+
+        monkeypatch.setattr(tempfile, "mkstemp", fail)
+        with pytest.raises(OSError) as info:
+            atomic_write(tmp_path / "state.json", "{}")
+        assert info.value.filename == str(tmp_path / "state.json") and info.value.errno == errno.EROFS
+
+    def test_temporary_names_are_random_and_made_exclusively(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """No predictable temporary name: each write gets a fresh mkstemp name beside the target
+        (O_EXCL: an existing file or symlink of that name would make it pick another)."""
+        names: list[str] = []
+        real = os.replace
+
+        def record(src: str, dst: Path) -> None:
+            names.append(os.path.basename(src))
+            real(src, dst)
+
+        monkeypatch.setattr(os, "replace", record)
+        for i in range(3):
+            atomic_write(tmp_path / "f", str(i))
+        assert len(set(names)) == 3 and all(n.startswith(".f.") and len(n) > len(".f.") + 4 for n in names)
+
 
 class TestReadTextNofollow:
     def test_reads_regular_file(self, tmp_path: Path) -> None:
@@ -157,6 +207,66 @@ class TestEnsureDir:
         (tmp_path / "f").write_text("")
         with pytest.raises(OSError):
             ensure_dir(tmp_path / "f" / "sub")
+
+
+class TestPrivateDirectories:
+    """``ensure_dir(private_from=...)`` and ``check_private_dir``: the state and lock directories are root's alone."""
+
+    def test_accepts_own_directories_and_creates_them(self, tmp_path: Path) -> None:
+        """Directories created now are ours and pass; parents above ``private_from`` are not judged."""
+        run = tmp_path / "run" / "imexctl"
+        assert ensure_dir(run / "jobs" / "7", 0o755, private_from=run) is True
+        check_private_dir(run / "jobs")
+
+    @pytest.mark.parametrize(
+        "mode",
+        [
+            pytest.param(0o777, id="0777"),
+            pytest.param(0o775, id="0775"),
+            pytest.param(0o1777, id="sticky-1777"),
+            pytest.param(0o757, id="0757"),
+        ],
+    )
+    @pytest.mark.parametrize("where", ["run", "jobs"])
+    def test_writable_by_others_is_refused_before_anything_is_made_in_it(
+        self, tmp_path: Path, mode: int, where: str
+    ) -> None:
+        """A run or jobs directory that group or others may write: refused, named with owner and mode,
+        and nothing is created inside it."""
+        run = tmp_path / "run"
+        (run / "jobs").mkdir(parents=True)
+        bad = run if where == "run" else run / "jobs"
+        os.chmod(bad, mode)
+        with pytest.raises(OSError) as info:
+            ensure_dir(run / "jobs" / "7", private_from=run)
+        assert info.value.errno == errno.EPERM and info.value.filename == str(bad)
+        assert f"mode {mode & 0o7777:04o}" in str(info.value) and "not writable by group or others" in str(info.value)
+        assert not (run / "jobs" / "7").exists()
+
+    @needs_chown
+    def test_owned_by_another_uid_is_refused(self, tmp_path: Path) -> None:
+        """A 0755 run directory that another uid owns (it could chmod it any time) is refused."""
+        run = tmp_path / "run"
+        run.mkdir(mode=0o755)
+        os.chown(run, 1501, 1501)
+        with pytest.raises(OSError, match="must be owned by root") as info:
+            ensure_dir(run / "jobs", private_from=run)
+        assert "owner uid 1501, mode 0755" in str(info.value) and not (run / "jobs").exists()
+
+    def test_symlink_in_place_of_the_directory_is_refused(self, tmp_path: Path) -> None:
+        """A symlink where the run directory belongs is refused even to a good directory; nothing is made there."""
+        (tmp_path / "elsewhere").mkdir(mode=0o755)
+        (tmp_path / "run").symlink_to(tmp_path / "elsewhere")
+        with pytest.raises(OSError, match="is a symbolic link") as info:
+            ensure_dir(tmp_path / "run" / "jobs", private_from=tmp_path / "run")
+        assert info.value.errno == errno.ENOTDIR and info.value.filename == str(tmp_path / "run")
+        assert list((tmp_path / "elsewhere").iterdir()) == []
+
+    def test_a_file_in_place_of_the_directory_is_refused(self, tmp_path: Path) -> None:
+        """A regular file where a private directory belongs is named as not a directory."""
+        (tmp_path / "run").write_text("")
+        with pytest.raises(OSError, match="is not a directory"):
+            check_private_dir(tmp_path / "run")
 
 
 class TestRemove:

@@ -249,6 +249,67 @@ class TestFilePermissions:
             load(path, node="gb01")
 
 
+class TestConfigDirectory:
+    """The directory holding the config file is root's too: whoever may write it can replace the file."""
+
+    @pytest.mark.parametrize(
+        "mode", [pytest.param(0o777, id="0777"), pytest.param(0o775, id="0775"), pytest.param(0o1777, id="sticky-1777")]
+    )
+    def test_writable_by_others_is_refused(self, tmp_path: Path, mode: int) -> None:
+        """A good file in a group- or world-writable directory is refused, naming the directory."""
+        d = tmp_path / "etc"
+        d.mkdir()
+        path = conf(d, "[log]\nlevel = debug\n")
+        os.chmod(d, mode)
+        with pytest.raises(ConfigError) as info:
+            load(path, node="gb01")
+        assert str(info.value) == (
+            f"{path}: config directory {d} must be owned by root and not writable by group or others "
+            f"(owner uid {os.geteuid()}, mode {mode:04o})"
+        )
+
+    @needs_chown
+    def test_owned_by_another_uid_is_refused(self, tmp_path: Path) -> None:
+        """A 0755 directory that another uid owns is refused."""
+        d = tmp_path / "etc"
+        d.mkdir(mode=0o755)
+        path = conf(d, "[log]\nlevel = debug\n")
+        os.chown(d, 1501, 1501)
+        with pytest.raises(
+            ConfigError, match=rf"config directory {d} must be owned by root .*owner uid 1501, mode 0755"
+        ):
+            load(path, node="gb01")
+
+    def test_symlinked_directory_is_judged_by_where_it_leads(self, tmp_path: Path) -> None:
+        """A symlink in place of the directory is followed like a symlinked config file: the
+        directory it leads to must pass (a world-writable one is refused and named)."""
+        real = tmp_path / "real"
+        real.mkdir(mode=0o755)
+        conf(real, "[log]\nlevel = debug\n")
+        (tmp_path / "etc").symlink_to(real)
+        assert load(tmp_path / "etc" / "imexctl.conf", node="gb01").log.level == "debug"
+        os.chmod(real, 0o777)
+        with pytest.raises(ConfigError, match=f"config directory {real} must be owned by root"):
+            load(tmp_path / "etc" / "imexctl.conf", node="gb01")
+
+    def test_symlinked_file_into_a_writable_directory_is_refused(self, tmp_path: Path) -> None:
+        """A link in a good directory to a good file in a world-writable one: the file's directory decides."""
+        shared = tmp_path / "shared"
+        shared.mkdir()
+        target = conf(shared, "[log]\nlevel = debug\n")
+        os.chmod(shared, 0o777)
+        etc = tmp_path / "etc"
+        etc.mkdir(mode=0o755)
+        (etc / "imexctl.conf").symlink_to(target)
+        with pytest.raises(ConfigError, match=f"config directory {shared} must be owned by root .*mode 0777"):
+            load(etc / "imexctl.conf", node="gb01")
+
+    def test_missing_default_file_checks_nothing(self, tmp_path: Path) -> None:
+        """No file, no check: a missing default config in a writable directory is simply the defaults."""
+        os.chmod(tmp_path, 0o777)
+        assert load(tmp_path / "imexctl.conf", node="gb01", required=False).source is None
+
+
 class TestPaths:
     def test_paths_are_rebased_under_root(self, tmp_path: Path) -> None:
         """Every path setting lands under [paths] root."""

@@ -26,6 +26,7 @@ MODULES = [
     "tests/test_daemon.py",
     "tests/test_readiness.py",
     "tests/test_fsutil.py",
+    "tests/test_dirs.py",
     "tests/test_members.py",
     "tests/test_topofile.py",
     "tests/test_topology_prolog.py",

@@ -301,5 +301,8 @@ class FakeHost:
     def time(self) -> float:
         return 1_800_000_000.0 + self.now
 
+    def since_boot(self) -> float:
+        return self.now
+
     def euid(self) -> int:
         return self.euid_value
