@@ -112,8 +112,8 @@ def epilog(env: Mapping[str, str], rt: Runtime) -> dict[str, Any]:
         # a het job's domain is keyed by the het job id (whichever component's epilog runs here)
         for jid in dict.fromkeys([job.job_id, *([job.het_job_id] if job.het_job_id else [])]):
             if _left_anything(rt.settings.paths.job(jid), rt):
+                _mark_ended(rt.settings.paths.job(jid), rt)  # first: even a lock timeout leaves it for cleanup
                 with node_lock(rt.settings.paths.lock_file, rt.host, rt.settings.daemon.lock_timeout_s):
-                    _mark_ended(rt.settings.paths.job(jid), rt)
                     rt.step("locked")
                     actions += teardown(jid, rt)
     except ImexctlError as exc:
@@ -125,10 +125,14 @@ def epilog(env: Mapping[str, str], rt: Runtime) -> dict[str, Any]:
 
 
 def _mark_ended(jd: JobDir, rt: Runtime) -> None:
-    """Record in the job's state that its epilog ran here, so ``cleanup`` knows the job has ended.
+    """Record in the job's state that its epilog runs here, so ``cleanup`` knows the job has ended.
 
-    Best effort: if the state cannot be written, teardown (which removes it) reports the
-    problem; without the mark ``cleanup`` only errs on the safe side.
+    Written before the node lock is taken, so an epilog that times out on the
+    lock still leaves its job to plain ``cleanup``.  Without the lock it may
+    race a prolog of the same job, which slurmd never runs at the same time
+    (design.md source slurm-prolog-order); a lost mark only makes ``cleanup``
+    more careful.  Best effort: if the state cannot be written, teardown
+    (which removes it) reports the problem.
     """
     try:
         mark_state(jd, ended=rt.host.time())
