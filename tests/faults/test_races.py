@@ -189,19 +189,20 @@ def test_two_prologs_of_different_jobs(make_rack: MakeRack, step: str) -> None:
     """A's prolog is paused at ``step`` and B's starts: the one that claims first wins, the other gets 69."""
     rack, t = tray(make_rack)
     a = paused(rack, t, "prolog", JOB_A, step)
-    b = rack.start(t, "prolog", JOB_B)
     if step == "start":
-        assert b.result().returncode == 0  # B got the lock and the node first
+        assert rack.run(t, "prolog", JOB_B)[0].returncode == 0  # B got the lock and the node first
         b_dom = domain(t, JOB_B)
         assert finish(a, step).returncode == BUSY
         busy_with(t, JOB_A, JOB_B)
         assert domain(t, JOB_B) == b_dom
         epilog_clean(rack, t, JOB_B)
         return
+    b = rack.start(t, "prolog", JOB_B, "locked=pause")  # B holds the lock, before its claim: A is done then
     waits(b)
     assert finish(a, step).returncode == 0
+    assert b.reached("locked")
     a_dom = domain(t, JOB_A)
-    assert b.result().returncode == BUSY
+    assert finish(b, "locked").returncode == BUSY
     busy_with(t, JOB_B, JOB_A)
     assert domain(t, JOB_A) == a_dom
     epilog_clean(rack, t, JOB_A)
@@ -262,18 +263,22 @@ def test_cleanup_during_a_prolog_leaves_the_new_domain(make_rack: MakeRack, step
     """``imexctl cleanup`` while A's prolog is paused at ``step``: it waits, then leaves A's fresh domain alone."""
     rack, t = tray(make_rack)
     pro = paused(rack, t, "prolog", JOB_A, step)
-    seen = domain(t, JOB_A)
-    clean = rack.start(t, "cleanup", 0)
     if step == "start":
-        assert clean.result().returncode == 0  # nothing of A yet, and A waits for nobody
+        assert rack.imexctl(t, "cleanup").returncode == 0  # nothing of A yet, and A waits for nobody
         assert finish(pro, step).returncode == 0
     else:
+        seen = domain(t, JOB_A)
+        clean = rack.start(t, "cleanup", 0, "locked=pause")  # it holds the lock, A is done: look, then go on
         waits(clean)
         assert finish(pro, step).returncode == 0
-        res = clean.result()
+        assert clean.reached("locked")
+        done = domain(t, JOB_A)
+        assert not seen["daemon"] or done["daemon"] == seen["daemon"]
+        res = finish(clean, "locked")
         assert res.returncode == 0 and f"skipped: job {JOB_A} may still run on this node" in res.output, res.output
+        assert domain(t, JOB_A) == done
     dom = domain(t, JOB_A)
-    assert dom["daemon"] and dom["channel"] and (not seen["daemon"] or dom["daemon"] == seen["daemon"])
+    assert dom["daemon"] and dom["channel"]
     assert last(t, "cleanup.done")["actions"] == []
     epilog_clean(rack, t, JOB_A)
 
