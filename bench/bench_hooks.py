@@ -3,6 +3,8 @@
 
 Measures, as separate processes started with an empty environment like slurmd's:
 - import time of what the hooks import,
+- ``imexctl task-prolog`` (run per task, as ``python -I -m imexctl.taskprolog``) for a
+  job with a channel and for one without, against ``python -I -c pass``,
 - ``imexctl epilog`` for a job without IMEX on this node (the most common run),
 - ``imexctl prolog`` for a job the policy skips,
 - a whole 1-tray prolog and epilog on the simulator,
@@ -30,12 +32,21 @@ RUNS = 9
 # target wall seconds / peak RSS MiB (2-core machine, warm page cache)
 TARGETS = {
     "python -c pass (floor)": (None, None),
+    "python -I -c pass (task-prolog floor)": (None, None),
+    "task-prolog, job with a channel": (0.120, 30),
+    "task-prolog, no job here": (0.120, 30),
     "import hook modules": (0.150, None),
     "epilog, no IMEX job here": (0.350, 45),
     "prolog, skipped by policy": (0.350, 45),
     "prolog+epilog, 1 tray, simulator": (2.0, 60),
 }
 MAX_PROLOG_SUBPROCESSES = 3
+#: what the TaskProlog may add to the interpreter's own start-up, per task
+MAX_TASK_PROLOG_OVERHEAD_S = 0.025
+# -I ignores PYTHONPATH: put the checkout first by hand, then run the module as -m would
+TASK_PROLOG = (
+    f"import sys, runpy; sys.path.insert(0, {str(REPO)!r}); runpy.run_module('imexctl.taskprolog', run_name='__main__')"
+)
 
 
 def _run(argv: list[str], env: dict[str, str]) -> tuple[float, float, int]:
@@ -84,7 +95,24 @@ def bench_processes(root: Path) -> dict[str, tuple[float, float]]:
     cfg = _config(root, "jobs = partitions\npartitions = gpu\n")
     out["epilog, no IMEX job here"] = _median([py, "-m", "imexctl", "--config", str(cfg), "epilog"], hook_env)
     out["prolog, skipped by policy"] = _median([py, "-m", "imexctl", "--config", str(cfg), "prolog"], hook_env)
+    out.update(bench_task_prolog(root))
     return out
+
+
+def bench_task_prolog(root: Path) -> dict[str, tuple[float, float]]:
+    from tests.support.jobtree import Tree
+
+    base = root / "task-prolog"
+    base.mkdir()
+    tree = Tree(base)
+    tree.add_job(77, uid=os.getuid(), minor=3, channel_path="/dev/null")  # /dev/null is 1:3 and root's
+    py = sys.executable
+    argv = [py, "-I", "-c", TASK_PROLOG]
+    return {
+        "python -I -c pass (task-prolog floor)": _median([py, "-I", "-c", "pass"], {}),
+        "task-prolog, job with a channel": _median(argv, tree.env(77)),
+        "task-prolog, no job here": _median(argv, tree.env(78)),
+    }
 
 
 def bench_simulator() -> tuple[float, float]:
@@ -149,6 +177,13 @@ def main() -> int:
         ok &= good
         target = f"{t_wall * 1000:.0f} / {t_rss or '-'}" if t_wall else "-"
         print(f"| {name} | {wall * 1000:.1f} | {rss:.1f} | {target} | {'ok' if good else 'MISSED'} |")
+    overhead = rows["task-prolog, job with a channel"][0] - rows["python -I -c pass (task-prolog floor)"][0]
+    good = overhead <= MAX_TASK_PROLOG_OVERHEAD_S
+    ok &= good
+    print(
+        f"\ntask-prolog over python -I -c pass: {overhead * 1000:.1f} ms"
+        f" (target <= {MAX_TASK_PROLOG_OVERHEAD_S * 1000:.0f}) {'ok' if good else 'MISSED'}"
+    )
     good = nproc <= MAX_PROLOG_SUBPROCESSES
     ok &= good
     print(

@@ -38,7 +38,12 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("prolog", help="set up this job's IMEX domain (Slurm Prolog=)", description=_HOOK_HELP)
     sub.add_parser("epilog", help="tear down this job's IMEX domain (Slurm Epilog=)", description=_HOOK_HELP)
     st = sub.add_parser("status", help="show this node's IMEX domain, channels and stale state")
-    st.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    form = st.add_mutually_exclusive_group()
+    form.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    form.add_argument("--prometheus", action="store_true", help="the domain gauges in Prometheus text format")
+    dr = sub.add_parser("doctor", help="check this tray and slurm.conf before a job does (exit 1 on a FAIL)")
+    dr.add_argument("--json", action="store_true", help="the checks as JSON: name, status, message, fix")
+    dr.add_argument("--slurm-conf", metavar="FILE", help="slurm.conf to check (default: $SLURM_CONF, /etc/slurm)")
     cl = sub.add_parser("cleanup", help="reset the node after failed jobs")
     cl.add_argument("--job", type=int, metavar="ID", help="only this job")
     cl.add_argument("--dry-run", action="store_true", help="show what would be done")
@@ -50,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("expr", nargs="+", metavar="EXPR")
     fo = hsub.add_parser("fold", help="compressed list, like 'scontrol show hostlist'")
     fo.add_argument("names", nargs="*", metavar="NAME", help="names (default: read from stdin)")
+    _container_parsers(sub)
     _topology_parser(sub)
     de = sub.add_parser("demo", help="run a multi-tray job on the IMEX simulator (no GPU needed)")
     de.add_argument("--trays", type=int, default=4, metavar="N", help="simulated trays (default 4, at most 64)")
@@ -97,6 +103,20 @@ def _block_sizes(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _container_parsers(sub: Any) -> None:
+    """The job user's commands (docs/containers.md)."""
+    sub.add_parser(
+        "task-prolog",
+        help="print 'export NVIDIA_IMEX_CHANNELS=<N>' for a task of a job with a channel here (Slurm TaskProlog=)",
+        description="runs as the job's user; always exits 0 and never writes to stderr (docs/containers.md)",
+    )
+    sub.add_parser(
+        "enroot-hook",
+        help="show an enroot container exactly the job's IMEX channel (/etc/enroot/hooks.d)",
+        description="reads ENROOT_ROOTFS, ENROOT_ENVIRON and SLURM_JOB_ID (docs/containers.md)",
+    )
+
+
 def main(
     argv: Sequence[str] | None = None,
     *,
@@ -115,8 +135,12 @@ def main(
     try:
         if args.command == "hostlist":
             return _cmd_hostlist(args)
+        if args.command in ("task-prolog", "enroot-hook"):
+            return _cmd_container(args, env)
         if args.command == "topology":
             return _cmd_topology(args, env, gpu)
+        if args.command == "doctor":
+            return _cmd_doctor(args, env, host, gpu)
         if args.command == "demo":
             from imexctl import demo
 
@@ -125,7 +149,7 @@ def main(
     except ImexctlError as exc:
         if not exc.logged:
             _log_failure(exc)
-        if args.command in ("status", "cleanup", "topology") and getattr(args, "json", False):
+        if args.command in ("status", "cleanup", "topology", "doctor") and getattr(args, "json", False):
             _print_json(None, errors=[exc], indent=None if args.command == "topology" else 2)
         return int(exc.exit_code)
     except KeyboardInterrupt:
@@ -161,33 +185,114 @@ def _with_runtime(
     import structlog
 
     rt = Runtime(host, gpu, cfg, structlog.get_logger(), **({"on_step": on_step} if on_step else {}))
-    if args.command == "prolog":
-        from imexctl.prolog import prolog
-
-        prolog(env, rt)
-    elif args.command == "epilog":
-        from imexctl.teardown import epilog
-
-        epilog(env, rt)
-    elif args.command == "status":
+    if args.command == "status":
         return _cmd_status(args, rt, node)
-    elif args.command == "cleanup":
-        from imexctl.teardown import cleanup
+    return _run_hook(args, env, rt)
 
-        report = cleanup(rt, job_id=args.job, dry_run=args.dry_run, force=args.force)
-        _print_json(report) if args.json else _print_cleanup(report)
+
+def _run_hook(args: argparse.Namespace, env: Mapping[str, str], rt: Any) -> int:
+    """Run the prolog, the epilog or cleanup, then count it in the metrics (the one place that does)."""
+    t0 = rt.host.monotonic()
+    result: Any = None
+    error: BaseException | None = None
+    try:
+        if args.command == "prolog":
+            from imexctl.prolog import prolog
+
+            result = prolog(env, rt)
+        elif args.command == "epilog":
+            from imexctl.teardown import epilog
+
+            result = epilog(env, rt)
+        else:
+            from imexctl.teardown import cleanup
+
+            result = cleanup(rt, job_id=args.job, dry_run=args.dry_run, force=args.force)
+            _print_json(result) if args.json else _print_cleanup(result)
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        if not getattr(args, "dry_run", False):
+            _record_metrics(rt, args.command, result, error, rt.host.monotonic() - t0)
     return 0
+
+
+def _record_metrics(rt: Any, command: str, result: Any, error: BaseException | None, duration_s: float) -> None:
+    """Update the Prometheus text file ([metrics] textfile_dir); a failure is a warning, never the run's."""
+    if not rt.settings.metrics.textfile_dir:
+        return
+    try:
+        from imexctl import metrics
+
+        run = metrics.run_of(command, result, error, duration_s, rt.settings.readiness.level)
+        metrics.record(rt.settings, run, rt.host.time())
+    except Exception as exc:  # metrics must never fail a hook
+        rt.log.warning("metrics.failed", reason=f"{type(exc).__name__}: {exc}")
 
 
 def _cmd_status(args: argparse.Namespace, rt: Any, node: str) -> int:
     from imexctl import status
 
     data = status.collect(rt, node)
-    if args.json:
+    if args.prometheus:
+        from imexctl import metrics
+
+        sys.stdout.write(metrics.render_gauges(metrics.domain_of_status(data)))
+    elif args.json:
         _print_json(data)
     else:
         sys.stdout.write(status.render_text(data))
     return 0
+
+
+def _cmd_container(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    """The job user's commands: no settings machinery, no logging set-up (they run per task)."""
+    if args.command == "task-prolog":
+        from imexctl import taskprolog
+
+        return taskprolog.run(env, config=args.config)
+    from imexctl import enroothook
+
+    return enroothook.main(env, config=args.config)
+
+
+def _cmd_doctor(args: argparse.Namespace, env: Mapping[str, str], host: Any, gpu: Any) -> int:
+    """``imexctl doctor``: a broken config is one FAIL among the checks (they then use the defaults)."""
+    from pathlib import Path
+
+    import structlog
+
+    from imexctl import doctor, settings, slurm
+    from imexctl.errors import ConfigError, DoctorFailed
+    from imexctl.log import configure_logging
+    from imexctl.runtime import Runtime
+
+    node = slurm.node_name(env) or _short_hostname()
+    path, required = settings.find_config(args.config, env)
+    try:
+        cfg, problem = settings.load(path, node=node, required=required), ""
+    except ConfigError as exc:
+        cfg, problem = settings.load(None, node=node), str(exc)
+    # doctor only reads: no log file, warnings on stderr
+    configure_logging(level=cfg.log.level, stderr_level="info" if args.verbose else "warning")
+    if host is None:
+        from imexctl.host import RealHost
+
+        host = RealHost()
+    if gpu is None:
+        from imexctl.gpu import NvmlGpu
+
+        gpu = NvmlGpu()
+    rt = Runtime(host, gpu, cfg, structlog.get_logger())
+    conf = Path(args.slurm_conf) if args.slurm_conf else None
+    checks = doctor.run(doctor.Context(rt, env, node, conf, problem))
+    failed = [c.name for c in checks if c.status == doctor.FAIL]
+    if args.json:
+        _print_json(doctor.as_json(checks), errors=[DoctorFailed(f"failed: {', '.join(failed)}")] if failed else [])
+    else:
+        sys.stdout.write(doctor.render_text(checks))
+    return doctor.exit_code(checks)
 
 
 def _cmd_hostlist(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ __all__ = [
     "ConfigError",
     "DaemonError",
     "DeviceError",
+    "DoctorFailed",
     "DomainBusyError",
     "EnvironmentError_",
     "ExitCode",
@@ -66,7 +67,7 @@ class ExitCode(enum.IntEnum):
 
 _MEANINGS = {
     ExitCode.OK: "ok",
-    ExitCode.FAILURE: "the demo's job failed",
+    ExitCode.FAILURE: "the demo's job failed, or doctor found a FAIL",
     ExitCode.USAGE: "usage",
     ExitCode.DATAERR: "bad node list, job environment or topology report",
     ExitCode.UNAVAILABLE: "IMEX, NVML, systemd or name resolution unavailable, or the node is busy",
@@ -254,3 +255,10 @@ class UnsafeNodeError(ImexctlError):
 
     code = "node_unsafe"
     exit_code = ExitCode.SOFTWARE
+
+
+class DoctorFailed(ImexctlError):
+    """``imexctl doctor`` found at least one check that FAILs (the checks say which and why)."""
+
+    code = "doctor_failed"
+    exit_code = ExitCode.FAILURE

@@ -42,6 +42,7 @@ EVENTS: dict[str, str] = {
     "device.channel.foreign": "other channel nodes are visible next to the job's channel",
     "state.removed": "the job's per-job directory and state were removed",
     "prolog.rolled_back": "a failed prolog undid what it had done",
+    "metrics.failed": "the Prometheus text file could not be updated; the run itself is not affected",
     "imexctl.failed": "a command failed with an expected error (error_code, exit_code)",
     "imexctl.crashed": "a command failed with an unexpected exception (a bug)",
 }

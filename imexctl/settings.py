@@ -26,6 +26,7 @@ __all__ = [
     "Daemon",
     "JobDir",
     "Log",
+    "Metrics",
     "Paths",
     "PathsSection",
     "Policy",
@@ -303,6 +304,14 @@ class Log:
     syslog: str = _key("no", _choice("yes", "no"))
 
 
+@dataclasses.dataclass(frozen=True)
+class Metrics:
+    """``[metrics]``: the Prometheus text file for node_exporter's textfile collector (docs/metrics.md)."""
+
+    # empty: no metrics; else a directory (taken under [paths] root) that gets imexctl.prom after each run
+    textfile_dir: str = _key("", _opt_abs_path)
+
+
 SECTIONS: Mapping[str, type] = {
     "paths": PathsSection,
     "commands": Commands,
@@ -314,6 +323,7 @@ SECTIONS: Mapping[str, type] = {
     "resolve": Resolve,
     "topology": Topology,
     "log": Log,
+    "metrics": Metrics,
 }
 
 # section -> key -> (default text, parser), in file order.
@@ -402,6 +412,7 @@ class Settings:
     resolve: Resolve
     topology: Topology
     log: Log
+    metrics: Metrics
     imex: Mapping[str, str]
 
     def replace(self, **changes: Any) -> Settings:

@@ -107,8 +107,11 @@ def parse_text(text: str, source: str) -> tuple[list[tuple[str, str]], list[tupl
     return pairs, records, includes
 
 
-def read(path: Path) -> SlurmConf:
+def read(path: Path, *, root: Path | None = None) -> SlurmConf:
     """Read slurm.conf and what it includes.
+
+    ``root`` (``imexctl doctor``, ``[paths] root``): absolute ``Include`` paths
+    are taken under it, so a test tree can hold a whole ``/etc/slurm``.
 
     Raises:
         ConfigError: a file cannot be read, an include is missing or nested too deep, a line is malformed.
@@ -116,12 +119,17 @@ def read(path: Path) -> SlurmConf:
     values: dict[str, list[str]] = {}
     records: list[tuple[str, dict[str, str]]] = []
     files: list[Path] = []
-    _read_into(path, values, records, files, depth=0)
+    _read_into(path, values, records, files, depth=0, root=root)
     return SlurmConf(path, {k: tuple(v) for k, v in values.items()}, tuple(records), tuple(files))
 
 
 def _read_into(
-    path: Path, values: dict[str, list[str]], records: list[tuple[str, dict[str, str]]], files: list[Path], depth: int
+    path: Path,
+    values: dict[str, list[str]],
+    records: list[tuple[str, dict[str, str]]],
+    files: list[Path],
+    depth: int,
+    root: Path | None = None,
 ) -> None:
     if depth > _MAX_DEPTH:
         raise ConfigError(f"{path}: Include nested more than {_MAX_DEPTH} deep")
@@ -135,12 +143,15 @@ def _read_into(
         values.setdefault(key.lower(), []).append(value)
     records += recs
     for target in includes:
-        pattern = target if target.startswith("/") else str(path.parent / target)
+        if target.startswith("/"):
+            pattern = str(root / target.lstrip("/")) if root is not None else target
+        else:
+            pattern = str(path.parent / target)
         matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
         if not matches:
             raise ConfigError(f"{path}: Include {target}: no such file")
         for match in matches:
-            _read_into(Path(match), values, records, files, depth + 1)
+            _read_into(Path(match), values, records, files, depth + 1, root)
 
 
 def hook_timeout(conf: SlurmConf, hook: str) -> tuple[int, str] | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from imexctl import cli, demo, errors, imexconf, log, settings
+from imexctl import cli, demo, doctor, errors, imexconf, log, settings
 from imexctl.errors import ExitCode, ImexctlError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,10 +31,15 @@ PAGES = (
     "nvml.md",
     "security.md",
     "topology.md",
+    "operations.md",
+    "metrics.md",
+    "containers.md",
 )
 SHELL_FENCES = ("sh", "shell", "bash", "console")
 # last name parts that make a dotted token a file name, not an event name
-FILE_SUFFIXES = frozenset({"cfg", "conf", "d", "json", "log", "md", "pid", "py", "service", "sock", "yaml"})
+FILE_SUFFIXES = frozenset(
+    {"cfg", "conf", "d", "json", "log", "lock", "md", "pid", "prom", "py", "service", "sock", "yaml"}
+)
 
 
 def _page(name: str) -> str:
@@ -109,6 +114,13 @@ def _code(value: str) -> str:
 def test_page_exists_and_has_one_title(name: str) -> None:
     text = _without_fences(_page(name))
     assert len(re.findall(r"^# ", text, flags=re.MULTILINE)) == 1
+
+
+def test_operations_lists_every_doctor_check() -> None:
+    """docs/operations.md's doctor table names exactly the checks doctor.CHECK_NAMES lists."""
+    rows = _rows(_section(_page("operations.md"), "imexctl doctor"))
+    named = {name.strip("`") for row in rows if row for name in row[0].split(", ")}
+    assert named == set(doctor.CHECK_NAMES)
 
 
 # ---------------------------------------------------------------- configuration
@@ -247,7 +259,7 @@ def _event_like_tokens(text: str) -> set[str]:
 
 @pytest.mark.parametrize("name", PAGES)
 def test_docs_name_no_event_that_does_not_exist(name: str) -> None:
-    unknown = _event_like_tokens(_page(name)) - set(log.EVENTS)
+    unknown = _event_like_tokens(_page(name)) - set(log.EVENTS) - set(doctor.CHECK_NAMES)
     assert not unknown, f"docs/{name} names events that imexctl/log.py does not have: {sorted(unknown)}"
 
 

@@ -374,4 +374,5 @@ def test_schema_sections_are_documented_names() -> None:
         "resolve",
         "topology",
         "log",
+        "metrics",
     ]

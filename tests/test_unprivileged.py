@@ -29,6 +29,9 @@ MODULES = [
     "tests/test_members.py",
     "tests/test_topofile.py",
     "tests/test_topology_prolog.py",
+    "tests/test_taskprolog.py",
+    "tests/test_enroothook.py",
+    "tests/test_containers.py",
 ]
 
 

@@ -111,6 +111,7 @@ RELATIVE_PATHS = [
     _key("paths", "run_dir", "./run/imexctl", "must be an absolute path"),
     _key("paths", "root", "%n", "must be an absolute path"),
     _key("paths", "run_dir", "%(root)s/run", "must be an absolute path"),
+    _key("metrics", "textfile_dir", "var/lib/node_exporter", "must be an absolute path"),
     _key("commands", "nvidia_imex_ctl", "nvidia-imex-ctl", "must be an absolute path"),
     _key("paths", "proc_devices", "", "must be an absolute path"),
 ]  # fmt: skip

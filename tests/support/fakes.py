@@ -121,6 +121,10 @@ class FakeHost:
     #: what ``scontrol show job -o <id>`` prints per job id (absent: "Invalid job id specified")
     slurm_jobs: dict[int, str] = dataclasses.field(default_factory=dict)
     scontrol_hangs: bool = False
+    #: what ``nvidia-imex --version`` prints (imexctl doctor)
+    imex_version_output: str = "IMEX version is: 580.95.05\n"
+    #: what ``nvidia-ctk --version`` prints (imexctl doctor's container checks)
+    ctk_version_output: str = "NVIDIA Container Toolkit CLI version 1.16.2\ncommit: 0123abc\n"
     slept: list[float] = dataclasses.field(default_factory=list)
     signals: list[tuple[int, int]] = dataclasses.field(default_factory=list)
     mknods: list[tuple[str, int, int, int, int, int]] = dataclasses.field(default_factory=list)
@@ -140,6 +144,10 @@ class FakeHost:
             return self._scontrol(argv, timeout_s)
         if name == "systemctl":
             return self._systemctl(argv)
+        if name == "nvidia-imex" and argv[1:] == ("--version",):
+            return Completed(argv, 0, self.imex_version_output, "")
+        if name == "nvidia-ctk" and argv[1:] == ("--version",):
+            return Completed(argv, 0, self.ctk_version_output, "")
         if name == "nvidia-imex-ctl":
             if self.hang_ctl:
                 self.now += timeout_s

@@ -1,0 +1,146 @@
+"""Generated reference files: the man page from the argparse definitions, the default config from the schema.
+
+The packages build both at build time (``python3 -m imexctl.reference man``
+and ``... config``), so neither can drift from the code; tests/test_reference.py
+checks that every command, option, exit code and key is in them.  Never on
+the hook path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Iterator, Sequence
+
+from imexctl import __version__
+
+__all__ = ["default_config", "main", "man_page"]
+
+_FILES = (
+    ("/etc/imexctl/imexctl.conf", "the configuration (every key commented out: the built-in defaults hold)"),
+    ("/run/imexctl/jobs/<job id>/", "each job's config.cfg, nodes_config.cfg and state.json"),
+    ("/var/log/imexctl.log", "imexctl's log, one JSON object per line"),
+    ("/usr/share/imexctl/hooks/", "the prolog and epilog scripts for slurm.conf's Prolog= and Epilog="),
+    (
+        "/usr/share/imexctl/hooks/task-prolog, enroot/99-imexctl.sh",
+        "the optional TaskProlog= and the enroot hook for /etc/enroot/hooks.d (docs/containers.md)",
+    ),
+    ("/opt/imexctl/", "imexctl and its Python dependencies (the packages)"),
+)
+
+
+def _roff(text: str) -> str:
+    """Escape text for roff: backslashes, hyphens, and a leading dot or quote."""
+    out = text.replace("\\", "\\e").replace("-", "\\-")
+    return "\\&" + out if out[:1] in (".", "'") else out
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> Iterator[tuple[str, str, argparse.ArgumentParser]]:
+    """``(name, help, parser)`` of each subcommand, in definition order."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help or "" for a in action._choices_actions}
+            for name, sub in action.choices.items():
+                yield name, helps.get(name, ""), sub
+
+
+def _usage(action: argparse.Action) -> str:
+    """The option with its argument (``--job ID``), or a positional (``EXPR...``), in roff."""
+    meta = action.metavar if isinstance(action.metavar, str) else action.dest.upper()
+    if action.option_strings:
+        names = ", ".join(f"\\fB{_roff(o)}\\fR" for o in action.option_strings)
+        takes = action.nargs != 0 and not isinstance(action, argparse._VersionAction)
+        return f"{names} \\fI{_roff(meta)}\\fR" if takes else names
+    more = "..." if action.nargs in ("+", "*") else ""
+    return f"\\fI{_roff(meta)}\\fR{more}"
+
+
+def _options(parser: argparse.ArgumentParser) -> list[str]:
+    lines: list[str] = []
+    for action in parser._actions:
+        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+            continue
+        lines += [".TP", _usage(action), _roff(action.help or "")]
+    return lines
+
+
+def _commands(parser: argparse.ArgumentParser, path: str) -> list[str]:
+    lines: list[str] = []
+    for name, help_text, sub in _subparsers(parser):
+        full = f"{path} {name}"
+        lines += [f'.SS "{_roff(full)}"', _roff(help_text) + ("." if help_text else "")]
+        if sub.description:
+            lines += [".PP", _roff(sub.description)]
+        lines += _options(sub)
+        lines += _commands(sub, full)
+    return lines
+
+
+def man_page(parser: argparse.ArgumentParser | None = None) -> str:
+    """imexctl(8) in roff, from ``cli``'s parser (the one source of commands and options)."""
+    from imexctl import cli
+    from imexctl.errors import ExitCode
+
+    parser = parser or cli._parser()
+    lines = [
+        f'.TH IMEXCTL 8 "" "imexctl {__version__}" "System Administration"',
+        ".SH NAME",
+        "imexctl \\- " + _roff((parser.description or "").rstrip(".")),
+        ".SH SYNOPSIS",
+        ".B imexctl",
+        "[\\fB\\-\\-config\\fR \\fIFILE\\fR] [\\fB\\-v\\fR] \\fICOMMAND\\fR [\\fIOPTIONS\\fR]",
+        ".SH DESCRIPTION",
+        "imexctl gives each Slurm job its own NVIDIA IMEX domain on GB200/GB300 NVL72 racks, from slurmd's",
+        "Prolog= and Epilog=, and checks, shows and cleans a tray for administrators.",
+        ".SH OPTIONS",
+        *_options(parser),
+        ".SH COMMANDS",
+        *_commands(parser, "imexctl"),
+        ".SH EXIT STATUS",
+    ]
+    for code in ExitCode:
+        lines += [".TP", f"\\fB{int(code)}\\fR ({code.name})", _roff(code.meaning)]
+    lines.append(".SH FILES")
+    for path, what in _FILES:
+        lines += [".TP", f"\\fI{_roff(path)}\\fR", _roff(what)]
+    lines += [".SH SEE ALSO", "\\fBslurm.conf\\fR(5), \\fBslurmd\\fR(8), \\fBsystemctl\\fR(1);"]
+    lines.append("docs/install.md, docs/operations.md and docs/configuration.md in imexctl's source.")
+    return "\n".join(lines) + "\n"
+
+
+def default_config() -> str:
+    """The shipped ``/etc/imexctl/imexctl.conf``: every section, every key commented out at its default."""
+    from imexctl import settings
+
+    lines = [
+        f"# imexctl configuration (imexctl {__version__}).",
+        "# Every key is commented out and shows its built-in default, so this file changes nothing.",
+        "# To change a key, remove its '#' and keep it under its [section] line. Keep comments on lines",
+        "# of their own. Every key: man 8 imexctl, docs/configuration.md. Check a change: imexctl doctor",
+    ]
+    for name, keys in settings.SCHEMA.items():
+        doc = (settings.SECTIONS[name].__doc__ or "").strip().splitlines()[0]
+        doc = re.sub(r":\w+:`~?([^`]+)`", r"\1", doc).replace("``", "")
+        lines += ["", f"# {doc}", f"[{name}]"]
+        lines += [f"#{key} = {default}".rstrip() for key, (default, _parse) in keys.items()]
+    lines += ["", "# [imex]: keys of NVIDIA's config.cfg passed on to every job's daemon, e.g.", "[imex]"]
+    lines += ["#LOG_LEVEL = 4"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m imexctl.reference man|config``: print one of the generated files."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args == ["man"]:
+        sys.stdout.write(man_page())
+    elif args == ["config"]:
+        sys.stdout.write(default_config())
+    else:
+        sys.stderr.write("usage: python -m imexctl.reference man|config\n")
+        return 64
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

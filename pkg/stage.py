@@ -1,0 +1,140 @@
+#!/usr/bin/python3
+"""Lay out imexctl's installed files under DESTDIR: the one build step of the .deb and the .rpm.
+
+The layout (docs/install.md, "What the packages install"):
+
+    /opt/imexctl/                  a virtual environment for the target's /usr/bin/python3:
+      pyvenv.cfg, bin/python3 -> /usr/bin/python3, bin/imexctl (and the simulator's two scripts),
+      lib/pythonX.Y/site-packages/ imexctl and its dependencies, from wheels
+    /usr/sbin/imexctl -> /opt/imexctl/bin/imexctl
+    /usr/share/imexctl/hooks/      prolog, epilog, task-prolog, enroot/99-imexctl.sh (installed nowhere else)
+    <unitdir>/                     imexctl-imex@.service, imexctl-cleanup.service (not enabled)
+    /etc/imexctl/imexctl.conf      every key commented out (python3 -m imexctl.reference config)
+    /etc/logrotate.d/imexctl       imexctl's log and the IMEX daemon's log
+    /usr/share/man/man8/imexctl.8  from the argparse definitions (python3 -m imexctl.reference man)
+
+The environment is built by hand rather than by ``python3 -m venv`` so that it
+can be made for another Python than the build host's (the RPM for Rocky 9's
+3.9 is built on Debian) and at its final path without living there: pip
+installs binary wheels for ``--python-version``/``--platform`` with
+``--target``, and the ``bin/`` scripts name ``/opt/imexctl/bin/python3``.
+Byte-code is compiled by the package's post-install script, with the target's
+interpreter, and removed before the files are.  pip needs the package index,
+or ``--wheels DIR`` with every wheel.  Run with the build host's python3 from
+the source tree's top directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import configparser
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+PREFIX = "/opt/imexctl"
+SRC = Path(__file__).resolve().parent.parent
+# manylinux tags a wheel for glibc-based Linux may carry; RHEL 9 has glibc 2.34, Debian 12 2.36
+MANYLINUX = ("manylinux2014", "manylinux_2_17", "manylinux_2_28")
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--destdir", required=True, type=Path)
+    p.add_argument("--python-version", default="{}.{}".format(*sys.version_info[:2]), help="target X.Y")
+    p.add_argument("--arch", default=os.uname().machine, help="x86_64 or aarch64")
+    p.add_argument("--unitdir", default="/usr/lib/systemd/system")
+    p.add_argument("--wheels", type=Path, help="install only from the wheels in this directory (offline)")
+    return p.parse_args(argv)
+
+
+def build_wheel(out: Path) -> Path:
+    """The wheel of the source tree, built by setuptools' PEP 517 backend (no network)."""
+    code = "import sys; from setuptools import build_meta as b; print(b.build_wheel(sys.argv[1]))"
+    done = subprocess.run([sys.executable, "-c", code, str(out)], cwd=SRC, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        sys.exit(f"stage: building the wheel failed:\n{done.stderr}")
+    return out / done.stdout.strip().splitlines()[-1]
+
+
+def install_site(site: Path, wheel: Path, pyver: str, arch: str, wheels: Path | None) -> None:
+    """Install imexctl and its dependencies into ``site``, as binary wheels for the target Python and machine."""
+    nodot = pyver.replace(".", "")
+    argv = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile"]
+    argv += ["--root-user-action=ignore"]
+    argv += ["--target", str(site), "--only-binary=:all:", "--python-version", pyver, "--implementation", "cp"]
+    argv += ["--abi", f"cp{nodot}"] + [f"--platform={tag}_{arch}" for tag in MANYLINUX]
+    if wheels is not None:
+        argv += ["--no-index", "--find-links", str(wheels)]
+    subprocess.run([*argv, str(wheel)], check=True)
+    shutil.rmtree(site / "bin", ignore_errors=True)  # scripts that name the build host's interpreter
+
+
+def make_venv(root: Path, pyver: str) -> None:
+    """pyvenv.cfg and the interpreter links of a venv over the target's /usr/bin/python3."""
+    (root / "bin").mkdir(parents=True, exist_ok=True)
+    (root / "pyvenv.cfg").write_text(f"home = /usr/bin\ninclude-system-site-packages = false\nversion = {pyver}\n")
+    for name, target in (("python3", "/usr/bin/python3"), ("python", "python3"), (f"python{pyver}", "python3")):
+        (root / "bin" / name).symlink_to(target)
+    (root / "lib64").symlink_to("lib")
+
+
+def write_scripts(bindir: Path) -> list[str]:
+    """bin/<name> for each console script of setup.cfg, run by the venv's interpreter, isolated (-I)."""
+    cfg = configparser.ConfigParser()
+    cfg.read(SRC / "setup.cfg", encoding="utf-8")
+    names = []
+    for line in cfg["options.entry_points"]["console_scripts"].strip().splitlines():
+        name, _, target = (part.strip() for part in line.partition("="))
+        module, _, func = target.partition(":")
+        text = f"#!{PREFIX}/bin/python3 -I\nimport sys\n\nfrom {module} import {func}\n\nsys.exit({func}())\n"
+        (bindir / name).write_text(text)
+        (bindir / name).chmod(0o755)
+        names.append(name)
+    return names
+
+
+def _put(path: Path, text: str, mode: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(mode)
+
+
+def install_files(dest: Path, unitdir: str) -> None:
+    """Hooks, units, the commented config, logrotate, the man page and the /usr/sbin link."""
+    sys.path.insert(0, str(SRC))
+    from imexctl import reference
+
+    for hook in ("prolog", "epilog", "task-prolog", "enroot/99-imexctl.sh"):
+        _put(dest / "usr/share/imexctl/hooks" / hook, (SRC / "hooks" / hook).read_text(), 0o755)
+    for unit in sorted((SRC / "systemd").glob("*.service")):
+        _put(dest / unitdir.lstrip("/") / unit.name, unit.read_text(), 0o644)
+    _put(dest / "etc/imexctl/imexctl.conf", reference.default_config(), 0o644)
+    _put(dest / "etc/logrotate.d/imexctl", (SRC / "pkg/logrotate").read_text(), 0o644)
+    _put(dest / "usr/share/man/man8/imexctl.8", reference.man_page(), 0o644)
+    (dest / "usr/sbin").mkdir(parents=True, exist_ok=True)
+    (dest / "usr/sbin/imexctl").symlink_to(f"{PREFIX}/bin/imexctl")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stage everything under ``--destdir``."""
+    args = _args(argv)
+    root = args.destdir / PREFIX.lstrip("/")
+    if root.exists():
+        shutil.rmtree(root)
+    with tempfile.TemporaryDirectory() as tmp:
+        wheel = build_wheel(Path(tmp))
+        site = root / f"lib/python{args.python_version}/site-packages"
+        install_site(site, wheel, args.python_version, args.arch, args.wheels)
+    make_venv(root, args.python_version)
+    scripts = write_scripts(root / "bin")
+    install_files(args.destdir, args.unitdir)
+    print(f"stage: {args.destdir}: Python {args.python_version} {args.arch}, scripts {', '.join(scripts)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

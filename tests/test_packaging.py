@@ -1,0 +1,367 @@
+"""Packages: the wheel and sdist, the .deb installed into a clean Debian root, the .rpm's files and scriptlets.
+
+Marked ``packaging`` (``pytest -m packaging`` runs only these; they build in a
+few tens of seconds once pip's cache and the clean root exist).  They need
+root, dpkg-buildpackage, debhelper, rpmbuild and debootstrap (``.ci/setup
+test`` installs them) and the package index for the dependencies' wheels; each
+test that lacks one says which and is skipped.  What is and is not verified
+for the RPM: docs/install.md, "The RPM".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from imexctl import __version__
+
+pytestmark = pytest.mark.packaging
+
+REPO = Path(__file__).resolve().parent.parent
+SYS_PYTHON = "/usr/bin/python3"
+ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "HOME": os.environ.get("HOME", "/root")}
+SUITE = "bookworm"
+MIRROR = "http://deb.debian.org/debian"
+ROOT_PACKAGES = ("python3",)
+#: what both packages install (pkg/stage.py), besides the units (Debian: /lib, EL9: /usr/lib) and the man page
+LAYOUT = (
+    "/opt/imexctl/bin/imexctl",
+    "/opt/imexctl/bin/python3",
+    "/opt/imexctl/pyvenv.cfg",
+    "/usr/sbin/imexctl",
+    "/usr/share/imexctl/hooks/prolog",
+    "/usr/share/imexctl/hooks/epilog",
+    "/usr/share/imexctl/hooks/task-prolog",
+    "/usr/share/imexctl/hooks/enroot/99-imexctl.sh",
+    "/etc/imexctl/imexctl.conf",
+    "/etc/logrotate.d/imexctl",
+)
+UNITS = ("imexctl-imex@.service", "imexctl-cleanup.service")
+CACHE = Path("/var/cache/imexctl-lab")
+
+
+def sh(argv: list[str], *, cwd: Path | None = None, timeout: float = 600, check: bool = True, **kw: object) -> str:
+    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=ENV, check=False, **kw)
+    if check and done.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(argv)} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        )
+    return done.stdout
+
+
+def _need(*tools: str) -> None:
+    missing = [t for t in tools if shutil.which(t, path=ENV["PATH"]) is None]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)} (bash .ci/setup test installs them)")
+
+
+def _pip_problem(output: str) -> str:
+    """Why pip could not reach the package index, or '' when that was not the problem."""
+    for marker in ("NewConnectionError", "Temporary failure in name resolution", "No matching distribution"):
+        if marker in output:
+            return marker
+    return ""
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sdist and the wheel, built from this checkout by setuptools' PEP 517 backend."""
+    out = tmp_path_factory.mktemp("dist")
+    src = tmp_path_factory.mktemp("src") / "imexctl"
+    files = sh(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO).split("\0")
+    for name in filter(None, files):
+        if (REPO / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, src / name, follow_symlinks=False)
+    # the backend rewrites sys.argv: keep the directory first
+    code = "import sys; from setuptools import build_meta as b; d = sys.argv[1]; b.build_sdist(d); b.build_wheel(d)"
+    sh([SYS_PYTHON, "-c", code, str(out)], cwd=src)
+    return out
+
+
+def test_wheel_holds_the_package_and_no_tests(dist: Path) -> None:
+    """The wheel is imexctl's only: the package (with sim/ and py.typed), the scripts, no tests."""
+    wheel = dist / f"imexctl-{__version__}-py3-none-any.whl"
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/", 1)[0] for n in names}
+    assert tops == {"imexctl", f"imexctl-{__version__}.dist-info"}
+    assert {"imexctl/cli.py", "imexctl/doctor.py", "imexctl/sim/daemon.py", "imexctl/py.typed"} <= set(names)
+    entry = zipfile.ZipFile(wheel).read(f"imexctl-{__version__}.dist-info/entry_points.txt").decode()
+    assert "imexctl = imexctl.cli:main" in entry
+
+
+def test_sdist_holds_what_the_packages_are_built_from(dist: Path) -> None:
+    """The sdist has the package, debian/, pkg/, hooks, units and docs; no tests."""
+    with tarfile.open(dist / f"imexctl-{__version__}.tar.gz") as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    wanted = {"debian/rules", "debian/control", "pkg/stage.py", "pkg/rpm/imexctl.spec", "pkg/logrotate"}
+    wanted |= {"hooks/prolog", "systemd/imexctl-imex@.service", "docs/operations.md", "imexctl/cli.py"}
+    assert wanted <= names
+    assert not [n for n in names if n.startswith(("tests/", "bench/", ".ci/"))]
+
+
+def test_versions_come_from_one_place() -> None:
+    """debian/changelog and the RPM spec carry imexctl/__init__.py's version."""
+    first = (REPO / "debian/changelog").read_text().splitlines()[0]
+    assert first.startswith(f"imexctl ({__version__}) ")
+    assert f"\nVersion:        {__version__}\n" in (REPO / "pkg/rpm/imexctl.spec").read_text()
+
+
+def test_wheel_in_a_fresh_venv_runs_version_and_demo(dist: Path, tmp_path: Path) -> None:
+    """pip installs the wheel into a new venv, where imexctl --version and imexctl demo work."""
+    if os.geteuid() != 0:
+        pytest.skip("imexctl demo runs the real hooks, which need root")
+    venv = tmp_path / "venv"
+    sh([SYS_PYTHON, "-m", "venv", str(venv)])
+    wheel = dist / f"imexctl-{__version__}-py3-none-any.whl"
+    done = subprocess.run(
+        [str(venv / "bin/pip"), "install", "-q", "--disable-pip-version-check", str(wheel)],
+        capture_output=True, text=True, timeout=600, env=ENV, check=False,
+    )  # fmt: skip
+    if done.returncode != 0 and _pip_problem(done.stderr):
+        pytest.skip(f"pip cannot reach the package index for the dependencies: {_pip_problem(done.stderr)}")
+    assert done.returncode == 0, done.stderr
+    assert sh([str(venv / "bin/imexctl"), "--version"]).strip() == f"imexctl {__version__}"
+    out = sh([str(venv / "bin/imexctl"), "demo", "--trays", "2"], timeout=300, cwd=tmp_path)
+    assert "after the epilogs: nothing left (no daemon, no file, no channel)" in out
+
+
+# ---------------------------------------------------------------- the .deb
+
+
+@pytest.fixture(scope="module")
+def deb(dist: Path) -> Path:
+    """The .deb, built by dpkg-buildpackage from the unpacked sdist."""
+    if os.geteuid() != 0:
+        pytest.skip("dpkg-buildpackage here runs as root (bash .ci/setup test)")
+    _need("dpkg-buildpackage", "dh", "fakeroot")
+    with tarfile.open(dist / f"imexctl-{__version__}.tar.gz") as tar:
+        tar.extractall(dist / "deb")  # noqa: S202 # our own sdist
+    src = dist / "deb" / f"imexctl-{__version__}"
+    done = subprocess.run(
+        ["dpkg-buildpackage", "-us", "-uc", "-b"], cwd=src, capture_output=True, text=True, timeout=900, env=ENV,
+        check=False,
+    )  # fmt: skip
+    if done.returncode != 0 and _pip_problem(done.stdout + done.stderr):
+        pytest.skip(f"pip cannot reach the package index: {_pip_problem(done.stdout + done.stderr)}")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    found = sorted((dist / "deb").glob(f"imexctl_{__version__}_*.deb"))
+    assert len(found) == 1
+    return found[0]
+
+
+def test_deb_control_and_files(deb: Path) -> None:
+    """The .deb depends on the build's Python minor, marks the configs as conffiles and ships the layout."""
+    info = sh(["dpkg-deb", "-f", str(deb), "Depends", "Version", "Architecture"])
+    minor = sys.version_info[:2] if Path(SYS_PYTHON).resolve() == Path(sys.executable).resolve() else None
+    assert f"Version: {__version__}" in info and "python3 (>= 3." in info and "python3 (<< 3." in info
+    if minor:
+        assert f"python3 (>= {minor[0]}.{minor[1]})" in info
+    files = {f.removeprefix(".") for f in _deb_files(deb)}
+    wanted = {*LAYOUT, "/usr/share/man/man8/imexctl.8.gz"}
+    wanted |= {f"/lib/systemd/system/{unit}" for unit in UNITS}
+    assert wanted <= files
+    assert not [f for f in files if "/etc/systemd/" in f or "/tests/" in f or f.endswith(".pyc")]
+    conffiles = sh(["dpkg-deb", "--info", str(deb), "conffiles"]).split()
+    assert conffiles == ["/etc/imexctl/imexctl.conf", "/etc/logrotate.d/imexctl"]
+
+
+def _deb_files(deb: Path) -> set[str]:
+    return {line.split()[5] for line in sh(["dpkg-deb", "-c", str(deb)]).splitlines()}
+
+
+def _root_key() -> str:
+    spec = json.dumps({"suite": SUITE, "mirror": MIRROR, "packages": ROOT_PACKAGES, "variant": "minbase"})
+    return f"pkgroot-{SUITE}-{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
+
+
+def clean_root() -> Path:
+    """A Debian 12 minbase root with python3, built once by debootstrap and cached (tests copy it)."""
+    from tests.lab.debroot import _locked
+
+    final = CACHE / _root_key()
+    if (final / "root/usr/bin/python3").exists():
+        return final / "root"
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with _locked(CACHE / f"{_root_key()}.lock", 1800, print):
+        if not (final / "root/usr/bin/python3").exists():
+            partial = CACHE / f"{_root_key()}.partial"
+            shutil.rmtree(partial, ignore_errors=True)
+            debs = CACHE / f"debs-{SUITE}"
+            debs.mkdir(exist_ok=True)
+            argv = ["debootstrap", "--variant=minbase", f"--include={','.join(ROOT_PACKAGES)}", f"--cache-dir={debs}"]
+            sh([*argv, SUITE, str(partial / "root"), MIRROR], timeout=1200)
+            shutil.rmtree(partial / "root/var/cache/apt/archives", ignore_errors=True)
+            shutil.rmtree(final, ignore_errors=True)
+            partial.rename(final)
+    return final / "root"
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Iterator[Path]:
+    """A throw-away copy of the clean root."""
+    if os.geteuid() != 0:
+        pytest.skip("chroot and debootstrap need root")
+    _need("debootstrap", "chroot", "unshare")
+    try:
+        base = clean_root()
+    except AssertionError as exc:
+        if "Temporary failure" in str(exc) or "Failure trying to run" in str(exc) or "Couldn't download" in str(exc):
+            pytest.skip(f"debootstrap cannot reach the Debian mirror: {str(exc).splitlines()[-1]}")
+        raise
+    copy = tmp_path / "root"
+    sh(["cp", "-a", "--reflink=auto", str(base), str(copy)], timeout=300)
+    yield copy
+    shutil.rmtree(copy, ignore_errors=True)
+
+
+def chroot(root: Path, script: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run a shell script in the root, with /proc mounted in a mount namespace of its own."""
+    argv = ["unshare", "--mount", "--fork", "sh", "-c", 'mount -t proc proc "$0/proc" && exec chroot "$0" sh -c "$1"']
+    done = subprocess.run([*argv, str(root), script], capture_output=True, text=True, timeout=300, env=ENV, check=False)
+    if check and done.returncode != 0:
+        raise AssertionError(f"in the root: {script}\nexit {done.returncode}\n{done.stdout}\n{done.stderr}")
+    return done
+
+
+def _tree(root: Path) -> set[str]:
+    """Every path in the root, but dpkg's and apt's own records, logs and caches."""
+    skip = ("var/lib/dpkg/", "var/log/", "var/cache/", "tmp/", "proc/", "run/")
+    out = set()
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel = os.path.relpath(dirpath, root)
+        for name in dirnames + filenames:
+            path = os.path.normpath(os.path.join(rel, name))
+            if not path.startswith(skip):
+                out.add(path)
+    return out
+
+
+def test_deb_installs_runs_removes_and_purges_cleanly(deb: Path, root: Path) -> None:
+    """In a clean Debian 12 root: dpkg -i; --version, doctor and the hooks' paths work; remove and purge leave nothing."""
+    before = _tree(root)
+    shutil.copy(deb, root / "tmp/imexctl.deb")
+    chroot(root, "dpkg -i /tmp/imexctl.deb")
+    assert chroot(root, "/opt/imexctl/bin/imexctl --version").stdout.strip() == f"imexctl {__version__}"
+    assert chroot(root, "imexctl --version").stdout.strip() == f"imexctl {__version__}"  # /usr/sbin on PATH
+    doctor = chroot(root, "imexctl doctor --json", check=False)
+    assert doctor.returncode == 1, doctor.stderr  # no NVIDIA driver, no slurm.conf in the root: FAILs, no crash
+    checks = {c["name"]: c["status"] for c in json.loads(doctor.stdout)["data"]}
+    assert checks["imexctl.config"] == "OK" and checks["imex.binaries"] == "FAIL"
+    # each hook execs the installed imexctl: without slurmd's environment the prolog exits 65 (job_env_invalid)
+    for hook, code in (("prolog", 65), ("epilog", 65)):
+        ran = chroot(root, f"env -i /usr/share/imexctl/hooks/{hook}", check=False)
+        assert ran.returncode == code, ran.stderr
+        assert '"error_code": "job_env_invalid"' in ran.stderr
+    assert not (root / "etc/systemd/system/multi-user.target.wants/imexctl-cleanup.service").exists()
+    assert list((root / "opt/imexctl/lib").rglob("__pycache__/*.pyc")), "postinst compiles the byte-code"
+    chroot(root, "dpkg -r imexctl")
+    assert not (root / "opt/imexctl").exists()
+    assert (root / "etc/imexctl/imexctl.conf").exists(), "remove keeps the conffiles"
+    chroot(root, "dpkg -P imexctl")
+    assert chroot(root, "dpkg-query -W imexctl", check=False).returncode != 0
+    assert _tree(root) - before == set(), "purge leaves nothing behind"
+    assert not (root / "var/log/imexctl.log").exists()
+
+
+def test_deb_upgrade_over_itself_keeps_a_changed_config(deb: Path, root: Path) -> None:
+    """Reinstalling (an upgrade in place) keeps the admin's edit of the config and recompiles the byte-code."""
+    shutil.copy(deb, root / "tmp/imexctl.deb")
+    chroot(root, "dpkg -i /tmp/imexctl.deb")
+    conf = root / "etc/imexctl/imexctl.conf"
+    conf.write_text(conf.read_text().replace("#deadline_s = 60", "deadline_s = 90"))
+    chroot(root, "dpkg -i --force-confold /tmp/imexctl.deb")
+    assert "\ndeadline_s = 90\n" in conf.read_text()
+    assert list((root / "opt/imexctl/lib").rglob("__pycache__/*.pyc"))
+    assert chroot(root, "imexctl --version").stdout.strip() == f"imexctl {__version__}"
+
+
+# ---------------------------------------------------------------- the .rpm
+
+
+@pytest.fixture(scope="module")
+def rpms(dist: Path) -> dict[str, Path]:
+    """The x86_64 and aarch64 (GB200's Grace) RPMs, built by Debian's rpmbuild from the sdist."""
+    if os.geteuid() != 0:
+        pytest.skip("the RPM build runs as root here (bash .ci/setup test)")
+    _need("rpmbuild", "rpm2cpio", "cpio")
+    top = dist / "rpm"
+    (top / "SOURCES").mkdir(parents=True)
+    shutil.copy(dist / f"imexctl-{__version__}.tar.gz", top / "SOURCES")
+    spec = REPO / "pkg/rpm/imexctl.spec"
+    out = {}
+    for arch in ("x86_64", "aarch64"):
+        # --nodeps: Debian's rpm database knows none of the BuildRequires (they are Debian packages here)
+        argv = ["rpmbuild", "-bb", "--nodeps", "--target", arch, "--define", f"_topdir {top}", str(spec)]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=900, env=ENV, check=False)
+        if done.returncode != 0 and _pip_problem(done.stdout + done.stderr):
+            pytest.skip(f"pip cannot reach the package index: {_pip_problem(done.stdout + done.stderr)}")
+        assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+        out[arch] = top / "RPMS" / arch / f"imexctl-{__version__}-1.{arch}.rpm"
+    return out
+
+
+def _python39() -> str | None:
+    """A Python 3.9 interpreter (EL9's version) that runs, or None."""
+    found = [*sorted(Path("/root/.pyenv/versions").glob("3.9.*/bin/python3.9")), Path("/usr/bin/python3.9")]
+    for candidate in found:
+        ok = candidate.is_file() and subprocess.run([str(candidate), "-c", "pass"], check=False, timeout=60)
+        if ok and ok.returncode == 0:
+            return str(candidate)
+    return None
+
+
+def _rpm(rpm: Path, *args: str) -> str:
+    return sh(["rpm", "-qp", *args, str(rpm)])
+
+
+def test_rpm_metadata_files_and_configs(rpms: dict[str, Path]) -> None:
+    """The RPM requires EL9's Python 3.9, ships the same layout as the .deb, and marks the configs noreplace."""
+    rpm = rpms["x86_64"]
+    assert _rpm(rpm, "--qf", "%{NAME} %{VERSION} %{ARCH}") == f"imexctl {__version__} x86_64"
+    requires = _rpm(rpm, "-R").splitlines()
+    assert "python(abi) = 3.9" in requires and "python3 >= 3.9" in requires
+    files = set(_rpm(rpm, "-l").splitlines())
+    wanted = {*LAYOUT, "/usr/share/man/man8/imexctl.8", "/opt/imexctl/lib/python3.9/site-packages/imexctl/cli.py"}
+    wanted |= {f"/usr/lib/systemd/system/{unit}" for unit in UNITS}
+    assert wanted <= files
+    assert not [f for f in files if f.startswith(("/usr/lib/.build-id", "/etc/systemd")) or f.endswith(".pyc")]
+    assert set(_rpm(rpm, "-c").split()) == {"/etc/imexctl/imexctl.conf", "/etc/logrotate.d/imexctl"}
+
+
+def test_rpm_scriptlets_enable_nothing_and_clean_byte_code(rpms: dict[str, Path]) -> None:
+    """The scriptlets compile and remove byte-code and reload systemd; none enables or starts a unit."""
+    scripts = _rpm(rpms["x86_64"], "--scripts")
+    assert "compileall" in scripts and "__pycache__" in scripts and "daemon-reload" in scripts
+    assert " enable" not in scripts and " start" not in scripts and "preset" not in scripts
+    for tag in ("POSTIN", "PREUN", "POSTUN"):
+        body = _rpm(rpms["x86_64"], "--qf", f"%{{{tag}}}")
+        sh(["sh", "-n", "-c", body])  # valid shell
+
+
+def test_rpm_payload_matches_its_architecture(rpms: dict[str, Path], tmp_path: Path) -> None:
+    """Each RPM carries psutil's shared object for its own machine (ELF e_machine), built for CPython 3.9."""
+    for arch, machine in (("x86_64", 62), ("aarch64", 183)):
+        dest = tmp_path / arch
+        dest.mkdir()
+        cpio = subprocess.run(["rpm2cpio", str(rpms[arch])], capture_output=True, check=True, timeout=120)
+        subprocess.run(["cpio", "-idm", "--quiet"], input=cpio.stdout, cwd=dest, check=True, timeout=120)
+        (so,) = (dest / "opt/imexctl/lib/python3.9/site-packages/psutil").glob("*.so")
+        assert int.from_bytes(so.read_bytes()[18:20], "little") == machine
+    site = tmp_path / "x86_64/opt/imexctl/lib/python3.9/site-packages"
+    python39 = _python39()
+    if python39 is None:
+        pytest.skip("no working Python 3.9 on this machine to run the RPM's payload with")
+    code = f"import sys; sys.path.insert(0, {str(site)!r}); from imexctl.cli import main; sys.exit(main(['--version']))"
+    out = subprocess.run([str(python39), "-I", "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0 and out.stdout.strip() == f"imexctl {__version__}", out.stderr

@@ -1,0 +1,112 @@
+"""reference: the man page from the argparse definitions and the shipped default config from the schema."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from imexctl import cli, reference, settings
+from imexctl.errors import ExitCode
+
+
+def _commands(parser, path=("imexctl",)):
+    for name, _help, sub in reference._subparsers(parser):
+        yield (*path, name), sub
+        yield from _commands(sub, (*path, name))
+
+
+PARSER = cli._parser()
+COMMANDS = list(_commands(PARSER))
+
+
+@pytest.fixture(scope="module")
+def page() -> str:
+    return reference.man_page()
+
+
+@pytest.mark.parametrize("path", [p for p, _ in COMMANDS], ids=" ".join)
+def test_man_page_has_a_section_per_command(page: str, path: tuple[str, ...]) -> None:
+    """Every command and subcommand of the parser has its own .SS heading."""
+    assert f'.SS "{reference._roff(" ".join(path))}"' in page  # roff escapes the hyphen of task-prolog
+
+
+@pytest.mark.parametrize(
+    ("path", "option"),
+    [
+        (p, o)
+        for p, sub in [(("imexctl",), PARSER), *COMMANDS]
+        for a in sub._actions
+        for o in a.option_strings
+        if o not in {"-h", "--help"}
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, tuple) else v,
+)
+def test_man_page_lists_every_option(page: str, path: tuple[str, ...], option: str) -> None:
+    """Every option of every command is in the page, escaped for roff, after its command's heading."""
+    heading = page.index(f'.SS "{reference._roff(" ".join(path))}"') if len(path) > 1 else 0
+    assert f"\\fB{option.replace('-', chr(92) + '-')}\\fR" in page[heading:]
+
+
+def test_man_page_lists_every_exit_code(page: str) -> None:
+    """The EXIT STATUS section has every ExitCode with its number and meaning."""
+    status = page.split(".SH EXIT STATUS", 1)[1].split(".SH", 1)[0]
+    for code in ExitCode:
+        assert f"\\fB{int(code)}\\fR ({code.name})" in status
+
+
+@pytest.mark.skipif(shutil.which("man") is None or shutil.which("groff") is None, reason="needs man and groff")
+def test_man_page_renders_without_warnings(page: str, tmp_path: Path) -> None:
+    """man renders the page with no roff warnings, and the text shows a command and an option."""
+    src = tmp_path / "imexctl.8"
+    src.write_text(page)
+    done = subprocess.run(
+        ["man", "--warnings", "-l", str(src)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={**os.environ, "MANWIDTH": "100", "MAN_KEEP_FORMATTING": "0"},
+    )
+    text = re.sub(".\x08", "", done.stdout)  # bold and underline by overstriking
+    assert done.stderr == ""
+    assert "imexctl doctor" in text and "--slurm-conf FILE" in text
+
+
+def test_roff_escapes_leading_dots_and_backslashes() -> None:
+    """A help text starting with a dot cannot become a roff request."""
+    assert reference._roff(".x a-b \\n") == "\\&.x a\\-b \\en"
+
+
+def test_default_config_loads_to_the_defaults(tmp_path: Path) -> None:
+    """The shipped config changes nothing: it loads to exactly the built-in defaults."""
+    path = tmp_path / "imexctl.conf"
+    path.write_text(reference.default_config())
+    path.chmod(0o644)
+    loaded = settings.load(path, node="gb01")
+    defaults = settings.load(None, node="gb01")
+    assert dataclasses.replace(loaded, source=None) == defaults
+
+
+def test_default_config_shows_every_key_commented_at_its_default() -> None:
+    """Every key of every section is there as '#key = default', under its section; no key is set."""
+    text = reference.default_config()
+    sections = re.split(r"^\[(\w+)\]$", text, flags=re.MULTILINE)
+    bodies = dict(zip(sections[1::2], sections[2::2]))
+    assert list(bodies) == [*settings.SCHEMA, "imex"]
+    for name, keys in settings.SCHEMA.items():
+        for key, (default, _parse) in keys.items():
+            assert f"\n#{key} = {default}".rstrip() + "\n" in bodies[name], (name, key)
+    assert not [line for line in text.splitlines() if line and not line.startswith(("#", "["))]
+
+
+def test_module_entry_point(capsys: pytest.CaptureFixture[str]) -> None:
+    """python -m imexctl.reference prints the page or the config, and refuses anything else with 64."""
+    assert reference.main(["man"]) == 0 and capsys.readouterr().out.startswith(".TH IMEXCTL 8")
+    assert reference.main(["config"]) == 0 and "[metrics]" in capsys.readouterr().out
+    assert reference.main(["html"]) == 64
