@@ -229,10 +229,10 @@ def _unsafe_dir(path: Path, forbidden: int) -> str:
 
 def _stale(ctx: Context) -> list[Check]:
     """Jobs that left a directory or a daemon but no longer run here, and channel nodes no job claims."""
-    from imexctl.teardown import known_jobs
+    from imexctl.teardown import known_jobs, still_runs
 
     rt = ctx.rt
-    gone = [jid for jid in known_jobs(rt) if not rt.host.job_is_running(jid)]
+    gone = [jid for jid in known_jobs(rt) if not still_runs(jid, rt)]  # cleanup's rule: what cleanup would remove
     out = []
     if gone:
         names = ", ".join(f"job {jid} ({_left_by(jid, rt)})" for jid in gone)

@@ -28,7 +28,7 @@ from imexctl.errors import (
 from imexctl.fsutil import atomic_write, ensure_dir
 from imexctl.gpu import fabric_key
 from imexctl.host import Host, ProcInfo
-from imexctl.nodestate import JobState, job_ids, node_lock, write_state
+from imexctl.nodestate import JobState, job_ids, mark_state, node_lock, write_state
 from imexctl.runtime import Runtime, bind, log_failed, terminations
 from imexctl.settings import JobDir
 from imexctl.slurm import JobContext, constraint_features
@@ -120,6 +120,7 @@ def _prolog(env: Mapping[str, str], rt: Runtime, run: _Run) -> dict[str, Any]:
             summary = _setup(
                 job, trays, rt, deadline, with_daemon=single == "domain", slurm_channels=run.slurm_channels
             )
+            _mark_set_up(job, rt)
         except BaseException as exc:
             _rollback(job.job_id, rt, exc)
             raise
@@ -217,7 +218,8 @@ def _claim(job: JobContext, rt: Runtime) -> None:
     others = [j for j in job_ids(paths.jobs_dir) if j != job.job_id]
     if others:
         raise DomainBusyError(
-            f"this node's IMEX domain belongs to job {others[0]} (run 'imexctl cleanup' if that job is gone)"
+            f"this node's IMEX domain belongs to job {others[0]} "
+            f"(if that job has ended: 'imexctl cleanup --job {others[0]} --force')"
         )
     ours = f"{paths.job(job.job_id).path}/"
     strays = [
@@ -408,6 +410,14 @@ def _create_channel(job: JobContext, major: int, minor: int, path: Path, rt: Run
     others = [str(c.path) for c in devices.list_channels(path.parent) if c.minor != minor]
     if others:
         rt.log.warning("device.channel.foreign", channels=others)
+
+
+def _mark_set_up(job: JobContext, rt: Runtime) -> None:
+    """Record that the domain is set up: from now on ``cleanup`` treats the job as running (teardown.py)."""
+    try:
+        mark_state(rt.settings.paths.job(job.job_id), set_up=rt.host.time())
+    except OSError as exc:
+        raise FileError(f"{exc.filename or 'state.json'}: {exc.strerror or exc}") from exc
 
 
 def _rollback(job_id: int, rt: Runtime, exc: BaseException) -> None:

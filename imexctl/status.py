@@ -11,7 +11,7 @@ from imexctl.errors import CommandError, ImexctlError
 from imexctl.fsutil import read_text_nofollow
 from imexctl.nodestate import read_state
 from imexctl.runtime import Runtime
-from imexctl.teardown import known_jobs
+from imexctl.teardown import known_jobs, still_runs
 
 __all__ = ["collect", "render_text"]
 
@@ -72,7 +72,7 @@ def _job(job_id: int, rt: Runtime) -> dict[str, Any]:
             out["channel"] = {"path": state.channel_path, "minor": state.channel_minor}
     out["nodes_config"] = _read(jd.nodes)
     out["domain"] = _domain(config, rt) if procs else None
-    out["running"] = host.job_is_running(job_id)
+    out["running"] = bool(still_runs(job_id, rt))  # cleanup's rule: a set-up domain without a step counts
     if not out["running"]:
         out["stale"].append("job no longer runs on this node")
     if not procs:

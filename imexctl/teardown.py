@@ -17,12 +17,12 @@ from imexctl import daemon, devices
 from imexctl.errors import DeviceError, ImexctlError, UnsafeNodeError
 from imexctl.fsutil import remove_tree
 from imexctl.host import ProcInfo
-from imexctl.nodestate import JobState, job_ids, node_lock, read_state
+from imexctl.nodestate import JobState, job_ids, mark_state, node_lock, read_state
 from imexctl.runtime import Runtime, bind, log_failed
 from imexctl.settings import JobDir
 from imexctl.slurm import JobContext
 
-__all__ = ["cleanup", "epilog", "known_jobs", "teardown"]
+__all__ = ["cleanup", "epilog", "known_jobs", "still_runs", "teardown"]
 
 
 class _Steps:
@@ -112,6 +112,7 @@ def epilog(env: Mapping[str, str], rt: Runtime) -> dict[str, Any]:
         # a het job's domain is keyed by the het job id (whichever component's epilog runs here)
         for jid in dict.fromkeys([job.job_id, *([job.het_job_id] if job.het_job_id else [])]):
             if _left_anything(rt.settings.paths.job(jid), rt):
+                _mark_ended(rt.settings.paths.job(jid), rt)  # first: even a lock timeout leaves it for cleanup
                 with node_lock(rt.settings.paths.lock_file, rt.host, rt.settings.daemon.lock_timeout_s):
                     rt.step("locked")
                     actions += teardown(jid, rt)
@@ -121,6 +122,22 @@ def epilog(env: Mapping[str, str], rt: Runtime) -> dict[str, Any]:
     out = {"ok": True, "actions": actions, "duration_s": round(rt.host.monotonic() - t0, 3)}
     rt.log.info("epilog.done", **out)
     return out
+
+
+def _mark_ended(jd: JobDir, rt: Runtime) -> None:
+    """Record in the job's state that its epilog runs here, so ``cleanup`` knows the job has ended.
+
+    Written before the node lock is taken, so an epilog that times out on the
+    lock still leaves its job to plain ``cleanup``.  Without the lock it may
+    race a prolog of the same job, which slurmd never runs at the same time
+    (design.md source slurm-prolog-order); a lost mark only makes ``cleanup``
+    more careful.  Best effort: if the state cannot be written, teardown
+    (which removes it) reports the problem.
+    """
+    try:
+        mark_state(jd, ended=rt.host.time())
+    except OSError:
+        pass
 
 
 def _left_anything(jd: JobDir, rt: Runtime) -> bool:
@@ -135,16 +152,17 @@ def _left_anything(jd: JobDir, rt: Runtime) -> bool:
 def cleanup(rt: Runtime, *, job_id: int | None = None, dry_run: bool = False, force: bool = False) -> dict[str, Any]:
     """Reset the node after failed jobs: tear down every job no longer running here.
 
-    A job counts as running while it has a slurmstepd or a cgroup on this node
-    (decided locally; slurmctld is never asked).  ``force`` tears down running
-    jobs too.  Stray channels (not channel0) are removed when imexctl owns channels.
+    Which jobs may still run is decided locally (slurmctld is never asked), see
+    :func:`still_runs`.  ``force`` tears down running jobs too.  Stray channels
+    (not channel0) are removed when imexctl owns channels.
     """
     report: dict[str, Any] = {"dry_run": dry_run, "actions": [], "skipped": [], "errors": []}
     with node_lock(rt.settings.paths.lock_file, rt.host, rt.settings.daemon.lock_timeout_s):
         rt.step("locked")
         for jid in [job_id] if job_id is not None else known_jobs(rt):
-            if rt.host.job_is_running(jid) and not force:
-                report["skipped"].append(f"job {jid} still runs on this node (use --force)")
+            why = "" if force else still_runs(jid, rt)
+            if why:
+                report["skipped"].append(f"job {jid} {why} (use --force)")
                 continue
             try:
                 report["actions"] += teardown(jid, rt, dry_run=dry_run)
@@ -156,6 +174,35 @@ def cleanup(rt: Runtime, *, job_id: int | None = None, dry_run: bool = False, fo
     if report["errors"]:
         raise UnsafeNodeError("; ".join(report["errors"]))
     return report
+
+
+def still_runs(job_id: int, rt: Runtime) -> str:
+    """Why job ``job_id`` may still run on this node ('' when it surely does not).
+
+    A slurmstepd or a cgroup of the job proves it runs.  Their absence does not
+    prove the opposite: a job has neither on a node before its first step
+    there, which with ``PrologFlags=Alloc`` (without ``Contain``) can be the
+    whole job, and even ``Contain`` starts the extern step only after the
+    prolog (design.md source slurm-prolog-order).  So a job whose prolog set up
+    its domain, which is still there, and whose epilog has not run here, counts
+    as running too: when in doubt, leave it.
+    """
+    if rt.host.job_is_running(job_id):
+        return "still runs on this node"
+    jd = rt.settings.paths.job(job_id)
+    state = read_state(jd)
+    if state is None or not state.set_up or state.ended:
+        return ""
+    if state.backend == "none":
+        live = bool(state.channel_path) and os.path.lexists(state.channel_path)
+    else:
+        live = bool(daemon.job_processes(rt.host, jd.config))
+    if not live:
+        return ""
+    return (
+        "may still run on this node: its domain is set up and its epilog has not run here, "
+        "and a job has no slurmstepd or cgroup on a node before its first step there"
+    )
 
 
 def known_jobs(rt: Runtime) -> list[int]:

@@ -13,7 +13,8 @@ import pytest
 
 from imexctl.cli import main
 from imexctl.errors import ExitCode
-from imexctl.settings import Settings
+from imexctl.nodestate import mark_state
+from imexctl.settings import JobDir, Settings
 from tests.support.fakes import FakeGpu, FakeHost, job_env
 from tests.support.privileges import needs_mknod
 
@@ -31,6 +32,11 @@ def run(cfg: str, *argv: str, host: FakeHost, gpu: Any = None, env: dict[str, st
         host=host,
         gpu=FakeGpu() if gpu is None else gpu,
     )
+
+
+def ended_here(root: Path, job_id: int) -> None:
+    """What an epilog killed after taking the node lock leaves: the job's state marked ended."""
+    assert mark_state(JobDir(job_id, root / f"run/imexctl/jobs/{job_id}"), ended=1.0)
 
 
 def envelope(capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
@@ -160,10 +166,15 @@ class TestStatus:
         chan = str(root / "dev/nvidia-caps-imex-channels/channel43")
         assert [(c["path"], c["minor"], c["mode"], c["stale"]) for c in data["channels"]] == [(chan, 43, "0600", False)]
 
-    def test_json_lists_stale_job(self, cfg: str, host: FakeHost, capsys: pytest.CaptureFixture[str]) -> None:
-        """A job that no longer runs on the node is listed as stale."""
+    def test_json_lists_stale_job(
+        self, cfg: str, host: FakeHost, root: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A set-up job without a step still counts as running; once its epilog ran here it is stale."""
         assert run(cfg, "prolog", host=host) == 0
         capsys.readouterr()
+        assert run(cfg, "status", "--json", host=host) == 0
+        assert envelope(capsys)["data"]["stale"] == []
+        ended_here(root, 42)
         assert run(cfg, "status", "--json", host=host) == 0
         assert envelope(capsys)["data"]["stale"] == ["job 42: job no longer runs on this node"]
 
@@ -201,6 +212,7 @@ class TestCleanup:
     ) -> None:
         """cleanup --dry-run --json lists what it would do for a dead job and does none of it."""
         assert run(cfg, "prolog", host=host) == 0
+        ended_here(root, 42)
         capsys.readouterr()
         before = sorted(p.name for p in (root / "run/imexctl/jobs/42").iterdir())
         assert run(cfg, "cleanup", "--dry-run", "--json", host=host) == 0

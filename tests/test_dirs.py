@@ -30,7 +30,9 @@ def cfg(make_settings: Callable[..., Settings]) -> str:
 
 
 def run(cfg: str, hook: str, host: FakeHost) -> int:
-    return main(["--config", cfg, hook], env=job_env(), host=host, gpu=FakeGpu())
+    # cleanup --force: the prolog set the job up and no epilog ran, so plain cleanup would keep it as live
+    args = [hook, "--force"] if hook == "cleanup" else [hook]
+    return main(["--config", cfg, *args], env=job_env(), host=host, gpu=FakeGpu())
 
 
 def failure(capsys: pytest.CaptureFixture[str]) -> dict[str, object]:

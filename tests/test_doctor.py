@@ -565,6 +565,23 @@ def test_job_that_is_gone_is_stale(make_rt: Any, host: FakeHost) -> None:
     assert _checks(rt)["imexctl.stale"].status == doctor.OK
 
 
+def test_set_up_domain_without_a_step_is_not_stale(make_rt: Any, host: FakeHost) -> None:
+    """A job whose prolog set up its domain (daemon running) and whose epilog has not run may still run: not stale."""
+    rt = make_rt()
+    jd = rt.settings.paths.job(42)
+    jd.path.mkdir(parents=True)
+    state = {"job_id": 42, "node": "gb01", "uid": 1000, "gid": 1000, "user": "u", "nodes": ["gb01"]}
+    state |= {"addresses": ["10.0.0.1"], "port": 61042, "backend": "exec", "channel_minor": None}
+    state |= {"channel_path": "", "created": 0.0, "cmd_port": 62042, "set_up": 5.0}
+    jd.state.write_text(json.dumps(state))
+    host.spawn_detached(["/usr/bin/nvidia-imex", "-c", str(jd.config)], log_path=Path("/dev/null"))
+    assert _checks(rt)["imexctl.stale"].status == doctor.OK
+    state["ended"] = 9.0  # its epilog began here: the job has ended
+    jd.state.write_text(json.dumps(state))
+    check = _checks(rt)["imexctl.stale"]
+    assert check.status == doctor.FAIL and "job 42 (directory, daemon pid" in check.message
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root: a real character device node")
 def test_stray_channel_warns(make_rt: Any) -> None:
     """A channel node that no job claims is a WARN naming its owner."""

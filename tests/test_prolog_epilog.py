@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 from pathlib import Path
@@ -255,7 +256,55 @@ class TestEpilog:
             epilog(job_env(job_id=42), rt)
 
 
+class Killed(BaseException):
+    """SIGKILL, simulated at a step boundary."""
+
+
+def epilog_killed(rt: Any, job_id: int) -> None:
+    """Set a job up, then kill its epilog right after it took the node lock (the job has ended)."""
+    prolog(job_env(job_id=job_id), rt)
+
+    def kill(step: str) -> None:
+        if step == "locked":
+            raise Killed(step)
+
+    with pytest.raises(Killed):
+        epilog(job_env(job_id=job_id), dataclasses.replace(rt, on_step=kill))
+
+
 class TestCleanup:
+    def test_set_up_job_without_a_step_counts_as_running(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """No slurmstepd, no cgroup, but a set-up domain and no epilog yet: cleanup leaves it, --force removes it."""
+        prolog(job_env(job_id=42), rt)
+        before = leftovers(root)
+        for report in (cleanup(rt), cleanup(rt, job_id=42), cleanup(rt, dry_run=True)):
+            assert report["actions"] == [] and report["errors"] == []
+            assert report["skipped"] == [
+                (
+                    "job 42 may still run on this node: its domain is set up and its epilog has not run here, and "
+                    "a job has no slurmstepd or cgroup on a node before its first step there (use --force)"
+                )
+            ]
+        assert leftovers(root) == before and len(live(host)) == 1
+        cleanup(rt, force=True)
+        assert leftovers(root) == [] and live(host) == []
+
+    def test_job_whose_epilog_ran_is_torn_down(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """The epilog marks the job ended as soon as it holds the lock: cleanup finishes what it began."""
+        epilog_killed(rt, 42)
+        assert json.loads((root / "run/imexctl/jobs/42/state.json").read_text())["ended"] > 0
+        assert live(host) and leftovers(root)
+        report = cleanup(rt)
+        assert report["skipped"] == [] and report["actions"] and leftovers(root) == [] and live(host) == []
+
+    def test_set_up_job_whose_daemon_died_is_torn_down(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """A set-up domain whose daemon is gone is no domain to protect: cleanup removes the rest."""
+        prolog(job_env(job_id=42), rt)
+        for proc in host.procs.values():
+            proc.alive = False
+        report = cleanup(rt)
+        assert report["skipped"] == [] and report["actions"] and leftovers(root) == []
+
     def test_skips_running_jobs_unless_forced(self, rt: Any, host: FakeHost, root: Path) -> None:
         """Cleanup leaves a job that still runs here, and removes it with --force."""
         prolog(job_env(job_id=42), rt)
@@ -266,7 +315,7 @@ class TestCleanup:
 
     def test_dry_run_changes_nothing(self, rt: Any, host: FakeHost, root: Path) -> None:
         """A dry run reports the teardown of a dead job and performs none of it."""
-        prolog(job_env(job_id=42), rt)
+        epilog_killed(rt, 42)
         before = leftovers(root)
         report = cleanup(rt, dry_run=True)
         assert report["actions"] and all(a.startswith("would ") for a in report["actions"])

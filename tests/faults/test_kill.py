@@ -26,7 +26,9 @@ def test_prolog_killed_at_each_step(make_rack: Callable[..., FaultRack], step: s
         assert [r.returncode for r in rack.run_all("epilog", 700)] == [0, 0]
     else:
         for t in rack.trays:
-            done = rack.imexctl(t, "cleanup")
+            done = rack.imexctl(
+                t, "cleanup", "--force"
+            )  # tray 2 set up its part and no epilog ran: a live job to plain cleanup
             assert done.returncode == 0, done.stdout + done.stderr
     assert rack.dirty() == []
     assert [r.returncode for r in rack.run_all("prolog", 701)] == [0, 0]
