@@ -121,6 +121,8 @@ class SystemdLab:
     ) -> None:
         if not 1 <= nodes <= 9:
             raise ValueError("nodes must be 1..9")
+        if workdir and (Path(workdir).resolve() == Path("/tmp") or Path("/tmp") in Path(workdir).resolve().parents):
+            raise ValueError(f"{workdir}: the machines mount a tmpfs on /tmp, which would hide it; use /var/tmp")
         self.root, self.repo, self.names = Path(root), Path(repo), names
         self.nodes = [f"node{i}" for i in range(1, nodes + 1)]
         self._top = Path(workdir) if workdir else None
@@ -442,6 +444,11 @@ class SystemdLab:
     def _leftover_mounts(top: Path) -> bool:
         text = Path("/proc/self/mountinfo").read_text()
         return any(line.split()[4].startswith(f"{top}/") for line in text.splitlines())
+
+    def remove_stale(self) -> None:
+        """Remove a lab of these names whose owner is gone, and leftovers by name (``down`` without a lab)."""
+        with _flock(self.names.lock):
+            self._clean_stale()
 
     def _clean_stale(self) -> None:
         """Tear down a recorded lab of our names whose owner is gone, then leftovers by name; refuse if it lives."""

@@ -45,9 +45,10 @@ def _root() -> debroot.DebRoot:
     return root
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def sysd() -> Iterator[SystemdLab]:
-    """A controller and two booted nodes with imexctl installed as docs/install.md says, for the session."""
+    """A controller and two booted nodes with imexctl installed as docs/install.md says, for these tests
+    (down again before the real-Slurm lab's tests run)."""
     lab = SystemdLab(_root().path, nodes=len(NODES), owner_pid=os.getpid())
     try:
         lab.up()
