@@ -87,8 +87,23 @@ CHECKS = (
     ("systemctl is-enabled imexctl-cleanup.service", "enabled"),
 )
 
-#: the page's other commands for a node, and why the lab does not run them
+PACKAGE = (
+    "the package path; the lab installs without a package (a .deb serves the one Python minor version it was "
+    "built for, and none is built here for the nodes' Debian 13 Python 3.13): install_imexctl is where it would go"
+)
+#: the page's other commands for a node (trailing comments dropped), and why the lab does not run them
 NOT_RUN = {
+    "apt-get install ./imexctl_0.1.0_arm64.deb": PACKAGE,
+    "dnf install ./imexctl-0.1.0-1.aarch64.rpm": "the RPM, for RHEL and Rocky; the nodes are Debian",
+    "imexctl --version && imexctl doctor": (
+        "the package's /usr/sbin/imexctl; the lab checks /opt/imexctl/bin/imexctl --version (doctor also checks "
+        "NVML and the driver, which the nodes do not have)"
+    ),
+    "apt-get install debhelper dpkg-dev fakeroot python3-pip python3-setuptools python3-wheel": "builds packages",
+    "dpkg-buildpackage -us -uc -b": "builds the .deb, off the node",
+    'rpmbuild -bb --define "_sourcedir $PWD/dist" pkg/rpm/imexctl.spec': "builds the RPM, off the node",
+    "ln -s /usr/share/imexctl/hooks/prolog /etc/slurm/prolog.d/00-imexctl": PACKAGE,
+    "ln -s /usr/share/imexctl/hooks/epilog /etc/slurm/epilog.d/99-imexctl": PACKAGE,
     "/usr/bin/python3 -m venv /opt/imexctl && /opt/imexctl/bin/pip install imexctl": (
         "installs from an index; the containers have no network (the offline variant runs)"
     ),

@@ -250,6 +250,9 @@ class SystemdLab:
             self._clean_stale()
             if self._top is None:
                 self._top = Path(tempfile.mkdtemp(prefix=f"{self.names.prefix}-", dir=TOP))
+            elif self._top.exists() and any(self._top.iterdir()):
+                raise LabError(f"{self._top} is not empty")
+            self._top.mkdir(parents=True, exist_ok=True)
             self.state = {
                 "top": str(self.top),
                 "root": str(self.root),

@@ -25,9 +25,10 @@ def _sections() -> dict[str, str]:
 
 
 def _fenced(text: str, lang: str) -> list[str]:
-    """Every line inside ```lang fences, stripped, without blank and comment lines."""
+    """Every line inside ```lang fences, stripped, without blank and comment lines or trailing comments."""
     blocks = re.findall(rf"^```{lang}\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)
-    return [ln.strip() for b in blocks for ln in b.splitlines() if ln.strip() and not ln.startswith("#")]
+    lines = [re.sub(r"\s+#\s.*$", "", ln).strip() for b in blocks for ln in b.splitlines()]
+    return [ln for ln in lines if ln and not ln.startswith("#")]
 
 
 def _node_commands() -> list[str]:
