@@ -7,9 +7,11 @@ and ``/dev`` are fresh on every boot. Each container runs in a network namespace
 (``--network-namespace-path``) and in cgroups of its own under ours (``<machine>`` in each hierarchy nspawn
 uses), so two containers never share nspawn's ``payload`` cgroup on a host without systemd.
 
-Commands reach the container through its init: ``nsenter -t <init pid> -a`` (no machined needed).
-Recorded for teardown from any process (:meth:`Container.to_state`): the nspawn and init pids with their
-start times, the cgroups made, the overlay's top directory.
+Each boot gets a new time namespace whose boot clock starts near 0, as after a real reboot (slurmd reports
+its uptime, and slurmctld tells a rebooted node by it). Commands reach the container through its init:
+``nsenter -t <init pid> -a`` (no machined needed). Recorded for teardown from any process
+(:meth:`Container.to_state`): the launcher's, nspawn's and init's pids with their start times, the cgroups
+made, the overlay's top directory.
 """
 
 from __future__ import annotations

@@ -90,9 +90,10 @@ WantedBy=multi-user.target
 LAUNCHER = """\
 #!/bin/sh
 # lab stand-in for {real} (tests/lab/sysd.py): the simulator, with the lab's fault switches
-echo "lab stand-in {real}: exec {sim} $*" >&2
-IMEX_SIM_FAULTS_FILE={faults} exec /opt/imexctl/bin/{sim} "$@"
+{announce}IMEX_SIM_FAULTS_FILE={faults} exec /opt/imexctl/bin/{sim} "$@"
 """
+#: the daemon's stand-in says one line on stderr, so a test sees where the daemon's output goes
+ANNOUNCE = 'echo "lab stand-in /usr/bin/nvidia-imex: exec nvidia-imex-sim $*" >&2\n'
 PROC_DEVICES = (
     "Character devices:\n  1 mem\n  4 tty\n195 nvidia\n234 nvidia-caps-imex-channels\n"
     "235 nvidia-caps\n\nBlock devices:\n  7 loop\n  8 sd\n259 blkext\n"
@@ -370,7 +371,8 @@ class SystemdLab:
         root = m.merged
         for real, sim in (("nvidia-imex", "nvidia-imex-sim"), ("nvidia-imex-ctl", "nvidia-imex-ctl-sim")):
             path = root / "usr" / "bin" / real
-            path.write_text(LAUNCHER.format(real=f"/usr/bin/{real}", sim=sim, faults=FAULTS))
+            announce = ANNOUNCE if real == "nvidia-imex" else ""
+            path.write_text(LAUNCHER.format(real=f"/usr/bin/{real}", sim=sim, faults=FAULTS, announce=announce))
             path.chmod(0o755)
         (root / FAULTS.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
         (root / FAULTS.lstrip("/")).write_text("")
