@@ -37,8 +37,12 @@ class Backend(Protocol):
     def start(self, jd: JobDir) -> None:
         """Start the job's daemon with its ``config.cfg``."""
 
-    def stop(self, jd: JobDir) -> None:
-        """Stop the job's daemon; survivors are left to :func:`ensure_gone`."""
+    def stop(self, jd: JobDir) -> str:
+        """Stop the job's daemon; survivors are left to :func:`ensure_gone`.
+
+        Returns:
+            What the service manager had to force (e.g. a SIGKILL after the stop timeout), or "".
+        """
 
     def info(self, jd: JobDir) -> DaemonInfo:
         """What ``status`` shows about the job's daemon."""
@@ -104,12 +108,13 @@ class ExecBackend:
             raise DaemonError(f"start IMEX daemon: {exc}") from exc
         atomic_write(jd.pid_file, f"{proc.pid} {proc.create_time!r}\n", mode=0o600)
 
-    def stop(self, jd: JobDir) -> None:
-        """SIGTERM the recorded daemon and wait; :func:`ensure_gone` does the rest."""
+    def stop(self, jd: JobDir) -> str:
+        """SIGTERM the recorded daemon and wait; :func:`ensure_gone` does the rest (and reports it)."""
         proc = self._recorded(jd)
         if proc is not None:
             self.host.send_signal(proc, signal.SIGTERM)
             _wait_dead(self.host, [proc], self.settings.daemon.stop_timeout_s)
+        return ""
 
     def info(self, jd: JobDir) -> DaemonInfo:
         """Running or not, by the recorded pid (or by argv when the pid file is gone)."""
@@ -142,7 +147,7 @@ class SystemdBackend:
         """Check the stock unit is off and our unit runs this config, then start it."""
         unit, stock = self.unit(jd.job_id), self.settings.daemon.stock_unit
         shown = self._show(unit, stock)
-        if shown.get(stock, {}).get("ActiveState") in ("active", "activating", "reloading"):
+        if shown.get(stock, {}).get("ActiveState") in _RUNNING:
             raise DomainBusyError(
                 f"{stock} is running: disable it (systemctl disable --now {stock}); imexctl runs one daemon per job"
             )
@@ -157,12 +162,38 @@ class SystemdBackend:
                 "[paths] and [commands] must match the installed unit"
             )
         self._ctl("start", unit, timeout_s=self.settings.daemon.start_timeout_s)
+        self._wait_exec(unit, jd)
 
-    def stop(self, jd: JobDir) -> None:
-        """Stop the unit (systemd escalates to SIGKILL after TimeoutStopSec) and forget failures."""
+    def _wait_exec(self, unit: str, jd: JobDir) -> None:
+        """Wait until the daemon runs with the job's config in its argv, or its unit is no longer running.
+
+        With ``Type=simple`` ``systemctl start`` returns as soon as systemd has forked the daemon, before
+        the exec (systemd.service(5), ``Type=``): until then no process shows the config, and the
+        readiness wait would take the daemon for dead.
+        """
+        deadline = self.host.monotonic() + self.settings.daemon.start_timeout_s
+        while not job_processes(self.host, jd.config):
+            props = self._show(unit).get(unit, {})
+            if props.get("ActiveState") not in _RUNNING:
+                raise DaemonError(f"{unit} exited during start-up ({_outcome(props)})")
+            if self.host.monotonic() >= deadline:
+                raise DaemonError(f"{unit}: no process runs {jd.config} after systemctl start ({_outcome(props)})")
+            self.host.sleep(0.02)
+
+    def stop(self, jd: JobDir) -> str:
+        """Stop the unit (systemd escalates to SIGKILL after TimeoutStopSec) and forget failures.
+
+        Returns:
+            ``"<unit>: systemd sent SIGKILL after the stop timeout"`` when the daemon outlived SIGTERM
+            by TimeoutStopSec (the unit's ``Result=timeout``), else "".
+        """
         unit = self.unit(jd.job_id)
         self._ctl("stop", unit, timeout_s=self.settings.daemon.stop_timeout_s + 5)
-        self._ctl("reset-failed", unit, timeout_s=10, check=False)
+        try:
+            result = self._show(unit).get(unit, {}).get("Result", "")
+        finally:
+            self._ctl("reset-failed", unit, timeout_s=10, check=False)
+        return f"{unit}: systemd sent SIGKILL after the stop timeout" if result == "timeout" else ""
 
     def info(self, jd: JobDir) -> DaemonInfo:
         """ActiveState/SubState and MainPID of the job's unit."""
@@ -173,7 +204,7 @@ class SystemdBackend:
         return DaemonInfo("systemd", state, pid, unit)
 
     def _show(self, *units: str) -> dict[str, dict[str, str]]:
-        props = "Id,LoadState,ActiveState,SubState,MainPID,ExecStart"
+        props = "Id,LoadState,ActiveState,SubState,Result,MainPID,ExecMainStatus,ExecStart"
         done = self.host.run((self.systemctl, "show", f"--property={props}", "--", *units), timeout_s=10)
         if done.returncode != 0:
             raise DaemonError(f"systemctl show {' '.join(units)}: exit {done.returncode}: {done.stderr.strip()}")
@@ -190,6 +221,15 @@ class SystemdBackend:
             raise DaemonError(f"systemctl {verb} {unit}: {exc}") from exc
         if check and done.returncode != 0:
             raise DaemonError(f"systemctl {verb} {unit}: exit {done.returncode}: {done.stderr.strip()[-300:]}")
+
+
+_RUNNING = ("active", "activating", "reloading")
+
+
+def _outcome(props: dict[str, str]) -> str:
+    """A unit's state as systemd reports it, e.g. ``failed/failed, result exit-code, status 1``."""
+    state = f"{props.get('ActiveState', '?')}/{props.get('SubState', '?')}"
+    return f"{state}, result {props.get('Result', '?')}, status {props.get('ExecMainStatus', '?')}"
 
 
 def parse_systemctl_show(text: str) -> dict[str, dict[str, str]]:

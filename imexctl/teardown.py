@@ -38,8 +38,10 @@ class _Steps:
             self.done.append(f"would {what}")
             return
         try:
-            if action() is not False:
-                self.done.append(what)
+            result = action()
+            if result is not False:
+                # an action may say what it had to force: "stop daemon of job 7 (<unit>: systemd sent SIGKILL ...)"
+                self.done.append(f"{what} ({result})" if isinstance(result, str) and result else what)
         except (ImexctlError, OSError) as exc:
             (self.problems if fatal else self.done).append(f"{what}: {exc}")
 
@@ -58,7 +60,7 @@ def teardown(job_id: int, rt: Runtime, *, dry_run: bool = False) -> list[str]:
     if jd.exists() and not (state and state.backend == "none"):  # "none": a channel-only job, no daemon
         backend = daemon.make_backend(rt.host, rt.settings, state.backend if state else None)
         # a failed stop is only a problem if a daemon survives: the kill step decides
-        steps.run(f"stop daemon of job {job_id}", lambda: backend.stop(jd), fatal=False)
+        steps.run(f"stop daemon of job {job_id}", lambda: _stop(backend, jd, rt), fatal=False)
         rt.step("daemon_stopped")
     procs = daemon.job_processes(rt.host, jd.config)
     if procs:
@@ -75,6 +77,14 @@ def teardown(job_id: int, rt: Runtime, *, dry_run: bool = False) -> list[str]:
     if steps.problems:
         raise UnsafeNodeError("; ".join(steps.problems))
     return steps.done
+
+
+def _stop(backend: daemon.Backend, jd: JobDir, rt: Runtime) -> str:
+    """Stop through the backend; what the service manager had to force is a warning (and the result)."""
+    forced = backend.stop(jd)
+    if forced:
+        rt.log.warning("imex.daemon.killed", config=str(jd.config), by=forced)
+    return forced
 
 
 def _kill(config: Path, procs: list[ProcInfo], rt: Runtime) -> None:

@@ -113,7 +113,7 @@ class TestSystemdBackend:
             (
                 "/usr/bin/systemctl",
                 "show",
-                "--property=Id,LoadState,ActiveState,SubState,MainPID,ExecStart",
+                "--property=Id,LoadState,ActiveState,SubState,Result,MainPID,ExecMainStatus,ExecStart",
                 "--",
                 UNIT,
                 "nvidia-imex.service",
@@ -175,19 +175,67 @@ class TestSystemdBackend:
             SystemdBackend(shost, systemd).start(jd)
         assert verbs(shost) == ["show"]
 
+    def test_start_waits_for_the_exec(self, shost: FakeHost, systemd: Settings, config: Path, jd: JobDir) -> None:
+        """Type=simple: systemctl start returns before the daemon's exec; start waits until a process runs
+        the job's config, so the readiness wait never takes the forked child for a dead daemon."""
+        shost.unit_exec_scans = 3
+        SystemdBackend(shost, systemd).start(jd)
+        assert verbs(shost) == ["show", "start", "show", "show"]  # two scans found only "(nvidia-imex)"
+        assert [p.cmdline for p in shost.processes_with_arg(str(config))] == [
+            ("/usr/bin/nvidia-imex", "-c", str(config))
+        ]
+        assert shost.slept == [0.02, 0.02]
+
+    def test_start_reports_a_daemon_that_died_at_once(
+        self, shost: FakeHost, systemd: Settings, config: Path, jd: JobDir
+    ) -> None:
+        """A daemon that exits before it shows up is a DaemonError with what systemd says of the unit."""
+        shost.daemon_dies = True
+        with pytest.raises(DaemonError, match=rf"{UNIT} exited during start-up \(failed/failed, result exit-code, "):
+            SystemdBackend(shost, systemd).start(jd)
+
+    def test_start_gives_up_at_start_timeout(
+        self, shost: FakeHost, make_settings: Callable[..., Settings], config: Path, jd: JobDir
+    ) -> None:
+        """A unit that stays active without ever running the config fails after [daemon] start_timeout_s."""
+        shost.unit_exec_scans = 10_000
+        settings = make_settings(daemon={"backend": "systemd", "start_timeout_s": 1})
+        with pytest.raises(DaemonError, match=rf"{UNIT}: no process runs {config} after systemctl start \(active/"):
+            SystemdBackend(shost, settings).start(jd)
+        assert 1.0 <= sum(shost.slept) < 1.1
+
     def test_stop_stops_and_resets_failed(self, shost: FakeHost, systemd: Settings, config: Path, jd: JobDir) -> None:
-        """stop stops the unit and then clears a failed state."""
+        """stop stops the unit, reads its result, then clears a failed state; a clean stop reports nothing."""
         backend = SystemdBackend(shost, systemd)
         backend.start(jd)
-        backend.stop(jd)
-        assert verbs(shost) == ["show", "start", "stop", "reset-failed"]
+        assert backend.stop(jd) == ""
+        assert verbs(shost) == ["show", "start", "stop", "show", "reset-failed"]
         assert shost.units[UNIT]["ActiveState"] == "inactive"
+
+    def test_stop_reports_the_sigkill_after_the_stop_timeout(
+        self, shost: FakeHost, systemd: Settings, config: Path, jd: JobDir
+    ) -> None:
+        """A daemon that ignores SIGTERM leaves Result=timeout (systemd's SIGKILL): stop says so."""
+        shost.daemon_ignores_sigterm = True
+        backend = SystemdBackend(shost, systemd)
+        backend.start(jd)
+        assert backend.stop(jd) == f"{UNIT}: systemd sent SIGKILL after the stop timeout"
+        assert verbs(shost)[-2:] == ["show", "reset-failed"]
 
     def test_reset_failed_error_is_ignored(self, shost: FakeHost, systemd: Settings, config: Path, jd: JobDir) -> None:
         """A failing reset-failed does not fail the stop."""
         shost.fail_verbs.add("reset-failed")
         SystemdBackend(shost, systemd).stop(jd)
-        assert verbs(shost) == ["stop", "reset-failed"]
+        assert verbs(shost) == ["stop", "show", "reset-failed"]
+
+    def test_reset_failed_runs_when_show_fails(
+        self, shost: FakeHost, systemd: Settings, config: Path, jd: JobDir
+    ) -> None:
+        """A failing systemctl show after the stop still clears the failed state, then raises."""
+        shost.fail_verbs.add("show")
+        with pytest.raises(DaemonError, match="systemctl show"):
+            SystemdBackend(shost, systemd).stop(jd)
+        assert verbs(shost) == ["stop", "show", "reset-failed"]
 
     def test_info_reports_state_and_pid(self, shost: FakeHost, systemd: Settings, config: Path, jd: JobDir) -> None:
         """info shows ActiveState/SubState and MainPID of the job's unit."""
@@ -207,8 +255,28 @@ class TestSystemdBackend:
         epilog(job_env(job_id=42), rt)
         assert shost.units[UNIT]["ActiveState"] == "inactive"
         assert [p for p in shost.procs.values() if p.alive] == []
-        assert verbs(shost)[-2:] == ["stop", "reset-failed"]
+        assert verbs(shost)[-3:] == ["stop", "show", "reset-failed"]
         assert not (root / "run/imexctl/jobs/42").exists()
+
+    def test_epilog_reports_the_sigkill_after_the_stop_timeout(
+        self, shost: FakeHost, systemd: Settings, gpu: FakeGpu, root: Path
+    ) -> None:
+        """The epilog names systemd's SIGKILL in its actions and logs imex.daemon.killed."""
+        rt = Runtime(shost, gpu, systemd, structlog.get_logger())
+        prolog(job_env(job_id=42), rt)
+        shost.procs[int(shost.units[UNIT]["pid"])].ignores_sigterm = True
+        with structlog.testing.capture_logs() as logs:
+            out = epilog(job_env(job_id=42), rt)
+        assert out["actions"][0] == f"stop daemon of job 42 ({UNIT}: systemd sent SIGKILL after the stop timeout)"
+        killed = [e for e in logs if e["event"] == "imex.daemon.killed"]
+        assert killed == [
+            {
+                "event": "imex.daemon.killed",
+                "log_level": "warning",
+                "config": str(root / "run/imexctl/jobs/42/config.cfg"),
+                "by": f"{UNIT}: systemd sent SIGKILL after the stop timeout",
+            }
+        ]
 
 
 class TestExecBackend:

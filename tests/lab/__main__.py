@@ -4,10 +4,12 @@
     /opt/imexctl/bin/python -m tests.lab status [--slurm 24.11] [--dir D]
     /opt/imexctl/bin/python -m tests.lab down [--slurm 24.11] [--dir D]
     /opt/imexctl/bin/python -m tests.lab root [--prune]  # build (or find) the Debian 13 root, print its path
+    /opt/imexctl/bin/python -m tests.lab up|status|down --systemd [--nodes N]  # booted nodes (sysd.py)
 
 ``--slurm 22.05`` (the default) is the host's Slurm, ``--slurm 24.11`` Slurm from the Debian 13 root.
 The two use different names (namespaces, bridge, subnet, slurmctld port), so both can be up at once.
-It installs nothing on the host.
+It installs nothing on the host. ``--systemd`` is the lab of booted nodes (systemd as PID 1, imexctl
+installed by docs/install.md's commands; tests/lab/sysd.py), which can be up beside the others.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from collections.abc import Sequence
 
 from tests.lab import debroot
 from tests.lab.cluster import LabError, SlurmLab, log
+from tests.lab.sysd import NAMES as SYSD_NAMES
+from tests.lab.sysd import SystemdLab
 from tests.lab.versions import HostSlurm, RootSlurm, SlurmInstall
 
 VERSIONS = {"22.05": HostSlurm.NAMES, "24.11": RootSlurm.NAMES}
@@ -31,7 +35,7 @@ def _install(version: str) -> SlurmInstall:
 
 
 def _up(args: argparse.Namespace) -> None:
-    lab = SlurmLab(_install(args.slurm), args.dir, nodes=args.nodes, prolog=args.prolog, epilog=args.epilog).up()
+    lab = SlurmLab(_install(args.slurm), args.dir, nodes=args.nodes or 4, prolog=args.prolog, epilog=args.epilog).up()
     client = "" if args.slurm == "22.05" else f"chroot {lab.slurm.to_state()['merged']} "
     print(f"LAB={lab.dir}")
     print(f"export SLURM_CONF={lab.conf}")
@@ -39,6 +43,30 @@ def _up(args: argparse.Namespace) -> None:
     print(f"# imexctl: SLURMD_NODENAME=node1 {client}/opt/imexctl/bin/imexctl --config {lab.imexctl_conf} status")
     print(f"# run in a node: nsenter --net=/run/netns/{lab.netns('node1')} {client}<cmd>")
     print(f"# tear down:     python3 -m tests.lab down --slurm {args.slurm} --dir {lab.dir}")
+
+
+def _systemd(args: argparse.Namespace) -> None:
+    """up / status / down of the booted-node lab."""
+    if args.cmd == "up":
+        lab = SystemdLab(debroot.ensure_root(log=log).path, args.nodes or 2, args.dir).up()
+        ctl = lab.node("ctl").init_pid
+        print(f"LAB={lab.top}")
+        print(f"# a client command: nsenter -t {ctl} -a sinfo")
+        print(f"# a node: nsenter -t {lab.node('node1').init_pid} -a systemctl list-units 'imexctl-imex@*'")
+        print("# tear down:  python3 -m tests.lab down --systemd")
+        return
+    try:
+        state = json.loads(SYSD_NAMES.pointer.read_text())
+    except (OSError, ValueError):
+        if args.cmd == "status":
+            raise LabError(f"no systemd lab recorded in {SYSD_NAMES.pointer}") from None
+        log(f"no systemd lab recorded in {SYSD_NAMES.pointer}; removing leftovers by name")
+        SystemdLab(debroot.CACHE).remove_stale()
+        return
+    if args.cmd == "status":
+        print(json.dumps(state, indent=1, sort_keys=True))
+    else:
+        SystemdLab.attach(state).down()
 
 
 def _down(args: argparse.Namespace) -> None:
@@ -58,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.lab", description=(__doc__ or "").split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     p_up = sub.add_parser("up", help="bring a lab up (replacing a stale one with the same names)")
-    p_up.add_argument("--nodes", type=int, default=4)
+    p_up.add_argument("--nodes", type=int, help="compute nodes (default: 4; 2 with --systemd)")
     p_up.add_argument("--dir", help="lab directory (default: a new /tmp/<prefix>-XXXX); must be empty")
     p_up.add_argument("--prolog", help="Prolog script (default: this checkout's hooks/prolog)")
     p_up.add_argument("--epilog", help="Epilog script (default: this checkout's hooks/epilog)")
@@ -68,11 +96,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--dir")
     for p in sub.choices.values():
         p.add_argument("--slurm", choices=sorted(VERSIONS), default="22.05")
+    for name in ("up", "down", "status"):
+        sub.choices[name].add_argument("--systemd", action="store_true", help="the lab of booted nodes")
     p_root = sub.add_parser("root", help="build the Debian 13 root if needed and print its path")
     p_root.add_argument("--prune", action="store_true", help="also remove cached roots of other keys")
     args = ap.parse_args(argv)
     try:
-        if args.cmd == "up":
+        if getattr(args, "systemd", False):
+            _systemd(args)
+        elif args.cmd == "up":
             _up(args)
         elif args.cmd == "down":
             _down(args)

@@ -29,10 +29,10 @@ NODES = ["node1", "node2", "node3", "node4"]
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run the real-Slurm tests after all others (a quick verdict first; the Debian root builds meanwhile)."""
-    items[:] = [i for i in items if i.get_closest_marker("slurm") is None] + [
-        i for i in items if i.get_closest_marker("slurm") is not None
-    ]
+    """Run the lab tests after all others, booted nodes then real Slurm (a quick verdict first; the Debian
+    root builds meanwhile)."""
+    rank = {None: 0, "systemd": 1, "slurm": 2}
+    items.sort(key=lambda i: rank[next((m for m in ("slurm", "systemd") if i.get_closest_marker(m)), None)])
 
 
 def _unavailable(reason: str) -> None:

@@ -45,7 +45,10 @@ __all__ = [
     "DebRoot",
     "build_problems",
     "cached_root",
+    "copy_source",
+    "download_wheels",
     "ensure_root",
+    "ensure_wheelhouse",
     "prune",
     "root_key",
 ]
@@ -192,6 +195,32 @@ def ensure_root(repo: Path = REPO, log: Callable[[str], None] = print, lock_time
     return found
 
 
+def ensure_wheelhouse(
+    root: DebRoot, repo: Path = REPO, log: Callable[[str], None] = print, lock_timeout: float = 600
+) -> Path:
+    """Return a directory of wheels that installs imexctl offline with the root's Python.
+
+    It holds imexctl's dependencies and setuptools (which building imexctl from a checkout needs), fetched
+    once by the host's pip and cached beside the root (``<key>.wheels``; ``prune`` drops other keys' ones).
+    """
+    key = root.path.parent.name
+    final = CACHE / f"{key}.wheels"
+    if final.is_dir():
+        return final
+    with _locked(CACHE / f"{key}.wheels.lock", lock_timeout, log):
+        if final.is_dir():
+            return final
+        partial = CACHE / f"{key}.wheels.partial"
+        if partial.exists():
+            shutil.rmtree(partial)  # a download that died; we hold the lock
+        partial.mkdir(mode=0o755)
+        pyver = "".join(str(root.info["python"]).split(".")[:2])
+        log(f"fetching wheels for Python {pyver} into {final}")
+        download_wheels(partial, pyver, _install_requires(repo))
+        os.rename(partial, final)
+    return final
+
+
 def prune(repo: Path = REPO, log: Callable[[str], None] = print) -> list[Path]:
     """Remove the cached roots of other keys (older checkouts), except any a lab in sight still mounts."""
     keep = root_key(repo)
@@ -262,14 +291,11 @@ def _build(partial: Path, repo: Path, log: Callable[[str], None]) -> dict[str, A
     }
 
 
-def _install_imexctl(root: Path, repo: Path, log: Callable[[str], None]) -> None:
-    """Make the venv, install the dependencies from downloaded wheels and imexctl editable from SRC."""
-    pyver = _chroot(root, "/usr/bin/python3", "-c", "import sys; print('%d%d' % sys.version_info[:2])").strip()
-    wheels = root / "tmp" / "imexctl-wheels"
-    wheels.mkdir(parents=True)
-    requires = _install_requires(repo)
-    log(f"fetching wheels for Python {pyver}: {', '.join(requires)}")
-    # the host's pip and its configuration do the download; the root then installs offline
+def download_wheels(dest: Path, pyver: str, requires: list[str], timeout: float = 600) -> None:
+    """Fetch wheels of ``requires`` (and setuptools, to build imexctl) for CPython ``pyver`` (e.g. ``313``).
+
+    The host's pip and its configuration do the download, so a root or container installs offline.
+    """
     sh(
         [
             sys.executable,
@@ -278,7 +304,7 @@ def _install_imexctl(root: Path, repo: Path, log: Callable[[str], None]) -> None
             "download",
             "-q",
             "-d",
-            str(wheels),
+            str(dest),
             "--only-binary=:all:",
             "--python-version",
             pyver,
@@ -296,13 +322,28 @@ def _install_imexctl(root: Path, repo: Path, log: Callable[[str], None]) -> None
             "setuptools>=64",
         ],
         env=os.environ,
-        timeout=600,
+        timeout=timeout,
     )
-    src = root / SRC.lstrip("/")
-    src.mkdir(parents=True)
-    shutil.copytree(repo / "imexctl", src / "imexctl", ignore=shutil.ignore_patterns("__pycache__"))
+
+
+def copy_source(repo: Path, dest: Path) -> None:
+    """Copy what building and installing imexctl needs from a checkout (no caches) into ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(repo / "imexctl", dest / "imexctl", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("setup.cfg", "pyproject.toml", "README.md"):
-        shutil.copy2(repo / name, src / name)
+        shutil.copy2(repo / name, dest / name)
+
+
+def _install_imexctl(root: Path, repo: Path, log: Callable[[str], None]) -> None:
+    """Make the venv, install the dependencies from downloaded wheels and imexctl editable from SRC."""
+    pyver = _chroot(root, "/usr/bin/python3", "-c", "import sys; print('%d%d' % sys.version_info[:2])").strip()
+    wheels = root / "tmp" / "imexctl-wheels"
+    wheels.mkdir(parents=True)
+    requires = _install_requires(repo)
+    log(f"fetching wheels for Python {pyver}: {', '.join(requires)}")
+    download_wheels(wheels, pyver, requires)
+    src = root / SRC.lstrip("/")
+    copy_source(repo, src)
     _chroot(root, "/usr/bin/python3", "-m", "venv", VENV)
     _chroot(
         root,

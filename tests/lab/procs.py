@@ -16,6 +16,7 @@ __all__ = [
     "SYS_PATH",
     "LabError",
     "ProcRecord",
+    "mount_private",
     "mountpoints_under",
     "netns_pids",
     "proc_alive",
@@ -24,6 +25,7 @@ __all__ = [
     "processes_rooted_at",
     "sh",
     "terminate",
+    "unmount_all",
 ]
 
 SYS_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
@@ -151,3 +153,21 @@ def mountpoints_under(top: Path) -> list[str]:
         if point == str(top) or point.startswith(f"{top}/"):
             found.append(point)
     return found
+
+
+def mount_private(args: Sequence[str], where: Path) -> None:
+    """Mount and make the new mount private, so nothing propagates to or from the host's mounts."""
+    sh(["mount", *args, str(where)])
+    sh(["mount", "--make-private", str(where)])
+
+
+def unmount_all(top: Path) -> list[str]:
+    """Unmount everything at or below ``top``, innermost first (lazily if busy); return what needed ``-l``."""
+    errors = []
+    for point in reversed(mountpoints_under(top)):
+        res = sh(["umount", point], check=False)
+        if res.returncode != 0:
+            time.sleep(0.2)
+            res = sh(["umount", "-l", point], check=False)
+            errors.append(f"{point}: {res.stderr.strip() or 'lazily unmounted'}")
+    return errors

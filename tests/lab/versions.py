@@ -21,7 +21,6 @@ import errno
 import os
 import shutil
 import socket
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,11 +32,13 @@ from tests.lab.procs import (
     SYS_PATH,
     LabError,
     ProcRecord,
+    mount_private,
     mountpoints_under,
     proc_record,
     processes_rooted_at,
     sh,
     terminate,
+    unmount_all,
 )
 from tests.simhelpers import wait_for
 
@@ -316,11 +317,7 @@ class RootSlurm(SlurmInstall):
         self._mount(["--bind", str(lab_dir)], inner_lab)
         self._mount(["--bind", str(self.repo)], merged / debroot.SRC.lstrip("/"))
 
-    @staticmethod
-    def _mount(args: Sequence[str], where: Path) -> None:
-        """Mount and make the new mount private, so nothing propagates to or from the host's mounts."""
-        sh(["mount", *args, str(where)])
-        sh(["mount", "--make-private", str(where)])
+    _mount = staticmethod(mount_private)
 
     def detach(self, state: dict[str, Any]) -> None:
         top = state.get("mount_top")
@@ -329,13 +326,7 @@ class RootSlurm(SlurmInstall):
         merged = Path(top) / "merged"
         # munged, slurmscriptd and anything a job left: every process whose root is the overlay
         terminate([proc_record(p) for p in processes_rooted_at(merged) if p != os.getpid()], grace=3)
-        errors = []
-        for point in reversed(mountpoints_under(Path(top))):
-            res = sh(["umount", point], check=False)
-            if res.returncode != 0:
-                time.sleep(0.2)
-                res = sh(["umount", "-l", point], check=False)
-                errors.append(f"{point}: {res.stderr.strip() or 'lazily unmounted'}")
+        errors = unmount_all(Path(top))
         left = mountpoints_under(Path(top))
         if left:
             raise LabError(f"mounts left under {top}: {left} ({'; '.join(errors)})")

@@ -107,6 +107,9 @@ class FakeHost:
     hang_ctl: bool = False
     units: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
     unit_exec: str = "/usr/bin/nvidia-imex -c /run/imexctl/jobs/{job}/config.cfg"
+    #: Type=simple: ``systemctl start`` returns after systemd forked the daemon; its argv is systemd's
+    #: ("(nvidia-imex)") for this many process-table scans, then the exec'd daemon's
+    unit_exec_scans: int = 0
     fail_verbs: set[str] = dataclasses.field(default_factory=set)
     ports_in_use: set[tuple[str, int]] = dataclasses.field(default_factory=set)
     running_jobs: set[int] = dataclasses.field(default_factory=set)
@@ -131,6 +134,7 @@ class FakeHost:
     now: float = 1000.0
     procs: dict[int, _Proc] = dataclasses.field(default_factory=dict)
     _q_probes: int = 0
+    _pending_exec: dict[int, tuple[int, tuple[str, ...]]] = dataclasses.field(default_factory=dict)
     _next_pid: int = 4000
 
     # -- commands
@@ -203,12 +207,20 @@ class FakeHost:
         if verb == "start":
             job = unit.split("@", 1)[1].split(".", 1)[0]
             state["ActiveState"] = "active"
-            state["pid"] = str(self._spawn(tuple(self.unit_exec.format(job=job).split())).info.pid)
+            proc = self._spawn(tuple(self.unit_exec.format(job=job).split()))
+            if self.unit_exec_scans:
+                self._pending_exec[proc.info.pid] = (self.unit_exec_scans, proc.info.cmdline)
+                proc.info = dataclasses.replace(proc.info, cmdline=("(nvidia-imex)",))
+            state["pid"] = str(proc.info.pid)
         elif verb == "stop":
             for p in self.procs.values():
-                if str(p.info.pid) == state.get("pid"):
+                if str(p.info.pid) == state.get("pid") and p.alive:
+                    # systemd: SIGTERM, and SIGKILL once TimeoutStopSec has passed (Result=timeout)
+                    state["Result"] = "timeout" if p.ignores_sigterm else "success"
                     p.alive = p.unkillable
             state["ActiveState"] = "inactive"
+        else:  # reset-failed
+            state["Result"] = "success"
         return Completed(argv, 0, "", "")
 
     def _show(self, unit: str) -> str:
@@ -218,6 +230,10 @@ class FakeHost:
             argv = self.unit_exec.format(job=job)
             exec_start = f"{{ path={argv.split()[0]} ; argv[]={argv} ; ignore_errors=no }}"
             st = {"LoadState": "loaded", "ExecStart": exec_start, **st}
+        main = self.procs.get(int(st.get("pid", "0")))
+        if st.get("ActiveState") == "active" and main is not None and not main.alive:
+            # Restart=no: a daemon that died leaves its unit failed
+            st = {**st, "ActiveState": "failed", "SubState": "failed", "Result": "exit-code", "ExecMainStatus": "1"}
         props = {
             "Id": unit,
             "LoadState": "not-found",
@@ -246,6 +262,12 @@ class FakeHost:
         return proc
 
     def processes_with_arg(self, arg: str, *, prefix: bool = False) -> list[ProcInfo]:
+        for pid, (scans, cmdline) in list(self._pending_exec.items()):
+            if scans <= 1:
+                self.procs[pid].info = dataclasses.replace(self.procs[pid].info, cmdline=cmdline)
+                del self._pending_exec[pid]
+            else:
+                self._pending_exec[pid] = (scans - 1, cmdline)
         return [
             p.info
             for p in self.procs.values()
