@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+import psutil
 import pytest
 
 from imexctl.demo import Tray
@@ -114,11 +115,19 @@ def test_epilog_removes_the_channel_of_a_job_whose_state_is_lost(rack: FaultRack
 
 
 def test_cleanup_removes_the_channels_of_gone_jobs_but_channel0(rack: FaultRack) -> None:
-    """A job that no longer runs here (no slurmstepd) and channel nodes no job claims (a crash, slurmd
-    restarted): `cleanup --dry-run` names exactly what `cleanup` then removes; channel0 (shared by
-    convention) stays."""
+    """A job that no longer runs here (no slurmstepd, its daemon died) and channel nodes no job claims (a
+    crash, slurmd restarted): `cleanup --dry-run` names exactly what `cleanup` then removes; channel0 (shared
+    by convention) stays."""
     t = rack.trays[0]
     assert rack.run(t, "prolog", 904)[0].returncode == 0
+    # a set-up job whose epilog has not begun counts as running while its daemon lives: the daemon dies
+    (daemon,) = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if f"{t.root}/run/imexctl/jobs/904/config.cfg" in (p.info["cmdline"] or [])
+    ]
+    daemon.kill()
+    daemon.wait(5)
     own = channel_of(t)
     d = own.parent
     for minor in (0, 7, 1999):

@@ -301,7 +301,8 @@ def test_fake_systemctl_runs_a_job(make_rack: Callable[..., FaultRack]) -> None:
     t = rack.trays[0]
     assert rack.run(t, "prolog", 820)[0].returncode == 0
     assert rack.run(t, "epilog", 820)[0].returncode == 0
-    assert fake.verbs() == ["show", "start", "stop", "reset-failed"]
+    # stop, then show (systemd's Result: did it SIGKILL after the stop timeout?), then reset-failed
+    assert fake.verbs() == ["show", "start", "stop", "show", "reset-failed"]
     assert rack.dirty() == []
 
 
@@ -326,7 +327,7 @@ def test_systemctl_that_fails_fails_the_prolog_cleanly(
     assert r.returncode == 69, r.output
     assert says.format(prog=rack.base / "bin/systemctl") in last(t, "prolog.done")["reason"]
     if "start" in mode:
-        assert fake.verbs() == ["show", "start", "stop", "reset-failed"]
+        assert fake.verbs() == ["show", "start", "stop", "show", "reset-failed"]
     assert rack.dirty() == []
     finish(rack, 821)
 
