@@ -323,10 +323,15 @@ def _shell_blocks(text: str) -> list[list[str]]:
     ]
 
 
+def _runs_tests(line: str) -> bool:
+    """Whether a shell line runs the test suite (pytest itself, or tests/__main__.py's side-by-side runner)."""
+    return re.search(r"-m (pytest|tests)\b", line) is not None
+
+
 def _ci_test_command() -> str:
     lines = (ROOT / ".ci/run").read_text(encoding="utf-8").splitlines()
-    commands = [line.strip() for line in lines if "pytest" in line and not line.strip().startswith("#")]
-    assert len(commands) == 1, f".ci/run should run pytest exactly once: {commands}"
+    commands = [line.strip() for line in lines if _runs_tests(line) and not line.strip().startswith("#")]
+    assert len(commands) == 1, f".ci/run should run the tests exactly once: {commands}"
     return commands[0]
 
 
@@ -338,7 +343,7 @@ def test_readme_quick_start_has_exactly_two_shell_commands() -> None:
 
 
 def test_readme_test_command_is_what_ci_runs() -> None:
-    commands = [b[0] for b in _shell_blocks(_section(_readme(), "Quick start")) if b and "pytest" in b[0]]
+    commands = [b[0] for b in _shell_blocks(_section(_readme(), "Quick start")) if b and _runs_tests(b[0])]
     assert commands == [_ci_test_command()]
 
 
