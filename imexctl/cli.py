@@ -175,7 +175,12 @@ def _with_runtime(
     except ImexctlError:
         _configure_logging(None, args, env)  # no log file known: the error goes to stderr
         raise
-    _configure_logging(cfg, args, env)
+    sink, problem = _open_sink(cfg, args)
+    if args.command in ("prolog", "epilog") and not problem and host.euid() == 0:
+        done = _quick_hook(args, env, Runtime(host, gpu, cfg, _line_logger(sink, cfg, args, env)))
+        if done:
+            return 0
+    _configure_logging(cfg, args, env, (sink, problem))
     if args.command in ("prolog", "epilog", "cleanup") and host.euid() != 0:
         raise NotPrivilegedError(f"imexctl {args.command} must run as root")
     if gpu is None:
@@ -188,6 +193,28 @@ def _with_runtime(
     if args.command == "status":
         return _cmd_status(args, rt, node)
     return _run_hook(args, env, rt)
+
+
+def _quick_hook(args: argparse.Namespace, env: Mapping[str, str], rt: Any) -> bool:
+    """Finish a prolog that policy skips, or an epilog with nothing to do, before structlog is imported.
+
+    ``rt`` carries a ``log.LineLogger`` and, when none was given, no GPU:
+    these paths never ask NVML.  False (nothing logged) when the full hook
+    must run (docs/performance.md).
+    """
+    t0 = rt.host.monotonic()
+    if args.command == "prolog":
+        from imexctl.gate import skipped_prolog
+
+        result = skipped_prolog(env, rt)
+    else:
+        from imexctl.teardown import idle_epilog
+
+        result = idle_epilog(env, rt)
+    if result is None:
+        return False
+    _record_metrics(rt, args.command, result, None, rt.host.monotonic() - t0)
+    return True
 
 
 def _run_hook(args: argparse.Namespace, env: Mapping[str, str], rt: Any) -> int:
@@ -388,23 +415,41 @@ def _print_json(data: Any, errors: Sequence[ImexctlError] = (), indent: int | No
     print(json.dumps(out, indent=indent))
 
 
-def _configure_logging(cfg: Any, args: argparse.Namespace, env: Mapping[str, str]) -> None:
-    """Configure structlog once and bind hook, job id and node for every line."""
-    import structlog
+def _open_sink(cfg: Any, args: argparse.Namespace) -> tuple[Any, str | None]:
+    """The run's log sink (the log file only as root) and the problem opening the file, if any."""
+    from imexctl.log import open_sink
 
-    from imexctl.log import configure_logging
-
-    level = cfg.log.level if cfg else "info"
     log_file = cfg.paths.log_file if cfg and os.geteuid() == 0 else None
     syslog = bool(cfg and cfg.log.syslog == "yes")
-    problem = configure_logging(
-        level=level, log_file=log_file, stderr_level="info" if args.verbose else "warning", syslog=syslog
-    )
-    context = {"hook": args.command}
+    return open_sink(log_file=log_file, stderr_level="info" if args.verbose else "warning", syslog=syslog)
+
+
+def _log_context(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any]:
+    """Hook, job id and node for every line."""
+    context: dict[str, Any] = {"hook": args.command}
     if args.command in ("prolog", "epilog"):
         # raw values, so even a failure before the job is parsed names it; the hooks rebind parsed ones
         context.update(job_id=env.get("SLURM_JOB_ID", "?"), node=env.get("SLURMD_NODENAME", "?"))
-    structlog.contextvars.bind_contextvars(**context)
+    return context
+
+
+def _line_logger(sink: Any, cfg: Any, args: argparse.Namespace, env: Mapping[str, str]) -> Any:
+    from imexctl.log import LineLogger
+
+    return LineLogger(sink, cfg.log.level, _log_context(args, env))
+
+
+def _configure_logging(
+    cfg: Any, args: argparse.Namespace, env: Mapping[str, str], opened: tuple[Any, str | None] | None = None
+) -> None:
+    """Configure structlog once and bind hook, job id and node for every line."""
+    import structlog
+
+    from imexctl.log import configure_structlog
+
+    sink, problem = opened or _open_sink(cfg, args)
+    configure_structlog(sink, cfg.log.level if cfg else "info")
+    structlog.contextvars.bind_contextvars(**_log_context(args, env))
     if problem:
         structlog.get_logger().warning("imexctl.failed", error_code="log_file", reason=problem)
 

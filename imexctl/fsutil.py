@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import os
 import stat
-import tempfile
 from pathlib import Path
 
 __all__ = ["atomic_write", "check_private_dir", "ensure_dir", "read_text_nofollow", "remove_file", "remove_tree"]
@@ -97,6 +96,8 @@ def atomic_write(path: Path, data: str, *, mode: int = 0o644) -> bool:
 
 
 def _replace(path: Path, raw: bytes, mode: int) -> None:
+    import tempfile  # here: it imports shutil and random, which the hooks' fast paths never need
+
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "wb") as f:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
-__all__ = ["EVENTS", "SinkLogger", "configure_logging"]
+__all__ = ["EVENTS", "LineLogger", "SinkLogger", "configure_logging", "configure_structlog", "open_sink"]
 
 # name -> one-line meaning (docs/events.md is checked against this table)
 EVENTS: dict[str, str] = {
@@ -113,8 +113,15 @@ def configure_logging(
     Returns:
         A warning text if the log file could not be opened (logging then goes to stderr only).
     """
-    import structlog
+    sink, problem = open_sink(log_file=log_file, stderr_level=stderr_level, syslog=syslog)
+    configure_structlog(sink, level)
+    return problem
 
+
+def open_sink(
+    *, log_file: Path | None = None, stderr_level: str = "warning", syslog: bool = False
+) -> tuple[SinkLogger, str | None]:
+    """The one sink of this run, and a warning text if the log file could not be opened (then stderr only)."""
     problem = None
     file = None
     if log_file is not None:
@@ -122,7 +129,13 @@ def configure_logging(
             file = _open_log(log_file)
         except OSError as exc:
             problem = f"cannot open log file {log_file}: {exc.strerror}"
-    sink = SinkLogger(file, sys.stderr, _LEVELS[stderr_level], syslog)
+    return SinkLogger(file, sys.stderr, _LEVELS[stderr_level], syslog), problem
+
+
+def configure_structlog(sink: SinkLogger, level: str) -> None:
+    """Render every structlog line to ``sink``: JSON, with the bound context, the level and a UTC timestamp."""
+    import structlog
+
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -135,7 +148,66 @@ def configure_logging(
         logger_factory=lambda *_: sink,
         cache_logger_on_first_use=False,
     )
-    return problem
+
+
+class LineLogger:
+    """The lines of :func:`configure_structlog`, rendered without importing structlog.
+
+    ``import structlog`` costs about 60 ms (``structlog.stdlib`` pulls in
+    ``asyncio`` and ``ssl``; docs/performance.md), three times what the
+    interpreter needs to start.  A prolog that policy skips and an epilog
+    with nothing to do write only their summary lines, on every tray for
+    every job: they use this logger instead.  It renders what structlog's
+    processors render, field for field: the call's fields, ``event``, the
+    bound context (``hook``, ``job_id``, ``node``), ``level``, ``timestamp``
+    (tests/test_log.py compares the two).  It knows ``debug``, ``info``,
+    ``warning`` and ``error``; exceptions are left to structlog.
+    """
+
+    def __init__(self, sink: SinkLogger, level: str, context: dict[str, Any]) -> None:
+        self._sink, self._level, self.context = sink, _LEVELS[level], dict(context)
+
+    def bind_context(self, **kw: Any) -> None:
+        """Add fields to every later line (what ``structlog.contextvars.bind_contextvars`` does)."""
+        self.context.update(kw)
+
+    def debug(self, event: str, **kw: Any) -> None:
+        """A debug line."""
+        self._emit("debug", event, kw)
+
+    def info(self, event: str, **kw: Any) -> None:
+        """An info line."""
+        self._emit("info", event, kw)
+
+    def warning(self, event: str, **kw: Any) -> None:
+        """A warning line."""
+        self._emit("warning", event, kw)
+
+    def error(self, event: str, **kw: Any) -> None:
+        """An error line."""
+        self._emit("error", event, kw)
+
+    def _emit(self, method: str, event: str, kw: dict[str, Any]) -> None:
+        import datetime as dt
+        import json
+
+        if _LEVELS[method] < self._level:
+            return
+        line = {**kw, "event": event}
+        for key, value in self.context.items():  # merge_contextvars: the call's own fields win
+            line.setdefault(key, value)
+        line["level"] = method
+        # what TimeStamper does with fmt "iso" and utc
+        line["timestamp"] = dt.datetime.now(tz=dt.timezone.utc).isoformat().replace("+00:00", "Z")
+        getattr(self._sink, method)(json.dumps(line, default=_json_fallback))
+
+
+def _json_fallback(obj: Any) -> Any:
+    """What structlog's JSONRenderer writes for a value json cannot: ``__structlog__()``, else ``repr``."""
+    try:
+        return obj.__structlog__()
+    except AttributeError:
+        return repr(obj)
 
 
 def _open_log(path: Path) -> IO[str]:

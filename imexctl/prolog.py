@@ -26,12 +26,14 @@ from imexctl.errors import (
     UnsafeNodeError,
 )
 from imexctl.fsutil import atomic_write, ensure_dir
+from imexctl.gate import policy_skip
+from imexctl.gate import prolog_done as _done
 from imexctl.gpu import fabric_key
 from imexctl.host import Host, ProcInfo
 from imexctl.nodestate import JobState, job_ids, mark_state, node_lock, write_state
 from imexctl.runtime import Runtime, bind, log_failed, terminations
 from imexctl.settings import JobDir
-from imexctl.slurm import JobContext, constraint_features
+from imexctl.slurm import JobContext
 from imexctl.teardown import teardown
 
 __all__ = ["prolog"]
@@ -100,8 +102,8 @@ def _failed(exc: ImexctlError, run: _Run, rt: Runtime) -> dict[str, Any]:
 
 def _prolog(env: Mapping[str, str], rt: Runtime, run: _Run) -> dict[str, Any]:
     job = run.job = JobContext.from_env(env, need_nodes=True)
-    bind(job_id=job.job_id, node=job.node)
-    skip = _gate(job, rt) or _shared(job, rt)
+    bind(rt, job_id=job.job_id, node=job.node)
+    skip = policy_skip(job, rt.settings) or _shared(job, rt)
     deadline = run.t0 + (_read_slurm_conf(job, rt, run) if not skip else 0)
     no_fabric, key = ("", None) if skip else _no_fabric(rt, deadline)
     skip = skip or no_fabric
@@ -125,15 +127,6 @@ def _prolog(env: Mapping[str, str], rt: Runtime, run: _Run) -> dict[str, Any]:
             _rollback(job.job_id, rt, exc)
             raise
     return _done(rt, run.t0, deadline_s=run.deadline_s, **summary)
-
-
-def _done(rt: Runtime, t0: float, *, skipped: str = "", **summary: Any) -> dict[str, Any]:
-    out = {"ok": True, **summary, "duration_s": round(rt.host.monotonic() - t0, 3)}
-    if skipped:
-        rt.log.info("imex.skipped", reason=skipped)
-        out["skipped"] = skipped
-    rt.log.info("prolog.done", **out)
-    return out
 
 
 def _read_slurm_conf(job: JobContext, rt: Runtime, run: _Run) -> float:
@@ -190,16 +183,6 @@ def _het_domain(job: JobContext, rt: Runtime) -> JobContext:
     components = len({offset for offset, _ in found})
     rt.log.info("imex.het_job", het_job_id=job.het_job_id, mode="joint", components=components, trays=len(nodes))
     return dataclasses.replace(job, job_id=job.het_job_id, nodes=nodes)
-
-
-def _gate(job: JobContext, rt: Runtime) -> str:
-    """Why this job gets no IMEX by policy ('' when it does)."""
-    policy = rt.settings.policy
-    if policy.jobs == "partitions" and job.partition not in policy.partitions:
-        return f"partition {job.partition or '?'} is not in [policy] partitions"
-    if policy.jobs == "feature" and policy.feature not in constraint_features(job.constraints):
-        return f"job did not request feature {policy.feature!r} (--constraint)"
-    return ""
 
 
 def _shared(job: JobContext, rt: Runtime) -> str:

@@ -6,12 +6,14 @@ import contextlib
 import dataclasses
 import signal
 from collections.abc import Iterator
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from imexctl.errors import ImexctlError, Terminated
-from imexctl.gpu import Gpu
-from imexctl.host import Host
-from imexctl.settings import Settings
+
+if TYPE_CHECKING:
+    from imexctl.gpu import Gpu
+    from imexctl.host import Host
+    from imexctl.settings import Settings
 
 __all__ = ["Runtime", "bind", "log_failed", "terminations"]
 
@@ -43,8 +45,13 @@ class Runtime:
         self.on_step(name)
 
 
-def bind(**kw: Any) -> None:
+def bind(rt: Runtime, **kw: Any) -> None:
     """Bind fields (job id, node) to every later log line of this run."""
+    from imexctl.log import LineLogger
+
+    if isinstance(rt.log, LineLogger):  # a hook's fast path (cli.py): structlog is not imported
+        rt.log.bind_context(**kw)
+        return
     import structlog
 
     structlog.contextvars.bind_contextvars(**kw)

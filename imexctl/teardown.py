@@ -22,7 +22,7 @@ from imexctl.runtime import Runtime, bind, log_failed
 from imexctl.settings import JobDir
 from imexctl.slurm import JobContext
 
-__all__ = ["cleanup", "epilog", "known_jobs", "still_runs", "teardown"]
+__all__ = ["cleanup", "epilog", "idle_epilog", "known_jobs", "still_runs", "teardown"]
 
 
 class _Steps:
@@ -117,10 +117,9 @@ def epilog(env: Mapping[str, str], rt: Runtime) -> dict[str, Any]:
     t0 = rt.host.monotonic()
     try:
         job = JobContext.from_env(env, need_nodes=False)
-        bind(job_id=job.job_id, node=job.node)
+        bind(rt, job_id=job.job_id, node=job.node)
         actions: list[str] = []
-        # a het job's domain is keyed by the het job id (whichever component's epilog runs here)
-        for jid in dict.fromkeys([job.job_id, *([job.het_job_id] if job.het_job_id else [])]):
+        for jid in _domains(job):
             if _left_anything(rt.settings.paths.job(jid), rt):
                 _mark_ended(rt.settings.paths.job(jid), rt)  # first: even a lock timeout leaves it for cleanup
                 with node_lock(rt.settings.paths.lock_file, rt.host, rt.settings.daemon.lock_timeout_s):
@@ -129,6 +128,33 @@ def epilog(env: Mapping[str, str], rt: Runtime) -> dict[str, Any]:
     except ImexctlError as exc:
         log_failed("epilog.done", exc, rt, t0)
         raise
+    return _epilog_done(rt, t0, actions)
+
+
+def idle_epilog(env: Mapping[str, str], rt: Runtime) -> dict[str, Any] | None:
+    """The whole epilog of a job that left nothing here; None (nothing logged) when the full epilog must run.
+
+    Most jobs never had a domain on a tray.  ``cli`` runs this first, with a
+    ``log.LineLogger``, so that their epilog imports neither structlog nor
+    psutil (docs/performance.md).  The checks are the full epilog's.
+    """
+    t0 = rt.host.monotonic()
+    try:
+        job = JobContext.from_env(env, need_nodes=False)
+        if any(_left_anything(rt.settings.paths.job(jid), rt) for jid in _domains(job)):
+            return None
+    except (ImexctlError, OSError):
+        return None
+    bind(rt, job_id=job.job_id, node=job.node)
+    return _epilog_done(rt, t0, [])
+
+
+def _domains(job: JobContext) -> list[int]:
+    """The job ids whose domain this epilog tears down: a het job's is keyed by the het job id."""
+    return list(dict.fromkeys([job.job_id, *([job.het_job_id] if job.het_job_id else [])]))
+
+
+def _epilog_done(rt: Runtime, t0: float, actions: list[str]) -> dict[str, Any]:
     out = {"ok": True, "actions": actions, "duration_s": round(rt.host.monotonic() - t0, 3)}
     rt.log.info("epilog.done", **out)
     return out
