@@ -109,6 +109,9 @@ class Node:
         self.servers: list[asyncio.AbstractServer] = []
         self.last_usr1: float | None = None
         self.exit_code = 0
+        self.up_logged = False
+        self.started = time.monotonic()
+        self.stop_asked: float | None = None
 
     # ---------------------------------------------------------------- run
 
@@ -164,6 +167,7 @@ class Node:
             return
         self.log.info("GPU event successfully subscribed")
         self._set_state("READY")
+        self._note_up()
 
     def _set_state(self, state: str) -> None:
         """Change and log the daemon state."""
@@ -180,6 +184,7 @@ class Node:
             self.log.info(f"Simulated fault ignore_sigterm: ignoring {name}")
             return
         self.log.info(f"Received signal {name}, shutting down")
+        self.stop_asked = time.monotonic()
         self.state = "SHUTTING_DOWN"
         if self.faults.stop_delay_s:
             self.log.info(f"Simulated fault stop_delay: shutting down in {self.faults.stop_delay_s:g} s")
@@ -233,6 +238,8 @@ class Node:
             except OSError:
                 pass
         self.log.info("IMEX daemon shut down cleanly")
+        if self.stop_asked is not None:  # sim only: what bench/run subtracts from the epilog's wall time
+            self.log.info(f"Simulator: shutdown took {time.monotonic() - self.stop_asked:.6f} s")
 
     # ---------------------------------------------------------------- outgoing links
 
@@ -320,7 +327,23 @@ class Node:
         self.log.info(
             f"Connection established to node {peer} with ip address {entry}. Number of times connected: {link.times}"
         )
+        self._note_up()
         return "CONNECTED"
+
+    def _note_up(self) -> None:
+        """Log (sim only, once) when this node is READY with every link CONNECTED: its part of a domain UP.
+
+        The domain is UP when every node has logged this line (``ctl -N`` then
+        says UP).  The line carries CLOCK_MONOTONIC, system-wide on Linux, so
+        bench/run can time the prolog's exit against the last tray's line.
+        """
+        if self.up_logged or self.state != "READY" or any(k.status != "CONNECTED" for k in self.links.values()):
+            return
+        self.up_logged = True
+        self.log.info(
+            f"Simulator: READY and all {len(self.links)} links CONNECTED at monotonic {time.monotonic():.6f}, "
+            f"started at {self.started:.6f}"
+        )
 
     def _log_mismatch(self, status: str, peer: int, entry: str) -> None:
         """Log why communication with a peer is disabled."""

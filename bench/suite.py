@@ -1,0 +1,343 @@
+"""imexctl's benchmarks, side by side: one line per figure, ``name value unit target [MISSED]``.
+
+Run through ``bench/run`` (it makes the bench environment first); as root,
+since the hooks need it.  Every comparison alternates its contenders in one
+run and reports medians and ratios: the machine is shared and noisy.
+See docs/performance.md for the figures and what they mean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from imexctl import nodelist  # noqa: E402 # after the sys.path line above
+from imexctl.demo import SimRack  # noqa: E402
+
+PY = sys.executable
+# the console script's start-up: an isolated interpreter, then main() (the checkout first on the path)
+MAIN = f"import sys; sys.path.insert(0, {str(REPO)!r}); from imexctl.cli import main; sys.exit(main())"
+UP_LINE = re.compile(r"Simulator: READY and all \d+ links CONNECTED at monotonic ([\d.]+), started at ([\d.]+)")
+SHUTDOWN_LINE = re.compile(r"Simulator: shutdown took ([\d.]+) s")
+
+
+class Figure(NamedTuple):
+    """One line of the report."""
+
+    name: str
+    value: float
+    unit: str
+    target: str = "-"
+    ok: bool = True
+
+
+class Mode(NamedTuple):
+    """How much to run."""
+
+    startup_runs: int
+    nodelist_runs: int
+    readiness_runs: tuple[int, int, int]
+    drift_cycles: int
+
+
+MODES = {
+    "full": Mode(41, 7, (20, 20, 20), 100),
+    "quick": Mode(21, 3, (20, 12, 2), 30),
+    "smoke": Mode(3, 1, (2, 2, 1), 4),
+}
+
+
+def _wait(p: subprocess.Popen[bytes]) -> tuple[float, float]:
+    """Wait for ``p``; return (monotonic exit time, peak RSS MiB)."""
+    _, status, usage = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return time.monotonic(), usage.ru_maxrss / 1024
+
+
+def _timed(argv: Sequence[str], env: dict[str, str]) -> float:
+    t0 = time.monotonic()
+    p = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/")
+    t1, _ = _wait(p)
+    if p.returncode != 0:
+        raise SystemExit(f"bench: {argv[3:]} exited {p.returncode}")
+    return t1 - t0
+
+
+def _median_ms(samples: list[float]) -> float:
+    return statistics.median(samples) * 1000
+
+
+def _pct(samples: list[float], q: float) -> float:
+    s = sorted(samples)
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
+
+
+def bench_startup(mode: Mode, tmp: Path) -> list[Figure]:
+    """``imexctl --version``, a skipped prolog and an idle epilog against ``python -I -c pass``, alternated."""
+    root = tmp / "startup"
+    root.mkdir()
+    cfg = root / "imexctl.conf"
+    cfg.write_text(f"[paths]\nroot = {root}\n[policy]\nfabric = none\njobs = partitions\npartitions = gpu\n")
+    cfg.chmod(0o644)
+    env = {"SLURM_JOB_ID": "77", "SLURMD_NODENAME": "n1", "SLURM_JOB_NODELIST": "n1", "SLURM_JOB_UID": "0"}
+    env["SLURM_JOB_PARTITION"] = "cpu"
+    contenders = {
+        "floor": [PY, "-I", "-c", "pass"],
+        "version": [PY, "-I", "-c", MAIN, "--version"],
+        "prolog_skipped": [PY, "-I", "-c", MAIN, "--config", str(cfg), "prolog"],
+        "epilog_idle": [PY, "-I", "-c", MAIN, "--config", str(cfg), "epilog"],
+    }
+    samples: dict[str, list[float]] = {k: [] for k in contenders}
+    for _ in range(mode.startup_runs):
+        for name, argv in contenders.items():
+            samples[name].append(_timed(argv, env))
+    floor = _median_ms(samples["floor"])
+    out = [Figure("startup.floor", floor, "ms")]
+    for name in ("version", "prolog_skipped", "epilog_idle"):
+        over = _median_ms(samples[name]) - floor
+        out.append(Figure(f"startup.{name}.over_floor", over, "ms", "<=25", over <= 25))
+        out.append(Figure(f"startup.{name}.ratio", _median_ms(samples[name]) / floor, "x"))
+    return out
+
+
+def _fragmented(n: int) -> list[str]:
+    """About ``n`` names: each of 2n candidates kept with probability 0.5 (seeded)."""
+    rng = random.Random(20240601 + n)
+    width = len(str(2 * n))
+    return [f"gpu{i:0{width}d}" for i in range(1, 2 * n + 1) if rng.random() < 0.5]
+
+
+def _workloads() -> dict[str, str]:
+    return {
+        "range10k": "gpu[00001-10000]",
+        "frag10k": nodelist.fold(_fragmented(10_000)),
+        "range65536": "gpu[00001-65536]",
+        "two100k": "gpu[000001-050000],gpu[050001-100000]",
+    }
+
+
+def _contenders() -> dict[str, tuple[Callable[[str], list[str]], Callable[[list[str]], str]]]:
+    import hostlist
+    from ClusterShell.NodeSet import NodeSet
+
+    return {
+        "imexctl": (nodelist.expand, nodelist.fold),
+        "hostlist": (hostlist.expand_hostlist, hostlist.collect_hostlist),
+        "clustershell": (lambda text: list(NodeSet(text)), lambda names: str(NodeSet.fromlist(names))),
+    }
+
+
+def _scontrol(expr: str, slurm_conf: Path) -> list[str]:
+    """``scontrol show hostnames``: Slurm's own expansion (needs only a slurm.conf to read)."""
+    env = {"SLURM_CONF": str(slurm_conf), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    out = subprocess.run(["scontrol", "show", "hostnames", expr], env=env, capture_output=True, text=True, check=True)
+    return out.stdout.split()
+
+
+def bench_nodelist(mode: Mode, tmp: Path) -> list[Figure]:
+    """Expand and fold with imexctl, python-hostlist and ClusterShell, alternated; imexctl checked against scontrol."""
+    conf = tmp / "slurm.conf"
+    conf.write_text("ClusterName=bench\nSlurmctldHost=localhost\nNodeName=n1 CPUs=1\nPartitionName=p Nodes=n1\n")
+    have_scontrol = shutil.which("scontrol") is not None
+    out = []
+    contenders = _contenders()
+    for label, text in _workloads().items():
+        names = nodelist.expand(text)
+        if have_scontrol:
+            want = _scontrol(text, conf)
+            if nodelist.expand(text) != want or _scontrol(nodelist.fold(names), conf) != want:
+                raise SystemExit(f"bench: imexctl and scontrol disagree on {label}")
+        times: dict[tuple[str, str], list[float]] = {}
+        for _ in range(mode.nodelist_runs):
+            for who, (expand, fold) in contenders.items():
+                for op, call, arg in (("expand", expand, text), ("fold", fold, names)):
+                    t0 = time.perf_counter()
+                    call(arg)  # type: ignore[operator]
+                    times.setdefault((who, op), []).append(time.perf_counter() - t0)
+        for op in ("expand", "fold"):
+            ours = statistics.median(times["imexctl", op])
+            out.append(Figure(f"nodelist.{label}.{op}.imexctl", ours * 1000, "ms"))
+            for who, need in (("hostlist", 1.0), ("clustershell", 3.0)):
+                ratio = statistics.median(times[who, op]) / ours
+                out.append(
+                    Figure(f"nodelist.{label}.{op}.{who}_over_imexctl", ratio, "x", f">={need:g}", ratio >= need)
+                )
+    out.append(Figure("nodelist.scontrol_checked", float(have_scontrol), "bool", "1", have_scontrol))
+    return out
+
+
+class _Rack:
+    """A simulated rack and the bench's view of its logs."""
+
+    def __init__(self, base: Path, trays: int, *, debug: bool = False) -> None:
+        base.mkdir()
+        self.rack = SimRack(base, trays, deadline_s=30)
+        if debug:
+            for t in self.rack.trays:
+                t.config.write_text(t.config.read_text() + "[log]\nlevel = debug\n")
+        self.job = 100
+
+    def imex_log(self, t: Any) -> Path:
+        return Path(t.root) / "var/log/nvidia-imex.log"
+
+    def offsets(self) -> list[int]:
+        return [self.imex_log(t).stat().st_size if self.imex_log(t).exists() else 0 for t in self.rack.trays]
+
+    def new_text(self, offsets: list[int]) -> list[str]:
+        out = []
+        for t, off in zip(self.rack.trays, offsets):
+            with open(self.imex_log(t), encoding="utf-8") as f:
+                f.seek(off)
+                out.append(f.read())
+        return out
+
+    def hooks(self, hook: str, job: int) -> tuple[float, list[float], float]:
+        """Start the hook on every tray at once; (start, each tray's exit time, peak RSS MiB)."""
+        env = [self.rack.job_env(t, job, hook) for t in self.rack.trays]
+        for e in env:
+            e.pop("PYTHONPATH")
+        t0 = time.monotonic()
+        procs = [
+            subprocess.Popen([PY, "-I", "-c", MAIN, hook], env=e, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for e in env
+        ]
+        ends, rss = [], 0.0
+        for p in procs:
+            end, r = _wait(p)
+            if p.returncode != 0:
+                raise SystemExit(f"bench: {hook} of job {job} exited {p.returncode}")
+            ends.append(end)
+            rss = max(rss, r)
+        return t0, ends, rss
+
+    def cycle(self) -> dict[str, Any]:
+        """One job on every tray: prolog, then epilog; what the sim logged between."""
+        self.job += 1
+        before = self.offsets()
+        t0, ends, rss = self.hooks("prolog", self.job)
+        ups = [UP_LINE.search(text) for text in self.new_text(before)]
+        if not all(ups):
+            raise SystemExit(f"bench: a tray's simulator logged no domain UP for job {self.job}")
+        up = max(float(m.group(1)) for m in ups if m)
+        started = min(float(m.group(2)) for m in ups if m)
+        mid = self.offsets()
+        e0, e_ends, _ = self.hooks("epilog", self.job)
+        downs = [SHUTDOWN_LINE.search(text) for text in self.new_text(mid)]
+        shutdown = max((float(m.group(1)) for m in downs if m), default=0.0)
+        return {
+            "latency": [end - up for end in ends],
+            "prolog_wall": max(ends) - t0,
+            "formation": up - started,
+            "rss": rss,
+            "epilog_excl": max(e_ends) - e0 - shutdown,
+            "cycle": max(e_ends) - t0,
+        }
+
+
+def bench_readiness(mode: Mode, tmp: Path) -> list[Figure]:
+    """Prolog exit after the domain is UP (2, 4, 18 trays); the 18-tray prolog's overhead and probe load; epilog."""
+    out: list[Figure] = []
+    epilogs: list[float] = []
+    rss = 0.0
+    for trays, runs in zip((2, 4, 18), mode.readiness_runs):
+        rack = _Rack(tmp / f"r{trays}", trays, debug=trays == 18)
+        try:
+            cycles = [rack.cycle() for _ in range(runs)]
+            if trays == 18:
+                out += _rack_figures(rack, cycles)
+        finally:
+            rack.rack.kill_all()
+        lat = [x for c in cycles for x in c["latency"]]
+        p50, p95 = _pct(lat, 0.5) * 1000, _pct(lat, 0.95) * 1000
+        out.append(Figure(f"readiness.{trays}trays.p50", p50, "ms", "<60", p50 < 60))
+        out.append(Figure(f"readiness.{trays}trays.p95", p95, "ms", "<150", p95 < 150))
+        epilogs += [c["epilog_excl"] for c in cycles]
+        rss = max(rss, *(c["rss"] for c in cycles))
+    ep = _median_ms(epilogs)
+    out.append(Figure("epilog.running_domain.excl_shutdown", ep, "ms", "<300", ep < 300))
+    out.append(Figure("memory.prolog_peak_rss", rss, "MiB", "<60", rss < 60))
+    return out
+
+
+def _rack_figures(rack: _Rack, cycles: list[dict[str, Any]]) -> list[Figure]:
+    """A full rack: prolog wall minus the simulator's domain formation; ctl processes and TCP connects per tray-s."""
+    over = statistics.median(c["prolog_wall"] - c["formation"] for c in cycles) * 1000
+    polls, seconds = 0, 0.0
+    n = len(rack.rack.trays)
+    for t in rack.rack.trays:
+        log = Path(t.root) / "var/log/imexctl.log"
+        polls += sum(1 for line in log.read_text().splitlines() if '"imex.health.poll"' in line)
+    seconds = sum(c["prolog_wall"] for c in cycles) * n
+    ctl = polls / seconds
+    # -N asks the command service of every tray of the domain: one TCP connection per tray per probe
+    return [
+        Figure("rack.18trays.overhead", over, "ms", "<250", over < 250),
+        Figure("rack.18trays.ctl_per_tray_s", ctl, "1/s", "<=20", ctl <= 20),
+        Figure("rack.18trays.tcp_per_tray_s", ctl * n, "1/s", "<=360", ctl * n <= 360),
+    ]
+
+
+def bench_drift(mode: Mode, tmp: Path) -> list[Figure]:
+    """Back-to-back job cycles on 4 trays: the last cycles against the first; nothing left behind."""
+    fds = len(os.listdir("/proc/self/fd"))
+    rack = _Rack(tmp / "drift", 4)
+    try:
+        cycles = [rack.cycle()["cycle"] for _ in range(mode.drift_cycles)]
+        left = rack.rack.leftovers()
+    finally:
+        rack.rack.kill_all()
+    w = max(1, min(10, len(cycles) // 2))
+    ratio = statistics.mean(cycles[-w:]) / statistics.mean(cycles[:w])
+    leaked = len(left) + max(0, len(os.listdir("/proc/self/fd")) - fds)
+    return [
+        Figure(f"drift.4trays.{len(cycles)}cycles.last_over_first", ratio, "x", "<=1.2", ratio <= 1.2),
+        Figure("drift.4trays.leaks", leaked, "count", "0", leaked == 0),
+    ]
+
+
+SECTIONS = {"startup": bench_startup, "nodelist": bench_nodelist, "readiness": bench_readiness, "drift": bench_drift}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bench/run", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="fewer runs: under two minutes")
+    p.add_argument("--smoke", action="store_true", help="one or two runs of each: checks the bench works (CI)")
+    p.add_argument("--only", choices=sorted(SECTIONS), action="append", help="run only this section")
+    args = p.parse_args(argv)
+    if os.geteuid() != 0:
+        print("bench/run: run as root (the hooks need it)", file=sys.stderr)
+        return 77
+    mode = MODES["smoke" if args.smoke else "quick" if args.quick else "full"]
+    t0 = time.monotonic()
+    tmp = Path(tempfile.mkdtemp(prefix="imxbench", dir="/tmp"))
+    figures: list[Figure] = []
+    try:
+        for name, section in SECTIONS.items():
+            if args.only and name not in args.only:
+                continue
+            for f in section(mode, tmp):
+                figures.append(f)
+                print(f"{f.name} {f.value:.3g} {f.unit} {f.target}{'' if f.ok else ' MISSED'}", flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    missed = [f.name for f in figures if not f.ok]
+    print(f"summary: {len(figures)} figures, {len(missed)} missed, {time.monotonic() - t0:.0f} s", flush=True)
+    return 1 if missed and not args.smoke else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
