@@ -1,0 +1,55 @@
+"""bench/run --smoke: the bench runs and prints every figure (CI checks no timing: the machine is shared)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = [
+    pytest.mark.bench,
+    pytest.mark.skipif(os.geteuid() != 0, reason="bench/run runs the hooks, which need root"),
+]
+
+REPO = Path(__file__).resolve().parent.parent
+LINE = re.compile(r"^(\S+) (-?[\d.e+]+|nan|inf) (\S+) (\S+)( MISSED)?$")
+NODELIST = [
+    f"nodelist.{w}.{op}.{who}"
+    for w in ("range10k", "frag10k", "range65536", "two100k")
+    for op in ("expand", "fold")
+    for who in ("imexctl", "hostlist_over_imexctl", "clustershell_over_imexctl")
+]
+FIGURES = [
+    "startup.floor",
+    *(f"startup.{h}.{k}" for h in ("version", "prolog_skipped", "epilog_idle") for k in ("over_floor", "ratio")),
+    *NODELIST,
+    "nodelist.scontrol_checked",
+    *(f"readiness.{n}trays.{p}" for n in (2, 4) for p in ("p50", "p95")),
+    "rack.18trays.overhead",
+    "rack.18trays.ctl_per_tray_s",
+    "rack.18trays.tcp_per_tray_s",
+    "readiness.18trays.p50",
+    "readiness.18trays.p95",
+    "epilog.running_domain.excl_shutdown",
+    "memory.prolog_peak_rss",
+    "drift.4trays.4cycles.last_over_first",
+    "drift.4trays.leaks",
+]
+
+
+def test_smoke_prints_every_figure() -> None:
+    """``bench/run --smoke`` exits 0 and prints each figure once as ``name value unit target [MISSED]``."""
+    done = subprocess.run(
+        [str(REPO / "bench/run"), "--smoke"], capture_output=True, text=True, timeout=600, check=False, cwd=REPO
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert re.fullmatch(rf"summary: {len(FIGURES)} figures, \d+ missed, \d+ s", lines[-1])
+    parsed = [LINE.match(line) for line in lines[:-1]]
+    assert all(parsed), [line for line, m in zip(lines, parsed) if not m]
+    assert [m.group(1) for m in parsed if m] == FIGURES
+    # scontrol is installed by .ci/setup test: the node lists were checked against Slurm's own expansion
+    assert "nodelist.scontrol_checked 1 bool 1" in lines
