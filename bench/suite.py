@@ -56,7 +56,7 @@ class Mode(NamedTuple):
 
 MODES = {
     "full": Mode(41, 7, (20, 20, 20), 100),
-    "quick": Mode(21, 3, (20, 12, 2), 30),
+    "quick": Mode(21, 3, (8, 5, 1), 20),
     "smoke": Mode(3, 1, (2, 2, 1), 4),
 }
 
