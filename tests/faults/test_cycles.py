@@ -15,6 +15,8 @@ import pytest
 from tests.faults import cycles, soak
 
 CYCLES = int(os.environ.get("IMEXCTL_FAULT_CYCLES", "200"))
+#: two processes, one rack each: the cycles mostly wait (daemons starting and stopping, readiness)
+WORKERS = 2
 
 
 def test_random_fault_cycles_leave_nothing_and_status_tells_the_truth(capsys: pytest.CaptureFixture[str]) -> None:
@@ -24,7 +26,7 @@ def test_random_fault_cycles_leave_nothing_and_status_tells_the_truth(capsys: py
     with capsys.disabled():
         print(f"\nfault cycles: seed {seed} ({cycles.SEED_ENV}={seed} replays them)", flush=True)
     t0 = time.monotonic()
-    results = soak.run_parallel(seed, list(range(CYCLES)), workers=2)
+    results = soak.run_parallel(seed, list(range(CYCLES)), workers=WORKERS)
     text = soak.summary(seed, results, time.monotonic() - t0)
     with capsys.disabled():
         print(text, flush=True)
