@@ -38,26 +38,26 @@ class _Steps:
         self.done: list[str] = []
         self.problems: list[str] = []
 
-    def run(self, what: str, action: Callable[[], Any]) -> bool:
-        """Do one item (or, dry, name it); False if it failed."""
+    def run(self, what: str, action: Callable[[], Any]) -> None:
+        """Do one item (or, dry, name it); a failure is kept in ``problems``."""
         if self.dry_run:
             self.done.append(f"would {what}")
-            return True
+            return
         try:
             result = action()
         except (ImexctlError, OSError) as exc:
             self.problems.append(f"{what}: {exc}")
-            return False
+            return
         # an action may say what it had to force: "stop daemon of job 7 (<unit>: systemd sent SIGKILL ...)"
         self.done.append(f"{what} ({result})" if isinstance(result, str) and result else what)
-        return True
 
 
 def teardown(job_id: int, rt: Runtime, *, dry_run: bool = False) -> list[str]:
     """Remove job ``job_id``'s daemon, channel and files from this node; idempotent.
 
-    What to remove is decided first, from what is there; with ``dry_run`` that
-    plan is the result, otherwise each item of it is done in turn.
+    Each item (daemon, channel, directory) is there when what it names is
+    there, by the same checks with and without ``dry_run``; a dry run only
+    names the items.
 
     Returns:
         What was done (or, with ``dry_run``, what would be done): one item per object.
