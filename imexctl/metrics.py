@@ -93,7 +93,6 @@ _ACTIONS: Final = (
     ("remove stray channel", "remove_stray_channel"),
     ("remove channel", "remove_channel"),
     ("stop daemon", "stop_daemon"),
-    ("kill daemon", "kill_daemon"),
     ("could not remove", "failed"),
     ("remove ", "remove_job_dir"),
 )
@@ -107,7 +106,7 @@ def run_of(
         return Run(command, "failed", getattr(error, "code", "crashed"), duration_s)
     result = result or {}
     if command == "cleanup":
-        return Run(command, "ok", actions=tuple(_action(a) for a in result.get("actions", ())))
+        return Run(command, "ok", actions=tuple(kind for a in result.get("actions", ()) for kind in _action(a)))
     if command != "prolog":
         return Run(command, "ok", duration_s=duration_s)
     if result.get("skipped") or result.get("job_ended"):
@@ -121,8 +120,10 @@ def run_of(
     return Run(command, "ok", duration_s=duration_s, ready_s=duration_s if result.get("ready") else None, domain=domain)
 
 
-def _action(text: str) -> str:
-    return next((name for prefix, name in _ACTIONS if text.startswith(prefix)), "other")
+def _action(text: str) -> tuple[str, ...]:
+    """The action labels of one teardown item: a stop that needed SIGKILL counts as ``kill_daemon`` too."""
+    name = next((name for prefix, name in _ACTIONS if text.startswith(prefix)), "other")
+    return (name, "kill_daemon") if name == "stop_daemon" and "SIGKILL" in text else (name,)
 
 
 def domain_of_status(data: Mapping[str, Any]) -> Domain:

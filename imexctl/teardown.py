@@ -16,7 +16,6 @@ from typing import Any, Callable
 from imexctl import daemon, devices
 from imexctl.errors import DeviceError, ImexctlError, UnsafeNodeError
 from imexctl.fsutil import remove_tree
-from imexctl.host import ProcInfo
 from imexctl.nodestate import JobState, job_ids, mark_state, node_lock, read_state
 from imexctl.runtime import Runtime, bind, log_failed
 from imexctl.settings import JobDir
@@ -26,79 +25,109 @@ __all__ = ["cleanup", "epilog", "idle_epilog", "known_jobs", "still_runs", "tear
 
 
 class _Steps:
-    """Runs teardown steps, collecting what was done and what failed (or, dry, what would be done)."""
+    """Runs teardown steps, one per object, collecting what was done and what failed (or, dry, what would be done).
+
+    Each object (the daemon, the channel, the job directory) is one item, named
+    the same way whether it is done or only planned: ``cleanup --dry-run`` lists
+    ``would <item>`` for exactly the items that ``cleanup`` then reports as
+    ``<item>``, or ``<item> (<detail>)`` when it had to force something.
+    """
 
     def __init__(self, dry_run: bool) -> None:
         self.dry_run = dry_run
         self.done: list[str] = []
         self.problems: list[str] = []
 
-    def run(self, what: str, action: Callable[[], Any], *, fatal: bool = True) -> None:
+    def run(self, what: str, action: Callable[[], Any]) -> None:
+        """Do one item (or, dry, name it); a failure is kept in ``problems``."""
         if self.dry_run:
             self.done.append(f"would {what}")
             return
         try:
             result = action()
-            if result is not False:
-                # an action may say what it had to force: "stop daemon of job 7 (<unit>: systemd sent SIGKILL ...)"
-                self.done.append(f"{what} ({result})" if isinstance(result, str) and result else what)
         except (ImexctlError, OSError) as exc:
-            (self.problems if fatal else self.done).append(f"{what}: {exc}")
+            self.problems.append(f"{what}: {exc}")
+            return
+        # an action may say what it had to force: "stop daemon of job 7 (<unit>: systemd sent SIGKILL ...)"
+        self.done.append(f"{what} ({result})" if isinstance(result, str) and result else what)
 
 
 def teardown(job_id: int, rt: Runtime, *, dry_run: bool = False) -> list[str]:
     """Remove job ``job_id``'s daemon, channel and files from this node; idempotent.
 
+    Each item (daemon, channel, directory) is there when what it names is
+    there, by the same checks with and without ``dry_run``; a dry run only
+    names the items.
+
     Returns:
-        What was done (or, with ``dry_run``, what would be done).
+        What was done (or, with ``dry_run``, what would be done): one item per object.
 
     Raises:
         UnsafeNodeError: a daemon survived or the channel could not be removed.
     """
     jd, steps = rt.settings.paths.job(job_id), _Steps(dry_run)
     state = read_state(jd)
-    if jd.exists() and not (state and state.backend == "none"):  # "none": a channel-only job, no daemon
-        backend = daemon.make_backend(rt.host, rt.settings, state.backend if state else None)
-        # a failed stop is only a problem if a daemon survives: the kill step decides
-        steps.run(f"stop daemon of job {job_id}", lambda: _stop(backend, jd, rt), fatal=False)
-        rt.step("daemon_stopped")
-    procs = daemon.job_processes(rt.host, jd.config)
-    if procs:
-        steps.run(f"kill daemon of job {job_id}", lambda: _kill(jd.config, procs, rt))
-    elif jd.exists() and not dry_run:
-        rt.log.info("imex.daemon.stopped", config=str(jd.config))
+    with_backend = jd.exists() and not (state and state.backend == "none")  # "none": a channel-only job
+    if with_backend or daemon.job_processes(rt.host, jd.config):
+        steps.run(f"stop daemon of job {job_id}", lambda: _stop_daemon(jd, state, with_backend, rt))
+        _step(rt, dry_run, "daemon_stopped")
     chan = _channel_of(job_id, state, rt)
     if chan is not None:
         steps.run(f"remove channel {chan[0]}", lambda: devices.remove_channel(*chan))
-        rt.step("channel_removed")
+        _step(rt, dry_run, "channel_removed")
     if jd.exists():
         steps.run(f"remove {jd.path}", lambda: remove_tree(jd.path))
-        rt.step("removed")
+        _step(rt, dry_run, "removed")
     if steps.problems:
         raise UnsafeNodeError("; ".join(steps.problems))
     return steps.done
 
 
-def _stop(backend: daemon.Backend, jd: JobDir, rt: Runtime) -> str:
-    """Stop through the backend; what the service manager had to force is a warning (and the result)."""
-    forced = backend.stop(jd)
-    if forced:
-        rt.log.warning("imex.daemon.killed", config=str(jd.config), by=forced)
-    return forced
+def _step(rt: Runtime, dry_run: bool, name: str) -> None:
+    if not dry_run:
+        rt.step(name)
 
 
-def _kill(config: Path, procs: list[ProcInfo], rt: Runtime) -> None:
-    killed = daemon.ensure_gone(rt.host, rt.settings, config, procs)
+def _stop_daemon(jd: JobDir, state: JobState | None, with_backend: bool, rt: Runtime) -> str:
+    """Stop the job's daemon through its backend, then make sure no process of it survives.
+
+    A failed stop is only a problem if a daemon survives: the kill decides.
+
+    Returns:
+        What had to be forced or failed on the way ("" when the daemon simply stopped).
+
+    Raises:
+        UnsafeNodeError: a daemon process survives SIGKILL.
+    """
+    notes = []
+    if with_backend:
+        backend = daemon.make_backend(rt.host, rt.settings, state.backend if state else None)
+        try:
+            forced = backend.stop(jd)
+        except (ImexctlError, OSError) as exc:
+            notes.append(f"stop failed: {exc}")
+        else:
+            if forced:
+                rt.log.warning("imex.daemon.killed", config=str(jd.config), by=forced)
+                notes.append(forced)
+    try:
+        killed = daemon.ensure_gone(rt.host, rt.settings, jd.config)
+    except UnsafeNodeError as exc:
+        raise UnsafeNodeError("; ".join([*notes, str(exc)])) from exc
     if killed:
-        rt.log.warning("imex.daemon.killed", pids=killed, config=str(config))
+        rt.log.warning("imex.daemon.killed", pids=killed, config=str(jd.config))
+        notes.append(f"SIGKILL to pid {', '.join(map(str, killed))}")
     else:
-        rt.log.info("imex.daemon.stopped", config=str(config))
+        rt.log.info("imex.daemon.stopped", config=str(jd.config))
+    return "; ".join(notes)
 
 
 def _channel_of(job_id: int, state: JobState | None, rt: Runtime) -> tuple[Path, int] | None:
-    """The job's channel ``(path, minor)`` if it may be removed, else None."""
+    """The job's channel ``(path, minor)`` if there is one here that may be removed, else None."""
     if state is not None:
-        return (Path(state.channel_path), state.channel_minor) if state.channel_minor is not None else None
+        if state.channel_minor is None or not os.path.lexists(state.channel_path):
+            return None
+        return Path(state.channel_path), state.channel_minor
     if rt.settings.policy.channels != "job":
         return None
     # No state (the prolog died early): our minor, unless another job's state claims it.
@@ -193,6 +222,7 @@ def cleanup(rt: Runtime, *, job_id: int | None = None, dry_run: bool = False, fo
     (not channel0) are removed when imexctl owns channels.
     """
     report: dict[str, Any] = {"dry_run": dry_run, "actions": [], "skipped": [], "errors": []}
+    planned: set[Path] = set()  # channels that teardown removes: a dry run must not name them twice
     with node_lock(rt.settings.paths.lock_file, rt.host, rt.settings.daemon.lock_timeout_s):
         rt.step("locked")
         for jid in [job_id] if job_id is not None else known_jobs(rt):
@@ -200,12 +230,14 @@ def cleanup(rt: Runtime, *, job_id: int | None = None, dry_run: bool = False, fo
             if why:
                 report["skipped"].append(f"job {jid} {why} (use --force)")
                 continue
+            chan = _channel_of(jid, read_state(rt.settings.paths.job(jid)), rt)
+            planned |= {chan[0]} if chan else set()
             try:
                 report["actions"] += teardown(jid, rt, dry_run=dry_run)
             except UnsafeNodeError as exc:
                 report["errors"].append(str(exc))
         if job_id is None and rt.settings.policy.channels == "job":
-            report["actions"] += _remove_stray_channels(rt, dry_run)
+            report["actions"] += _remove_stray_channels(rt, dry_run, planned)
     rt.log.info("cleanup.done", **report)
     if report["errors"]:
         raise UnsafeNodeError("; ".join(report["errors"]))
@@ -253,12 +285,13 @@ def known_jobs(rt: Runtime) -> list[int]:
     return sorted(jobs)
 
 
-def _remove_stray_channels(rt: Runtime, dry_run: bool) -> list[str]:
+def _remove_stray_channels(rt: Runtime, dry_run: bool, planned: set[Path]) -> list[str]:
+    """Remove channel nodes that no job claims (not channel0), except those that teardown removes already."""
     paths = rt.settings.paths
     claimed = {st.channel_minor for j in job_ids(paths.jobs_dir) if (st := read_state(paths.job(j)))}
     out = []
     for chan in devices.list_channels(paths.channel_dir):
-        if chan.minor == 0 or chan.minor in claimed:
+        if chan.minor == 0 or chan.minor in claimed or chan.path in planned:
             continue
         if dry_run:
             out.append(f"would remove stray channel {chan.path}")

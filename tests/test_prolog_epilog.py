@@ -313,6 +313,39 @@ class TestCleanup:
         cleanup(rt, force=True)
         assert leftovers(root) == [] and live(host) == []
 
+    def test_dry_run_names_one_item_per_object_and_the_run_does_exactly_those(
+        self, rt: Any, real_nodes: FakeHost, root: Path
+    ) -> None:
+        """Daemon, channel, directory: one item each, the dry run's ``would`` list is what cleanup then does."""
+        epilog_killed(rt, 42)
+        jd, chan = root / "run/imexctl/jobs/42", root / "dev/nvidia-caps-imex-channels/channel43"
+        named = ["stop daemon of job 42", f"remove channel {chan}", f"remove {jd}"]
+        assert cleanup(rt, dry_run=True)["actions"] == [f"would {a}" for a in named]
+        assert cleanup(rt)["actions"] == named and leftovers(root) == [] and live(real_nodes) == []
+
+    def test_a_stop_that_needed_sigkill_is_one_item_saying_so(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """A daemon that ignores SIGTERM: still one daemon item, its detail names the SIGKILL."""
+        host.daemon_ignores_sigterm = True
+        epilog_killed(rt, 42)
+        (pid,) = live(host)
+        assert cleanup(rt)["actions"][0] == f"stop daemon of job 42 (SIGKILL to pid {pid})"
+
+    def test_dry_run_names_no_channel_that_is_not_there(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """The state names a channel that was never made (or is gone): neither run lists it."""
+        epilog_killed(rt, 42)
+        assert json.loads((root / "run/imexctl/jobs/42/state.json").read_text())["channel_minor"] == 43
+        for dry in (True, False):
+            assert not any("channel" in a for a in cleanup(rt, dry_run=dry)["actions"])
+
+    def test_dry_run_names_a_stateless_jobs_channel_once(self, rt: Any, real_nodes: FakeHost, root: Path) -> None:
+        """A job directory without state.json and the job's channel: the channel is the job's item, not also stray."""
+        epilog_killed(rt, 42)
+        (root / "run/imexctl/jobs/42/state.json").unlink()
+        chan = root / "dev/nvidia-caps-imex-channels/channel43"
+        dry = cleanup(rt, dry_run=True)["actions"]
+        assert [a for a in dry if "channel" in a] == [f"would remove channel {chan}"]
+        assert cleanup(rt)["actions"] == [a.removeprefix("would ") for a in dry] and leftovers(root) == []
+
     def test_dry_run_changes_nothing(self, rt: Any, host: FakeHost, root: Path) -> None:
         """A dry run reports the teardown of a dead job and performs none of it."""
         epilog_killed(rt, 42)

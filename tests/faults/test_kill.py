@@ -1,11 +1,20 @@
-"""SIGKILL at every step boundary: the next epilog or ``imexctl cleanup`` leaves the tray clean."""
+"""SIGKILL at every step boundary: the next epilog or ``imexctl cleanup`` leaves the tray clean.
+
+The prolog is killed at each of its steps; the epilog and ``cleanup`` are
+killed, terminated, or paused and then killed at each of theirs.  After each,
+``imexctl status`` tells the truth (what is left, stale or not) and
+``cleanup --dry-run`` names exactly what the following ``cleanup`` removes.
+"""
 
 from __future__ import annotations
 
-from typing import Callable
+import json
+from typing import Any, Callable
 
 import pytest
 
+from imexctl.demo import Tray
+from tests.faults import cycles
 from tests.faults.rack import FaultRack
 
 PROLOG_STEPS = ["start", "locked", "claimed", "files_written", "daemon_started", "ready", "channel_created"]
@@ -34,3 +43,92 @@ def test_prolog_killed_at_each_step(make_rack: Callable[..., FaultRack], step: s
     assert [r.returncode for r in rack.run_all("prolog", 701)] == [0, 0]
     assert [r.returncode for r in rack.run_all("epilog", 701)] == [0, 0]
     assert rack.dirty() == []
+
+
+# ---------------------------------------------------------------- the epilog and cleanup killed at each of their steps
+
+TEARDOWN_STEPS = ["start", "locked", "daemon_stopped", "channel_removed", "removed"]
+ACTIONS = ["kill", "term", "pause_kill"]
+JOB = 720
+
+
+def faulted(rack: FaultRack, t: Tray, hook: str, step: str, action: str) -> None:
+    """Run ``hook`` and end it at ``step``: SIGKILL or SIGTERM from itself, or paused there (holding the
+    node lock past ``start``) and SIGKILLed by us; the kernel frees the lock."""
+    if action == "pause_kill":
+        run = rack.start(t, hook, JOB, f"{step}=pause")
+        assert run.reached(step), run.result().output
+        assert rack.lock_held(t) == (step != "start")
+        run.proc.kill()
+    else:
+        run = rack.start(t, hook, JOB, f"{step}={action}")
+    res = run.result()
+    assert res.returncode == (-15 if action == "term" else -9), res.output
+    assert run.steps()[-1] == step and not rack.lock_held(t), run.steps()
+
+
+def truthful_status(rack: FaultRack, t: Tray) -> dict[str, Any]:
+    """``imexctl status --json`` agrees with what is on the tray (cycles.status_lies); its data."""
+    done = rack.imexctl(t, "status", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    st: dict[str, Any] = json.loads(done.stdout)["data"]
+    assert cycles.status_lies(st, cycles.reality(t)) == [], st
+    return st
+
+
+def cleanup_as_dry_run_said(rack: FaultRack, t: Tray) -> dict[str, Any]:
+    """``cleanup --dry-run`` then ``cleanup``: the run does exactly the items the dry run named; its data."""
+    dry, done = (rack.imexctl(t, "cleanup", "--json", *args) for args in (("--dry-run",), ()))
+    assert dry.returncode == done.returncode == 0, dry.stdout + done.stdout + done.stderr
+    dry_data, data = json.loads(dry.stdout)["data"], json.loads(done.stdout)["data"]
+    assert cycles.items(dry_data["actions"]) == cycles.items(data["actions"]), (dry_data, data)
+    assert dry_data["skipped"] == data["skipped"]
+    return dict(data)
+
+
+def clean(rack: FaultRack, t: Tray) -> None:
+    """Nothing left (no daemon, channel, file or held lock), status says so, and the job's epilog finds nothing."""
+    assert rack.dirty() == []
+    st = truthful_status(rack, t)
+    assert (st["jobs"], st["channels"], st["stale"]) == ([], [], []), st
+    res, run = rack.run(t, "epilog", JOB)
+    assert res.returncode == 0 and run.steps() == ["start"], res.output
+
+
+@pytest.mark.parametrize("action", ACTIONS)
+@pytest.mark.parametrize("step", TEARDOWN_STEPS)
+def test_epilog_killed_at_each_step(make_rack: Callable[..., FaultRack], step: str, action: str) -> None:
+    """The epilog of a set-up job dies at ``step``: status tells what is left; cleanup (and, where the job was
+    not yet marked ended, the epilog again) leaves nothing."""
+    rack = make_rack(1, deadline_s=6)
+    (t,) = rack.trays
+    assert rack.run(t, "prolog", JOB)[0].returncode == 0
+    faulted(rack, t, "epilog", step, action)
+    st = truthful_status(rack, t)
+    if step == "removed":  # everything was removed, the kill came after
+        assert st["jobs"] == [] and st["stale"] == []
+    elif step == "start":  # before the epilog marked its job ended: a live set-up domain, as design.md says
+        assert [j["running"] for j in st["jobs"]] == [True] and st["stale"] == []
+    else:
+        assert [j["running"] for j in st["jobs"]] == [False], st
+        assert f"job {JOB}: job no longer runs on this node" in st["stale"], st
+    data = cleanup_as_dry_run_said(rack, t)
+    if step == "start":  # plain cleanup keeps it; slurmd's epilog (or cleanup --force) is the recovery
+        assert data["skipped"] and data["actions"] == [], data
+        assert rack.run(t, "epilog", JOB)[0].returncode == 0
+    clean(rack, t)
+
+
+@pytest.mark.parametrize("action", ACTIONS)
+@pytest.mark.parametrize("step", TEARDOWN_STEPS)
+def test_cleanup_killed_at_each_step(make_rack: Callable[..., FaultRack], step: str, action: str) -> None:
+    """``imexctl cleanup`` of a dead prolog's domain dies at ``step``: status tells what is left, the next
+    cleanup does what its dry run names and leaves nothing."""
+    rack = make_rack(1, deadline_s=6)
+    (t,) = rack.trays
+    assert rack.run(t, "prolog", JOB, "channel_created=kill")[0].returncode == -9  # before set_up: a dead job
+    faulted(rack, t, "cleanup", step, action)
+    st = truthful_status(rack, t)
+    assert (st["stale"] == []) == (step == "removed"), st
+    cleanup_as_dry_run_said(rack, t)
+    clean(rack, t)
