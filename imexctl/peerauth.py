@@ -79,13 +79,20 @@ def files(settings: Settings) -> list[AuthFile]:
 
 
 def problems(settings: Settings) -> list[str]:
-    """What is wrong with each file, one ``[auth] <key>: <path>: <reason>`` per bad file."""
-    out = []
+    """What is wrong: one ``[auth] <key>: <path>: <reason>`` per bad file, then one line per bad directory."""
+    out: list[str] = []
+    dirs: dict[Path, list[str]] = {}
     for f in files(settings):
+        where = f"[auth] {f.key}" if f.key != "keytab" else f"[auth] mode = {settings.auth.mode}: keytab"
         why = _file_problem(f)
         if why:
-            where = f"[auth] {f.key}" if f.key != "keytab" else f"[auth] mode = {settings.auth.mode}: keytab"
             out.append(f"{where}: {f.path}: {why}")
+        else:
+            dirs.setdefault(f.path.parent, []).append(f.key)
+    for directory, keys in dirs.items():
+        why = _dir_problem(directory)
+        if why:
+            out.append(f"[auth] {', '.join(dict.fromkeys(keys))}: {why}")
     return out
 
 
@@ -118,7 +125,7 @@ def _file_problem(f: AuthFile) -> str:
         return f"{why} ({fix})"
     if st.st_size == 0:
         return "is empty"
-    return _dir_problem(f.path.parent)
+    return ""
 
 
 def _owner_problem(st: os.stat_result, forbidden: int) -> str:
@@ -136,11 +143,11 @@ def _dir_problem(directory: Path) -> str:
     try:
         st = os.stat(directory)
     except OSError as exc:
-        return f"its directory {directory} cannot be examined: {exc.strerror}"
+        return f"directory {directory} cannot be examined: {exc.strerror}"
     mode = stat.S_IMODE(st.st_mode)
     if st.st_uid not in (0, os.geteuid()) or mode & 0o022:
         return (
-            f"its directory {directory} must be owned by root and not writable by group or others "
-            f"(owner uid {st.st_uid}, mode {mode:04o}): whoever may write it can replace the file"
+            f"directory {directory} must be owned by root and not writable by group or others "
+            f"(owner uid {st.st_uid}, mode {mode:04o}): whoever may write it can replace the files"
         )
     return ""
