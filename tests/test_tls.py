@@ -383,8 +383,7 @@ class TestDaemonEnvironment:
     ) -> None:
         """The exec backend starts the daemon with what the unit's Environment= sets."""
         run_prolog(make_settings(auth=GSS), host)
-        spawned = [(argv, env) for argv, env in host.envs if argv[0] == "spawn"]
-        assert len(spawned) == 1 and spawned[0][1] == _unit_environment()
+        assert [env for _, env in host.spawn_envs] == [_unit_environment()]
 
     def test_real_host_adds_the_environment_to_the_safe_one(self, tmp_path: Path) -> None:
         """RealHost.spawn_detached gives the child PATH, LANG and the extra variables, nothing else."""

@@ -123,6 +123,8 @@ class FakeHost:
     calls: list[tuple[str, ...]] = dataclasses.field(default_factory=list)
     #: (argv, extra environment) of each command run with one
     envs: list[tuple[tuple[str, ...], dict[str, str]]] = dataclasses.field(default_factory=list)
+    #: (argv, extra environment) of each daemon spawned detached (the exec backend)
+    spawn_envs: list[tuple[tuple[str, ...], dict[str, str]]] = dataclasses.field(default_factory=list)
     #: what ``scontrol show job -o <id>`` prints per job id (absent: "Invalid job id specified")
     slurm_jobs: dict[int, str] = dataclasses.field(default_factory=dict)
     scontrol_hangs: bool = False
@@ -250,8 +252,7 @@ class FakeHost:
     # -- processes
     def spawn_detached(self, argv: Sequence[str], *, log_path: Path, env: Mapping[str, str] | None = None) -> ProcInfo:
         self.calls.append(("spawn", *argv))
-        if env:
-            self.envs.append((("spawn", *argv), dict(env)))
+        self.spawn_envs.append((tuple(argv), dict(env or {})))
         return self._spawn(tuple(argv)).info
 
     def _spawn(self, argv: tuple[str, ...]) -> _Proc:
