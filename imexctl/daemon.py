@@ -16,6 +16,7 @@ from typing import Protocol
 from imexctl.errors import CommandError, DaemonError, DomainBusyError, UnsafeNodeError, shorten
 from imexctl.fsutil import atomic_write, read_text_nofollow
 from imexctl.host import Host, ProcInfo
+from imexctl.peerauth import DAEMON_ENV
 from imexctl.settings import JobDir, Settings
 
 __all__ = ["Backend", "DaemonInfo", "ExecBackend", "SystemdBackend", "make_backend", "parse_systemctl_show"]
@@ -103,7 +104,8 @@ class ExecBackend:
         """Start the daemon; the pid file records ``pid start_time`` against pid reuse."""
         argv = (self.settings.commands.nvidia_imex, "-c", str(jd.config))
         try:
-            proc = self.host.spawn_detached(argv, log_path=self.settings.paths.imex_log_file)
+            # the environment the unit we ship sets (Environment=), so both backends run the same daemon
+            proc = self.host.spawn_detached(argv, log_path=self.settings.paths.imex_log_file, env=DAEMON_ENV)
         except CommandError as exc:
             raise DaemonError(f"start IMEX daemon: {exc}") from exc
         atomic_write(jd.pid_file, f"{proc.pid} {proc.create_time!r}\n", mode=0o600)
@@ -161,8 +163,21 @@ class SystemdBackend:
                 f"{unit}: ExecStart does not run '{want.strip()}' ({exec_start or 'none'}); "
                 "[paths] and [commands] must match the installed unit"
             )
+        self._check_environment(unit, ours.get("Environment", ""))
         self._ctl("start", unit, timeout_s=self.settings.daemon.start_timeout_s)
         self._wait_exec(unit, jd)
+
+    def _check_environment(self, unit: str, shown: str) -> None:
+        """With a GSSAPI mode, the unit must give the daemon the keytab (a drop-in may have dropped it)."""
+        auth = self.settings.auth
+        if auth.enabled == "no" or auth.mode == "SSL_TLS":
+            return
+        missing = [f"{k}={v}" for k, v in DAEMON_ENV.items() if f"{k}={v}" not in shown.split()]
+        if missing:
+            raise DaemonError(
+                f"{unit}: Environment lacks {' '.join(missing)} ({shown or 'none'}), "
+                f"which [auth] mode = {auth.mode} needs; install the shipped unit or restore it in the drop-in"
+            )
 
     def _wait_exec(self, unit: str, jd: JobDir) -> None:
         """Wait until the daemon runs with the job's config in its argv, or its unit is no longer running.
@@ -204,7 +219,7 @@ class SystemdBackend:
         return DaemonInfo("systemd", state, pid, unit)
 
     def _show(self, *units: str) -> dict[str, dict[str, str]]:
-        props = "Id,LoadState,ActiveState,SubState,Result,MainPID,ExecMainStatus,ExecStart"
+        props = "Id,LoadState,ActiveState,SubState,Result,MainPID,ExecMainStatus,ExecStart,Environment"
         done = self.host.run((self.systemctl, "show", f"--property={props}", "--", *units), timeout_s=10)
         if done.returncode != 0:
             raise DaemonError(f"systemctl show {' '.join(units)}: exit {done.returncode}: {done.stderr.strip()}")

@@ -41,6 +41,7 @@ __all__ = [
 #: every check's name, in report order (``nvml.gpu<N>`` stands for one per GPU); docs/operations.md lists them
 CHECK_NAMES: Final = (
     "imexctl.config",
+    "imexctl.auth",
     "imexctl.dirs",
     "imexctl.stale",
     "imexctl.channels",
@@ -122,6 +123,7 @@ def run(ctx: Context) -> list[Check]:
 
     groups: list[tuple[str, CheckFn]] = [
         ("imexctl.config", _config),
+        ("imexctl.auth", _auth),
         ("imexctl.dirs", _dirs),
         ("imexctl.stale", _stale),
         ("slurm", slurmcheck.checks),
@@ -191,6 +193,21 @@ def _config(ctx: Context) -> list[Check]:
     source = ctx.rt.settings.source
     what = f"{source} parses" if source else "no config file: the built-in defaults hold"
     return [Check("imexctl.config", OK, what)]
+
+
+def _auth(ctx: Context) -> list[Check]:
+    """The prolog's check of ``[auth]``'s files (imexctl/peerauth.py), run without a job."""
+    from imexctl import peerauth
+
+    auth = ctx.rt.settings.auth
+    if auth.enabled == "no":
+        return [Check("imexctl.auth", OK, "peer authentication off ([auth] enabled = no)")]
+    found = peerauth.problems(ctx.rt.settings)
+    if found:
+        fix = "give each file to root, keys mode 0600, certificates 0644, in a root-only directory (docs/security.md)"
+        return [Check("imexctl.auth", FAIL, f"{'; '.join(found)}; every prolog on this tray exits 78", fix)]
+    names = ", ".join(str(f.path) for f in peerauth.files(ctx.rt.settings))
+    return [Check("imexctl.auth", OK, f"mode {auth.mode}: {names}: regular files of root's, keys private")]
 
 
 def _dirs(ctx: Context) -> list[Check]:

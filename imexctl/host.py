@@ -65,8 +65,8 @@ class Host(Protocol):
         Raises CommandError if it cannot run or times out.
         """
 
-    def spawn_detached(self, argv: Sequence[str], *, log_path: Path) -> ProcInfo:
-        """Start a daemon in a new session, stdio on ``log_path``."""
+    def spawn_detached(self, argv: Sequence[str], *, log_path: Path, env: Mapping[str, str] | None = None) -> ProcInfo:
+        """Start a daemon in a new session, stdio on ``log_path``, ``env`` added to :data:`SAFE_ENV`."""
 
     def resolve(self, name: str) -> list[str]:
         """Every address of a host name, in resolver order."""
@@ -139,7 +139,7 @@ class RealHost:
             raise CommandError(argv, problem, output=out)
         return Completed(argv, p.returncode, out, err)
 
-    def spawn_detached(self, argv: Sequence[str], *, log_path: Path) -> ProcInfo:
+    def spawn_detached(self, argv: Sequence[str], *, log_path: Path, env: Mapping[str, str] | None = None) -> ProcInfo:
         """Start a daemon outside our session and process group, stdio on a log file.
 
         slurmd kills the hook's process group and reads its pipe until EOF
@@ -159,7 +159,7 @@ class RealHost:
                     stderr=fd,
                     start_new_session=True,
                     close_fds=True,
-                    env=SAFE_ENV,
+                    env={**SAFE_ENV, **(env or {})},
                     cwd="/",
                 )
             finally:

@@ -23,7 +23,6 @@ DEFAULTS: Mapping[str, str] = {
     # A per-job domain has no earlier importers to wait for; RECOVERY would make a
     # rerun on the same trays wait after an unclean stop (design.md source imex-quorum).
     "IMEX_WAIT_FOR_QUORUM": "NONE",
-    "IMEX_ENABLE_AUTH_ENCRYPTION": "0",
     "IMEX_NODE_DISCONNECTED_GRACE_TIME": "-1",
 }
 
@@ -58,17 +57,23 @@ def render_config(
     nodes_path: Path,
     log_file: Path,
     overrides: Mapping[str, str],
+    auth: Mapping[str, str] | None = None,
 ) -> str:
     """The job's complete config.cfg.
 
     ``DAEMONIZE=0``: both backends supervise the daemon themselves (systemd
     ``Type=simple`` or our detached spawn), so it must stay in the foreground.
+    ``auth``: the authentication lines from ``[auth]`` (:func:`imexctl.peerauth.config_values`);
+    None means off.
     """
     values = {**DEFAULTS, **overrides}
+    auth_values = {"IMEX_ENABLE_AUTH_ENCRYPTION": "0"} if auth is None else auth
     lines = [
         f"# IMEX config for Slurm job {job_id}, written by imexctl. Do not edit: rewritten per job.",
         f"LOG_FILE_NAME={log_file}",
         *(f"{k}={values[k]}" for k in sorted(values)),
+        "# peer authentication and encryption, from imexctl's [auth]",
+        *(f"{k}={v}" for k, v in auth_values.items()),
         "# the unit (Type=simple) or imexctl's exec backend supervises the daemon",
         "DAEMONIZE=0",
         "# this tray's own address, so a daemon never binds another tray's address",

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
 
-from imexctl import daemon, devices, imexconf, members, slurmconf, slurmctl
+from imexctl import daemon, devices, imexconf, members, peerauth, slurmconf, slurmctl
 from imexctl.errors import (
     ConfigError,
     DomainBusyError,
@@ -114,6 +114,8 @@ def _prolog(env: Mapping[str, str], rt: Runtime, run: _Run) -> dict[str, Any]:
     single = rt.settings.policy.single_tray if len(trays) == 1 else "domain"
     if single == "none":
         return _done(rt, run.t0, skipped="the job has one tray in this NVLink domain ([policy] single_tray = none)")
+    if single == "domain":
+        peerauth.check(rt.settings)  # the daemon's key files, before anything is created (design.md step 5)
     with node_lock(rt.settings.paths.lock_file, rt.host, rt.settings.daemon.lock_timeout_s):
         rt.step("locked")
         _claim(job, rt)
@@ -324,6 +326,7 @@ def _write_files(
         nodes_path=jd.nodes,
         log_file=s.paths.imex_log_file,
         overrides=s.imex,
+        auth=peerauth.config_values(s.auth, s.paths.root),
     )
     atomic_write(jd.config, text, mode=0o644)
     rt.log.info("imex.config.written", config=str(jd.config), nodes=str(jd.nodes))

@@ -18,10 +18,13 @@ from typing import Any, Callable
 from imexctl.errors import ConfigError
 
 __all__ = [
+    "AUTH_FILE_KEYS",
+    "AUTH_IMEX_KEYS",
     "DEFAULT_CONFIG",
     "OWNED_IMEX_KEYS",
     "SCHEMA",
     "SECTIONS",
+    "Auth",
     "Commands",
     "Daemon",
     "JobDir",
@@ -41,9 +44,26 @@ __all__ = [
 
 DEFAULT_CONFIG = Path("/etc/imexctl/imexctl.conf")
 
+# config.cfg's peer-authentication keys: imexctl writes them from [auth] (imexctl/peerauth.py), which
+# checks them and their files before the daemon starts
+AUTH_IMEX_KEYS = frozenset(
+    {
+        "IMEX_ENABLE_AUTH_ENCRYPTION",
+        "IMEX_AUTH_ENCRYPTION_MODE",
+        "IMEX_AUTH_SOURCE",
+        "IMEX_SERVER_KEY",
+        "IMEX_SERVER_CERT",
+        "IMEX_SERVER_CERT_AUTH",
+        "IMEX_CLIENT_KEY",
+        "IMEX_CLIENT_CERT",
+        "IMEX_CLIENT_CERT_AUTH",
+        "IMEX_SECURITY_TARGET_OVERRIDE",
+    }
+)
 # IMEX config.cfg keys imexctl decides itself; [imex] may not override them.
 OWNED_IMEX_KEYS = frozenset(
     {
+        *AUTH_IMEX_KEYS,
         "SERVER_PORT",
         "IMEX_NODE_CONFIG_FILE",
         "BIND_INTERFACE_IP",
@@ -53,6 +73,16 @@ OWNED_IMEX_KEYS = frozenset(
         "IMEX_CMD_PORT",
         "IMEX_CMD_BIND_INTERFACE_IP",
         "IMEX_CMD_UNIX_DOMAIN_PATH",
+    }
+)
+# The GSSAPI tuning keys, passed through [imex]; only with [auth] mode = GSS_AUTH_ENCRYPT or GSS_AUTH_ONLY
+GSS_IMEX_KEYS = frozenset(
+    {
+        "IMEX_GSS_SERVICE_NAME",
+        "IMEX_GSS_TIMEOUT_SEC",
+        "IMEX_GSS_RETRY_INTERVAL_SEC",
+        "IMEX_GSS_SEC_CONTEXT_LIFETIME_SEC",
+        "IMEX_GSS_SHUTDOWN_ON_FAILURE",
     }
 )
 # Keys of NVIDIA's config.cfg (design.md source imex-config) a site may set through [imex].
@@ -66,24 +96,11 @@ IMEX_KEYS = frozenset(
         "LOG_USE_SYSLOG",
         "NETWORK_INTERFACE",
         "IMEX_WAIT_FOR_QUORUM",
-        "IMEX_ENABLE_AUTH_ENCRYPTION",
-        "IMEX_AUTH_ENCRYPTION_MODE",
-        "IMEX_AUTH_SOURCE",
-        "IMEX_SERVER_KEY",
-        "IMEX_SERVER_CERT",
-        "IMEX_SERVER_CERT_AUTH",
-        "IMEX_CLIENT_KEY",
-        "IMEX_CLIENT_CERT",
-        "IMEX_CLIENT_CERT_AUTH",
-        "IMEX_SECURITY_TARGET_OVERRIDE",
-        "IMEX_GSS_SERVICE_NAME",
-        "IMEX_GSS_TIMEOUT_SEC",
-        "IMEX_GSS_RETRY_INTERVAL_SEC",
-        "IMEX_GSS_SEC_CONTEXT_LIFETIME_SEC",
-        "IMEX_GSS_SHUTDOWN_ON_FAILURE",
+        *GSS_IMEX_KEYS,
         "IMEX_NODE_DISCONNECTED_GRACE_TIME",
     }
 )
+
 
 Parser = Callable[[str], Any]
 
@@ -312,6 +329,41 @@ class Metrics:
     textfile_dir: str = _key("", _opt_abs_path)
 
 
+def _cfg_path(v: str) -> str:
+    # written into config.cfg as KEY=<path>: a blank or '#' there may not mean what it says (not confirmed)
+    if v and (not v.isprintable() or any(c in v for c in " \t#")):
+        raise ValueError("must be a path without blanks, '#' or non-printing characters")
+    return _opt_abs_path(v)
+
+
+def _host_name(v: str) -> str:
+    if v and not all(c.isascii() and (c.isalnum() or c in ".-_:") for c in v):
+        raise ValueError("must be a host name (letters, digits, '.', '-', '_', ':')")
+    return v
+
+
+@dataclasses.dataclass(frozen=True)
+class Auth:
+    """``[auth]``: IMEX peer authentication and encryption (docs/security.md#imex-peer-authentication).
+
+    Written into each job's config.cfg as ``IMEX_ENABLE_AUTH_ENCRYPTION`` and the keys
+    that go with it; the files are taken under ``[paths] root`` and checked before the
+    daemon starts (imexctl/peerauth.py).
+    """
+
+    enabled: str = _key("no", _choice("yes", "no"))
+    # IMEX_AUTH_ENCRYPTION_MODE, spelled as in config.cfg (design.md source imex-auth)
+    mode: str = _key("SSL_TLS", _choice("SSL_TLS", "GSS_AUTH_ENCRYPT", "GSS_AUTH_ONLY"))
+    # mode = SSL_TLS: the six files (IMEX_AUTH_SOURCE=FILE); the same file may serve server and client
+    server_key: str = _key("", _cfg_path)
+    server_cert: str = _key("", _cfg_path)
+    server_cert_auth: str = _key("", _cfg_path)
+    client_key: str = _key("", _cfg_path)
+    client_cert: str = _key("", _cfg_path)
+    client_cert_auth: str = _key("", _cfg_path)
+    security_target_override: str = _key("", _host_name)
+
+
 SECTIONS: Mapping[str, type] = {
     "paths": PathsSection,
     "commands": Commands,
@@ -324,6 +376,7 @@ SECTIONS: Mapping[str, type] = {
     "topology": Topology,
     "log": Log,
     "metrics": Metrics,
+    "auth": Auth,
 }
 
 # section -> key -> (default text, parser), in file order.
@@ -413,6 +466,7 @@ class Settings:
     topology: Topology
     log: Log
     metrics: Metrics
+    auth: Auth
     imex: Mapping[str, str]
 
     def replace(self, **changes: Any) -> Settings:
@@ -475,6 +529,7 @@ def load(path: Path | None, *, node: str, required: bool = True, euid: int | Non
     if raw:
         _fail(path, min(raw), None, f"unknown section (known: {', '.join([*SCHEMA, 'imex'])})")
     _cross_check(path, sections)
+    _auth_check(path, sections["auth"], imex)
     sections["topology"] = _topology(path, sections["topology"], sections["paths"])
     paths = _paths(sections.pop("paths"), node)
     return Settings(source=source, paths=paths, imex=imex, **sections)
@@ -545,6 +600,8 @@ def _parse_value(path: Path | None, section: str, key: str, text: str, parse: Pa
 def _imex_section(path: Path | None, given: dict[str, str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for key, value in given.items():
+        if key in AUTH_IMEX_KEYS:
+            _fail(path, "imex", key, "is set by imexctl from [auth], which checks the files first")
         if key in OWNED_IMEX_KEYS:
             _fail(path, "imex", key, "is set by imexctl for every job and cannot be overridden")
         if key not in IMEX_KEYS:
@@ -564,6 +621,33 @@ def _cross_check(path: Path | None, sections: Mapping[str, Any]) -> None:
     (s_lo, s_hi), (c_lo, c_hi) = ports.server_port_range, ports.cmd_port_range
     if s_lo <= c_hi and c_lo <= s_hi:
         _fail(path, "ports", "cmd_port_range", "must not overlap server_port_range (a job needs both ports)")
+
+
+#: [auth] keys that name the six files of mode = SSL_TLS, in config.cfg order
+AUTH_FILE_KEYS = ("server_key", "server_cert", "server_cert_auth", "client_key", "client_cert", "client_cert_auth")
+
+
+def _auth_check(path: Path | None, auth: Auth, imex: Mapping[str, str]) -> None:
+    """The [auth] keys and [imex]'s GSSAPI keys must fit ``enabled`` and ``mode`` (docs/configuration.md#auth)."""
+    tls_keys = [*AUTH_FILE_KEYS, "security_target_override"]
+    gss = [k for k in sorted(imex) if k in GSS_IMEX_KEYS]
+    if auth.enabled == "no":
+        for key in tls_keys:
+            if getattr(auth, key):
+                _fail(path, "auth", key, "is set but [auth] enabled = no: set enabled = yes, or remove the key")
+        if gss:
+            _fail(path, "imex", gss[0], "is a GSSAPI setting but [auth] enabled = no")
+        return
+    if auth.mode == "SSL_TLS":
+        for key in AUTH_FILE_KEYS:
+            if not getattr(auth, key):
+                _fail(path, "auth", key, "is required with mode = SSL_TLS (the daemons authenticate both ways)")
+        if gss:
+            _fail(path, "imex", gss[0], "is a GSSAPI setting, but [auth] mode = SSL_TLS")
+        return
+    for key in tls_keys:
+        if getattr(auth, key):
+            _fail(path, "auth", key, f"is a TLS setting, but mode = {auth.mode} (GSSAPI uses the Kerberos keytab)")
 
 
 def _topology(path: Path | None, topo: Topology, paths: PathsSection) -> Topology:

@@ -46,7 +46,7 @@ def test_config_case(case: config.ConfigCase, tray: Tray) -> None:
         out.assert_ok()
         tray.epilog(job_env()).assert_ok()
     else:
-        out.assert_failed("config_invalid", 78, *case.names)
+        out.assert_failed("config_invalid", 78, *(n.replace("{root}", str(tray.root)) for n in case.names))
     tray.assert_clean()
 
 

@@ -113,7 +113,7 @@ class TestSystemdBackend:
             (
                 "/usr/bin/systemctl",
                 "show",
-                "--property=Id,LoadState,ActiveState,SubState,Result,MainPID,ExecMainStatus,ExecStart",
+                "--property=Id,LoadState,ActiveState,SubState,Result,MainPID,ExecMainStatus,ExecStart,Environment",
                 "--",
                 UNIT,
                 "nvidia-imex.service",

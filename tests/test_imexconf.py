@@ -4,23 +4,26 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from imexctl.imexconf import DEFAULTS, job_port, nodes_hash, render_config, render_nodes
-from imexctl.settings import IMEX_KEYS, OWNED_IMEX_KEYS
+from imexctl.settings import AUTH_IMEX_KEYS, IMEX_KEYS, OWNED_IMEX_KEYS
+
+RENDER_ARGS: dict[str, Any] = {
+    "job_id": 42,
+    "port": 61042,
+    "cmd_port": 62042,
+    "bind_ip": "10.0.0.1",
+    "nodes_path": Path("/run/imexctl/jobs/42/nodes"),
+    "log_file": Path("/var/log/nvidia-imex.log"),
+    "overrides": {},
+}
 
 
 def render(overrides: Mapping[str, str] = {}) -> str:
-    return render_config(
-        job_id=42,
-        port=61042,
-        cmd_port=62042,
-        bind_ip="10.0.0.1",
-        nodes_path=Path("/run/imexctl/jobs/42/nodes"),
-        log_file=Path("/var/log/nvidia-imex.log"),
-        overrides=overrides,
-    )
+    return render_config(**{**RENDER_ARGS, "overrides": overrides})
 
 
 def assignments(text: str) -> list[list[str]]:
@@ -34,9 +37,17 @@ def as_dict(text: str) -> dict[str, str]:
 
 class TestRenderConfig:
     def test_every_owned_key_exactly_once(self) -> None:
-        """Each key imexctl owns appears exactly once, so no daemon default decides it."""
-        keys = [k for k, _ in assignments(render())]
+        """Each key imexctl owns appears exactly once (the authentication keys: with TLS on), so no daemon
+        default decides it."""
+        tls = dict.fromkeys(AUTH_IMEX_KEYS, "1")
+        keys = [k for k, _ in assignments(render_config(**{**RENDER_ARGS, "auth": tls}))]
         assert {k: keys.count(k) for k in OWNED_IMEX_KEYS} == dict.fromkeys(OWNED_IMEX_KEYS, 1)
+
+    def test_authentication_is_off_by_default(self) -> None:
+        """Without [auth] the file says IMEX_ENABLE_AUTH_ENCRYPTION=0 and names no key or mode."""
+        cfg = as_dict(render())
+        assert cfg["IMEX_ENABLE_AUTH_ENCRYPTION"] == "0"
+        assert AUTH_IMEX_KEYS & set(cfg) == {"IMEX_ENABLE_AUTH_ENCRYPTION"}
 
     def test_no_key_twice(self) -> None:
         """No key is written twice, even with overrides for every overridable key."""

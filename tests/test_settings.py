@@ -436,4 +436,5 @@ def test_schema_sections_are_documented_names() -> None:
         "topology",
         "log",
         "metrics",
+        "auth",
     ]

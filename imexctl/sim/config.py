@@ -66,6 +66,9 @@ KNOWN_KEYS: Final = frozenset(
 )
 
 _QUORUM: Final = ("NONE", "RECOVERY", "FULL")
+#: IMEX_AUTH_ENCRYPTION_MODE and IMEX_AUTH_SOURCE values (design.md source imex-auth)
+_AUTH_MODES: Final = ("SSL_TLS", "GSS_AUTH_ENCRYPT", "GSS_AUTH_ONLY")
+_AUTH_SOURCES: Final = ("FILE", "ENV_PATH", "ENV_VAL")
 
 
 class SimConfigError(ValueError):
@@ -90,6 +93,8 @@ class SimConfig:
     cmd_port: int | None = None
     cmd_unix_path: str = ""
     grace_time_s: float = -1.0
+    #: IMEX_AUTH_ENCRYPTION_MODE when IMEX_ENABLE_AUTH_ENCRYPTION=1, "" when off (never enforced)
+    auth_mode: str = ""
     unknown_keys: tuple[str, ...] = ()
     bad_lines: tuple[int, ...] = ()
 
@@ -144,6 +149,24 @@ def _quorum(raw: Mapping[str, str]) -> str:
     return value
 
 
+def _auth_mode(raw: Mapping[str, str]) -> str:
+    """The authentication mode, refused where the shipped file's comments say initialization fails.
+
+    "An empty or unexpected value will prevent initialization": for
+    ``IMEX_AUTH_ENCRYPTION_MODE`` when authentication is on, and for
+    ``IMEX_AUTH_SOURCE`` when the mode is ``SSL_TLS`` (design.md source imex-auth).
+    """
+    if not _flag(raw, "IMEX_ENABLE_AUTH_ENCRYPTION", False):
+        return ""
+    mode = raw.get("IMEX_AUTH_ENCRYPTION_MODE", "")
+    if mode not in _AUTH_MODES:
+        raise SimConfigError(f"IMEX_AUTH_ENCRYPTION_MODE={mode!r} is not one of {', '.join(_AUTH_MODES)}")
+    source = raw.get("IMEX_AUTH_SOURCE", "")
+    if mode == "SSL_TLS" and source not in _AUTH_SOURCES:
+        raise SimConfigError(f"IMEX_AUTH_SOURCE={source!r} is not one of {', '.join(_AUTH_SOURCES)}")
+    return mode
+
+
 def parse_config_text(text: str, path: str = "<config>") -> SimConfig:
     """Parse ``config.cfg`` text.
 
@@ -171,6 +194,7 @@ def parse_config_text(text: str, path: str = "<config>") -> SimConfig:
         cmd_port=_cmd_port(raw),
         cmd_unix_path=raw.get("IMEX_CMD_UNIX_DOMAIN_PATH", ""),
         grace_time_s=float(_int(raw, "IMEX_NODE_DISCONNECTED_GRACE_TIME", -1, -1, 2**31)),
+        auth_mode=_auth_mode(raw),
         unknown_keys=tuple(sorted(k for k in raw if k not in KNOWN_KEYS)),
         bad_lines=tuple(bad),
     )

@@ -96,6 +96,9 @@ def _echo_config(cfg: SimConfig, version: str, log: SimLog) -> None:
     log.info(f"IMEX library communication bind port = {cfg.server_port}")
     log.info(f"Node configuration file = {cfg.node_config_file}")
     log.info(f"Wait for quorum = {cfg.wait_for_quorum}")
+    if cfg.auth_mode:
+        # sim only: the real daemon would authenticate and encrypt; the simulator's links stay plain TCP
+        log.warning(f"Authentication mode {cfg.auth_mode} is accepted but not simulated: peer links are plain TCP")
     for key in cfg.unknown_keys:
         log.warning(f"Ignoring unknown configuration key {key}")
     for number in cfg.bad_lines:

@@ -4,7 +4,7 @@ A case gives ``sections`` merged over the corpus defaults, or raw ``text``
 for the config file (``{root}`` is the tray's root), plus ``files`` to plant
 under the root, and a ``prepare`` step for what text cannot say (modes,
 owners, symlinks, FIFOs).  It fails with ``config_invalid`` (78) naming
-``names`` unless ``ok`` is set: then the prolog succeeds and the epilog
+``names`` (``{root}`` filled in) unless ``ok`` is set: then the prolog succeeds and the epilog
 leaves the tray clean.
 """
 
@@ -63,6 +63,7 @@ _CHOICES = {
     ("resolve", "method"): "dns", ("log", "level"): "info", ("log", "syslog"): "no",
     ("policy", "single_tray"): "domain", ("slurm", "cap_deadline"): "yes", ("slurm", "check_cancelled"): "yes",
     ("slurm", "het_jobs"): "joint", ("topology", "source"): "auto",
+    ("auth", "enabled"): "no", ("auth", "mode"): "SSL_TLS",
 }  # fmt: skip
 
 WRONG_TYPES = [
@@ -392,7 +393,106 @@ TOPOLOGY_FILE = [
                files={_TOPO: _TOPO_OK, _MAP: b"gb02 " + _FAKE_KEY + b"\n"}),
 ]  # fmt: skip
 
-CASES = [*UNKNOWN, *WRONG_TYPES, *RELATIVE_PATHS, *IMEX_KEYS, *CROSS, *FILE, *HOSTS_FILE, *TOPOLOGY_FILE]
+# ---------------------------------------------------------------- [auth]: IMEX peer authentication
+
+_TLS_DIR = "etc/nvidia-imex/tls"
+_TLS_KEY, _TLS_CRT, _TLS_CA = f"{_TLS_DIR}/tray.key", f"{_TLS_DIR}/tray.crt", f"{_TLS_DIR}/rack-ca.crt"
+_TLS_FILES = {_TLS_KEY: b"-----BEGIN PRIVATE KEY-----\nAA==\n-----END PRIVATE KEY-----\n",
+              _TLS_CRT: b"-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n",
+              _TLS_CA: b"-----BEGIN CERTIFICATE-----\nAQ==\n-----END CERTIFICATE-----\n"}  # fmt: skip
+_TLS_KEYS = {
+    "server_key": "/" + _TLS_KEY,
+    "server_cert": "/" + _TLS_CRT,
+    "server_cert_auth": "/" + _TLS_CA,
+    "client_key": "/" + _TLS_KEY,
+    "client_cert": "/" + _TLS_CRT,
+    "client_cert_auth": "/" + _TLS_CA,
+}
+_TLS = {"auth": {"enabled": "yes", **_TLS_KEYS}}
+_GSS = {"auth": {"enabled": "yes", "mode": "GSS_AUTH_ENCRYPT"}}
+_ALL_FILE_KEYS = "[auth] " + ", ".join(_TLS_KEYS)
+_KEYTAB = "etc/krb5.keytab"
+
+
+def _then(*steps: Prepare) -> Prepare:
+    def prepare(root: Path, config: Path) -> None:
+        for step in steps:
+            step(root, config)
+
+    return prepare
+
+
+_KEY_PRIVATE = _file_mode(_TLS_KEY, 0o600)
+
+
+def _tls(id_: str, names: tuple[str, ...], *steps: Prepare, ok: bool = False, root_only: bool = False,
+         files: Mapping[str, bytes] = _TLS_FILES) -> ConfigCase:  # fmt: skip
+    """A complete mode = SSL_TLS set-up (key 0600), then ``steps`` break it."""
+    return ConfigCase(f"auth-tls-{id_}", names, _TLS, files=files, prepare=_then(_KEY_PRIVATE, *steps), ok=ok,
+                      root_only=root_only)  # fmt: skip
+
+
+def _auth_key(key: str, value: str, why: str) -> ConfigCase:
+    return ConfigCase(f"auth-{key}-{'-'.join(value.split('/'))[-16:].strip('-')}", (f"[auth] {key}: {value!r} {why}",),
+                      {"auth": {"enabled": "yes", **_TLS_KEYS, key: value}})  # fmt: skip
+
+
+AUTH = [
+    *(_auth_key(k, "tls/" + k, "must be an absolute path") for k in _TLS_KEYS),
+    _auth_key("server_key", "/etc/my keys/tray.key", "must be a path without blanks, '#'"),
+    _auth_key("client_cert", "/etc/tls/#tray.crt", "must be a path without blanks, '#'"),
+    _auth_key("security_target_override", "rack 7", "must be a host name"),
+    _auth_key("security_target_override", "rack7;id", "must be a host name"),
+    *(ConfigCase(f"auth-{k}-without-enabled", (f"[auth] {k}: is set but [auth] enabled = no",),
+                 {"auth": {k: "/" + _TLS_KEY}}) for k in _TLS_KEYS),
+    ConfigCase("auth-target-override-without-enabled", ("[auth] security_target_override: is set but",),
+               {"auth": {"security_target_override": "rack7"}}),
+    *(ConfigCase(f"auth-tls-needs-{k}", (f"[auth] {k}: is required with mode = SSL_TLS",),
+                 {"auth": {"enabled": "yes", **{o: v for o, v in _TLS_KEYS.items() if o != k}}}) for k in _TLS_KEYS),
+    ConfigCase("auth-tls-key-with-gss-mode", ("[auth] server_key: is a TLS setting, but mode = GSS_AUTH_ONLY",),
+               {"auth": {"enabled": "yes", "mode": "GSS_AUTH_ONLY", "server_key": "/" + _TLS_KEY}}),
+    ConfigCase("auth-target-override-with-gss-mode", ("[auth] security_target_override: is a TLS setting",),
+               {"auth": {**_GSS["auth"], "security_target_override": "rack7"}}),
+    ConfigCase("auth-gss-key-without-auth", ("[imex] IMEX_GSS_TIMEOUT_SEC: is a GSSAPI setting but [auth] enabled",),
+               {"imex": {"IMEX_GSS_TIMEOUT_SEC": "30"}}),
+    ConfigCase("auth-gss-key-with-tls", ("[imex] IMEX_GSS_SERVICE_NAME: is a GSSAPI setting, but [auth] mode = SSL",),
+               {**_TLS, "imex": {"IMEX_GSS_SERVICE_NAME": "imex"}}, files=_TLS_FILES, prepare=_KEY_PRIVATE),
+    _tls("ok", (), ok=True),
+    _tls("ok-key-0400", (), _file_mode(_TLS_KEY, 0o400), ok=True),
+    _tls("key-group-readable", ("[auth] server_key:", f"{_TLS_KEY}: is readable or writable by group or others",
+                                "mode 0640", "[auth] client_key:"), _file_mode(_TLS_KEY, 0o640)),
+    _tls("key-world-readable", ("[auth] server_key:", "mode 0604"), _file_mode(_TLS_KEY, 0o604)),
+    _tls("cert-group-writable", ("[auth] server_cert:", f"{_TLS_CRT}: is writable by group or others (mode 0664)"),
+         _file_mode(_TLS_CRT, 0o664)),
+    _tls("ca-world-writable", ("[auth] server_cert_auth:", f"{_TLS_CA}: is writable by group or others"),
+         _file_mode(_TLS_CA, 0o646)),
+    _tls("key-foreign-owner", ("[auth] server_key:", "is owned by uid 1000, not root"), _file_owner(_TLS_KEY, 1000),
+         root_only=True),
+    _tls("ca-foreign-owner", ("[auth] client_cert_auth:", "is owned by uid 1000, not root"),
+         _file_owner(_TLS_CA, 1000), root_only=True),
+    _tls("key-missing", ("[auth] server_key:", f"{_TLS_KEY}: does not exist"), _file_replaced(_TLS_KEY, "missing")),
+    _tls("cert-symlink", ("[auth] server_cert:", "is a symbolic link (not followed)"),
+         _file_replaced(_TLS_CRT, "symlink")),
+    _tls("ca-fifo", ("[auth] server_cert_auth:", "is not a regular file"), _file_replaced(_TLS_CA, "fifo")),
+    _tls("key-directory", ("[auth] client_key:", "is not a regular file"), _file_replaced(_TLS_KEY, "directory")),
+    _tls("cert-empty", ("[auth] client_cert:", "is empty"), files={**_TLS_FILES, _TLS_CRT: b""}),
+    _tls("directory-group-writable", (_ALL_FILE_KEYS + f": directory {{root}}/{_TLS_DIR} must be owned by root",
+                                      "mode 0775", "whoever may write it can replace the files"),
+         _file_mode(_TLS_DIR, 0o775)),
+    _tls("directory-sticky-world-writable", (f"{_TLS_DIR} must be owned by root", "mode 1777"),
+         _file_mode(_TLS_DIR, 0o1777)),
+    ConfigCase("auth-gss-ok", sections=_GSS, files={_KEYTAB: b"\x05\x02keytab"},
+               prepare=_file_mode(_KEYTAB, 0o600), ok=True),
+    ConfigCase("auth-gss-keytab-missing", ("[auth] mode = GSS_AUTH_ENCRYPT: keytab:", "krb5.keytab: does not exist"),
+               _GSS),
+    ConfigCase("auth-gss-keytab-world-readable", ("keytab:", "krb5.keytab: is readable or writable by group or others",
+                                                  "mode 0644"), _GSS, files={_KEYTAB: b"\x05\x02keytab"}),
+    ConfigCase("auth-gss-only-keytab-foreign", ("[auth] mode = GSS_AUTH_ONLY: keytab:", "owned by uid 1000"),
+               {"auth": {"enabled": "yes", "mode": "GSS_AUTH_ONLY"}}, files={_KEYTAB: b"\x05\x02keytab"},
+               prepare=_then(_file_mode(_KEYTAB, 0o600), _file_owner(_KEYTAB, 1000)), root_only=True),
+]  # fmt: skip
+
+CASES = [*UNKNOWN, *WRONG_TYPES, *RELATIVE_PATHS, *IMEX_KEYS, *CROSS, *FILE, *HOSTS_FILE, *TOPOLOGY_FILE, *AUTH]
 
 
 def merged(case: ConfigCase, root: Path) -> dict[str, dict[str, str]]:

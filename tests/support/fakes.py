@@ -107,6 +107,8 @@ class FakeHost:
     hang_ctl: bool = False
     units: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
     unit_exec: str = "/usr/bin/nvidia-imex -c /run/imexctl/jobs/{job}/config.cfg"
+    #: the template unit's ``Environment`` as ``systemctl show`` prints it (the shipped unit's)
+    unit_env: str = "KRB5_CLIENT_KTNAME=/etc/krb5.keytab"
     #: Type=simple: ``systemctl start`` returns after systemd forked the daemon; its argv is systemd's
     #: ("(nvidia-imex)") for this many process-table scans, then the exec'd daemon's
     unit_exec_scans: int = 0
@@ -229,7 +231,7 @@ class FakeHost:
             job = unit.split("@", 1)[1].split(".", 1)[0]
             argv = self.unit_exec.format(job=job)
             exec_start = f"{{ path={argv.split()[0]} ; argv[]={argv} ; ignore_errors=no }}"
-            st = {"LoadState": "loaded", "ExecStart": exec_start, **st}
+            st = {"LoadState": "loaded", "ExecStart": exec_start, "Environment": self.unit_env, **st}
         main = self.procs.get(int(st.get("pid", "0")))
         if st.get("ActiveState") == "active" and main is not None and not main.alive:
             # Restart=no: a daemon that died leaves its unit failed
@@ -246,8 +248,10 @@ class FakeHost:
         return "\n".join(f"{k}={v}" for k, v in props.items())
 
     # -- processes
-    def spawn_detached(self, argv: Sequence[str], *, log_path: Path) -> ProcInfo:
+    def spawn_detached(self, argv: Sequence[str], *, log_path: Path, env: Mapping[str, str] | None = None) -> ProcInfo:
         self.calls.append(("spawn", *argv))
+        if env:
+            self.envs.append((("spawn", *argv), dict(env)))
         return self._spawn(tuple(argv)).info
 
     def _spawn(self, argv: tuple[str, ...]) -> _Proc:
