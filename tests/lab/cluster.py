@@ -198,6 +198,8 @@ JobCompType=jobcomp/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
+# after a het job the backfill scheduler shows its nodes PLANNED until its next cycle (30 s by default)
+SchedulerParameters=bf_interval=2
 ReturnToService=2
 SlurmctldPort={ctl_port}
 SlurmdPort=6818
@@ -718,9 +720,16 @@ deadline_s = 15
 
     # -- restarts -----------------------------------------------------------------------------------
 
-    def restart(self, extra_conf: str = "", etc: Mapping[str, str] | None = None, timeout: float = 60) -> None:
-        """Stop every Slurm daemon, rewrite slurm.conf with ``extra_conf`` appended and ``etc`` files beside it,
-        start the daemons again and wait until every node is idle (the queue should be empty)."""
+    def restart(
+        self,
+        extra_conf: str = "",
+        etc: Mapping[str, str] | None = None,
+        prolog_epilog_timeout: int | None = None,
+        timeout: float = 60,
+    ) -> None:
+        """Stop every Slurm daemon, rewrite slurm.conf with ``extra_conf`` appended and ``etc`` files beside it
+        (and ``PrologEpilogTimeout`` when given), start the daemons again and wait until every node is idle
+        (the queue should be empty)."""
         pids = self.state["pids"]
         self._stop("slurmds", [pids.pop(n) for n in self.nodes], 2.0)
         self._stop("slurmctld", [pids.pop("slurmctld")])
@@ -728,6 +737,8 @@ deadline_s = 15
         for name in self.extra_etc:
             (self.dir / "etc" / name).unlink(missing_ok=True)
         self.extra_conf, self.extra_etc = extra_conf, dict(etc or {})
+        if prolog_epilog_timeout is not None:
+            self.prolog_epilog_timeout = prolog_epilog_timeout
         for name, text in self.extra_etc.items():
             atomic_write(self.dir / "etc" / name, text, mode=0o644)
         atomic_write(self.conf, self._slurm_conf(), mode=0o644)
