@@ -56,7 +56,7 @@ class Mode(NamedTuple):
 
 MODES = {
     "full": Mode(41, 7, (20, 20, 20), 100),
-    "quick": Mode(21, 3, (8, 5, 1), 20),
+    "quick": Mode(15, 3, (8, 5, 1), 16),
     "smoke": Mode(3, 1, (2, 2, 1), 4),
 }
 
@@ -265,7 +265,10 @@ def bench_readiness(mode: Mode, tmp: Path) -> list[Figure]:
         p50, p95 = _pct(lat, 0.5) * 1000, _pct(lat, 0.95) * 1000
         out.append(Figure(f"readiness.{trays}trays.p50", p50, "ms", "<60", p50 < 60))
         out.append(Figure(f"readiness.{trays}trays.p95", p95, "ms", "<150", p95 < 150))
-        epilogs += [c["epilog_excl"] for c in cycles]
+        if trays == 2:
+            # one epilog per core, as on a rack where each tray has its own CPUs: 18 epilogs at once on the
+            # bench's 2 cores would measure the queue for the CPU, not the epilog
+            epilogs += [c["epilog_excl"] for c in cycles]
         rss = max(rss, *(c["rss"] for c in cycles))
     ep = _median_ms(epilogs)
     out.append(Figure("epilog.running_domain.excl_shutdown", ep, "ms", "<300", ep < 300))

@@ -152,10 +152,13 @@ def _capped_deadline(found: tuple[int, str] | None, rt: Runtime, run: _Run) -> f
     timeout (SIGTERM, then SIGKILL), and the reason would be lost.
     """
     s = rt.settings.slurm
-    if s.cap_deadline != "yes" or found is None:
+    if found is None:
         return run.deadline_s
     timeout, key = found
+    # named in the reason of a prolog slurmd kills, also when the cap is off
     run.hook_timeout = f"{key}={timeout}s"
+    if s.cap_deadline != "yes":
+        return run.deadline_s
     cap = max(timeout / 2, timeout - s.timeout_margin_s)
     if cap < run.deadline_s:
         rt.log.info("prolog.deadline", deadline_s=cap, configured_s=run.deadline_s, hook_timeout=run.hook_timeout)

@@ -71,13 +71,21 @@ class Probe:
 # ---------------------------------------------------------------- one probe
 
 
-def probe(host: Host, settings: Settings, p: Probe, deadline: float = float("inf")) -> Readiness:
+def probe(
+    host: Host, settings: Settings, p: Probe, deadline: float = float("inf"), *, local_seen: bool = False
+) -> Readiness:
     """One readiness check: local state, then (level ``domain``) the whole domain.
 
-    No ``nvidia-imex-ctl`` call runs past ``deadline`` (``host.monotonic()`` time).
+    With ``local_seen`` (an earlier probe found the local daemon ``READY``) the
+    domain probe alone is run: ``-N`` reports this node's own status too, and
+    :func:`_domain` requires it ``READY``, so ``-q`` would only double the
+    probe's cost.  No ``nvidia-imex-ctl`` call runs past ``deadline``
+    (``host.monotonic()`` time).
     """
     if not p.daemon_alive():
         return Readiness(Outcome.DAEMON_GONE, "daemon exited", reason="the IMEX daemon exited during start-up")
+    if local_seen and p.level != "local":
+        return dataclasses.replace(_domain(host, settings, p, deadline), local_ready=True)
     local = _local(host, settings, p, deadline)
     if local.outcome is not Outcome.READY or p.level == "local":
         return local
@@ -194,7 +202,7 @@ class _Watch:
 
     def __call__(self) -> Readiness:
         self.attempts += 1
-        r = self._sticky_blame(probe(self.host, self.settings, self.p, self.deadline))
+        r = self._sticky_blame(probe(self.host, self.settings, self.p, self.deadline, local_seen=self.local_ready))
         self.log.debug("imex.health.poll", attempt=self.attempts, status=r.status)
         self.local_ready = self.local_ready or r.local_ready
         if r.outcome is not Outcome.NO_ANSWER:

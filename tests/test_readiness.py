@@ -90,6 +90,21 @@ class TestReady:
         assert wait(host, s, make_probe(root)).ready
         assert len(ctl_calls(host, "-N", "-j")) == 3
 
+    def test_after_local_ready_each_probe_asks_only_the_domain(self, host: FakeHost, s: Settings, root: Path) -> None:
+        """Once -q said READY, the later probes run -N alone (it reports this node's own status): one ctl each."""
+        down = domain_json(ADDRESSES, status="DEGRADED", node_status={1: "UNAVAILABLE"}, conn_status="INVALID")
+        host.domain = sequence((0, down), (0, down), (0, domain_json(ADDRESSES)))
+        assert wait(host, s, make_probe(root)).ready
+        assert len(ctl_calls(host, "-q")) == 1 and len(ctl_calls(host, "-N", "-j")) == 3
+        assert host.calls[0][-1] == "-q" and all(c[-2:] == ("-N", "-j") for c in host.calls[1:])
+
+    def test_own_node_not_ready_in_the_domain_view_keeps_waiting(self, host: FakeHost, s: Settings, root: Path) -> None:
+        """After -q said READY, -N showing this node not READY (its daemon went back) is not ready."""
+        host.domain = lambda hosts: (0, domain_json(hosts, status="DEGRADED", node_status={0: "UNAVAILABLE"}))
+        with pytest.raises(HealthTimeout, match="own node UNAVAILABLE"):
+            wait(host, s, make_probe(root))
+        assert len(ctl_calls(host, "-q")) == 1 and len(ctl_calls(host, "-N", "-j")) > 2
+
     def test_own_link_down_is_not_ready(self, host: FakeHost, s: Settings, root: Path) -> None:
         """An UP domain whose own connections are not all CONNECTED is not ready."""
         host.domain = lambda hosts: (0, domain_json(hosts, conn_status="RECOVERING"))

@@ -98,7 +98,7 @@ class TestCancelledWhileWaiting:
         assert out["ok"] and out["job_ended"] == state and leftovers(root) == []
         (asked,) = [c for c in host.calls if c[0].endswith("scontrol")]
         assert asked == ("/usr/bin/scontrol", "show", "job", "-o", "42")
-        assert host.envs == [(asked, {"SLURM_CONF": env["SLURM_CONF"]})]
+        assert [e for e in host.envs if e[0] == asked] == [(asked, {"SLURM_CONF": env["SLURM_CONF"]})]
         assert [e["event"] for e in logs if e["event"].startswith("prolog.")][-2:] == ["prolog.job_ended",
                                                                                       "prolog.done"]  # fmt: skip
 
@@ -191,6 +191,26 @@ class TestSigterm:
         order = [e["event"] for e in logs]
         assert order.index("prolog.done") < order.index("prolog.rolled_back")
         assert leftovers(root) == [] and signal.getsignal(signal.SIGTERM) is before
+
+    def test_sigterm_with_the_cap_off_still_names_the_hook_timeout(
+        self, host: FakeHost, make_settings: Callable[..., Settings], root: Path
+    ) -> None:
+        """[slurm] cap_deadline = no: slurmd's SIGTERM at PrologEpilogTimeout is reported with that timeout."""
+        host.ready_after = 10**6
+        rt = runtime(host, make_settings, readiness={"deadline_s": 60}, slurm={"cap_deadline": "no"})
+        env = job_env(SLURM_CONF=slurm_conf(root, "PrologEpilogTimeout=8\n"))
+
+        def sleep(seconds: float) -> None:
+            host.now += seconds
+            if host.now - 1000.0 >= 8:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        host.sleep = sleep  # type: ignore[method-assign]
+        with capture_logs() as logs, pytest.raises(Terminated) as info:
+            prolog(env, rt)
+        assert "(slurm.conf PrologEpilogTimeout=8s; readiness deadline 60s)" in str(info.value)
+        assert not [e for e in logs if e["event"] == "prolog.deadline"], "the cap is off: no deadline line"
+        assert leftovers(root) == []
 
     def test_sigterm_without_slurm_conf_suggests_the_cause(
         self, host: FakeHost, make_settings: Callable[..., Settings]

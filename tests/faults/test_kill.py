@@ -77,12 +77,19 @@ def truthful_status(rack: FaultRack, t: Tray) -> dict[str, Any]:
 
 
 def cleanup_as_dry_run_said(rack: FaultRack, t: Tray) -> dict[str, Any]:
-    """``cleanup --dry-run`` then ``cleanup``: the run does exactly the items the dry run named; its data."""
+    """``cleanup --dry-run`` then ``cleanup``: the run does and logs exactly the items the dry run named, and what
+    each names is gone; its data."""
     dry, done = (rack.imexctl(t, "cleanup", "--json", *args) for args in (("--dry-run",), ()))
     assert dry.returncode == done.returncode == 0, dry.stdout + done.stdout + done.stderr
     dry_data, data = json.loads(dry.stdout)["data"], json.loads(done.stdout)["data"]
     assert cycles.items(dry_data["actions"]) == cycles.items(data["actions"]), (dry_data, data)
     assert dry_data["skipped"] == data["skipped"]
+    logged = [json.loads(line) for line in (t.root / "var/log/imexctl.log").read_text().splitlines()]
+    assert [r["actions"] for r in logged if r["event"] == "cleanup.done"][-2:] == [dry_data["actions"], data["actions"]]
+    left = "\n".join(rack.leftovers())
+    for item in cycles.items(data["actions"]):  # what each item names is gone: its path, or the job's daemon
+        what = f"jobs/{JOB}/config.cfg" if item.startswith("stop daemon") else item.split()[-1]
+        assert what not in left, (item, left)
     return dict(data)
 
 

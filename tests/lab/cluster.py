@@ -173,8 +173,12 @@ def slurm_conf(
     epilog: str,
     prolog_epilog_timeout: int,
     nodes: Sequence[tuple[str, str]],
+    extra: str = "",
 ) -> str:
-    """Return a lab's slurm.conf: ``ctl`` and ``nodes`` are (name, address); ``files`` has every SLURM_FILES key."""
+    """Return a lab's slurm.conf: ``ctl`` and ``nodes`` are (name, address); ``files`` has every SLURM_FILES key.
+
+    ``extra`` (lines such as ``TaskProlog=...``) goes at the end.
+    """
     node_lines = "\n".join(f"NodeName={n} NodeAddr={a} NodeHostname={n}" for n, a in nodes)
     file_lines = "\n".join(f"{k}={files[k]}" for k in SLURM_FILES)
     return f"""\
@@ -194,6 +198,8 @@ JobCompType=jobcomp/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
+# after a het job the backfill scheduler shows its nodes PLANNED until its next cycle (30 s by default)
+SchedulerParameters=bf_interval=2
 ReturnToService=2
 SlurmctldPort={ctl_port}
 SlurmdPort=6818
@@ -214,7 +220,7 @@ MinJobAge=300
 NodeName=DEFAULT CPUs=2 Boards=1 SocketsPerBoard=1 CoresPerSocket=2 ThreadsPerCore=1 RealMemory=512 State=UNKNOWN
 {node_lines}
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=EXCLUSIVE
-"""
+{extra}"""
 
 
 class SlurmLab:
@@ -230,6 +236,7 @@ class SlurmLab:
         slurmd_debug: str = "debug",
         prolog_epilog_timeout: int = 30,
         owner_pid: int | None = None,
+        task_prolog: os.PathLike[str] | None = None,
     ) -> None:
         if not 1 <= nodes <= MAX_NODES:
             raise ValueError(f"nodes must be 1..{MAX_NODES}")
@@ -242,6 +249,10 @@ class SlurmLab:
         self.slurmd_debug = slurmd_debug
         self.prolog_epilog_timeout = prolog_epilog_timeout
         self.owner_pid = owner_pid
+        self.task_prolog = Path(task_prolog) if task_prolog else None
+        #: slurm.conf lines beyond the defaults (set by :meth:`restart`), and files beside slurm.conf
+        self.extra_conf = ""
+        self.extra_etc: dict[str, str] = {}
         self.state: dict[str, Any] = {}
         self._popens: list[subprocess.Popen[bytes]] = []
 
@@ -626,7 +637,12 @@ class SlurmLab:
             epilog=str(self.slurm.path_inside(self.epilog)),
             prolog_epilog_timeout=self.prolog_epilog_timeout,
             nodes=[(n, self.addr(n)) for n in self.nodes],
+            extra=self._extra_lines(),
         )
+
+    def _extra_lines(self) -> str:
+        task = f"TaskProlog={self.slurm.path_inside(self.task_prolog)}\n" if self.task_prolog else ""
+        return task + self.extra_conf
 
     def _imexctl_conf(self) -> str:
         return f"""\
@@ -681,9 +697,14 @@ deadline_s = 15
             argv = self.slurm.daemon(node, ["slurmd", "-D", "-N", node, "-f", conf])
             self._spawn(node, ["nsenter", f"--net=/run/netns/{self.netns(node)}", *argv], f"slurmd-{node}")
 
+        self._wait_execed(self.state["pids"])
+
+    def _wait_execed(self, recs: Mapping[str, dict[str, Any]]) -> None:
+        """Wait until the daemons just spawned have exec'd into Slurm, and record their real start times."""
+
         def execed() -> bool:
             # Debian 13 names the binaries slurmctld-wlm / slurmd-wlm; the exec chain is done once comm is slurm*
-            for key, rec in self.state["pids"].items():
+            for key, rec in recs.items():
                 try:
                     comm = Path(f"/proc/{rec['pid']}/comm").read_text().strip()
                 except OSError:
@@ -693,9 +714,50 @@ deadline_s = 15
             return True
 
         wait_for(execed, 10, what="slurm daemons to start")
-        for rec in self.state["pids"].values():
+        for rec in recs.values():
             rec["start"] = proc_start_time(rec["pid"]) or rec["start"]
         self._save()
+
+    # -- restarts -----------------------------------------------------------------------------------
+
+    def restart(
+        self,
+        extra_conf: str = "",
+        etc: Mapping[str, str] | None = None,
+        prolog_epilog_timeout: int | None = None,
+        timeout: float = 60,
+    ) -> None:
+        """Stop every Slurm daemon, rewrite slurm.conf with ``extra_conf`` appended and ``etc`` files beside it
+        (and ``PrologEpilogTimeout`` when given), start the daemons again and wait until every node is idle
+        (the queue should be empty)."""
+        pids = self.state["pids"]
+        self._stop("slurmds", [pids.pop(n) for n in self.nodes], 2.0)
+        self._stop("slurmctld", [pids.pop("slurmctld")])
+        self._save()
+        for name in self.extra_etc:
+            (self.dir / "etc" / name).unlink(missing_ok=True)
+        self.extra_conf, self.extra_etc = extra_conf, dict(etc or {})
+        if prolog_epilog_timeout is not None:
+            self.prolog_epilog_timeout = prolog_epilog_timeout
+        for name, text in self.extra_etc.items():
+            atomic_write(self.dir / "etc" / name, text, mode=0o644)
+        atomic_write(self.conf, self._slurm_conf(), mode=0o644)
+        self._start_daemons()
+        self.wait_idle(timeout=timeout)
+
+    def kill_slurmd(self, node: str) -> None:
+        """SIGKILL a node's slurmd (its slurmstepds and jobs live on) and wait until it is gone."""
+        rec = self.state["pids"][node]
+        os.kill(rec["pid"], 9)
+        wait_for(lambda: not proc_alive(rec), 10, what=f"{node}'s slurmd to die")
+        for p in self._popens:
+            p.poll()
+
+    def start_slurmd(self, node: str) -> None:
+        """Start a node's slurmd again (after :meth:`kill_slurmd`)."""
+        argv = self.slurm.daemon(node, ["slurmd", "-D", "-N", node, "-f", str(self.conf)])
+        self._spawn(node, ["nsenter", f"--net=/run/netns/{self.netns(node)}", *argv], f"slurmd-{node}")
+        self._wait_execed({node: self.state["pids"][node]})
 
     # -- teardown -----------------------------------------------------------------------------------
 

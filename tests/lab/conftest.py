@@ -92,6 +92,7 @@ def lab(request: pytest.FixtureRequest) -> Iterator[SlurmLab]:
         slurmd_debug="debug2",
         prolog_epilog_timeout=PROLOG_TIMEOUT,
         owner_pid=os.getpid(),
+        task_prolog=REPO / "hooks" / "task-prolog",
     )
     try:
         the_lab.up()

@@ -6,15 +6,19 @@ unless told otherwise; paths under the lab directory mean the same file for the 
 
 from __future__ import annotations
 
+import configparser
+import contextlib
+import io
 import json
 import os
 import re
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from imexctl.fsutil import atomic_write
 from tests.lab.cluster import IMEXCTL_PREFIX, TEST_UID, TEST_USER, SlurmLab
 from tests.lab.procs import proc_start_time
 from tests.simhelpers import wait_for
@@ -38,6 +42,7 @@ __all__ = [
     "events",
     "hold_script",
     "imexctl_admin",
+    "imexctl_settings",
     "install_stepcheck",
     "iso_time",
     "job_dir",
@@ -187,6 +192,29 @@ def imexctl_admin(lab: SlurmLab, node: str, *args: str, check: bool = True) -> s
         check=check,
         timeout=60,
     )
+
+
+@contextlib.contextmanager
+def imexctl_settings(lab: SlurmLab, changes: Mapping[str, Mapping[str, str]]) -> Iterator[None]:
+    """Change keys of the lab's imexctl.conf (``{section: {key: value}}``) for the block, then put it back.
+
+    Every hook reads the file anew, so the change applies to the next job; the lab's slurm.conf is untouched.
+    """
+    old = lab.imexctl_conf.read_text()
+    conf = configparser.ConfigParser(interpolation=None)
+    conf.read_string(old)
+    for section, keys in changes.items():
+        if not conf.has_section(section):
+            conf.add_section(section)
+        for key, value in keys.items():
+            conf.set(section, key, value)
+    text = io.StringIO()
+    conf.write(text)
+    atomic_write(lab.imexctl_conf, text.getvalue(), mode=0o644)
+    try:
+        yield
+    finally:
+        atomic_write(lab.imexctl_conf, old, mode=0o644)
 
 
 def events(lab: SlurmLab, node: str, job: int | None = None, event: str | None = None) -> list[dict[str, Any]]:

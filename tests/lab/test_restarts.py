@@ -1,0 +1,81 @@
+"""Jobs that live through a slurmd restart or a requeue (issue 9: lock in what works).
+
+- slurmd killed with SIGKILL mid-job and started again: the job and its domain go on, the job
+  finishes, and the epilog cleans up.
+- ``scontrol requeue`` of a running job: the epilog tears the first run down, then the new run's
+  prolog sets up a fresh domain.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.lab.cluster import SlurmLab
+from tests.lab.conftest import NODES
+from tests.lab.jobs import (
+    assert_domain_up,
+    ctl_domain,
+    events,
+    hold_script,
+    leftovers,
+    release,
+    sbatch,
+    sim_processes,
+    wait_done,
+    wait_started,
+    wait_state,
+)
+from tests.simhelpers import wait_for
+
+pytestmark = pytest.mark.slurm
+
+JOB_NODES = NODES[:2]
+VICTIM = JOB_NODES[1]
+
+
+def test_slurmd_killed_and_restarted_mid_job(lab: SlurmLab) -> None:
+    """SIGKILL to slurmd while a job runs, then a new slurmd: the domain stays, the job ends, nothing is left."""
+    job = sbatch(lab, hold_script(lab), JOB_NODES)
+    wait_started(lab, job)
+    daemons = sim_processes(lab, VICTIM, job)
+    assert len(daemons) == 1, daemons
+    lab.kill_slurmd(VICTIM)
+    assert sim_processes(lab, VICTIM, job) == daemons, "the job's daemon died with slurmd"
+    lab.start_slurmd(VICTIM)
+    wait_for(lambda: lab.node_states()[VICTIM]["state"] == "alloc", 30, 0.2, what=f"{VICTIM} back, allocated")
+    assert_domain_up(ctl_domain(lab, VICTIM, job), len(JOB_NODES), f"job {job} after {VICTIM}'s slurmd restart")
+    assert lab.job(job)["JobState"] == "RUNNING"
+    release(lab, job)
+    wait_done(lab, job)
+    for node in JOB_NODES:
+        assert events(lab, node, job, "epilog.done")[-1]["ok"] is True, f"{node}: {events(lab, node, job)}"
+        assert leftovers(lab, node) == [], f"{node} not clean after job {job}"
+    assert all(lab.node_states()[n]["state"] == "idle" for n in JOB_NODES), lab.node_states()
+
+
+def test_requeue_of_a_running_job_tears_down_then_sets_up_afresh(lab: SlurmLab) -> None:
+    """scontrol requeue: the epilog removes the first run's domain, the second run's prolog makes a new one."""
+    job = sbatch(lab, hold_script(lab), JOB_NODES)
+    wait_started(lab, job)
+    first = {n: sim_processes(lab, n, job) for n in JOB_NODES}
+    (lab.dir / "out" / f"started-{job}").unlink()
+    lab.run(["scontrol", "requeue", str(job)])
+    wait_for(lambda: all(events(lab, n, job, "epilog.done") for n in JOB_NODES), 30, 0.2, what="the first epilogs")
+    for node in JOB_NODES:
+        assert events(lab, node, job, "epilog.done")[-1]["ok"] is True, f"{node}: {events(lab, node, job)}"
+        assert leftovers(lab, node) == [], f"{node} not clean after job {job} was requeued"
+    wait_state(lab, job, ["PENDING"], 30)
+    # a requeued job waits before it may start again; the test does not
+    lab.run(["scontrol", "update", f"jobid={job}", "StartTime=now"])
+    info = wait_started(lab, job)
+    assert info.get("Restarts") == "1", info
+    assert info.get("NodeList") == "node[1-2]", f"job {job} restarted on {info.get('NodeList')}"
+    for node in JOB_NODES:
+        assert len(events(lab, node, job, "prolog.done")) == 2, f"{node}: {events(lab, node, job, 'prolog.done')}"
+        assert events(lab, node, job, "prolog.done")[-1]["ok"] is True
+        assert_domain_up(ctl_domain(lab, node, job), len(JOB_NODES), f"job {job}'s second run on {node}")
+        assert sim_processes(lab, node, job) != first[node], f"{node}: the first run's daemon is still there"
+    release(lab, job)
+    wait_done(lab, job)
+    for node in NODES:
+        assert leftovers(lab, node) == [], f"{node} not clean after job {job}"
