@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import selectors
 import shutil
 import subprocess
 import sys
@@ -69,22 +70,29 @@ def run_parallel(seed: int, indices: Sequence[int], workers: int, *, echo: bool 
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
+                bufsize=1,
                 cwd=REPO,
                 env={**os.environ, "PYTHONPATH": str(REPO)},
             )
         )
     results, stray = [], []
+    with selectors.DefaultSelector() as sel:  # read all workers as they write: a full pipe would stall one
+        for proc in procs:
+            sel.register(proc.stdout, selectors.EVENT_READ)  # type: ignore[arg-type]
+        while sel.get_map():
+            for key, _ in sel.select():
+                line = key.fileobj.readline()  # type: ignore[union-attr]
+                if not line:
+                    sel.unregister(key.fileobj)
+                elif line.startswith(_TAG):
+                    rec = json.loads(line[len(_TAG) :])
+                    res = Result(make_plan(seed, rec["index"]), rec["problems"], rec["exits"], rec["seconds"])
+                    results.append(res)
+                    if echo and res.problems:
+                        print(report(res), flush=True)
+                else:
+                    stray.append(line)
     for proc in procs:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.startswith(_TAG):
-                rec = json.loads(line[len(_TAG) :])
-                res = Result(make_plan(seed, rec["index"]), rec["problems"], rec["exits"], rec["seconds"])
-                results.append(res)
-                if echo and res.problems:
-                    print(report(res), flush=True)
-            else:
-                stray.append(line)
         if proc.wait() != 0:
             raise RuntimeError(f"soak worker exited {proc.returncode}: {''.join(stray)[-4000:]}")
     return sorted(results, key=lambda r: r.plan.index)
