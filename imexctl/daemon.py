@@ -9,6 +9,7 @@ job's config path, which no other job shares.
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 from pathlib import Path
 from typing import Protocol
@@ -56,9 +57,21 @@ def make_backend(host: Host, settings: Settings, name: str | None = None) -> Bac
     return SystemdBackend(host, settings)
 
 
-def job_processes(host: Host, config: Path) -> list[ProcInfo]:
-    """Live daemon processes of the job whose config is ``config``."""
-    return host.processes_with_arg(str(config))
+def job_processes(host: Host, config: Path, *, with_clients: bool = False) -> list[ProcInfo]:
+    """Live daemon processes of the job whose config is ``config``.
+
+    ``nvidia-imex-ctl -c <config>`` names the config too: a prolog killed during
+    a readiness probe leaves its ctl behind. Such a client is not the daemon
+    (status, the races rule and doctor must not take it for one); with
+    ``with_clients`` it is included, for the teardown that ends it as well.
+    """
+    procs = host.processes_with_arg(str(config))
+    return procs if with_clients else [p for p in procs if not _is_ctl(p)]
+
+
+def _is_ctl(proc: ProcInfo) -> bool:
+    """Whether the process is an ``nvidia-imex-ctl`` (or its simulator; argv[1] when run by an interpreter)."""
+    return any("nvidia-imex-ctl" in os.path.basename(a) for a in proc.cmdline[:2])
 
 
 def ensure_gone(host: Host, settings: Settings, config: Path, procs: list[ProcInfo] | None = None) -> list[int]:
@@ -70,7 +83,7 @@ def ensure_gone(host: Host, settings: Settings, config: Path, procs: list[ProcIn
     Raises:
         UnsafeNodeError: a process is still alive after SIGKILL.
     """
-    procs = job_processes(host, config) if procs is None else procs
+    procs = job_processes(host, config, with_clients=True) if procs is None else procs
     if not procs:
         return []
     for p in procs:

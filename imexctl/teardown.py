@@ -68,7 +68,7 @@ def teardown(job_id: int, rt: Runtime, *, dry_run: bool = False) -> list[str]:
     jd, steps = rt.settings.paths.job(job_id), _Steps(dry_run)
     state = read_state(jd)
     with_backend = jd.exists() and not (state and state.backend == "none")  # "none": a channel-only job
-    if with_backend or daemon.job_processes(rt.host, jd.config):
+    if with_backend or daemon.job_processes(rt.host, jd.config, with_clients=True):
         steps.run(f"stop daemon of job {job_id}", lambda: _stop_daemon(jd, state, with_backend, rt))
         _step(rt, dry_run, "daemon_stopped")
     chan = _channel_of(job_id, state, rt)
@@ -211,7 +211,11 @@ def _left_anything(jd: JobDir, rt: Runtime) -> bool:
     Most jobs never had a domain on a tray: their epilog takes no lock, so it
     never waits for another job's prolog.
     """
-    return jd.exists() or bool(daemon.job_processes(rt.host, jd.config)) or _channel_of(jd.job_id, None, rt) is not None
+    return (
+        jd.exists()
+        or bool(daemon.job_processes(rt.host, jd.config, with_clients=True))
+        or _channel_of(jd.job_id, None, rt) is not None
+    )
 
 
 def cleanup(rt: Runtime, *, job_id: int | None = None, dry_run: bool = False, force: bool = False) -> dict[str, Any]:

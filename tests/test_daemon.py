@@ -9,7 +9,14 @@ from typing import Callable
 import pytest
 import structlog
 
-from imexctl.daemon import ExecBackend, SystemdBackend, ensure_gone, make_backend, parse_systemctl_show
+from imexctl.daemon import (
+    ExecBackend,
+    SystemdBackend,
+    ensure_gone,
+    job_processes,
+    make_backend,
+    parse_systemctl_show,
+)
 from imexctl.errors import DaemonError, DomainBusyError, UnsafeNodeError
 from imexctl.prolog import prolog
 from imexctl.runtime import Runtime
@@ -346,3 +353,31 @@ class TestExecBackend:
     ) -> None:
         """No daemon of the job means no signal and no wait."""
         assert ensure_gone(host, exec_settings, config) == [] and host.signals == [] and host.slept == []
+
+
+class TestOrphanedCtl:
+    """A prolog killed during a probe leaves ``nvidia-imex-ctl -c <config> -q``: it is not the daemon."""
+
+    @pytest.mark.parametrize(
+        "argv",
+        [
+            ("/usr/bin/nvidia-imex-ctl", "-c", "{config}", "-q"),
+            ("/opt/imexctl/bin/python3", "/opt/imexctl/bin/nvidia-imex-ctl-sim", "-c", "{config}", "-N", "-j"),
+        ],
+    )
+    def test_a_ctl_is_no_daemon_but_teardown_ends_it(
+        self,
+        host: FakeHost,
+        make_settings: Callable[..., Settings],
+        config: Path,
+        tmp_path: Path,
+        argv: tuple[str, ...],
+    ) -> None:
+        ctl = host.spawn_detached([a.format(config=config) for a in argv], log_path=tmp_path / "ctl.log")
+        assert job_processes(host, config) == []
+        assert job_processes(host, config, with_clients=True) == [ctl]
+        daemon = host.spawn_detached(["/usr/bin/nvidia-imex", "-c", str(config)], log_path=tmp_path / "d.log")
+        assert job_processes(host, config) == [daemon]
+        ensure_gone(host, make_settings(), config)
+        assert (ctl.pid, signal.SIGTERM) in host.signals and (daemon.pid, signal.SIGTERM) in host.signals
+        assert job_processes(host, config, with_clients=True) == []
