@@ -61,6 +61,20 @@ MODES = {
 }
 
 
+# Runs argv[2:] as a child and writes its peak RSS (KiB) to fd argv[1]. Linux keeps a process's peak RSS across
+# exec, so a hook started straight from this bench (whose node lists grow it to ~80 MiB) would report the bench's
+# peak as its own; forked from this small launcher it starts from the launcher's ~10 MiB instead.
+RSS_LAUNCHER = (
+    "import os, sys\n"
+    "pid = os.fork()\n"
+    "if pid == 0:\n"
+    "    os.execv(sys.argv[2], sys.argv[2:])\n"
+    "_, status, usage = os.wait4(pid, 0)\n"
+    "os.write(int(sys.argv[1]), str(usage.ru_maxrss).encode())\n"
+    "sys.exit(os.waitstatus_to_exitcode(status))\n"
+)
+
+
 def _wait(p: subprocess.Popen[bytes]) -> tuple[float, float]:
     """Wait for ``p``; return (monotonic exit time, peak RSS MiB)."""
     _, status, usage = os.wait4(p.pid, 0)
@@ -210,18 +224,28 @@ class _Rack:
         env = [self.rack.job_env(t, job, hook) for t in self.rack.trays]
         for e in env:
             e.pop("PYTHONPATH")
+        pipes = [os.pipe() for _ in env]
         t0 = time.monotonic()
         procs = [
-            subprocess.Popen([PY, "-I", "-c", MAIN, hook], env=e, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            for e in env
+            subprocess.Popen(
+                [PY, "-I", "-c", RSS_LAUNCHER, str(w), PY, "-I", "-c", MAIN, hook],
+                env=e,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                pass_fds=(w,),
+            )
+            for e, (_, w) in zip(env, pipes)
         ]
         ends, rss = [], 0.0
-        for p in procs:
-            end, r = _wait(p)
+        for p, (r, w) in zip(procs, pipes):
+            end, _ = _wait(p)
+            os.close(w)
+            with os.fdopen(r, "rb") as f:
+                peak = f.read()
             if p.returncode != 0:
                 raise SystemExit(f"bench: {hook} of job {job} exited {p.returncode}")
             ends.append(end)
-            rss = max(rss, r)
+            rss = max(rss, int(peak) / 1024)
         return t0, ends, rss
 
     def cycle(self) -> dict[str, Any]:
