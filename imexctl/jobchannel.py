@@ -221,6 +221,9 @@ def _trusted(st: os.stat_result, uid_map: UidMap) -> bool:
 # ---------------------------------------------------------------- the job and its state
 
 
+_HET_GROUP, _PACK_GROUP = "SLURM_JOB_ID_HET_GROUP_", "SLURM_JOB_ID_PACK_GROUP_"
+
+
 def candidate_job_ids(env: Mapping[str, str]) -> tuple[int, ...]:
     """Job ids under which the job's domain may be recorded, in the order they are tried.
 
@@ -229,15 +232,18 @@ def candidate_job_ids(env: Mapping[str, str]) -> tuple[int, ...]:
     the key of a joint domain (``[slurm] het_jobs = joint``); a domain per
     component is keyed by the component's id, which tasks see only as
     ``SLURM_JOB_ID_HET_GROUP_<n>`` (slurm ``src/common/env.c``
-    ``env_array_overwrite_het_fmt``).  Malformed values are skipped.
+    ``env_array_overwrite_het_fmt``) or, in the tasks of a het job that srun
+    itself allocated (``srun ... : ...``), as ``SLURM_JOB_ID_PACK_GROUP_<n>``
+    (slurm ``src/srun/srun_job.c`` ``_build_key``; seen under 22.05 and 24.11
+    in the lab).  Malformed values are skipped.
     """
     keys = ["SLURM_JOB_ID", "SLURM_JOBID", "SLURM_HET_JOB_ID"]
     groups = sorted(
-        (int(k.rsplit("_", 1)[1]), k)
+        (int(k.rsplit("_", 1)[1]), k.startswith(_PACK_GROUP), k)
         for k in env
-        if k.startswith("SLURM_JOB_ID_HET_GROUP_") and k.rsplit("_", 1)[1].isdigit()
+        if k.startswith((_HET_GROUP, _PACK_GROUP)) and k.rsplit("_", 1)[1].isascii() and k.rsplit("_", 1)[1].isdigit()
     )
-    keys += [k for _, k in groups]
+    keys += [k for _, _, k in groups]
     ids: list[int] = []
     for key in keys:
         value = env.get(key, "")

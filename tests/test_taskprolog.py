@@ -111,6 +111,11 @@ class TestExport:
         t.add_job(101, uid=0, minor=3, channel_path="/dev/null")
         assert _lines(t, 100, SLURM_JOB_ID_HET_GROUP_0="100", SLURM_JOB_ID_HET_GROUP_1="101") == [EXPORT]
 
+    def test_het_component_domain_is_found_through_srun_pack_group_variable(self, t: Tree) -> None:
+        """Tasks of an ``srun ... : ...`` het job see SLURM_JOB_ID_PACK_GROUP_<n> (the lab's 24.11): found too."""
+        t.add_job(101, uid=0, minor=3, channel_path="/dev/null")
+        assert _lines(t, 100, SLURM_JOB_ID_PACK_GROUP_0="100", SLURM_JOB_ID_PACK_GROUP_1="101") == [EXPORT]
+
     def test_remapped_root_caller_is_the_job_user(self, t: Tree) -> None:
         """Inside a user namespace that maps 0 to the job's uid (Pyxis --container-remap-root) uid 0 is the user."""
         t.add_job(77, uid=4242, minor=3, channel_path="/dev/null")
@@ -250,6 +255,17 @@ class TestJobIds:
                 (7, 8, 9),
                 id="het-groups-in-number-order",
             ),
+            pytest.param(
+                {"SLURM_JOB_ID": "7", "SLURM_JOB_ID_PACK_GROUP_1": "8", "SLURM_JOB_ID_PACK_GROUP_0": "7"},
+                (7, 8),
+                id="srun-het-pack-groups",
+            ),
+            pytest.param(
+                {"SLURM_JOB_ID": "7", "SLURM_JOB_ID_PACK_GROUP_1": "9", "SLURM_JOB_ID_HET_GROUP_1": "8"},
+                (7, 8, 9),
+                id="het-before-pack-in-one-group",
+            ),
+            pytest.param({"SLURM_JOB_ID_PACK_GROUP_\u0661": "8"}, (), id="non-ascii-group-number"),
             pytest.param({"SLURM_JOB_ID": "0"}, (), id="zero"),
             pytest.param({"SLURM_JOB_ID": "4294967296"}, (), id="too-big"),
             pytest.param({"SLURM_JOB_ID": " 7"}, (), id="blank"),

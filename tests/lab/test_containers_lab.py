@@ -1,7 +1,8 @@
 """The job's channel in its tasks and containers under real Slurm (issue 15; docs/containers.md "Lab tests").
 
 - ``TaskProlog=hooks/task-prolog`` (set in the lab's slurm.conf): every task of a job with a domain
-  gets ``NVIDIA_IMEX_CHANNELS=<the job's minor>``; a job without a channel gets nothing.
+  gets ``NVIDIA_IMEX_CHANNELS=<the job's minor>``; a job without a channel gets nothing; in a het job
+  that srun allocates, each task gets the joint domain's minor, or its component's (``per_component``).
 - A containerised batch job, through the route docs/containers.md recommends (enroot's hook
   ``hooks/enroot/99-imexctl.sh``, i.e. ``python -m imexctl.enroothook``): enroot and Pyxis are not
   packaged for Debian, so the job runs the emulation of tests/support/enrootemu.py as the job's
@@ -121,3 +122,46 @@ def test_containerised_job_sees_exactly_its_own_channel(lab: SlurmLab) -> None:
             path.unlink(missing_ok=True)
     for node in NODES[:2]:
         assert leftovers(lab, node) == [], f"{node} not clean"
+
+
+HET_PRINT = (
+    'echo "node=$SLURMD_NODENAME job=$SLURM_JOB_ID channels=${NVIDIA_IMEX_CHANNELS-unset} '
+    'groups=$(env | grep ^SLURM_JOB_ID_ | sort | tr "\\n" " ")"'
+)
+
+
+@pytest.mark.parametrize("mode", ["joint", "per_component"])
+def test_task_prolog_in_a_het_job(lab: SlurmLab, mode: str) -> None:
+    """srun over two components: joint, every task sees the leader's channel; per component, its component's."""
+    first, second = NODES[:2], NODES[2:]
+    argv = ["srun", "-N2", "-w", ",".join(first), "-t", "5", "/bin/sh", "-c", HET_PRINT, ":"]
+    argv += ["-N2", "-w", ",".join(second), "-t", "5", "/bin/sh", "-c", HET_PRINT]
+    with imexctl_settings(lab, {"slurm": {"het_jobs": mode}}):
+        res = lab.run(argv, user=UID, env={"IMEXCTL_TASK_PROLOG_DEBUG": "1"}, timeout=60, check=False)
+    assert res.returncode == 0, f"srun failed ({res.returncode}):\n{res.stdout}\n{res.stderr}"
+    tasks = {}
+    for line in res.stdout.splitlines():
+        if line.startswith("node="):
+            fields = dict(f.split("=", 1) for f in line.split() if "=" in f and not f.startswith("SLURM_"))
+            tasks[fields["node"]] = (fields, line)
+    assert sorted(tasks) == NODES, res.stdout
+    leader = int(tasks[first[0]][0]["job"])
+    minors = {}
+    for node in NODES:
+        fields, line = tasks[node]
+        comp = leader if node in first else leader + 1
+        created = [r for r in events(lab, node, None, "device.channel.created") if r["job_id"] in (leader, comp)]
+        assert len(created) == 1, f"{node}: channels made for het job {leader}: {created}"
+        assert fields["job"] == str(leader), f"{node}: the task's SLURM_JOB_ID is not the leader's: {line}"
+        # srun's own het allocation names the component ids SLURM_JOB_ID_PACK_GROUP_<n> (22.05 and 24.11)
+        groups = {f"SLURM_JOB_ID_{kind}_GROUP_1={leader + 1}" for kind in ("HET", "PACK")}
+        assert groups & set(line.split()), f"{node}: no group variable names component {leader + 1}: {line}"
+        assert fields["channels"] == str(created[0]["minor"]), f"{node}: {line}\n{res.stdout}"
+        minors.setdefault(comp, set()).add(created[0]["minor"])
+    assert all(len(m) == 1 for m in minors.values()), f"minors of het job {leader} per component: {minors}"
+    joint = minors[leader] == minors[leader + 1]
+    assert joint == (mode == "joint"), f"het_jobs = {mode}: minors per component {minors}"
+    wait_done(lab, leader)
+    wait_done(lab, leader + 1)
+    for node in NODES:
+        assert leftovers(lab, node) == [], f"{node} not clean after het job {leader}"
