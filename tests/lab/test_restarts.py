@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from tests.lab.cluster import SlurmLab
@@ -31,6 +33,7 @@ pytestmark = pytest.mark.slurm
 
 JOB_NODES = NODES[:2]
 VICTIM = JOB_NODES[1]
+CRED_EXPIRE = 10
 
 
 def test_slurmd_killed_and_restarted_mid_job(lab: SlurmLab) -> None:
@@ -53,7 +56,23 @@ def test_slurmd_killed_and_restarted_mid_job(lab: SlurmLab) -> None:
     assert all(lab.node_states()[n]["state"] == "idle" for n in JOB_NODES), lab.node_states()
 
 
-def test_requeue_of_a_running_job_tears_down_then_sets_up_afresh(lab: SlurmLab) -> None:
+@pytest.fixture
+def short_cred_expire(lab: SlurmLab) -> Iterator[None]:
+    """The lab with ``AuthInfo=cred_expire=CRED_EXPIRE``: a requeued job may start again that soon.
+
+    slurm.conf(5): cred_expire "also controls how long a requeued job must wait before starting again"
+    (120 s by default). Forcing the new run earlier (``scontrol update StartTime=now``) was seen to start it
+    with no prolog on a node that still held the job's credential: the run then has no IMEX domain there.
+    """
+    before = lab.extra_conf, dict(lab.extra_etc)
+    lab.restart(before[0] + f"AuthInfo=cred_expire={CRED_EXPIRE}\n", before[1])
+    try:
+        yield
+    finally:
+        lab.restart(*before)
+
+
+def test_requeue_of_a_running_job_tears_down_then_sets_up_afresh(lab: SlurmLab, short_cred_expire: None) -> None:
     """scontrol requeue: the epilog removes the first run's domain, the second run's prolog makes a new one."""
     job = sbatch(lab, hold_script(lab), JOB_NODES)
     wait_started(lab, job)
@@ -65,9 +84,8 @@ def test_requeue_of_a_running_job_tears_down_then_sets_up_afresh(lab: SlurmLab) 
         assert events(lab, node, job, "epilog.done")[-1]["ok"] is True, f"{node}: {events(lab, node, job)}"
         assert leftovers(lab, node) == [], f"{node} not clean after job {job} was requeued"
     wait_state(lab, job, ["PENDING"], 30)
-    # a requeued job waits before it may start again; the test does not
-    lab.run(["scontrol", "update", f"jobid={job}", "StartTime=now"])
-    info = wait_started(lab, job)
+    # the new run starts once the credential lifetime has passed, as Slurm intends
+    info = wait_started(lab, job, timeout=CRED_EXPIRE + 60)
     assert info.get("Restarts") == "1", info
     assert info.get("NodeList") == "node[1-2]", f"job {job} restarted on {info.get('NodeList')}"
     for node in JOB_NODES:
