@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Final
 
 from imexctl.errors import ConfigError
+from imexctl.fsutil import check_private_dir
 from imexctl.settings import AUTH_FILE_KEYS, Auth, Settings
 
 __all__ = ["DAEMON_ENV", "KEYTAB", "AuthFile", "check", "config_values", "files", "problems"]
@@ -139,15 +140,9 @@ def _owner_problem(st: os.stat_result, forbidden: int) -> str:
 
 
 def _dir_problem(directory: Path) -> str:
-    """Whoever may write the directory can replace the file: it must be root's alone."""
+    """Whoever may write the directory can replace the file: it must be root's alone (fsutil's rule)."""
     try:
-        st = os.stat(directory)
+        check_private_dir(directory)
     except OSError as exc:
-        return f"directory {directory} cannot be examined: {exc.strerror}"
-    mode = stat.S_IMODE(st.st_mode)
-    if st.st_uid not in (0, os.geteuid()) or mode & 0o022:
-        return (
-            f"directory {directory} must be owned by root and not writable by group or others "
-            f"(owner uid {st.st_uid}, mode {mode:04o}): whoever may write it can replace the files"
-        )
+        return f"directory {directory} {exc.strerror}: whoever may write it can replace the files"
     return ""
