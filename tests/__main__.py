@@ -40,11 +40,15 @@ def _start(name: str, marker: str, extra: list[str], logdir: Path) -> tuple[subp
 
 
 def _stop(procs: dict[str, subprocess.Popen[bytes]]) -> None:
-    """SIGTERM every part still running (its whole process group), then SIGKILL after 30 s."""
+    """Interrupt every part still running, as Ctrl-C would, then SIGKILL what is left after 120 s.
+
+    SIGINT, not SIGTERM: pytest turns it into KeyboardInterrupt and still runs the fixtures' teardown, so
+    the labs take their slurmds, network namespaces and booted nodes down (SIGTERM would leave them).
+    """
     for proc in procs.values():
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 30
+            proc.send_signal(signal.SIGINT)  # pytest alone: its own children end in its teardown
+    deadline = time.monotonic() + 120
     for proc in procs.values():
         try:
             proc.wait(max(0.0, deadline - time.monotonic()))
@@ -69,6 +73,10 @@ def main(argv: list[str]) -> int:
     procs: dict[str, subprocess.Popen[bytes]] = {}
     logs: dict[str, Path] = {}
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # a shell's background job starts with SIGINT ignored, and the parts would inherit that (exec keeps an
+    # ignored signal ignored): with a handler here they start with the default, which pytest turns into
+    # KeyboardInterrupt
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         for name, marker in PARTS.items():
             procs[name], logs[name] = _start(name, marker, extra, logdir)
