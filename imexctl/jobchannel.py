@@ -26,6 +26,8 @@ import json
 import os
 import stat
 
+from imexctl import schema
+
 # typing is not imported at run time (start-up cost); mypy reads this block
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -51,7 +53,7 @@ __all__ = [
 ]
 
 # The same defaults as imexctl.settings (tests/test_taskprolog.py keeps them equal).
-DEFAULT_CONFIG = "/etc/imexctl/imexctl.conf"
+DEFAULT_CONFIG = schema.DEFAULT_CONFIG
 _DEFAULTS = {"root": "/", "run_dir": "/run/imexctl", "proc_devices": "/proc/devices"}
 _MAX_CONFIG_BYTES = 1 << 20
 _MAX_STATE_BYTES = 16 << 20
@@ -92,26 +94,9 @@ class JobChannel:
 # ---------------------------------------------------------------- configuration
 
 
-def _parent(path: str) -> str:
-    """``str(pathlib.PurePosixPath(path).parent)`` without importing pathlib."""
-    parts = [p for p in path.split("/") if p not in ("", ".")]
-    head = "/" if path.startswith("/") else ""
-    return head + "/".join(parts[:-1]) or "."
-
-
 def find_config(env: Mapping[str, str], explicit: str | None = None) -> tuple[str, bool]:
-    """The config file and whether it must exist: the lookup order of ``imexctl.settings.find_config``."""
-    if explicit:
-        return explicit, True
-    if env.get("IMEXCTL_CONFIG"):
-        return env["IMEXCTL_CONFIG"], True
-    slurm_conf = env.get("SLURM_CONF")
-    if slurm_conf:
-        parent = _parent(slurm_conf)
-        beside = "imexctl.conf" if parent == "." else os.path.join(parent, "imexctl.conf")
-        if os.path.isfile(beside):
-            return beside, True
-    return DEFAULT_CONFIG, False
+    """The config file and whether it must exist: :func:`imexctl.schema.find_config`."""
+    return schema.find_config(explicit, env)
 
 
 def node_paths(env: Mapping[str, str], explicit: str | None = None, uid_map: UidMap = None) -> NodePaths:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -438,3 +439,9 @@ def test_schema_sections_are_documented_names() -> None:
         "metrics",
         "auth",
     ]
+
+
+def test_section_dataclasses_have_exactly_the_schema_keys() -> None:
+    """Each section's frozen dataclass has schema.SCHEMA's keys as its fields, in the same order."""
+    for name, cls in settings.SECTIONS.items():
+        assert [f.name for f in dataclasses.fields(cls)] == list(SCHEMA[name]), name
