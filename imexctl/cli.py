@@ -1,32 +1,49 @@
-"""Command line: argparse and dispatch; the one place that maps errors to exit codes."""
+"""Command line: argparse and dispatch; the one place that maps errors to exit codes.
+
+The console script imports this module for every hook run: at module level it
+imports only ``os`` and ``sys``.  :func:`main` first offers the command line
+to :mod:`imexctl.quick` (a prolog that policy skips, an epilog with nothing
+to do), then parses it with argparse (docs/performance.md).
+"""
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Callable, NoReturn
 
 from imexctl import __version__
-from imexctl.errors import ExitCode, ImexctlError, NotPrivilegedError
+
+# typing and argparse are not imported at run time before they are needed; mypy reads this block
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Iterator, Mapping, Sequence
+    from typing import Any, Callable, NoReturn
+
+    from imexctl.errors import ImexctlError
 
 __all__ = ["main"]
 
 _HOOK_HELP = "reads the job from slurmd's environment (SLURM_JOB_ID, SLURM_JOB_NODELIST, SLURMD_NODENAME, ...)"
-_EPILOG = "exit codes: " + "; ".join(f"{int(code)} {code.meaning}" for code in ExitCode) + " (docs/exit-codes.md)."
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with the sysexits usage code (64) instead of 2."""
+def _top_parser() -> argparse.ArgumentParser:
+    """The top-level parser: the sysexits usage code (64) instead of 2, and the exit codes in ``--help``."""
+    import argparse
 
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(int(ExitCode.USAGE), f"{self.prog}: error: {message}\n")
+    from imexctl.errors import ExitCode
+
+    class _Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> NoReturn:
+            self.print_usage(sys.stderr)
+            self.exit(int(ExitCode.USAGE), f"{self.prog}: error: {message}\n")
+
+    epilog = "exit codes: " + "; ".join(f"{int(c)} {c.meaning}" for c in ExitCode) + " (docs/exit-codes.md)."
+    return _Parser(prog="imexctl", description="Per-job NVIDIA IMEX domains for Slurm.", epilog=epilog)
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="imexctl", description="Per-job NVIDIA IMEX domains for Slurm.", epilog=_EPILOG)
+    p = _top_parser()
     p.add_argument("--version", action="version", version=f"imexctl {__version__}")
     p.add_argument(
         "--config",
@@ -84,6 +101,8 @@ def _topology_parser(sub: Any) -> None:
 
 
 def _node_name(text: str) -> str:
+    import argparse
+
     from imexctl import nodelist
     from imexctl.errors import NodeListError
 
@@ -95,6 +114,8 @@ def _node_name(text: str) -> str:
 
 
 def _block_sizes(text: str) -> tuple[int, ...]:
+    import argparse
+
     from imexctl.blocks import parse_block_sizes
 
     try:
@@ -130,6 +151,14 @@ def main(
     Tests call this directly, with fakes for ``host`` and ``gpu``, and
     ``on_step`` to act at each step boundary of a hook (fault injection).
     """
+    if host is None and gpu is None and on_step is None:
+        from imexctl import quick
+
+        done = quick.run(sys.argv[1:] if argv is None else argv, os.environ if env is None else env)
+        if done is not None:
+            return done
+    from imexctl.errors import ExitCode, ImexctlError
+
     args = _parser().parse_args(argv)
     env = dict(os.environ) if env is None else dict(env)
     try:
@@ -163,6 +192,7 @@ def _with_runtime(
     args: argparse.Namespace, env: dict[str, str], host: Any, gpu: Any, on_step: Callable[[str], None] | None
 ) -> int:
     from imexctl import settings, slurm
+    from imexctl.errors import ImexctlError, NotPrivilegedError
     from imexctl.host import RealHost
     from imexctl.runtime import Runtime
 
@@ -375,6 +405,8 @@ def _cmd_blocks(args: argparse.Namespace) -> int:
         notes.append(f"{len(collected.no_fabric)} node(s) without multi-node NVLink fabric, in no block: {fold}")
     notes += [f"{node}: no answer, in no block: {why}" for node, why in sorted(collected.failed.items())]
     sys.stderr.write("".join(f"imexctl topology blocks: {line}\n" for line in notes))
+    from imexctl.errors import ExitCode
+
     return int(ExitCode.UNAVAILABLE) if collected.failed else 0
 
 

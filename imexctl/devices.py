@@ -14,6 +14,7 @@ from pathlib import Path
 
 from imexctl.errors import DeviceError
 from imexctl.fsutil import ensure_dir, read_text_nofollow
+from imexctl.jobchannel import channel_minor
 
 __all__ = [
     "DEVICE_NAME",
@@ -92,11 +93,6 @@ def read_major(proc_devices: Path) -> int:
             "or IMEX channels are disabled (NVreg_ImexChannelCount=0)"
         )
     return major
-
-
-def channel_minor(job_id: int, channel_count: int) -> int:
-    """The job's channel number, identical on every tray; never 0 (shared by convention)."""
-    return 1 + job_id % (channel_count - 1)
 
 
 def parse_channel_count(params_text: str) -> int | None:

@@ -9,27 +9,25 @@ The full prolog (``prolog.py``) uses the same gate and the same summary.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
-
-from imexctl.errors import ImexctlError
-from imexctl.runtime import bind
 from imexctl.slurm import JobContext, constraint_features
 
+# typing is not imported at run time: imexctl.quick imports policy_skip (docs/performance.md)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
     from imexctl.runtime import Runtime
-    from imexctl.settings import Settings
 
 __all__ = ["policy_skip", "prolog_done", "skipped_prolog"]
 
 
-def policy_skip(job: JobContext, settings: Settings) -> str:
-    """Why this job gets no IMEX by policy ('' when it does)."""
-    policy = settings.policy
-    if policy.jobs == "partitions" and job.partition not in policy.partitions:
+def policy_skip(job: JobContext, *, jobs: str, partitions: tuple[str, ...], feature: str) -> str:
+    """Why this job gets no IMEX by ``[policy]`` ``jobs``, ``partitions`` and ``feature`` ('' when it does)."""
+    if jobs == "partitions" and job.partition not in partitions:
         return f"partition {job.partition or '?'} is not in [policy] partitions"
-    if policy.jobs == "feature" and policy.feature not in constraint_features(job.constraints):
-        return f"job did not request feature {policy.feature!r} (--constraint)"
+    if jobs == "feature" and feature not in constraint_features(job.constraints):
+        return f"job did not request feature {feature!r} (--constraint)"
     return ""
 
 
@@ -49,12 +47,16 @@ def skipped_prolog(env: Mapping[str, str], rt: Runtime) -> dict[str, Any] | None
     The full prolog also runs when the job's environment is invalid: it
     reports that, as it always does.
     """
+    from imexctl.errors import ImexctlError
+    from imexctl.runtime import bind
+
     t0 = rt.host.monotonic()
     try:
         job = JobContext.from_env(env, need_nodes=True)
     except ImexctlError:
         return None
-    skip = policy_skip(job, rt.settings)
+    p = rt.settings.policy
+    skip = policy_skip(job, jobs=p.jobs, partitions=p.partitions, feature=p.feature)
     if not skip:
         return None
     bind(rt, job_id=job.job_id, node=job.node)

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     import subprocess
 
 from imexctl.errors import CommandError, DeviceError
+from imexctl.procscan import mentioned_in_proc
 
 __all__ = ["MAX_OUTPUT", "SAFE_ENV", "Completed", "Host", "ProcInfo", "RealHost"]
 
@@ -197,7 +198,7 @@ class RealHost:
 
     def processes_with_arg(self, arg: str, *, prefix: bool = False) -> list[ProcInfo]:
         """Live (non-zombie) processes with an argv element equal to (or starting with) ``arg``."""
-        if not _mentioned_in_proc(arg):
+        if not mentioned_in_proc(arg):
             return []  # most calls find nothing: then psutil is not even imported (docs/performance.md)
         import psutil
 
@@ -291,28 +292,6 @@ class RealHost:
                 return ProcInfo(pid, _start_time(pid), tuple(p.cmdline()), os.getpgid(pid), os.getsid(pid))
         except (psutil.Error, OSError):  # OSError: ProcessLookupError, or /proc/<pid> gone
             return None
-
-
-def _mentioned_in_proc(arg: str) -> bool:
-    """Whether any process's ``/proc/<pid>/cmdline`` holds ``arg``: a cheap superset of psutil's matches.
-
-    psutil reads the same file and splits it at NUL bytes (at blanks for a
-    process that rewrote its title): an element equal to, or starting with,
-    ``arg`` is always a substring of the raw bytes.
-    """
-    needle = os.fsencode(arg)
-    try:
-        pids = [name for name in os.listdir("/proc") if name.isdigit()]
-    except OSError:
-        return True  # let psutil report it
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if needle in f.read():
-                    return True
-        except OSError:  # gone meanwhile, or not ours to read
-            continue
-    return False
 
 
 def _start_time(pid: int) -> float:

@@ -1,8 +1,8 @@
 """The job's IMEX channel as the job's own user finds it: for the TaskProlog and the enroot hook.
 
 Both run as the job's user, the TaskProlog once per task, so this module
-imports only ``os``, ``stat`` and ``json`` (and ``configparser`` when a
-config file exists): no structlog, no settings machinery, no dataclasses.
+imports only ``os`` and ``stat`` (``json`` to read a job's state, and
+``configparser`` when a config file exists): no structlog, no settings machinery, no dataclasses.
 It reads what the prolog left for every user to read, and nothing else:
 
 - the imexctl config file, found as :func:`imexctl.settings.find_config`
@@ -22,7 +22,6 @@ owner and mode.  The checks make the answer right, not safe.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import stat
 
@@ -44,6 +43,7 @@ __all__ = [
     "NodePaths",
     "caller_host_uid",
     "candidate_job_ids",
+    "channel_minor",
     "find_config",
     "find_job",
     "node_paths",
@@ -92,6 +92,11 @@ class JobChannel:
 
 
 # ---------------------------------------------------------------- configuration
+
+
+def channel_minor(job_id: int, channel_count: int) -> int:
+    """The job's channel number, identical on every tray; never 0 (shared by convention)."""
+    return 1 + job_id % (channel_count - 1)
 
 
 def find_config(env: Mapping[str, str], explicit: str | None = None) -> tuple[str, bool]:
@@ -302,6 +307,8 @@ def _read_state(job_dir: _Dir, job_id: int) -> JobChannel:
     except OSError as exc:
         raise NoChannel(f"job {job_id}: state.json: {_reason(exc)}") from None
     try:
+        import json  # here, not at the top: the hooks' fast path imports this module (docs/performance.md)
+
         state = json.loads(data)
     except ValueError:
         raise NoChannel(f"job {job_id}: state.json is not JSON") from None

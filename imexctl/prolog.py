@@ -103,7 +103,8 @@ def _failed(exc: ImexctlError, run: _Run, rt: Runtime) -> dict[str, Any]:
 def _prolog(env: Mapping[str, str], rt: Runtime, run: _Run) -> dict[str, Any]:
     job = run.job = JobContext.from_env(env, need_nodes=True)
     bind(rt, job_id=job.job_id, node=job.node)
-    skip = policy_skip(job, rt.settings) or _shared(job, rt)
+    p = rt.settings.policy
+    skip = policy_skip(job, jobs=p.jobs, partitions=p.partitions, feature=p.feature) or _shared(job, rt)
     deadline = run.t0 + (_read_slurm_conf(job, rt, run) if not skip else 0)
     no_fabric, key = ("", None) if skip else _no_fabric(rt, deadline)
     skip = skip or no_fabric
@@ -187,7 +188,7 @@ def _het_domain(job: JobContext, rt: Runtime) -> JobContext:
         raise SlurmQueryError(f"slurmctld does not list this node {job.node} in het job {job.het_job_id}")
     components = len({offset for offset, _ in found})
     rt.log.info("imex.het_job", het_job_id=job.het_job_id, mode="joint", components=components, trays=len(nodes))
-    return dataclasses.replace(job, job_id=job.het_job_id, nodes=nodes)
+    return job.replace(job_id=job.het_job_id, nodes=nodes)
 
 
 def _shared(job: JobContext, rt: Runtime) -> str:

@@ -1,13 +1,21 @@
-"""The job as slurmd describes it to Prolog/Epilog, read from the environment (pure)."""
+"""The job as slurmd describes it to Prolog/Epilog, read from the environment (pure).
+
+Light enough for the hooks' fast path (:mod:`imexctl.quick`): at run time it
+imports only :mod:`imexctl.nodelist`, and :mod:`imexctl.errors` (which imports
+``enum``) only to raise.
+"""
 
 from __future__ import annotations
 
-import collections
-import dataclasses
-from collections.abc import Mapping, Sequence
-
 from imexctl import nodelist
-from imexctl.errors import EnvironmentError_, shorten
+
+# typing is not imported at run time (start-up cost); mypy reads this block
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any
+
+    from imexctl.errors import EnvironmentError_
 
 __all__ = ["JobContext", "constraint_features", "node_name"]
 
@@ -20,23 +28,76 @@ _MAX_JOB_ID = 2**32 - 1
 _MAX_OWNER_ID = 2**32 - 2
 
 
-@dataclasses.dataclass(frozen=True)
 class JobContext:
-    """One job on one node.  ``nodes`` keeps Slurm's order; empty when not needed."""
+    """One job on one node.  ``nodes`` keeps Slurm's order; empty when not needed.
+
+    A frozen record (what ``dataclasses.dataclass(frozen=True)`` would make, without its import cost).
+    """
+
+    __slots__ = _FIELDS = (
+        "job_id",
+        "node",
+        "nodes",
+        "uid",
+        "gid",
+        "user",
+        "partition",
+        "constraints",
+        "oversubscribe",
+        "het_job_id",
+        "slurm_conf",
+    )
 
     job_id: int
     node: str
-    nodes: tuple[str, ...] = ()
-    uid: int | None = None
-    gid: int | None = None
-    user: str = ""
-    partition: str = ""
-    constraints: str = ""
-    oversubscribe: str = ""
+    nodes: tuple[str, ...]
+    uid: int | None
+    gid: int | None
+    user: str
+    partition: str
+    constraints: str
+    oversubscribe: str
     #: the het job's leader id (SLURM_HET_JOB_ID, or the old SLURM_PACK_JOB_ID); None for other jobs
-    het_job_id: int | None = None
+    het_job_id: int | None
     #: the slurm.conf slurmd uses (SLURM_CONF), for the hook timeout and slurmctld queries
-    slurm_conf: str = ""
+    slurm_conf: str
+
+    def __init__(
+        self,
+        job_id: int,
+        node: str,
+        nodes: tuple[str, ...] = (),
+        uid: int | None = None,
+        gid: int | None = None,
+        user: str = "",
+        partition: str = "",
+        constraints: str = "",
+        oversubscribe: str = "",
+        het_job_id: int | None = None,
+        slurm_conf: str = "",
+    ) -> None:
+        values = (job_id, node, nodes, uid, gid, user, partition, constraints, oversubscribe, het_job_id, slurm_conf)
+        for name, value in zip(self._FIELDS, values):
+            object.__setattr__(self, name, value)
+
+    def _values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in self._FIELDS)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"JobContext is frozen: cannot set {name}")
+
+    def __eq__(self, other: object) -> bool:
+        return other.__class__ is self.__class__ and self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        return f"JobContext({', '.join(f'{n}={getattr(self, n)!r}' for n in self._FIELDS)})"
+
+    def replace(self, **changes: Any) -> JobContext:
+        """A copy with some fields changed."""
+        return JobContext(**{**{name: getattr(self, name) for name in self._FIELDS}, **changes})
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], *, need_nodes: bool) -> JobContext:
@@ -52,7 +113,7 @@ class JobContext:
         job_id = _int(env, "SLURM_JOB_ID", fallback="SLURM_JOBID", required=True, minimum=1, maximum=_MAX_JOB_ID)
         node = node_name(env)
         if not node:
-            raise EnvironmentError_("SLURMD_NODENAME is not set: imexctl must run as slurmd's Prolog/Epilog")
+            raise _env_error("SLURMD_NODENAME is not set: imexctl must run as slurmd's Prolog/Epilog")
         nodes: tuple[str, ...] = ()
         if need_nodes:
             nodes = _nodes(env, node)
@@ -60,7 +121,7 @@ class JobContext:
         gid = _int(env, "SLURM_JOB_GID", required=False, minimum=0, maximum=_MAX_OWNER_ID)
         user = env.get("SLURM_JOB_USER", "")
         if need_nodes and not user.isprintable():  # the epilog never uses it
-            raise EnvironmentError_(f"SLURM_JOB_USER={shorten(user)} holds a non-printing character")
+            raise _env_error(f"SLURM_JOB_USER={shorten(user)} holds a non-printing character")
         assert job_id is not None
         return cls(
             job_id=job_id,
@@ -100,7 +161,7 @@ def node_name(env: Mapping[str, str]) -> str:
     """
     name = env.get("SLURMD_NODENAME", "").strip()
     if name in (".", "..") or not name.isprintable() or any(c in name for c in "/ ,[]"):
-        raise EnvironmentError_(f"SLURMD_NODENAME={shorten(name)} is not a node name")
+        raise _env_error(f"SLURMD_NODENAME={shorten(name)} is not a node name")
     return name
 
 
@@ -115,15 +176,19 @@ def constraint_features(constraints: str) -> frozenset[str]:
 def _nodes(env: Mapping[str, str], node: str) -> tuple[str, ...]:
     var = next((v for v in _NODELIST_VARS if env.get(v, "").strip()), None)
     if var is None:
-        raise EnvironmentError_("neither SLURM_JOB_NODELIST nor SLURM_NODELIST is set")
+        raise _env_error("neither SLURM_JOB_NODELIST nor SLURM_NODELIST is set")
     nodes = tuple(nodelist.expand(env[var]))
     if not nodes:
-        raise EnvironmentError_(f"{var}={shorten(env[var])} names no node")
-    dupes = sorted(n for n, k in collections.Counter(nodes).items() if k > 1)
+        raise _env_error(f"{var}={shorten(env[var])} names no node")
+    seen: set[str] = set()
+    repeated: set[str] = set()
+    for n in nodes:
+        (repeated if n in seen else seen).add(n)
+    dupes = sorted(repeated)
     if dupes:
-        raise EnvironmentError_(f"{var}={shorten(env[var])} names {_few(dupes)} more than once")
+        raise _env_error(f"{var}={shorten(env[var])} names {_few(dupes)} more than once")
     if node not in nodes:
-        raise EnvironmentError_(f"this node {node!r} (SLURMD_NODENAME) is not in {var}={shorten(env[var])}")
+        raise _env_error(f"this node {node!r} (SLURMD_NODENAME) is not in {var}={shorten(env[var])}")
     return nodes
 
 
@@ -139,9 +204,22 @@ def _int(
     text = env.get(key, "").strip()
     if not text:
         if required:
-            raise EnvironmentError_(f"{name} is not set")
+            raise _env_error(f"{name} is not set")
         return None
     # the length check first: int() of thousands of digits is slow, and refused above 4300
     if not (text.isascii() and text.isdigit() and len(text) <= 20) or not minimum <= int(text) <= maximum:
-        raise EnvironmentError_(f"{key}={shorten(text)} is not a valid number ({minimum} to {maximum})")
+        raise _env_error(f"{key}={shorten(text)} is not a valid number ({minimum} to {maximum})")
     return int(text)
+
+
+def _env_error(message: str) -> EnvironmentError_:
+    from imexctl.errors import EnvironmentError_
+
+    return EnvironmentError_(message)
+
+
+def shorten(text: str, limit: int = 200) -> str:
+    """:func:`imexctl.errors.shorten`, imported only when a message needs it."""
+    from imexctl import errors
+
+    return errors.shorten(text, limit)
