@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -65,3 +66,38 @@ def test_another_process_with_the_same_pid_is_not_alive() -> None:
     info = RealHost._info(os.getpid())
     assert info is not None and RealHost().is_alive(info)
     assert not RealHost().is_alive(dataclasses.replace(info, create_time=info.create_time + 1))
+
+
+def test_processes_with_arg_finds_what_psutil_finds(tmp_path: Path) -> None:
+    """Exact and prefix matches of one argv element, as psutil's cmdline() splits it; substrings are no match."""
+    arg = str(tmp_path / "run/imexctl/jobs/7/config.cfg")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "-c", arg])
+    try:
+        deadline = time.monotonic() + 10
+        while arg not in psutil.Process(child.pid).cmdline() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        host = RealHost()
+        assert [p.pid for p in host.processes_with_arg(arg)] == [child.pid]
+        assert [p.pid for p in host.processes_with_arg(str(tmp_path / "run/imexctl/jobs/"), prefix=True)] == [child.pid]
+        assert host.processes_with_arg(str(tmp_path / "run/imexctl/jobs/")) == []  # not an element
+        assert host.processes_with_arg("jobs/7/config.cfg", prefix=True) == []  # inside an element, not its start
+        (found,) = host.processes_with_arg(arg)
+        assert found.cmdline == tuple(psutil.Process(child.pid).cmdline())
+    finally:
+        child.kill()
+        child.wait()
+    assert RealHost().processes_with_arg(arg) == []
+
+
+def test_processes_with_arg_leaves_out_zombies(tmp_path: Path) -> None:
+    """A child that exited but was not reaped yet is not listed."""
+    arg = str(tmp_path / "zombie-marker")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.2)", arg])
+    try:
+        assert [p.pid for p in RealHost().processes_with_arg(arg)] == [child.pid]
+        deadline = time.monotonic() + 10
+        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert RealHost().processes_with_arg(arg) == []
+    finally:
+        child.wait()
