@@ -54,6 +54,8 @@ class Mode(NamedTuple):
     nodelist_runs: int
     readiness_runs: tuple[int, int, int]
     drift_cycles: int
+    #: ``--set SECTION.KEY=VALUE``: written into every simulated tray's imexctl config
+    overrides: tuple[tuple[str, str, str], ...] = ()
 
 
 MODES = {
@@ -196,15 +198,35 @@ def bench_nodelist(mode: Mode, tmp: Path) -> list[Figure]:
     return out
 
 
+def _with_settings(text: str, settings: Sequence[tuple[str, str, str]]) -> str:
+    """An imexctl config with ``key = value`` added to (or appended as) each ``[section]``."""
+    for section, key, value in settings:
+        header = f"[{section}]\n"
+        line = f"{key} = {value}\n"
+        text = text.replace(header, header + line, 1) if header in text else text + header + line
+    return text
+
+
+def _setting(text: str) -> tuple[str, str, str]:
+    """``SECTION.KEY=VALUE`` (argparse type of ``--set``)."""
+    name, sep, value = text.partition("=")
+    section, dot, key = name.strip().partition(".")
+    if not (sep and dot and section and key):
+        raise argparse.ArgumentTypeError(f"{text!r} is not SECTION.KEY=VALUE")
+    return section, key.strip(), value.strip()
+
+
 class _Rack:
     """A simulated rack and the bench's view of its logs."""
 
-    def __init__(self, base: Path, trays: int, *, debug: bool = False) -> None:
+    def __init__(
+        self, base: Path, trays: int, *, debug: bool = False, overrides: Sequence[tuple[str, str, str]] = ()
+    ) -> None:
         base.mkdir()
         self.rack = SimRack(base, trays, deadline_s=30)
-        if debug:
-            for t in self.rack.trays:
-                t.config.write_text(t.config.read_text() + "[log]\nlevel = debug\n")
+        settings = [*overrides, *([("log", "level", "debug")] if debug else [])]
+        for t in self.rack.trays:
+            t.config.write_text(_with_settings(t.config.read_text(), settings))
         self.job = 100
 
     def imex_log(self, t: Any) -> Path:
@@ -329,7 +351,7 @@ def bench_readiness(mode: Mode, tmp: Path) -> list[Figure]:
     epilogs: list[float] = []
     rss = 0.0
     for trays, runs in zip((2, 4, 18), mode.readiness_runs):
-        rack = _Rack(tmp / f"r{trays}", trays, debug=trays == 18)
+        rack = _Rack(tmp / f"r{trays}", trays, debug=trays == 18, overrides=mode.overrides)
         try:
             cycles = [rack.cycle() for _ in range(runs)]
             if trays == 18:
@@ -372,7 +394,7 @@ def _rack_figures(rack: _Rack, cycles: list[dict[str, Any]]) -> list[Figure]:
 def bench_drift(mode: Mode, tmp: Path) -> list[Figure]:
     """Back-to-back job cycles on 4 trays: the last cycles against the first; nothing left behind."""
     fds = len(os.listdir("/proc/self/fd"))
-    rack = _Rack(tmp / "drift", 4)
+    rack = _Rack(tmp / "drift", 4, overrides=mode.overrides)
     try:
         cycles = [rack.cycle()["cycle"] for _ in range(mode.drift_cycles)]
         left = rack.rack.leftovers()
@@ -395,11 +417,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="fewer runs: under two minutes")
     p.add_argument("--smoke", action="store_true", help="one or two runs of each: checks the bench works (CI)")
     p.add_argument("--only", choices=sorted(SECTIONS), action="append", help="run only this section")
+    p.add_argument(
+        "--set",
+        type=_setting,
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="an imexctl setting for every simulated tray, e.g. readiness.poll_max_s=0.1 (readiness, drift)",
+    )
     args = p.parse_args(argv)
     if os.geteuid() != 0:
         print("bench/run: run as root (the hooks need it)", file=sys.stderr)
         return 77
-    mode = MODES["smoke" if args.smoke else "quick" if args.quick else "full"]
+    mode = MODES["smoke" if args.smoke else "quick" if args.quick else "full"]._replace(overrides=tuple(args.set))
     t0 = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="imxbench", dir="/tmp"))
     figures: list[Figure] = []
