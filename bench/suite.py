@@ -12,11 +12,13 @@ import argparse
 import os
 import random
 import re
+import selectors
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -32,7 +34,7 @@ PY = sys.executable
 # the console script's start-up: an isolated interpreter, then main() (the checkout first on the path)
 MAIN = f"import sys; sys.path.insert(0, {str(REPO)!r}); from imexctl.cli import main; sys.exit(main())"
 UP_LINE = re.compile(r"Simulator: READY and all \d+ links CONNECTED at monotonic ([\d.]+), started at ([\d.]+)")
-SHUTDOWN_LINE = re.compile(r"Simulator: shutdown took ([\d.]+) s")
+SHUTDOWN_LINE = re.compile(r"Simulator: shutdown took ([\d.]+) s, signalled at monotonic ([\d.]+)")
 
 
 class Figure(NamedTuple):
@@ -52,6 +54,8 @@ class Mode(NamedTuple):
     nodelist_runs: int
     readiness_runs: tuple[int, int, int]
     drift_cycles: int
+    #: ``--set SECTION.KEY=VALUE``: written into every simulated tray's imexctl config
+    overrides: tuple[tuple[str, str, str], ...] = ()
 
 
 MODES = {
@@ -194,15 +198,35 @@ def bench_nodelist(mode: Mode, tmp: Path) -> list[Figure]:
     return out
 
 
+def _with_settings(text: str, settings: Sequence[tuple[str, str, str]]) -> str:
+    """An imexctl config with ``key = value`` added to (or appended as) each ``[section]``."""
+    for section, key, value in settings:
+        header = f"[{section}]\n"
+        line = f"{key} = {value}\n"
+        text = text.replace(header, header + line, 1) if header in text else text + header + line
+    return text
+
+
+def _setting(text: str) -> tuple[str, str, str]:
+    """``SECTION.KEY=VALUE`` (argparse type of ``--set``)."""
+    name, sep, value = text.partition("=")
+    section, dot, key = name.strip().partition(".")
+    if not (sep and dot and section and key):
+        raise argparse.ArgumentTypeError(f"{text!r} is not SECTION.KEY=VALUE")
+    return section, key.strip(), value.strip()
+
+
 class _Rack:
     """A simulated rack and the bench's view of its logs."""
 
-    def __init__(self, base: Path, trays: int, *, debug: bool = False) -> None:
+    def __init__(
+        self, base: Path, trays: int, *, debug: bool = False, overrides: Sequence[tuple[str, str, str]] = ()
+    ) -> None:
         base.mkdir()
         self.rack = SimRack(base, trays, deadline_s=30)
-        if debug:
-            for t in self.rack.trays:
-                t.config.write_text(t.config.read_text() + "[log]\nlevel = debug\n")
+        settings = [*overrides, *([("log", "level", "debug")] if debug else [])]
+        for t in self.rack.trays:
+            t.config.write_text(_with_settings(t.config.read_text(), settings))
         self.job = 100
 
     def imex_log(self, t: Any) -> Path:
@@ -218,6 +242,10 @@ class _Rack:
                 f.seek(off)
                 out.append(f.read())
         return out
+
+    def daemon_pids(self, job: int) -> list[int]:
+        """Each tray's daemon of ``job``, as the exec backend recorded it (``daemon.pid``: pid, start)."""
+        return [int((t.root / f"run/imexctl/jobs/{job}/daemon.pid").read_text().split()[0]) for t in self.rack.trays]
 
     def hooks(self, hook: str, job: int) -> tuple[float, list[float], float]:
         """Start the hook on every tray at once; (start, each tray's exit time, peak RSS MiB)."""
@@ -259,9 +287,10 @@ class _Rack:
         up = max(float(m.group(1)) for m in ups if m)
         started = min(float(m.group(2)) for m in ups if m)
         mid = self.offsets()
+        exits = _ExitWatch(self.daemon_pids(self.job))
         e0, e_ends, _ = self.hooks("epilog", self.job)
         downs = [SHUTDOWN_LINE.search(text) for text in self.new_text(mid)]
-        shutdown = max((float(m.group(1)) for m in downs if m), default=0.0)
+        shutdown = _shutdown_s(downs, exits.times())
         return {
             "latency": [end - up for end in ends],
             "prolog_wall": max(ends) - t0,
@@ -272,13 +301,57 @@ class _Rack:
         }
 
 
+class _ExitWatch:
+    """When each of some processes (not our children) exits: a thread waits on their pidfds (Linux >= 5.3)."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.fds = [os.pidfd_open(pid) for pid in pids]
+        self.exits: dict[int, float] = {}
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        with selectors.DefaultSelector() as sel:
+            for fd in self.fds:
+                sel.register(fd, selectors.EVENT_READ)
+            while len(self.exits) < len(self.fds):
+                ready = sel.select(timeout=60)
+                if not ready:
+                    return
+                for key, _ in ready:
+                    self.exits[key.fd] = time.monotonic()
+                    sel.unregister(key.fd)
+
+    def times(self) -> list[float | None]:
+        """Each process's exit time (``time.monotonic()``), None for one still running after 60 s."""
+        self.thread.join(65)
+        for fd in self.fds:
+            os.close(fd)
+        return [self.exits.get(fd) for fd in self.fds]
+
+
+def _shutdown_s(downs: list[re.Match[str] | None], exits: list[float | None]) -> float:
+    """The daemons' own shutdown: from the SIGTERM each logs receiving to its process's exit; the longest.
+
+    The exit counts: the simulator is a Python program whose interpreter takes
+    about 18 ms to finish after the shutdown it logs (0.5 ms); a compiled
+    daemon has no such tail.  Where the exit was not seen, what the daemon logged.
+    """
+    took = [
+        (end - float(m.group(2))) if end is not None else float(m.group(1))
+        for m, end in zip(downs, exits)
+        if m is not None
+    ]
+    return max(took, default=0.0)
+
+
 def bench_readiness(mode: Mode, tmp: Path) -> list[Figure]:
     """Prolog exit after the domain is UP (2, 4, 18 trays); the 18-tray prolog's overhead and probe load; epilog."""
     out: list[Figure] = []
     epilogs: list[float] = []
     rss = 0.0
     for trays, runs in zip((2, 4, 18), mode.readiness_runs):
-        rack = _Rack(tmp / f"r{trays}", trays, debug=trays == 18)
+        rack = _Rack(tmp / f"r{trays}", trays, debug=trays == 18, overrides=mode.overrides)
         try:
             cycles = [rack.cycle() for _ in range(runs)]
             if trays == 18:
@@ -321,7 +394,7 @@ def _rack_figures(rack: _Rack, cycles: list[dict[str, Any]]) -> list[Figure]:
 def bench_drift(mode: Mode, tmp: Path) -> list[Figure]:
     """Back-to-back job cycles on 4 trays: the last cycles against the first; nothing left behind."""
     fds = len(os.listdir("/proc/self/fd"))
-    rack = _Rack(tmp / "drift", 4)
+    rack = _Rack(tmp / "drift", 4, overrides=mode.overrides)
     try:
         cycles = [rack.cycle()["cycle"] for _ in range(mode.drift_cycles)]
         left = rack.rack.leftovers()
@@ -344,11 +417,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="fewer runs: under two minutes")
     p.add_argument("--smoke", action="store_true", help="one or two runs of each: checks the bench works (CI)")
     p.add_argument("--only", choices=sorted(SECTIONS), action="append", help="run only this section")
+    p.add_argument(
+        "--set",
+        type=_setting,
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="an imexctl setting for every simulated tray, e.g. readiness.poll_max_s=0.1 (readiness, drift)",
+    )
     args = p.parse_args(argv)
     if os.geteuid() != 0:
         print("bench/run: run as root (the hooks need it)", file=sys.stderr)
         return 77
-    mode = MODES["smoke" if args.smoke else "quick" if args.quick else "full"]
+    mode = MODES["smoke" if args.smoke else "quick" if args.quick else "full"]._replace(overrides=tuple(args.set))
     t0 = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="imxbench", dir="/tmp"))
     figures: list[Figure] = []

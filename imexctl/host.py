@@ -20,9 +20,9 @@ if TYPE_CHECKING:
     import subprocess
 
 from imexctl.errors import CommandError, DeviceError
-from imexctl.procscan import mentioned_in_proc
+from imexctl.procscan import cmdlines
 
-__all__ = ["MAX_OUTPUT", "SAFE_ENV", "Completed", "Host", "ProcInfo", "RealHost"]
+__all__ = ["MAX_OUTPUT", "SAFE_ENV", "Completed", "Host", "ProcInfo", "RealHost", "split_cmdline"]
 
 # The environment of every child: slurmd gives hooks none worth passing on.
 SAFE_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
@@ -197,17 +197,24 @@ class RealHost:
             os.umask(old)
 
     def processes_with_arg(self, arg: str, *, prefix: bool = False) -> list[ProcInfo]:
-        """Live (non-zombie) processes with an argv element equal to (or starting with) ``arg``."""
-        if not mentioned_in_proc(arg):
-            return []  # most calls find nothing: then psutil is not even imported (docs/performance.md)
-        import psutil
+        """Live (non-zombie) processes with an argv element equal to (or starting with) ``arg``.
 
+        Read from ``/proc`` as psutil reads it (see :func:`split_cmdline`), without
+        importing psutil: that import alone is about 13 ms of a hook (docs/performance.md).
+        """
+        needle = os.fsencode(arg)
         found = []
-        for p in psutil.process_iter(["cmdline", "status"]):
-            cmd = p.info.get("cmdline") or []
+        try:
+            every = cmdlines()
+        except OSError as exc:
+            raise CommandError(("listdir", "/proc"), exc.strerror or str(exc)) from exc
+        for pid, raw in every:
+            if needle not in raw:  # a cheap superset of the matches: an element always is a substring
+                continue
+            cmd = split_cmdline(os.fsdecode(raw))
             hit = any(a.startswith(arg) for a in cmd) if prefix else arg in cmd
-            info = self._info(p.pid) if hit and p.info.get("status") != psutil.STATUS_ZOMBIE else None
-            if info is not None:  # None: it exited meanwhile
+            info = self._info(pid) if hit else None
+            if info is not None:  # None: a zombie, or it exited meanwhile
                 found.append(info)
         return found
 
@@ -282,33 +289,59 @@ class RealHost:
 
     @staticmethod
     def _info(pid: int) -> ProcInfo | None:
-        import psutil
+        """The live process ``pid`` from ``/proc``; None when it is gone or a zombie.
 
+        Read directly, as psutil reads the same files: importing psutil costs
+        about 13 ms, and every epilog that stops a daemon calls this through
+        :meth:`send_signal` (docs/performance.md).
+        """
         try:
-            p = psutil.Process(pid)
-            with p.oneshot():
-                if p.status() == psutil.STATUS_ZOMBIE:
-                    return None
-                return ProcInfo(pid, _start_time(pid), tuple(p.cmdline()), os.getpgid(pid), os.getsid(pid))
-        except (psutil.Error, OSError):  # OSError: ProcessLookupError, or /proc/<pid> gone
+            state, start = _stat(pid)
+            if state in (b"Z", b"X"):  # zombie or dead: proc(5), field 3
+                return None
+            return ProcInfo(pid, start, _cmdline(pid), os.getpgid(pid), os.getsid(pid))
+        except (OSError, ValueError, IndexError):  # ProcessLookupError, /proc/<pid> gone, or unreadable
             return None
 
 
-def _start_time(pid: int) -> float:
-    """When process ``pid`` started, in seconds since boot: ``starttime``, field 22 of ``/proc/<pid>/stat``.
+def _stat(pid: int) -> tuple[bytes, float]:
+    """Process ``pid``'s state letter (field 3 of ``/proc/<pid>/stat``) and start in seconds since boot.
 
-    proc(5): "The time the process started after system boot", in clock ticks.
-    It never changes.  psutil's ``create_time()`` adds the boot time of
-    ``/proc/stat``, which the kernel recomputes from the wall clock on every
-    read, so it moves when the clock is stepped (and can flip by a second
-    under NTP): the same process would look like another one
-    (giampaolo/psutil issues #2526 and #2541).
+    The start is ``starttime``, field 22; proc(5): "The time the process
+    started after system boot", in clock ticks.  It never changes.  psutil's
+    ``create_time()`` adds the boot time of ``/proc/stat``, which the kernel
+    recomputes from the wall clock on every read, so it moves when the clock
+    is stepped (and can flip by a second under NTP): the same process would
+    look like another one (giampaolo/psutil issues #2526 and #2541).
     """
     with open(f"/proc/{pid}/stat", "rb") as f:
         data = f.read()
     # the command name (field 2) is in parentheses and may hold blanks or ')': split after the last ')'
     fields = data[data.rindex(b")") + 2 :].split()
-    return int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    return fields[0], int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def _cmdline(pid: int) -> tuple[str, ...]:
+    """Process ``pid``'s argv from ``/proc/<pid>/cmdline``, split as psutil splits it.
+
+    Elements end with NUL bytes.  A process that rewrote its title
+    (setproctitle) may leave blanks between the words instead and no final
+    NUL, or one final NUL after them all: then the words are split at blanks.
+    Empty for a kernel thread.
+    """
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return split_cmdline(os.fsdecode(f.read()))
+
+
+def split_cmdline(data: str) -> tuple[str, ...]:
+    """The argv in the text of a ``/proc/<pid>/cmdline`` (see :func:`_cmdline`)."""
+    if not data:
+        return ()
+    sep = "\0" if data.endswith("\0") else " "
+    args = data[:-1].split(sep) if data.endswith(sep) else data.split(sep)
+    if sep == "\0" and len(args) == 1 and " " in args[0]:
+        args = args[0].split(" ")
+    return tuple(args)
 
 
 def _collect(p: subprocess.Popen[bytes], timeout_s: float) -> tuple[str, str, str]:

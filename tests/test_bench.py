@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import os
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,3 +56,23 @@ def test_smoke_prints_every_figure() -> None:
     assert [m.group(1) for m in parsed if m] == FIGURES
     # scontrol is installed by .ci/setup test: the node lists were checked against Slurm's own expansion
     assert "nodelist.scontrol_checked 1 bool 1" in lines
+
+
+def _suite() -> Any:
+    spec = importlib.util.spec_from_file_location("bench_suite", REPO / "bench/suite.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_set_writes_into_the_trays_config() -> None:
+    """``--set SECTION.KEY=VALUE`` adds the key to an existing section, or appends the section."""
+    suite = _suite()
+    text = "[paths]\nroot = /r\n[readiness]\ndeadline_s = 30\n"
+    settings = [suite._setting("readiness.poll_max_s=0.1"), suite._setting(" log.level = debug ")]
+    assert suite._with_settings(text, settings) == (
+        "[paths]\nroot = /r\n[readiness]\npoll_max_s = 0.1\ndeadline_s = 30\n[log]\nlevel = debug\n"
+    )
+    with pytest.raises(argparse.ArgumentTypeError, match="'poll_max_s=1' is not SECTION.KEY=VALUE"):
+        suite._setting("poll_max_s=1")

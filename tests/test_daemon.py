@@ -337,6 +337,8 @@ class TestExecBackend:
         assert ensure_gone(host, exec_settings, config) == [pid]
         assert host.signals == [(pid, signal.SIGTERM), (pid, signal.SIGKILL)]
         assert sum(host.slept) >= exec_settings.daemon.kill_grace_s
+        # checked often at first (a daemon usually exits within milliseconds), then every 50 ms
+        assert host.slept[:6] == [0.005, 0.01, 0.02, 0.04, 0.05, 0.05] and max(host.slept) == 0.05
 
     def test_ensure_gone_raises_for_unkillable(
         self, host: FakeHost, exec_settings: Settings, config: Path, jd: JobDir

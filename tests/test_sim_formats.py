@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import calendar
 import json
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -394,3 +397,40 @@ class TestCtlUsage:
         assert ctl.main(["-q", f"--u={missing}"]) == 1
         out = capsys.readouterr()
         assert out.out == "UNAVAILABLE\n" and missing in out.err
+
+
+class TestCtlStartup:
+    """The ctl is started once per readiness probe: what it imports is most of a probe's cost."""
+
+    def test_imports_nothing_heavy(self) -> None:
+        """Importing the ctl loads neither concurrent.futures (logging), dataclasses, hashlib nor asyncio."""
+        heavy = ("concurrent.futures", "logging", "dataclasses", "inspect", "hashlib", "asyncio", "psutil")
+        probe = (
+            f"import json, sys\nsys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})\n"
+            "import imexctl.sim.ctl\n"
+            f"print(json.dumps(sorted(m for m in {heavy!r} if m in sys.modules)))\n"
+        )
+        out = subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True, text=True, check=True, cwd="/")
+        assert json.loads(out.stdout) == []
+
+    def test_in_parallel_keeps_order(self) -> None:
+        """Results come back in the order of the items, with fewer workers than items too."""
+        items = [str(i) for i in range(20)]
+        assert ctl._in_parallel(lambda x: int(x) * 2, items, workers=3) == [i * 2 for i in range(20)]
+        assert ctl._in_parallel(str.upper, [], workers=64) == []
+
+    def test_in_parallel_runs_at_once(self) -> None:
+        """Every item is asked at the same time (one slow node does not delay the others' questions)."""
+        barrier = threading.Barrier(5, timeout=5)
+        assert ctl._in_parallel(lambda x: (barrier.wait(), x)[1], list("abcde"), workers=64) == list("abcde")
+
+    def test_in_parallel_raises_in_caller(self) -> None:
+        """An exception in a worker is raised in the calling thread, not lost."""
+
+        def fail(x: str) -> str:
+            if x == "b":
+                raise KeyError(x)
+            return x
+
+        with pytest.raises(KeyError, match="b"):
+            ctl._in_parallel(fail, list("abc"), workers=2)

@@ -1,17 +1,17 @@
 """Read ``config.cfg`` and ``nodes_config.cfg`` the way the simulator understands them.
 
 Shared by the simulated daemon and the simulated ``nvidia-imex-ctl``, so it
-imports nothing heavy (no psutil, no asyncio).  Rules: design.md sources
+imports nothing heavy (no psutil, no asyncio, no dataclasses, hashlib only
+where the daemon needs it): the ctl is started once per readiness probe, and
+its start-up is most of a probe's cost (docs/performance.md).  Rules: design.md sources
 imex-config, imex-nodes; where they say "not confirmed", the choice is written
 in imexctl/sim/README.md.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 from collections.abc import Mapping
-from typing import Final
+from typing import Final, NamedTuple
 
 __all__ = [
     "KNOWN_KEYS",
@@ -75,9 +75,12 @@ class SimConfigError(ValueError):
     """A config or nodes file the simulator refuses; the message says why."""
 
 
-@dataclasses.dataclass(frozen=True)
-class SimConfig:
-    """The ``config.cfg`` values the simulator acts on (defaults from design.md source imex-config)."""
+class SimConfig(NamedTuple):
+    """The ``config.cfg`` values the simulator acts on (defaults from design.md source imex-config).
+
+    A NamedTuple, not a frozen dataclass: ``import dataclasses`` (with ``inspect``)
+    and building the class cost the ctl about 9 ms of a probe's start-up.
+    """
 
     path: str
     log_level: int = 4
@@ -246,5 +249,7 @@ def read_nodes_file(path: str) -> tuple[str, ...]:
 
 def node_map_key(entries: tuple[str, ...]) -> str:
     """Return the key two daemons compare to agree they share one node map."""
+    import hashlib  # the daemon's alone: the ctl does not pay for OpenSSL's start-up
+
     normalized = "\n".join(e.strip().lower() for e in entries)
     return hashlib.sha256(normalized.encode()).hexdigest()[:16]

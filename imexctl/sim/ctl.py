@@ -16,7 +16,10 @@ Exit codes: 0 the daemon answered (any ``-q`` state), or ``-N`` printed a
 domain (also one where no node answered); 1 no daemon answered ``-q``
 (prints ``UNAVAILABLE``); 2 bad usage; 255 the config or node configuration
 file cannot be read (design.md source ctl-unavailable).  Start-up stays cheap: socket, json,
-sys and the small sim modules, nothing else (threads only for ``-N``).
+sys and the small sim modules, nothing else (threading only for ``-N``; no
+``concurrent.futures``, ``dataclasses`` or ``hashlib``): a readiness probe
+starts this program once per call, and its start-up is most of the probe
+(docs/performance.md).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import json
 import socket
 import sys
 from collections.abc import Sequence
-from typing import Any, Callable, Final
+from typing import Any, Callable, Final, TypeVar
 
 from imexctl.sim.config import DEFAULT_CONFIG, SimConfig, SimConfigError, load_config, read_nodes_file
 from imexctl.sim.formats import assemble_snapshot, format_json, format_text
@@ -50,6 +53,8 @@ EXIT_OK: Final = 0
 EXIT_UNAVAILABLE: Final = 1
 EXIT_USAGE: Final = 2
 EXIT_NO_CONFIG: Final = 255
+
+_T = TypeVar("_T")
 
 #: ``("unix", path)`` or ``("tcp", host, port)``.
 Endpoint = tuple[Any, ...]
@@ -260,7 +265,6 @@ def gather(
     cfg: SimConfig, entries: Sequence[str], timeout_s: float | None, warn: Callable[[str], object] = lambda _msg: None
 ) -> dict[str, Any]:
     """The ``-N`` snapshot: every node's service asked in parallel; ``warn`` hears who did not answer."""
-    from concurrent.futures import ThreadPoolExecutor
 
     def one(entry: str) -> dict[str, Any] | None:
         try:
@@ -269,10 +273,43 @@ def gather(
             warn(f"node {entry}: {exc}")
             return None
 
-    with ThreadPoolExecutor(max_workers=min(64, max(1, len(entries)))) as pool:
-        answers = list(pool.map(one, entries))
+    answers = _in_parallel(one, list(entries), workers=64)
     source = _source(cfg)
     return assemble_snapshot(entries, answers, list(entries).index(source) if source in entries else None)
+
+
+def _in_parallel(fn: Callable[[str], _T], items: list[str], *, workers: int) -> list[_T]:
+    """``[fn(x) for x in items]``, run by up to ``workers`` threads; the first exception is raised here.
+
+    Plain threads rather than ``concurrent.futures``: that package imports
+    ``logging``, about 10 ms of the ctl's start-up, paid by every probe.
+    """
+    import threading
+
+    results: dict[int, _T] = {}
+    errors: list[BaseException] = []
+    todo = iter(range(len(items)))
+    lock = threading.Lock()
+
+    def work() -> None:
+        while not errors:
+            with lock:
+                i = next(todo, None)
+            if i is None:
+                return
+            try:
+                results[i] = fn(items[i])
+            except BaseException as exc:  # handed to the caller's thread below
+                errors.append(exc)
+
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(min(workers, max(1, len(items))))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return [results[i] for i in range(len(items))]
 
 
 def _run_domain(cfg: SimConfig, entries: tuple[str, ...], o: _Opts) -> int:

@@ -303,7 +303,7 @@ def _load(opts: _Options) -> SimConfig:
     except SimConfigError as exc:
         raise StartupError(f"Invalid config file {opts.config}: {exc}") from None
     if opts.port is not None:
-        cfg = dataclasses.replace(cfg, server_port=opts.port)
+        cfg = cfg._replace(server_port=opts.port)
     return cfg
 
 
