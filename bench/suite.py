@@ -32,7 +32,8 @@ from imexctl.demo import SimRack  # noqa: E402
 
 PY = sys.executable
 # the console script's start-up: an isolated interpreter, then main() (the checkout first on the path)
-MAIN = f"import sys; sys.path.insert(0, {str(REPO)!r}); from imexctl.cli import main; sys.exit(main())"
+# what the console script runs (setup.cfg: imexctl = imexctl.cli:console), from the checkout
+MAIN = f"import sys; sys.path.insert(0, {str(REPO)!r}); from imexctl.cli import console; console()"
 UP_LINE = re.compile(r"Simulator: READY and all \d+ links CONNECTED at monotonic ([\d.]+), started at ([\d.]+)")
 SHUTDOWN_LINE = re.compile(r"Simulator: shutdown took ([\d.]+) s, signalled at monotonic ([\d.]+)")
 

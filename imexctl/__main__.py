@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
+from imexctl.cli import console
 
-from imexctl.cli import main
-
-sys.exit(main())
+console()

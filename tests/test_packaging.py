@@ -97,7 +97,7 @@ def test_wheel_holds_the_package_and_no_tests(dist: Path) -> None:
     assert tops == {"imexctl", f"imexctl-{__version__}.dist-info"}
     assert {"imexctl/cli.py", "imexctl/doctor.py", "imexctl/sim/daemon.py", "imexctl/py.typed"} <= set(names)
     entry = zipfile.ZipFile(wheel).read(f"imexctl-{__version__}.dist-info/entry_points.txt").decode()
-    assert "imexctl = imexctl.cli:main" in entry
+    assert "imexctl = imexctl.cli:console" in entry
 
 
 def test_sdist_holds_what_the_packages_are_built_from(dist: Path) -> None:

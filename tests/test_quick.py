@@ -322,3 +322,39 @@ def test_ini_subset_reads_the_documented_configs() -> None:
     assert len(blocks) >= 4
     for name, text in blocks:
         assert schema.parse_ini_subset(text) == _parse_ini(Path(name), text), name
+
+
+# ---- the console script
+
+
+@as_root
+@pytest.mark.parametrize(("argv", "ends"), [(["prolog"], "os._exit"), (["hostlist", "expand", "n[1-2]"], "sys.exit")])
+def test_console_ends_a_hook_without_teardown(
+    skip_cfg: Settings,
+    argv: list[str],
+    ends: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A hook's process ends with os._exit after flushing (slurmd waits for it); other commands exit normally."""
+    from imexctl import cli
+
+    env = job_env(job_id=77, SLURM_JOB_PARTITION="cpu", IMEXCTL_CONFIG=str(skip_cfg.source))
+    monkeypatch.setattr(os, "environ", env)
+    monkeypatch.setattr(sys, "argv", ["imexctl", *argv])
+    exits: list[tuple[str, object]] = []
+
+    def fake_os_exit(code: int) -> None:
+        exits.append(("os._exit", code))
+        raise SystemExit(code)
+
+    monkeypatch.setattr(os, "_exit", fake_os_exit)
+    with pytest.raises(SystemExit) as raised:
+        cli.console()
+    assert raised.value.code == 0
+    assert exits == ([("os._exit", 0)] if ends == "os._exit" else [])
+    if argv[0] == "hostlist":
+        assert capsys.readouterr().out == "n1\nn2\n"
+    else:
+        assert skip_cfg.paths.log_file is not None
+        assert [r["event"] for r in lines(skip_cfg.paths.log_file)] == ["imex.skipped", "prolog.done"]
