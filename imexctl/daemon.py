@@ -14,7 +14,7 @@ import signal
 from pathlib import Path
 from typing import Protocol
 
-from imexctl.errors import CommandError, DaemonError, DomainBusyError, UnsafeNodeError, shorten
+from imexctl.errors import CommandError, DaemonError, DomainBusyError, ImexctlError, UnsafeNodeError, shorten
 from imexctl.fsutil import atomic_write, read_text_nofollow
 from imexctl.host import Host, ProcInfo
 from imexctl.peerauth import DAEMON_ENV
@@ -134,7 +134,17 @@ class ExecBackend:
             proc = self.host.spawn_detached(argv, log_path=self.settings.paths.imex_log_file, env=DAEMON_ENV)
         except CommandError as exc:
             raise DaemonError(f"start IMEX daemon: {exc}") from exc
-        atomic_write(jd.pid_file, f"{proc.pid} {proc.create_time!r}\n", mode=0o600)
+        try:
+            atomic_write(jd.pid_file, f"{proc.pid} {proc.create_time!r}\n", mode=0o600)
+        except BaseException:
+            # Stop it here, by the pid in hand: the roll-back would look for it by its command line, and
+            # the kernel shows a new process's command line only once its exec has loaded the program,
+            # a moment after spawn returns (seen under load: the roll-back found nothing, the daemon stayed)
+            try:
+                ensure_gone(self.host, self.settings, jd.config, [proc])
+            except ImexctlError:
+                pass  # the roll-back's own search reports a survivor
+            raise
 
     def stop(self, jd: JobDir) -> str:
         """SIGTERM the recorded daemon and wait; :func:`ensure_gone` does the rest (and reports it)."""

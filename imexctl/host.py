@@ -167,7 +167,24 @@ class RealHost:
                 os.close(fd)
         except OSError as exc:
             raise CommandError(argv, f"cannot start: {exc.strerror} ({exc.filename or argv[0]})") from exc
-        return self._info(p.pid) or ProcInfo(p.pid, 0.0, argv)
+        return self._once_visible(p.pid, argv)
+
+    def _once_visible(self, pid: int, argv: tuple[str, ...]) -> ProcInfo:
+        """The new process once ``/proc`` shows its command line (at most 1 s; at once if it already exited).
+
+        Popen returns when the exec has begun, and the kernel sets the command
+        line only once it has loaded the program: until then
+        ``/proc/<pid>/cmdline`` is empty (3 reads in 4 right after Popen on
+        this loaded 2-core machine).  Every later search for the daemon by its
+        command line (the roll-back, the readiness probe's liveness check,
+        status) would miss it.
+        """
+        deadline = time.monotonic() + 1.0
+        while True:
+            info = self._info(pid)
+            if info is None or info.cmdline or time.monotonic() >= deadline:
+                return info or ProcInfo(pid, 0.0, argv)
+            time.sleep(0.001)
 
     def resolve(self, name: str) -> list[str]:
         """All addresses of ``name`` (IPv4 and IPv6), in resolver order, without repeats."""

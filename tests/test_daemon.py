@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import signal
 from pathlib import Path
 from typing import Callable
@@ -9,6 +10,7 @@ from typing import Callable
 import pytest
 import structlog
 
+from imexctl import daemon as daemon_module
 from imexctl.daemon import (
     ExecBackend,
     SystemdBackend,
@@ -300,6 +302,21 @@ class TestExecBackend:
         assert host.calls == [("spawn", "/usr/bin/nvidia-imex", "-c", str(config))]
         (pid,) = host.procs
         assert (config.parent / "daemon.pid").read_text() == f"{pid} {host.procs[pid].info.create_time!r}\n"
+
+    def test_start_stops_the_daemon_when_its_pid_cannot_be_recorded(
+        self, host: FakeHost, exec_settings: Settings, config: Path, jd: JobDir, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The pid file cannot be written: the daemon just spawned is stopped by its pid, and the error goes on."""
+        config.parent.mkdir(parents=True)
+
+        def full(path: Path, data: str, *, mode: int = 0o644) -> bool:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+        monkeypatch.setattr(daemon_module, "atomic_write", full)
+        with pytest.raises(OSError, match="No space left"):
+            ExecBackend(host, exec_settings).start(jd)
+        (pid,) = host.procs
+        assert host.signals == [(pid, signal.SIGTERM)] and not host.procs[pid].alive
 
     def test_info_by_pid_file(self, host: FakeHost, exec_settings: Settings, config: Path, jd: JobDir) -> None:
         """info reports the recorded daemon as running, then dead once it exited."""

