@@ -93,7 +93,10 @@ class Injector:
     def _pause(self, step: str) -> None:
         if self.dir is None:
             raise RuntimeError("pause needs IMEXCTL_FAULT_DIR")
-        (self.dir / f"{step}.reached").write_text(f"{os.getpid()}\n", encoding="utf-8")
+        # written whole, then renamed: whoever sees STEP.reached reads the pid, never an empty file
+        part = self.dir / f"{step}.reached.part"
+        part.write_text(f"{os.getpid()}\n", encoding="utf-8")
+        part.rename(self.dir / f"{step}.reached")
         go = self.dir / f"{step}.go"
         deadline = time.monotonic() + self.pause_s
         while not go.exists() and time.monotonic() < deadline:
