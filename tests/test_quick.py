@@ -358,3 +358,19 @@ def test_console_ends_a_hook_without_teardown(
     else:
         assert skip_cfg.paths.log_file is not None
         assert [r["event"] for r in lines(skip_cfg.paths.log_file)] == ["imex.skipped", "prolog.done"]
+
+
+@as_root
+def test_a_failing_fast_path_leaves_the_run_to_the_full_command(
+    skip_cfg: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unexpected error in quick.run (a bug) does not fail the hook: main runs the full command."""
+
+    def broken(argv: Any, env: Any) -> int | None:
+        raise RuntimeError("a bug in the fast path")
+
+    monkeypatch.setattr(quick, "run", broken)
+    env = job_env(job_id=77, SLURM_JOB_PARTITION="cpu")
+    assert main(["--config", str(skip_cfg.source), "prolog"], env=env) == 0
+    assert skip_cfg.paths.log_file is not None
+    assert [r["event"] for r in lines(skip_cfg.paths.log_file)] == ["imex.skipped", "prolog.done"]
