@@ -231,29 +231,41 @@ class _Watch:
         return dataclasses.replace(self.answered, status=f"{self.answered.status} (then {r.status})")
 
 
-def _poll(host: Host, settings: Settings, watch: _Watch, deadline: float) -> Readiness:
-    """Probe until a final outcome or the deadline; pauses double from ``poll_initial_s`` to ``poll_max_s``.
+#: each pause between probes is this share of the time waited so far (then bounded by [readiness] poll_*_s)
+WAIT_SHARE = 0.1
 
-    The last probe still gets ``min_probe`` seconds: with less left there is no
-    point in one.  With ``blame_peers = yes`` a tray that can name a peer at
-    fault decides a little before the deadline, while the culprit (which waits
-    until its full deadline) can still be seen.
+
+def _poll(host: Host, settings: Settings, watch: _Watch, deadline: float) -> Readiness:
+    """Probe until a final outcome or the deadline; each pause is a tenth of the time waited so far.
+
+    The pause is at least ``poll_initial_s`` and at most ``poll_max_s``.  A
+    domain that forms in t seconds is seen about t/10 plus one probe later,
+    whatever t is; a domain that takes long is asked less often (from 10 s on,
+    once every ``poll_max_s``), so a domain that never forms costs few probes
+    (docs/performance.md).  The last probe still gets ``min_probe`` seconds:
+    with less left there is no point in one.  With ``blame_peers = yes`` a tray
+    that can name a peer at fault decides a little before the deadline, while
+    the culprit (which waits until its full deadline) can still be seen.
     """
     import tenacity
 
     initial, cap = settings.readiness.poll_initial_s, settings.readiness.poll_max_s
+    start = host.monotonic()
     min_probe = min(0.2, settings.readiness.ctl_timeout_s)
-    early = deadline - min(2.0, 0.1 * (deadline - host.monotonic()))
+    early = deadline - min(2.0, 0.1 * (deadline - start))
     blame = settings.readiness.blame_peers == "yes"
-    backoff = tenacity.wait_exponential(multiplier=initial, min=initial, max=cap)
 
     def stop(rs: tenacity.RetryCallState) -> bool:
         now, last = host.monotonic(), rs.outcome.result() if rs.outcome else None
         return now >= deadline - min_probe or (blame and now >= early and last is not None and bool(last.blamed))
 
+    def pause(_rs: tenacity.RetryCallState) -> float:
+        now = host.monotonic()
+        return max(0.0, min(cap, max(initial, WAIT_SHARE * (now - start)), deadline - min_probe - now))
+
     retrying = tenacity.Retrying(
         stop=stop,
-        wait=lambda rs: max(0.0, min(backoff(rs), deadline - min_probe - host.monotonic())),
+        wait=pause,
         retry=tenacity.retry_if_result(lambda r: not r.outcome.final),
         sleep=host.sleep,
         retry_error_callback=lambda rs: rs.outcome.result() if rs.outcome else None,

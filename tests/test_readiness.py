@@ -236,12 +236,19 @@ class TestFatal:
 
 
 class TestPolling:
-    def test_intervals_double_up_to_max(self, host: FakeHost, s: Settings, root: Path) -> None:
-        """Sleeps start at poll_initial_s, double each time and stay at poll_max_s."""
+    def test_pauses_are_a_tenth_of_the_time_waited(
+        self, host: FakeHost, make_settings: Callable[..., Settings], root: Path
+    ) -> None:
+        """Pauses are a tenth of the time waited so far, at least poll_initial_s and at most poll_max_s."""
         host.ready_after = 10**6
+        s = make_settings(readiness={"deadline_s": 30})
         with pytest.raises(HealthTimeout):
             wait(host, s, make_probe(root))
-        assert host.slept[:8] == pytest.approx([0.03, 0.06, 0.12, 0.24, 0.48, 0.96, 1.0, 1.0])
+        waited = [sum(host.slept[:i]) for i in range(len(host.slept))]
+        want = [min(1.0, max(0.03, w / 10)) for w in waited]
+        assert host.slept[:-1] == pytest.approx(want[:-1])  # the last one is cut at the deadline
+        assert host.slept[:10] == pytest.approx([0.03] * 10)  # until 0.3 s have passed
+        assert host.slept[10] == pytest.approx(0.03, rel=0.01) and host.slept[11] > host.slept[10]
         assert max(host.slept) == pytest.approx(1.0)
 
     def test_never_sleeps_past_the_deadline(self, host: FakeHost, s: Settings, root: Path) -> None:
@@ -256,9 +263,11 @@ class TestPolling:
     def test_custom_intervals(self, host: FakeHost, make_settings: Callable[..., Settings], root: Path) -> None:
         """poll_initial_s and poll_max_s from the settings shape the sleeps."""
         host.ready_after = 5
-        s = make_settings(readiness={"poll_initial_s": 0.5, "poll_max_s": 1.5})
+        s = make_settings(readiness={"poll_initial_s": 0.5, "poll_max_s": 0.7, "deadline_s": 30})
+        host.ready_after = 30
         assert wait(host, s, make_probe(root)).ready
-        assert host.slept == pytest.approx([0.5, 1.0, 1.5, 1.5])
+        assert host.slept[:10] == pytest.approx([0.5] * 10)  # a tenth of the time waited is less until 5 s
+        assert host.slept[-1] == pytest.approx(0.7) and max(host.slept) == pytest.approx(0.7)
 
     def test_ready_result_logs_attempts(self, host: FakeHost, s: Settings, root: Path) -> None:
         """Readiness is logged once as imex.ready with the number of probes and the time waited."""
@@ -267,7 +276,7 @@ class TestPolling:
             wait(host, s, make_probe(root))
         ready = [e for e in logs if e["event"] == "imex.ready"]
         assert len(ready) == 1 and ready[0]["attempts"] == 3
-        assert ready[0]["waited_s"] == pytest.approx(0.09)
+        assert ready[0]["waited_s"] == pytest.approx(0.06)
 
 
 def _unreachable_peer(peers_see: str) -> str:

@@ -66,8 +66,11 @@ def domain(t: Tray, job: int) -> dict[str, Any]:
     files = {}
     if jd.exists():
         for p in sorted(jd.iterdir()):
-            st = p.lstat()
-            files[p.name] = (st.st_ino, st.st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+            try:
+                st, data = p.lstat(), p.read_bytes()
+            except FileNotFoundError:  # removed meanwhile by a hook that is still running
+                continue
+            files[p.name] = (st.st_ino, st.st_mtime_ns, hashlib.sha256(data).hexdigest())
     config = str(jd / "config.cfg")
     pids = sorted(
         (p.pid, p.info["create_time"])
