@@ -1,13 +1,15 @@
 """Bring a lab up or down by hand, as root, from the repository root.
 
-    /opt/imexctl/bin/python -m tests.lab up [--slurm 24.11] [--nodes N] [--dir D]  # prints SLURM_CONF
-    /opt/imexctl/bin/python -m tests.lab status [--slurm 24.11] [--dir D]
-    /opt/imexctl/bin/python -m tests.lab down [--slurm 24.11] [--dir D]
-    /opt/imexctl/bin/python -m tests.lab root [--prune]  # build (or find) the Debian 13 root, print its path
+    /opt/imexctl/bin/python -m tests.lab up [--slurm 26.05] [--nodes N] [--dir D]  # prints SLURM_CONF
+    /opt/imexctl/bin/python -m tests.lab status [--slurm 26.05] [--dir D]
+    /opt/imexctl/bin/python -m tests.lab down [--slurm 26.05] [--dir D]
+    /opt/imexctl/bin/python -m tests.lab root [--slurm 26.05|all] [--prune]  # build (or find) a Debian root
     /opt/imexctl/bin/python -m tests.lab up|status|down --systemd [--nodes N]  # booted nodes (sysd.py)
 
-``--slurm 22.05`` (the default) is the host's Slurm, ``--slurm 24.11`` Slurm from the Debian 13 root.
-The two use different names (namespaces, bridge, subnet, slurmctld port), so both can be up at once.
+``--slurm 22.05`` (the default) is the host's Slurm, ``--slurm 24.11`` Slurm from the Debian 13 root,
+``--slurm 26.05`` Slurm from the Debian sid root. Each uses its own names (namespaces, bridge, subnet,
+slurmctld port), so all can be up at once. ``root`` builds the Debian 13 root (the default, which the
+systemd lab boots too), a version's root, or with ``--slurm all`` every root.
 It installs nothing on the host. ``--systemd`` is the lab of booted nodes (systemd as PID 1, imexctl
 installed by docs/install.md's commands; tests/lab/sysd.py), which can be up beside the others.
 """
@@ -25,13 +27,13 @@ from tests.lab.sysd import NAMES as SYSD_NAMES
 from tests.lab.sysd import SystemdLab
 from tests.lab.versions import HostSlurm, RootSlurm, SlurmInstall
 
-VERSIONS = {"22.05": HostSlurm.NAMES, "24.11": RootSlurm.NAMES}
+VERSIONS = {"22.05": HostSlurm.NAMES, **RootSlurm.SERIES_NAMES}
 
 
 def _install(version: str) -> SlurmInstall:
     if version == "22.05":
         return HostSlurm()
-    return RootSlurm(debroot.ensure_root(log=log).path)
+    return RootSlurm(debroot.ensure_root(log=log, suite=debroot.SUITES[version]).path, VERSIONS[version])
 
 
 def _up(args: argparse.Namespace) -> None:
@@ -94,12 +96,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         what = "tear a lab down" if name == "down" else "print a lab's state"
         p = sub.add_parser(name, help=f"{what} (default: this machine's current lab of that version)")
         p.add_argument("--dir")
-    for p in sub.choices.values():
-        p.add_argument("--slurm", choices=sorted(VERSIONS), default="22.05")
+    for name in ("up", "down", "status"):
+        sub.choices[name].add_argument("--slurm", choices=sorted(VERSIONS), default="22.05")
     for name in ("up", "down", "status"):
         sub.choices[name].add_argument("--systemd", action="store_true", help="the lab of booted nodes")
-    p_root = sub.add_parser("root", help="build the Debian 13 root if needed and print its path")
+    p_root = sub.add_parser("root", help="build a Debian root if needed and print its path")
     p_root.add_argument("--prune", action="store_true", help="also remove cached roots of other keys")
+    p_root.add_argument("--slurm", choices=[*debroot.SUITES, "all"], default="24.11", help="whose root")
     args = ap.parse_args(argv)
     try:
         if getattr(args, "systemd", False):
@@ -111,10 +114,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.cmd == "status":
             print(json.dumps(SlurmLab.attach(VERSIONS[args.slurm], args.dir).status(), indent=1, sort_keys=True))
         else:
-            root = debroot.ensure_root(log=log)
+            versions = list(debroot.SUITES) if args.slurm == "all" else [args.slurm]
+            roots = [debroot.ensure_root(log=log, suite=debroot.SUITES[v]) for v in versions]
             if args.prune:
                 debroot.prune(log=log)
-            print(root.path)
+            print("\n".join(str(root.path) for root in roots))
     except LabError as exc:
         print(f"tests.lab: {exc}", file=sys.stderr)
         return 1

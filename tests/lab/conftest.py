@@ -1,8 +1,8 @@
 """Fixtures of the real-Slurm tests: one 4-node lab per Slurm version, an idle and clean cluster per test.
 
-Each test runs once per Slurm version (``-k slurm-22.05`` / ``-k slurm-24.11`` picks one): Debian 12's
-22.05 from the host, and Debian 13's 24.11 from the cached Debian root (built on first use, or in the
-background by ``.ci/setup test``). The tests need root, network namespaces, Slurm + munge on the host,
+Each test runs once per Slurm version, and its id names it (``test_x[26.05]``; ``-k 26.05`` picks one):
+Debian 12's 22.05 from the host, Debian 13's 24.11 and Debian sid's 26.05 from cached Debian roots (built
+on first use, or in the background by ``.ci/setup test``). The tests need root, network namespaces, Slurm + munge on the host,
 imexctl in /opt/imexctl, the user ``imexlab`` (uid 1501), and for 24.11 debootstrap, overlayfs and the
 Debian mirror (first build only). Without them they skip, except under ``CI=true`` where they fail.
 """
@@ -23,7 +23,7 @@ from tests.lab.jobs import IMEXCTL, PROLOG_TIMEOUT, SIM, SIM_CTL, UID, USER, ime
 from tests.lab.versions import HostSlurm, RootSlurm, SlurmInstall
 from tests.simhelpers import wait_for
 
-SLURMS = ("22.05", "24.11")
+SLURMS = ("22.05", "24.11", "26.05")
 NODES = ["node1", "node2", "node3", "node4"]
 
 
@@ -58,14 +58,14 @@ def _host_problems() -> list[str]:
 
 
 def _install(version: str) -> SlurmInstall:
-    """Return the Slurm install that provides ``version`` (building the Debian root if needed)."""
+    """Return the Slurm install that provides ``version`` (building its Debian root if needed)."""
     if version == "22.05":
         return HostSlurm()
     try:
-        root = debroot.ensure_root(log=lambda msg: print(f"[debroot] {msg}", flush=True))
+        root = debroot.ensure_root(log=lambda msg: print(f"[debroot] {msg}", flush=True), suite=debroot.SUITES[version])
     except LabError as exc:
         _unavailable(str(exc))
-    return RootSlurm(root.path)
+    return RootSlurm(root.path, RootSlurm.SERIES_NAMES[version])
 
 
 def _imexctl_source() -> str:
@@ -80,7 +80,7 @@ def _imexctl_source() -> str:
     return res.stdout.strip()
 
 
-@pytest.fixture(scope="session", params=SLURMS, ids=[f"slurm-{v}" for v in SLURMS])
+@pytest.fixture(scope="session", params=SLURMS, ids=SLURMS)
 def lab(request: pytest.FixtureRequest) -> Iterator[SlurmLab]:
     """A 4-node cluster of one Slurm version running this checkout's hooks, up for the whole session."""
     problems = _host_problems()

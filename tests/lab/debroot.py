@@ -53,7 +53,10 @@ __all__ = [
     "root_key",
 ]
 
-SUITE = "trixie"
+#: the Debian suite of each Slurm series the lab runs from a root (Debian 12's 22.05 runs from the host)
+SUITES = {"24.11": "trixie", "26.05": "sid"}
+#: the suite of the default root: the Slurm 24.11 lab and the booted nodes of the systemd lab
+SUITE = SUITES["24.11"]
 MIRROR = "http://deb.debian.org/debian"
 PACKAGES = (
     "slurmd",
@@ -104,10 +107,10 @@ def _install_requires(repo: Path) -> list[str]:
     return _setup_cfg(repo, "options", "install_requires")
 
 
-def root_key(repo: Path = REPO) -> str:
-    """Return the cache key of the root this checkout needs (``trixie-<12 hex digits>``)."""
+def root_key(repo: Path = REPO, suite: str = SUITE) -> str:
+    """Return the cache key of the root of ``suite`` this checkout needs (e.g. ``trixie-<12 hex digits>``)."""
     spec = {
-        "suite": SUITE,
+        "suite": suite,
         "mirror": MIRROR,
         "variant": "minbase",
         "packages": sorted(PACKAGES),
@@ -118,7 +121,7 @@ def root_key(repo: Path = REPO) -> str:
         "scripts": _setup_cfg(repo, "options.entry_points", "console_scripts"),
     }
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
-    return f"{SUITE}-{digest}"
+    return f"{suite}-{digest}"
 
 
 def build_problems() -> list[str]:
@@ -132,9 +135,9 @@ def build_problems() -> list[str]:
     return problems
 
 
-def cached_root(repo: Path = REPO) -> DebRoot | None:
-    """Return the root this checkout needs if it is already built, else None."""
-    final = CACHE / root_key(repo)
+def cached_root(repo: Path = REPO, suite: str = SUITE) -> DebRoot | None:
+    """Return the root of ``suite`` this checkout needs if it is already built, else None."""
+    final = CACHE / root_key(repo, suite)
     try:
         info = json.loads((final / INFO).read_text())
     except (OSError, ValueError):
@@ -165,18 +168,20 @@ def _locked(path: Path, timeout: float, log: Callable[[str], None]) -> Iterator[
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def ensure_root(repo: Path = REPO, log: Callable[[str], None] = print, lock_timeout: float = 1800) -> DebRoot:
-    """Return the root this checkout needs, building it first if no process has yet."""
-    found = cached_root(repo)
+def ensure_root(
+    repo: Path = REPO, log: Callable[[str], None] = print, lock_timeout: float = 1800, suite: str = SUITE
+) -> DebRoot:
+    """Return the root of ``suite`` this checkout needs, building it first if no process has yet."""
+    found = cached_root(repo, suite)
     if found:
         return found
     problems = build_problems()
     if problems:
         raise LabError("cannot build the Debian root: " + "; ".join(problems))
     CACHE.mkdir(mode=0o755, parents=True, exist_ok=True)
-    key = root_key(repo)
+    key = root_key(repo, suite)
     with _locked(CACHE / f"{key}.lock", lock_timeout, log):
-        found = cached_root(repo)
+        found = cached_root(repo, suite)
         if found:
             return found
         partial = CACHE / f"{key}.partial"
@@ -184,12 +189,12 @@ def ensure_root(repo: Path = REPO, log: Callable[[str], None] = print, lock_time
             shutil.rmtree(partial)  # a build that died; we hold the lock, so nobody else uses it
         partial.mkdir(mode=0o755)
         t0 = time.monotonic()
-        info = _build(partial, repo, log)
+        info = _build(partial, repo, suite, log)
         info["build_s"] = round(time.monotonic() - t0, 1)
         (partial / INFO).write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
         os.rename(partial, CACHE / key)
         log(f"built {CACHE / key} in {info['build_s']:.0f}s (Slurm {info['slurm_version']})")
-    found = cached_root(repo)
+    found = cached_root(repo, suite)
     if found is None:
         raise LabError(f"{CACHE / key} has no {INFO} right after its build")
     return found
@@ -223,11 +228,11 @@ def ensure_wheelhouse(
 
 def prune(repo: Path = REPO, log: Callable[[str], None] = print) -> list[Path]:
     """Remove the cached roots of other keys (older checkouts), except any a lab in sight still mounts."""
-    keep = root_key(repo)
+    keep = {root_key(repo, suite) for suite in SUITES.values()}
     mounted = Path("/proc/self/mountinfo").read_text()
     removed = []
-    for path in sorted(CACHE.glob(f"{SUITE}-*")):
-        if path.name.startswith(keep) or not path.is_dir():
+    for path in sorted(p for suite in sorted(set(SUITES.values())) for p in CACHE.glob(f"{suite}-*")):
+        if path.name.split(".")[0] in keep or not path.is_dir():
             continue
         if f"lowerdir={path}/" in mounted:
             log(f"keeping {path}: a lab still runs from it")
@@ -250,19 +255,20 @@ def _chroot(root: Path, *argv: str, timeout: float = 300) -> str:
     return sh(["chroot", str(root), *argv], env=env, timeout=timeout).stdout
 
 
-def _build(partial: Path, repo: Path, log: Callable[[str], None]) -> dict[str, Any]:
+def _build(partial: Path, repo: Path, suite: str, log: Callable[[str], None]) -> dict[str, Any]:
     """Run the build steps into ``partial/root`` and return what to record."""
     root = partial / "root"
-    debs = CACHE / "debs"
-    debs.mkdir(mode=0o755, exist_ok=True)
-    log(f"debootstrap {SUITE} into {root} (about a minute)")
+    # one package cache per suite: sid and trixie share package names and versions that differ
+    debs = CACHE / "debs" / suite
+    debs.mkdir(mode=0o755, parents=True, exist_ok=True)
+    log(f"debootstrap {suite} into {root} (about a minute)")
     res = sh(
         [
             "debootstrap",
             "--variant=minbase",
             f"--include={','.join(PACKAGES)}",
             f"--cache-dir={debs}",
-            SUITE,
+            suite,
             str(root),
             MIRROR,
         ],
@@ -281,8 +287,8 @@ def _build(partial: Path, repo: Path, log: Callable[[str], None]) -> dict[str, A
     shutil.rmtree(root / "var/cache/apt/archives", ignore_errors=True)
     (root / "var/cache/apt/archives/partial").mkdir(parents=True)
     return {
-        "key": root_key(repo),
-        "suite": SUITE,
+        "key": root_key(repo, suite),
+        "suite": suite,
         "mirror": MIRROR,
         "packages": sorted(PACKAGES),
         "slurm_version": _chroot(root, "slurmd", "-V").split()[-1],

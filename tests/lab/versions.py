@@ -1,4 +1,4 @@
-"""How each Slurm of the lab runs: Debian 12's 22.05 from the host, Debian 13's 24.11 from a chroot.
+"""How each Slurm of the lab runs: Debian 12's 22.05 from the host, Debian 13's 24.11 and sid's 26.05 from chroots.
 
 A :class:`SlurmInstall` says how to run a Slurm command or daemon of its version, how munge and name
 resolution are provided, and what it needs mounted. :class:`SlurmLab` (cluster.py) does the rest the same
@@ -6,7 +6,8 @@ way for both: network namespaces, slurm.conf, imexctl.conf, bring-up, teardown.
 
 - :class:`HostSlurm` runs the host's ``slurmctld``/``slurmd``/clients and the host's ``munged``, and adds
   the lab's names to the host's ``/etc/hosts`` (lines marked ``# <prefix>-managed``).
-- :class:`RootSlurm` runs everything from a Debian root (debroot.py) through a per-lab overlay, so the
+- :class:`RootSlurm` runs everything from a Debian root (debroot.py: Debian 13 for 24.11, Debian sid for
+  26.05) through a per-lab overlay, so the
   cached root stays clean and two labs never share a writable file: ``chroot <merged> ...`` for commands,
   ``unshare --uts chroot ...`` (plus ``nsenter --net`` for a node) for daemons, a ``munged`` of its own
   inside the root, and the lab's names in the overlay's ``/etc/hosts``. The lab directory is bind-mounted
@@ -228,10 +229,15 @@ class HostSlurm(SlurmInstall):
 
 
 class RootSlurm(SlurmInstall):
-    """Slurm from a Debian root (Debian 13: 24.11.5), run through a per-lab overlay of that root."""
+    """Slurm from a Debian root (Debian 13: 24.11.5; Debian sid: 26.05.5), run through a per-lab overlay of it."""
 
     kind = "root"
-    NAMES = LabNames(prefix="imx24", bridge="imx24br0", subnet="198.18.1", ctl_port=6827)
+    #: the names of each Slurm series' lab (debroot.SUITES gives its Debian suite): two can be up at once
+    SERIES_NAMES = {
+        "24.11": LabNames(prefix="imx24", bridge="imx24br0", subnet="198.18.1", ctl_port=6827),
+        "26.05": LabNames(prefix="imx26", bridge="imx26br0", subnet="198.18.3", ctl_port=6837),
+    }
+    NAMES = SERIES_NAMES["24.11"]
 
     def __init__(self, root: Path, names: LabNames = NAMES, repo: Path = debroot.REPO) -> None:
         super().__init__(names)
