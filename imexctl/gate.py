@@ -19,16 +19,50 @@ if TYPE_CHECKING:
 
     from imexctl.runtime import Runtime
 
-__all__ = ["policy_skip", "prolog_done", "skipped_prolog"]
+__all__ = ["policy_skip", "prolog_done", "shared_reason", "skipped_prolog", "tell_user"]
 
 
-def policy_skip(job: JobContext, *, jobs: str, partitions: tuple[str, ...], feature: str) -> str:
-    """Why this job gets no IMEX by ``[policy]`` ``jobs``, ``partitions`` and ``feature`` ('' when it does)."""
-    if jobs == "partitions" and job.partition not in partitions:
+def policy_skip(job: JobContext, policy: Mapping[str, Any]) -> str:
+    """Why this job gets no IMEX by ``[policy]`` ('' when it does): the one place this is decided.
+
+    ``policy`` holds the section's values by key (``jobs``, ``partitions``,
+    ``feature``, ``shared``), as the fast path reads them or as
+    :meth:`imexctl.settings.Policy.values` gives them.  A job that may share
+    its trays is skipped with ``shared = skip``; with ``shared = refuse`` it is
+    not skipped here, and the prolog refuses it (:func:`shared_reason`).
+    """
+    jobs = policy["jobs"]
+    if jobs == "partitions" and job.partition not in policy["partitions"]:
         return f"partition {job.partition or '?'} is not in [policy] partitions"
-    if jobs == "feature" and feature not in constraint_features(job.constraints):
-        return f"job did not request feature {feature!r} (--constraint)"
-    return ""
+    if jobs == "feature" and policy["feature"] not in constraint_features(job.constraints):
+        return f"job did not request feature {policy['feature']!r} (--constraint)"
+    return shared_reason(job) if policy["shared"] == "skip" else ""
+
+
+def shared_reason(job: JobContext) -> str:
+    """Why a job that may share its trays gets no IMEX ('' for a job that has its trays to itself)."""
+    if not job.is_shared:
+        return ""
+    return (
+        f"the job may share its trays with other jobs ({job.sharing}); an IMEX domain needs whole trays: "
+        "submit with --exclusive, or to a partition with OverSubscribe=EXCLUSIVE"
+    )
+
+
+def tell_user(job: JobContext, reason: str, run_dir: str, proc_devices: str) -> bool:
+    """Leave the job a note that it runs without IMEX, for the TaskProlog (``notes``); True when left.
+
+    Only a job that could have had IMEX by asking (one that may share its
+    trays) is told: a job that the site's policy leaves out is not.
+
+    Raises:
+        OSError: the note cannot be written safely (the caller logs it; never a reason to fail).
+    """
+    if not reason or reason != shared_reason(job):
+        return False
+    from imexctl import notes
+
+    return notes.leave(run_dir, proc_devices, job.job_id, f"IMEX was not set up for job {job.job_id}: {reason}")
 
 
 def prolog_done(rt: Runtime, t0: float, *, skipped: str = "", **summary: Any) -> dict[str, Any]:
@@ -55,9 +89,18 @@ def skipped_prolog(env: Mapping[str, str], rt: Runtime) -> dict[str, Any] | None
         job = JobContext.from_env(env, need_nodes=True)
     except ImexctlError:
         return None
-    p = rt.settings.policy
-    skip = policy_skip(job, jobs=p.jobs, partitions=p.partitions, feature=p.feature)
+    skip = policy_skip(job, vars(rt.settings.policy))
     if not skip:
         return None
     bind(rt, job_id=job.job_id, node=job.node)
-    return prolog_done(rt, t0, skipped=skip)
+    paths = rt.settings.paths
+    try:
+        told = tell_user(job, skip, str(paths.run_dir), str(paths.proc_devices))
+    except OSError:
+        return None  # the full prolog reports it
+    return prolog_done(rt, t0, skipped=skip, **_told(told))
+
+
+def _told(told: bool) -> dict[str, Any]:
+    """The summary's ``told_user`` field, present only when a note was left."""
+    return {"told_user": True} if told else {}

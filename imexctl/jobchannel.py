@@ -48,6 +48,7 @@ __all__ = [
     "find_job",
     "node_paths",
     "open_channel",
+    "read_note",
     "read_uid_map",
     "to_host_uid",
 ]
@@ -287,6 +288,27 @@ def find_job(
     except OSError as exc:
         raise NoChannel(f"{exc.filename or paths.run_dir}: {_reason(exc)}") from None
     raise NoChannel("; ".join(why))
+
+
+def read_note(paths: NodePaths, job_ids: Sequence[int], uid_map: UidMap) -> str:
+    """The first note the prolog left for one of ``job_ids`` (:mod:`imexctl.notes`), one line; '' when none.
+
+    Read like the job's state: from ``/`` without following a symlink, from
+    directories and a file that only root may write.
+    """
+    try:
+        with _Dir.open_path(paths.run_dir, uid_map) as run_dir, _sub_or_none(run_dir, "notes") as notes:
+            if notes is None:
+                return ""
+            for job_id in job_ids:
+                try:
+                    text = notes.read(str(job_id))
+                except FileNotFoundError:
+                    continue
+                return text[:1000].decode("utf-8", "replace").split("\n", 1)[0].strip()
+    except (OSError, NoChannel):
+        return ""
+    return ""
 
 
 def _read_job(jobs: _Dir, job_id: int) -> JobChannel:

@@ -26,7 +26,7 @@ from imexctl.errors import (
     UnsafeNodeError,
 )
 from imexctl.fsutil import atomic_write, ensure_dir
-from imexctl.gate import policy_skip
+from imexctl.gate import policy_skip, shared_reason, tell_user
 from imexctl.gate import prolog_done as _done
 from imexctl.gpu import fabric_key
 from imexctl.host import Host, ProcInfo
@@ -103,13 +103,14 @@ def _failed(exc: ImexctlError, run: _Run, rt: Runtime) -> dict[str, Any]:
 def _prolog(env: Mapping[str, str], rt: Runtime, run: _Run) -> dict[str, Any]:
     job = run.job = JobContext.from_env(env, need_nodes=True)
     bind(rt, job_id=job.job_id, node=job.node)
-    p = rt.settings.policy
-    skip = policy_skip(job, jobs=p.jobs, partitions=p.partitions, feature=p.feature) or _shared(job, rt)
-    deadline = run.t0 + (_read_slurm_conf(job, rt, run) if not skip else 0)
-    no_fabric, key = ("", None) if skip else _no_fabric(rt, deadline)
-    skip = skip or no_fabric
+    skip = policy_skip(job, vars(rt.settings.policy))
     if skip:
-        return _done(rt, run.t0, skipped=skip)
+        return _done(rt, run.t0, skipped=skip, **_tell_user(job, skip, rt))
+    _refuse_shared(job, rt)
+    deadline = run.t0 + _read_slurm_conf(job, rt, run)
+    no_fabric, key = _no_fabric(rt, deadline)
+    if no_fabric:
+        return _done(rt, run.t0, skipped=no_fabric)
     job = _het_domain(job, rt)
     trays = members.job_domain(job.nodes, job.node, rt.settings, key, rt.log)  # cross-checks the NVML key
     single = rt.settings.policy.single_tray if len(trays) == 1 else "domain"
@@ -191,14 +192,22 @@ def _het_domain(job: JobContext, rt: Runtime) -> JobContext:
     return job.replace(job_id=job.het_job_id, nodes=nodes)
 
 
-def _shared(job: JobContext, rt: Runtime) -> str:
-    """Skip (policy ``skip``) or refuse a job that may share its nodes; '' for an exclusive job."""
-    if not job.is_shared:
-        return ""
-    why = f"job may share its nodes (SLURM_JOB_OVERSUBSCRIBE={job.oversubscribe}); IMEX needs --exclusive"
-    if rt.settings.policy.shared == "skip":
-        return why
-    raise DomainBusyError(why)
+def _tell_user(job: JobContext, skip: str, rt: Runtime) -> dict[str, Any]:
+    """Leave the job's user a note that IMEX was not set up (``gate.tell_user``); the summary's field."""
+    paths = rt.settings.paths
+    try:
+        told = tell_user(job, skip, str(paths.run_dir), str(paths.proc_devices))
+    except OSError as exc:  # the job runs all the same: no fault of the tray worth a drain
+        rt.log.warning("imex.note_failed", problem=f"{exc.filename or paths.run_dir}: {exc.strerror or exc}")
+        return {}
+    return {"told_user": True} if told else {}
+
+
+def _refuse_shared(job: JobContext, rt: Runtime) -> None:
+    """``[policy] shared = refuse``: fail the prolog of a job that may share its trays (Slurm drains them)."""
+    why = shared_reason(job)
+    if why and rt.settings.policy.shared == "refuse":
+        raise DomainBusyError(f"{why} ([policy] shared = refuse)")
 
 
 def _claim(job: JobContext, rt: Runtime) -> None:

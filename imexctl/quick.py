@@ -22,7 +22,8 @@ full command, which reports what is wrong:
 - slurmd's environment is valid (``slurm.JobContext.from_env``);
 - the log file opens without creating its directory;
 - prolog: ``gate.policy_skip`` skips the job;
-- epilog: neither the job (nor its het job) left a directory, a process
+- epilog: the job's note for its TaskProlog (``notes``) is removed, and
+  neither the job (nor its het job) left a directory, a process
   naming its config, or its channel node here (the full epilog's
   ``teardown._left_anything``, answered conservatively: a channel node of the
   job's minor is left to the full epilog to judge).
@@ -95,7 +96,7 @@ def run(argv: Sequence[str], env: Mapping[str, str]) -> int | None:
         return None
     paths = schema.node_paths(values["paths"], job.node)
     if command == "prolog":
-        lines = _skipped_prolog(job, values["policy"], t0)
+        lines = _skipped_prolog(job, values["policy"], paths, t0)
     else:
         lines = _idle_epilog(job, values["policy"], paths, t0)
     if lines is None:
@@ -128,14 +129,22 @@ def _settings(explicit: str | None, env: Mapping[str, str]) -> dict[str, dict[st
     return None if values["metrics"]["textfile_dir"] else values
 
 
-def _skipped_prolog(job: JobContext, policy: Mapping[str, Any], t0: float) -> list[tuple[str, dict[str, Any]]] | None:
+def _skipped_prolog(
+    job: JobContext, policy: Mapping[str, Any], paths: Mapping[str, str], t0: float
+) -> list[tuple[str, dict[str, Any]]] | None:
     """The lines of a prolog that policy skips (``gate.prolog_done``'s); None when it is not skipped."""
-    from imexctl.gate import policy_skip
+    from imexctl.gate import policy_skip, tell_user
 
-    skip = policy_skip(job, jobs=policy["jobs"], partitions=policy["partitions"], feature=policy["feature"])
+    skip = policy_skip(job, policy)
     if not skip:
         return None
+    try:
+        told = tell_user(job, skip, paths["run_dir"], paths["proc_devices"])
+    except OSError:  # the full prolog reports it
+        return None
     done = {"ok": True, "duration_s": round(time.monotonic() - t0, 3), "skipped": skip}
+    if told:
+        done["told_user"] = True
     return [("imex.skipped", {"reason": skip}), ("prolog.done", done)]
 
 
@@ -143,9 +152,11 @@ def _idle_epilog(
     job: JobContext, policy: Mapping[str, Any], paths: Mapping[str, str], t0: float
 ) -> list[tuple[str, dict[str, Any]]] | None:
     """The line of an epilog whose job left nothing here (``teardown._epilog_done``'s); None when it may have."""
+    from imexctl import notes
     from imexctl.jobchannel import channel_minor
     from imexctl.procscan import mentioned_in_proc
 
+    notes.forget(paths["run_dir"], job.job_id)  # as the full epilog does, before anything else
     jobs_dir = os.path.join(paths["run_dir"], "jobs")
     for jid in dict.fromkeys([job.job_id, *([job.het_job_id] if job.het_job_id else [])]):
         job_dir = os.path.join(jobs_dir, str(jid))

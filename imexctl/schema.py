@@ -235,7 +235,7 @@ SCHEMA: dict[str, dict[str, tuple[str, Parser]]] = {
         "jobs": ("all", _choice("all", "partitions", "feature")),
         "partitions": ("", _csv),
         "feature": ("imex", _name),
-        "shared": ("refuse", _choice("refuse", "skip")),
+        "shared": ("skip", _choice("skip", "refuse")),
         "channels": ("job", _choice("job", "none")),
         "channel_mode": ("0600", _mode),
         "channel_count": ("2048", _number(int, 2, 1 << 20)),

@@ -21,7 +21,15 @@ __all__ = ["JobContext", "constraint_features", "node_name"]
 
 # slurmd sets SLURM_JOB_NODELIST from 23.02 on; 22.05 only SLURM_NODELIST (design.md source slurm-env).
 _NODELIST_VARS = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
-_EXCLUSIVE = frozenset({"NO", "TOPO"})
+# Who owns the job's nodes, as each Slurm release writes it (docs/configuration.md "Exclusive jobs";
+# tests/test_slurm_env.py holds one table per release, read from SchedMD/slurm):
+# - 26.05+: SLURM_JOB_EXCLUSIVE is NO, NODE, USER, MCS or TOPO, and only NODE and TOPO give the job
+#   whole nodes; SLURM_JOB_OVERSUBSCRIBE is NO, YES or OK, and YES or OK lets other jobs in.
+# - 23.02 to 25.11: SLURM_JOB_OVERSUBSCRIBE alone, NO (whole nodes), TOPO, USER, MCS, YES or OK.
+# - 22.05: neither variable.
+_OWNS_NODES = frozenset({"NODE", "TOPO"})
+_OWNS_NODES_BEFORE_26 = frozenset({"NO", "TOPO"})
+_LETS_OTHERS_IN = frozenset({"YES", "OK"})
 # Slurm job ids are uint32_t, federated ones up to 0xfffffffd (SchedMD/slurm slurm/slurm.h, SLURM_ID_HASH,
 # MAX_FED_JOB_ID).  uid_t/gid_t are 32 bits and (uid_t)-1 means "leave unchanged" to chown(2).
 _MAX_JOB_ID = 2**32 - 1
@@ -46,6 +54,9 @@ class JobContext:
         "oversubscribe",
         "het_job_id",
         "slurm_conf",
+        "exclusive",
+        "qos",
+        "sluid",
     )
 
     job_id: int
@@ -61,6 +72,11 @@ class JobContext:
     het_job_id: int | None
     #: the slurm.conf slurmd uses (SLURM_CONF), for the hook timeout and slurmctld queries
     slurm_conf: str
+    #: SLURM_JOB_EXCLUSIVE (Slurm 26.05+), upper case; '' when slurmd does not set it
+    exclusive: str
+    #: SLURM_JOB_QOS (26.05+) and SLURM_JOB_SLUID (25.11+), for the log only; '' when unset
+    qos: str
+    sluid: str
 
     def __init__(
         self,
@@ -75,8 +91,14 @@ class JobContext:
         oversubscribe: str = "",
         het_job_id: int | None = None,
         slurm_conf: str = "",
+        exclusive: str = "",
+        qos: str = "",
+        sluid: str = "",
     ) -> None:
-        values = (job_id, node, nodes, uid, gid, user, partition, constraints, oversubscribe, het_job_id, slurm_conf)
+        values = (
+            *(job_id, node, nodes, uid, gid, user, partition, constraints, oversubscribe, het_job_id, slurm_conf),
+            *(exclusive, qos, sluid),
+        )
         for name, value in zip(self._FIELDS, values):
             object.__setattr__(self, name, value)
 
@@ -137,6 +159,9 @@ class JobContext:
                 env, "SLURM_HET_JOB_ID", fallback="SLURM_PACK_JOB_ID", required=False, minimum=1, maximum=_MAX_JOB_ID
             ),
             slurm_conf=env.get("SLURM_CONF", "").strip(),
+            exclusive=env.get("SLURM_JOB_EXCLUSIVE", "").strip().upper(),
+            qos=_printable(env.get("SLURM_JOB_QOS", "")),
+            sluid=_printable(env.get("SLURM_JOB_SLUID", "")),
         )
 
     @property
@@ -146,10 +171,24 @@ class JobContext:
 
     @property
     def is_shared(self) -> bool | None:
-        """True if the job may share its nodes; None when Slurm (< 23.02) does not say."""
+        """True if other jobs may run on the job's nodes; None when Slurm (22.05) does not say.
+
+        Slurm 26.05 and later say it with ``SLURM_JOB_EXCLUSIVE`` (whole nodes: ``NODE`` or ``TOPO``)
+        and ``SLURM_JOB_OVERSUBSCRIBE`` (``YES``/``OK`` let others in); 23.02 to 25.11 with
+        ``SLURM_JOB_OVERSUBSCRIBE`` alone (whole nodes: ``NO`` or ``TOPO``).
+        """
+        if self.exclusive:
+            return self.exclusive not in _OWNS_NODES or self.oversubscribe in _LETS_OTHERS_IN
         if not self.oversubscribe:
             return None
-        return self.oversubscribe not in _EXCLUSIVE
+        return self.oversubscribe not in _OWNS_NODES_BEFORE_26
+
+    @property
+    def sharing(self) -> str:
+        """The variables :attr:`is_shared` was decided from, as ``NAME=value`` words (for reasons and logs)."""
+        found = (("SLURM_JOB_EXCLUSIVE", self.exclusive), ("SLURM_JOB_OVERSUBSCRIBE", self.oversubscribe))
+        said = " ".join(f"{name}={value}" for name, value in found if value)
+        return said or "neither SLURM_JOB_EXCLUSIVE nor SLURM_JOB_OVERSUBSCRIBE set"
 
 
 def node_name(env: Mapping[str, str]) -> str:
@@ -210,6 +249,11 @@ def _int(
     if not (text.isascii() and text.isdigit() and len(text) <= 20) or not minimum <= int(text) <= maximum:
         raise _env_error(f"{key}={shorten(text)} is not a valid number ({minimum} to {maximum})")
     return int(text)
+
+
+def _printable(text: str, limit: int = 64) -> str:
+    """A variable kept for the log only: stripped, cut, non-printing characters as '?'."""
+    return "".join(c if c.isprintable() else "?" for c in text.strip()[:limit])
 
 
 def _env_error(message: str) -> EnvironmentError_:

@@ -2,11 +2,14 @@
 
 slurmd runs the TaskProlog as the job's user before every task and reads
 its standard output line by line: ``export NAME=value`` sets a variable in
-the task's environment (slurm ``src/slurmd/slurmstepd/task.c``
-``_proc_stdout``).  We print exactly one line,
-``export NVIDIA_IMEX_CHANNELS=<minor>``, when the job has a domain with a
-channel on this tray that is the caller's (:mod:`imexctl.jobchannel`), and
-nothing otherwise.
+the task's environment, ``print text`` writes the text to the task's
+standard output (slurm ``src/slurmd/slurmstepd/task.c`` ``_proc_stdout``).
+We print exactly one line: ``export NVIDIA_IMEX_CHANNELS=<minor>`` when the
+job has a domain with a channel on this tray that is the caller's
+(:mod:`imexctl.jobchannel`); else, in the step's first task
+(``SLURM_PROCID`` 0), ``print imexctl: IMEX was not set up for job N: ...``
+when the prolog left that note (:mod:`imexctl.notes`: the job may share its
+trays, and how to get IMEX); nothing otherwise.
 
 Two rules come from Slurm and are never broken here:
 
@@ -64,6 +67,7 @@ def lines(
     """
     if uid_map is None and read_map:
         uid_map = jobchannel.read_uid_map()
+    paths = None
     try:
         paths = jobchannel.node_paths(env, config, uid_map)
         caller = jobchannel.caller_host_uid(uid_map, uid)
@@ -71,8 +75,18 @@ def lines(
         fd, _ = jobchannel.open_channel(channel, uid_map)
         os.close(fd)
     except jobchannel.NoChannel as exc:
+        note = _note(env, paths, uid_map)
+        if note:
+            return [f"print imexctl: {note}"]
         return [f"print imexctl: no IMEX channel exported: {_one_line(str(exc))}"] if _debug(env) else []
     return [f"export {VARIABLE}={channel.minor}"]
+
+
+def _note(env: Mapping[str, str], paths: jobchannel.NodePaths | None, uid_map: jobchannel.UidMap) -> str:
+    """The prolog's note for this job (why it runs without IMEX), for the job's first task only; else ''."""
+    if paths is None or env.get("SLURM_PROCID", "0").strip() not in ("", "0"):
+        return ""
+    return _one_line(jobchannel.read_note(paths, jobchannel.candidate_job_ids(env), uid_map))
 
 
 def _debug(env: Mapping[str, str]) -> bool:

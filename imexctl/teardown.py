@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
 
-from imexctl import daemon, devices
+from imexctl import daemon, devices, notes
 from imexctl.errors import DeviceError, ImexctlError, UnsafeNodeError
 from imexctl.fsutil import remove_tree
 from imexctl.nodestate import JobState, job_ids, mark_state, node_lock, read_state
@@ -147,6 +147,7 @@ def epilog(env: Mapping[str, str], rt: Runtime) -> dict[str, Any]:
     try:
         job = JobContext.from_env(env, need_nodes=False)
         bind(rt, job_id=job.job_id, node=job.node)
+        notes.forget(str(rt.settings.paths.run_dir), job.job_id)
         actions: list[str] = []
         for jid in _domains(job):
             if _left_anything(rt.settings.paths.job(jid), rt):
@@ -170,6 +171,7 @@ def idle_epilog(env: Mapping[str, str], rt: Runtime) -> dict[str, Any] | None:
     t0 = rt.host.monotonic()
     try:
         job = JobContext.from_env(env, need_nodes=False)
+        notes.forget(str(rt.settings.paths.run_dir), job.job_id)
         if any(_left_anything(rt.settings.paths.job(jid), rt) for jid in _domains(job)):
             return None
     except (ImexctlError, OSError):
@@ -242,6 +244,7 @@ def cleanup(rt: Runtime, *, job_id: int | None = None, dry_run: bool = False, fo
                 report["errors"].append(str(exc))
         if job_id is None and rt.settings.policy.channels == "job":
             report["actions"] += _remove_stray_channels(rt, dry_run, planned)
+        report["actions"] += _remove_notes(rt, job_id, dry_run, force)
     rt.log.info("cleanup.done", **report)
     if report["errors"]:
         raise UnsafeNodeError("; ".join(report["errors"]))
@@ -287,6 +290,25 @@ def known_jobs(rt: Runtime) -> list[int]:
             if head.isdigit():
                 jobs.add(int(head))
     return sorted(jobs)
+
+
+def _remove_notes(rt: Runtime, job_id: int | None, dry_run: bool, force: bool) -> list[str]:
+    """Remove the TaskProlog notes (``notes``) of jobs that no longer run here (of ``job_id`` only, if given)."""
+    notes_dir = rt.settings.paths.run_dir / notes.NOTES
+    try:
+        names = sorted(os.listdir(notes_dir))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    out = []
+    for jid in sorted(int(n) for n in names if n.isascii() and n.isdigit()):
+        if (job_id is not None and jid != job_id) or (not force and rt.host.job_is_running(jid)):
+            continue
+        what = f"remove note of job {jid}"
+        if dry_run:
+            out.append(f"would {what}")
+        elif notes.forget(str(rt.settings.paths.run_dir), jid):
+            out.append(what)
+    return out
 
 
 def _remove_stray_channels(rt: Runtime, dry_run: bool, planned: set[Path]) -> list[str]:

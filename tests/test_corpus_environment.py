@@ -70,6 +70,13 @@ def test_environment_case(case: environment.EnvCase, tray: Tray) -> None:
         assert case.skipped in done.get("skipped", "")
         assert (tray.host.calls, tray.host.mknods) == ([], [])
         assert not (tray.root / "run/imexctl/lock").exists(), "a skipped job or idle epilog took the lock"
+        notes = sorted((tray.root / "run/imexctl/notes").glob("*"))
+        shared = "may share its trays" in done.get("skipped", "")
+        assert bool(done.get("told_user")) is shared, done
+        if shared:  # the user is told, until the epilog
+            assert [n.name for n in notes] == [env["SLURM_JOB_ID"]], notes
+            assert done["skipped"] in notes[0].read_text()
+            tray.epilog(env).assert_ok()
         tray.assert_clean()
         return
     assert [m[4:] for m in tray.host.mknods] == [case.owner]

@@ -188,6 +188,70 @@ class TestOversubscribe:
         assert JobContext.from_env(env, need_nodes=True).is_shared is shared
 
 
+# What slurmd puts in the prolog's environment for each kind of job, release by release, and whether the job
+# may share its trays. Read from SchedMD/slurm (docs/configuration.md "Exclusive jobs" names the functions):
+# 22.05 sets neither variable; 23.02 to 25.11 set SLURM_JOB_OVERSUBSCRIBE from job_share_string(); 26.05
+# (commit e3e8abb8) sets SLURM_JOB_OVERSUBSCRIBE from job_oversubscribe_string() and SLURM_JOB_EXCLUSIVE from
+# job_exclusive_display_string(). The 26.05 rows were also seen under a real slurmd 26.05.5 (tests/lab).
+# Each row: (job, SLURM_JOB_OVERSUBSCRIBE, SLURM_JOB_EXCLUSIVE, may share its trays); None: not set.
+_NOT_SET = None
+RELEASES: dict[str, list[tuple[str, str | None, str | None, bool | None]]] = {
+    "22.05": [
+        ("plain job, partition OverSubscribe=NO", _NOT_SET, _NOT_SET, None),
+        ("--exclusive", _NOT_SET, _NOT_SET, None),
+        ("--oversubscribe", _NOT_SET, _NOT_SET, None),
+    ],
+    "23.02-25.11": [
+        ("plain job, partition OverSubscribe=NO", "OK", _NOT_SET, True),
+        ("--exclusive", "NO", _NOT_SET, False),
+        ("partition OverSubscribe=EXCLUSIVE", "NO", _NOT_SET, False),
+        ("--exclusive=user", "USER", _NOT_SET, True),
+        ("--exclusive=mcs", "MCS", _NOT_SET, True),
+        ("--exclusive=topo", "TOPO", _NOT_SET, False),
+        ("--oversubscribe", "YES", _NOT_SET, True),
+        ("partition OverSubscribe=FORCE", "FORCE", _NOT_SET, True),
+    ],
+    "26.05": [
+        ("plain job, partition OverSubscribe=NO", "NO", "NO", True),
+        ("--exclusive", "NO", "NODE", False),
+        ("partition OverSubscribe=EXCLUSIVE", "NO", "NODE", False),
+        ("--exclusive=user", "NO", "USER", True),
+        ("--exclusive=user, made whole-node by the scheduler", "NO", "NODE", False),
+        ("--exclusive=mcs", "NO", "MCS", True),
+        ("--exclusive=topo", "NO", "TOPO", False),
+        ("--oversubscribe", "YES", "NO", True),
+        ("partition OverSubscribe=YES or FORCE", "OK", "NO", True),
+        ("--exclusive in a partition OverSubscribe=FORCE", "OK", "NODE", True),
+    ],
+}
+
+
+class TestExclusivityByRelease:
+    @pytest.mark.parametrize(
+        ("release", "job", "oversubscribe", "exclusive", "shared"),
+        [pytest.param(rel, *row, id=f"{rel}:{row[0]}") for rel, rows in RELEASES.items() for row in rows],
+    )
+    def test_release_table(
+        self, release: str, job: str, oversubscribe: str | None, exclusive: str | None, shared: bool | None
+    ) -> None:
+        """Each release's encoding of each kind of job is read as that release means it."""
+        values = {"SLURM_JOB_OVERSUBSCRIBE": oversubscribe, "SLURM_JOB_EXCLUSIVE": exclusive}
+        env = job_env(**{k: v for k, v in values.items() if v is not None})
+        ctx = JobContext.from_env(env, need_nodes=True)
+        assert ctx.is_shared is shared, f"Slurm {release}, {job}: {ctx.sharing}"
+
+    def test_sharing_names_what_was_read(self) -> None:
+        """The reason given to the user names the variables it was decided from."""
+        ctx = JobContext.from_env(job_env(SLURM_JOB_OVERSUBSCRIBE="NO", SLURM_JOB_EXCLUSIVE="user"), need_nodes=True)
+        assert ctx.sharing == "SLURM_JOB_EXCLUSIVE=USER SLURM_JOB_OVERSUBSCRIBE=NO"
+        assert JobContext.from_env(job_env(), need_nodes=True).sharing.startswith("neither")
+
+    def test_qos_and_sluid_are_kept_printable(self) -> None:
+        """SLURM_JOB_QOS (26.05) and SLURM_JOB_SLUID (25.11) are read for the log, cut and made printable."""
+        ctx = JobContext.from_env(job_env(SLURM_JOB_QOS=" normal\x1b ", SLURM_JOB_SLUID="s" * 100), need_nodes=True)
+        assert (ctx.qos, ctx.sluid) == ("normal?", "s" * 64)
+
+
 class TestConstraintFeatures:
     @pytest.mark.parametrize(
         ("expr", "features"),

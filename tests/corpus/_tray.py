@@ -38,7 +38,7 @@ TRAYS: dict[str, list[str]] = {f"gb{i:02d}": [f"10.0.0.{i}"] for i in range(1, 1
 #: What any run may leave on a clean tray (relative to the root): the shared
 #: directories, the node lock (which must not be held) and imexctl's own log.
 INFRASTRUCTURE: frozenset[str] = frozenset({
-    "run", "run/imexctl", "run/imexctl/jobs", "run/imexctl/lock",
+    "run", "run/imexctl", "run/imexctl/jobs", "run/imexctl/notes", "run/imexctl/lock",
     "var", "var/log", "var/log/imexctl.log",
     "dev", "dev/nvidia-caps-imex-channels",
 })  # fmt: skip

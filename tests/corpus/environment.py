@@ -166,9 +166,17 @@ POLICY = [
 ]  # fmt: skip
 
 
-def _shared(id_: str, value: str) -> EnvCase:
-    names = ("SLURM_JOB_OVERSUBSCRIBE=", "--exclusive")
-    return EnvCase(id_, {"SLURM_JOB_OVERSUBSCRIBE": value}, "domain_busy", 69, names)
+def _shared(id_: str, value: str, var: str = "SLURM_JOB_OVERSUBSCRIBE", **more: str) -> EnvCase:
+    """A job that may share its trays: skipped by default (exit 0, no drain), the variable named."""
+    return EnvCase(id_, {var: value, **more}, skipped=f"{var}=")
+
+
+def _refused(id_: str, value: str) -> EnvCase:
+    """The same job with ``[policy] shared = refuse``: the prolog fails and Slurm drains the tray."""
+    names = ("SLURM_JOB_OVERSUBSCRIBE=", "--exclusive", "shared = refuse")
+    return EnvCase(
+        id_, {"SLURM_JOB_OVERSUBSCRIBE": value}, "domain_busy", 69, names, config={"policy": {"shared": "refuse"}}
+    )
 
 
 SHARING = [
@@ -179,11 +187,18 @@ SHARING = [
     _shared("oversubscribe-mcs", "MCS"),
     _shared("oversubscribe-garbage", "yes;reboot"),
     _shared("oversubscribe-no-with-junk", "NO NO"),
+    _shared("exclusive-no", "NO", "SLURM_JOB_EXCLUSIVE", SLURM_JOB_OVERSUBSCRIBE="NO"),
+    _shared("exclusive-user", "USER", "SLURM_JOB_EXCLUSIVE", SLURM_JOB_OVERSUBSCRIBE="NO"),
+    _shared("exclusive-mcs", "MCS", "SLURM_JOB_EXCLUSIVE", SLURM_JOB_OVERSUBSCRIBE="NO"),
+    _shared("exclusive-garbage", "NODE;reboot", "SLURM_JOB_EXCLUSIVE"),
+    _shared("exclusive-node-oversubscribe-yes", "YES", SLURM_JOB_EXCLUSIVE="NODE"),
+    _refused("oversubscribe-yes-refused", "YES"),
+    _refused("oversubscribe-ok-refused", "OK"),
     EnvCase("oversubscribe-no", {"SLURM_JOB_OVERSUBSCRIBE": "NO"}),
     EnvCase("oversubscribe-no-lower-case", {"SLURM_JOB_OVERSUBSCRIBE": "no"}),
     EnvCase("oversubscribe-topo-blanks", {"SLURM_JOB_OVERSUBSCRIBE": " TOPO "}),
-    EnvCase("oversubscribe-yes-skipped", {"SLURM_JOB_OVERSUBSCRIBE": "YES"}, config={"policy": {"shared": "skip"}},
-            skipped="may share its nodes"),
+    EnvCase("exclusive-node", {"SLURM_JOB_EXCLUSIVE": "NODE", "SLURM_JOB_OVERSUBSCRIBE": "NO"}),
+    EnvCase("exclusive-topo-lower-case", {"SLURM_JOB_EXCLUSIVE": " topo ", "SLURM_JOB_OVERSUBSCRIBE": "NO"}),
 ]  # fmt: skip
 
 NODE_NAMES = [

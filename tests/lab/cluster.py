@@ -220,6 +220,8 @@ MinJobAge=300
 NodeName=DEFAULT CPUs=2 Boards=1 SocketsPerBoard=1 CoresPerSocket=2 ThreadsPerCore=1 RealMemory=512 State=UNKNOWN
 {node_lines}
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=EXCLUSIVE
+# Slurm's default OverSubscribe=NO: a plain job may share its nodes with other jobs on other cores
+PartitionName=shared Nodes=ALL Default=NO MaxTime=INFINITE State=UP OverSubscribe=NO
 {extra}"""
 
 

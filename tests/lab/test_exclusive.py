@@ -1,0 +1,64 @@
+"""Whether a job owns its trays, as each Slurm tells the prolog, under the real slurmd (issue 21).
+
+A job that may share its trays gets no IMEX domain, its prolog exits 0 (no tray drained), and its user
+reads why in the job's own output (the TaskProlog prints the prolog's note). A job that owns its trays
+gets its domain. The lab's default partition ``debug`` is ``OverSubscribe=EXCLUSIVE``; the partition
+``shared`` has Slurm's default ``OverSubscribe=NO``, where a plain job may share its nodes with other
+jobs on other cores. Slurm 22.05 tells the prolog nothing (neither ``SLURM_JOB_OVERSUBSCRIBE`` nor
+``SLURM_JOB_EXCLUSIVE``): such a job counts as exclusive, as docs/configuration.md says.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.lab.cluster import SlurmLab
+from tests.lab.conftest import NODES
+from tests.lab.jobs import events, leftovers, sbatch, wait_done
+
+pytestmark = pytest.mark.slurm
+
+TRAYS = NODES[:2]
+NOTE = "imexctl: IMEX was not set up for job"
+
+# (sbatch options, whether the job owns its trays on 23.02 and later)
+CASES = {
+    "no-flag": (["-p", "shared"], False),
+    "exclusive": (["-p", "shared", "--exclusive"], True),
+    "exclusive-user": (["-p", "shared", "--exclusive=user"], False),
+    "oversubscribe": (["-p", "shared", "--oversubscribe"], False),
+    "partition-exclusive": (["-p", "debug"], True),
+}
+
+
+def _env_script(lab: SlurmLab) -> str:
+    """A batch script that prints what its task got: the channel variable (or none)."""
+    return 'echo "channels=${NVIDIA_IMEX_CHANNELS:-none}"'
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_job_that_may_share_its_trays_runs_without_imex_and_is_told(lab: SlurmLab, case: str) -> None:
+    """Shared: no domain, every prolog exits 0, no tray drained, one line in the job's output; else a domain."""
+    opts, owns = CASES[case]
+    owns = owns or lab.version_info < (23, 2)  # 22.05 says nothing: counted as exclusive (documented)
+    job = sbatch(lab, _env_script(lab), TRAYS, extra=opts)
+    wait_done(lab, job)
+    output = (lab.dir / "out" / f"{job}.out").read_text()
+    states = lab.node_states()
+    for node in TRAYS:
+        done = events(lab, node, job, "prolog.done")
+        assert done and done[-1]["ok"] is True, f"{node}: {done}"
+        assert states[node]["state"] == "idle", f"{node} after job {job} ({case}): {states[node]}"
+        if owns:
+            assert done[-1].get("trays") == 2 and not done[-1].get("skipped"), f"{node}: {done[-1]}"
+        else:
+            assert "may share its trays" in done[-1].get("skipped", ""), f"{node}: {done[-1]}"
+            assert "--exclusive" in done[-1]["skipped"] and done[-1].get("told_user") is True, done[-1]
+        assert leftovers(lab, node) == [], f"{node} not clean after job {job}"
+        assert not list((lab.node_root(node) / "run/imexctl/notes").glob("*")), f"{node}: a note outlived job {job}"
+    if owns:
+        assert "channels=none" not in output and NOTE not in output, output
+    else:
+        assert output.count(NOTE) == 1 and "channels=none" in output, output
+        line = next(ln for ln in output.splitlines() if NOTE in ln)
+        assert "--exclusive" in line and "OverSubscribe=EXCLUSIVE" in line, line
