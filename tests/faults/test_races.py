@@ -419,20 +419,26 @@ def _without_the_lock(rack: FaultRack, t: Tray, *envs: dict[str, str]) -> list[s
 
 
 def test_shared_job_is_refused(make_rack: MakeRack) -> None:
-    """``[policy] shared = refuse`` (the default): a job that may share its nodes fails with 69, before the lock."""
-    rack, t = tray(make_rack)
+    """``[policy] shared = refuse``: a job that may share its nodes fails with 69, before the lock."""
+    rack, t = tray(make_rack, policy={"shared": "refuse"})
     values = ["YES", "OK", "FORCE"]
     outs = _without_the_lock(rack, t, *({"SLURM_JOB_OVERSUBSCRIBE": v} for v in values))
     assert len(outs) == 3 and all(out.startswith(f"{BUSY} ") for out in outs), outs
     for value in values:
-        assert any(f"SLURM_JOB_OVERSUBSCRIBE={value}); IMEX needs --exclusive" in out for out in outs), outs
+        assert any(f"SLURM_JOB_OVERSUBSCRIBE={value}); an IMEX domain needs whole trays" in out for out in outs), outs
+        assert all("--exclusive" in out and "shared = refuse" in out for out in outs), outs
 
 
 def test_shared_job_is_skipped(make_rack: MakeRack) -> None:
-    """``[policy] shared = skip``: the prolog exits 0 and does nothing; an exclusive job still gets its domain."""
-    rack, t = tray(make_rack, policy={"shared": "skip"})
-    (out,) = _without_the_lock(rack, t, {"SLURM_JOB_OVERSUBSCRIBE": "YES"})
-    assert out.startswith("0 job may share its nodes (SLURM_JOB_OVERSUBSCRIBE=YES)"), out
+    """``[policy] shared = skip`` (the default): the prolog exits 0 and sets up nothing; an exclusive job still
+    gets its domain."""
+    rack, t = tray(make_rack)
+    envs = ({"SLURM_JOB_OVERSUBSCRIBE": "YES"}, {"SLURM_JOB_OVERSUBSCRIBE": "NO", "SLURM_JOB_EXCLUSIVE": "USER"})
+    outs = _without_the_lock(rack, t, *envs)
+    assert [out.split(")")[0] for out in outs] == [
+        "0 the job may share its trays with other jobs (SLURM_JOB_EXCLUSIVE=USER SLURM_JOB_OVERSUBSCRIBE=NO",
+        "0 the job may share its trays with other jobs (SLURM_JOB_OVERSUBSCRIBE=YES",
+    ], outs
     up(rack, t, JOB_A)  # the rack's environment has no SLURM_JOB_OVERSUBSCRIBE (Slurm < 23.02): not refused
     res, _ = rack.run(t, "prolog", JOB_B, env={"SLURM_JOB_OVERSUBSCRIBE": "NO"})
     assert res.returncode == BUSY  # exclusive, and A owns the domain

@@ -53,7 +53,8 @@ def switch_plugin(lab: SlurmLab) -> Iterator[None]:
         pytest.skip(f"switch/nvidia_imex needs Slurm 24.05 or later, the lab runs {lab.version}")
     before = lab.extra_conf, dict(lab.extra_etc)
     marks = {n: lab.slurmd_log(n).stat().st_size for n in NODES}
-    lab.restart(before[0] + "SwitchType=switch/nvidia_imex\nSlurmctldDebug=debug\n", before[1])
+    # 26.05 logs the channel allocation under DebugFlags=Switch only (log_flag in switch_nvidia_imex.c)
+    lab.restart(before[0] + "SwitchType=switch/nvidia_imex\nSlurmctldDebug=debug\nDebugFlags=Switch\n", before[1])
     try:
         for node in NODES:
             assert DISABLED in _log_since(lab.slurmd_log(node), marks[node]), f"{node}: slurmd did not load the plugin"
@@ -93,7 +94,8 @@ def test_imexctl_makes_no_channel_and_still_runs_the_domain(lab: SlurmLab, how: 
         finally:
             release(lab, job)
         wait_done(lab, job)
-    # 24.11 logs the allocation at debug level (switch_p_job_start)
+    # 24.11 logs the allocation at debug level (switch_p_job_start), 26.05 under DebugFlags=Switch
+    # ("allocating channel N to JobId=J with node_list ...", _allocate_channel)
     ctld = _log_since(lab.slurmctld_log, ctld_mark)
     assert re.search(rf"allocating channel \d+ to JobId={job}\b", ctld), f"slurmctld allocated job {job} no channel"
     for node in JOB_NODES:
