@@ -1,4 +1,7 @@
-"""``imexctl doctor``'s slurm.conf checks: the hooks, PrologFlags, the hook timeouts, channels, topology.
+"""``imexctl doctor``'s slurm.conf checks: the Slurm version, hooks, flags, timeouts, partitions, topology.
+
+slurm.conf is judged by the Slurm release this tray runs (``scontrol version``):
+DeferBatch implies Alloc from 26.05, PrologTimeout/EpilogTimeout exist from 25.05.
 
 slurm.conf is read by :mod:`imexctl.slurmconf` (Include, continuation lines,
 case-insensitive keys), from ``--slurm-conf``, ``$SLURM_CONF``, or the first
@@ -13,12 +16,13 @@ import glob
 import os
 import re
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
-from imexctl import slurmconf
+from imexctl import nodelist, slurmconf
 from imexctl.doctor import FAIL, OK, WARN, Check, Context, under_root
-from imexctl.errors import ConfigError
+from imexctl.errors import ConfigError, ImexctlError
 from imexctl.fsutil import read_text_nofollow
 from imexctl.settings import Settings
 
@@ -31,6 +35,10 @@ CANDIDATES: Final = ("/etc/slurm/slurm.conf", "/run/slurm/conf/slurm.conf")
 _ALLOC_FLAGS: Final = frozenset({"alloc", "contain", "nohold", "runinjob", "x11"})
 _HOOK_LINE: Final = re.compile(r"^\s*(?:exec\s+)?(/\S*/imexctl)\s+(prolog|epilog)\b", re.MULTILINE)
 _MAX_LINKS: Final = 8
+#: the partition keys that say whether its jobs get whole nodes, as a warning names them
+_SHARING_KEYS: Final = ("OverSubscribe", "Exclusive", "ExclusiveUser", "ExclusiveTopo")
+#: "slurm 24.11.5", "slurm-wlm 26.05.5" (Debian's build)
+_VERSION: Final = re.compile(r"\b(\d+)\.(\d+)\.\d+")
 
 
 def prolog_worst_case_s(s: Settings) -> float:
@@ -57,11 +65,103 @@ def checks(ctx: Context) -> list[Check]:
         conf = slurmconf.read(path, root=ctx.rt.settings.paths.root)
     except ConfigError as exc:
         return [Check("slurm.conf", FAIL, str(exc), "correct slurm.conf: slurmd would not read it either")]
-    out = [Check("slurm.conf", OK, f"read {path}" + _included(conf))]
-    out += [_hook(conf, "prolog", ctx), _hook(conf, "epilog", ctx), _flags(conf)]
+    version_check, version = _version(ctx)
+    out = [Check("slurm.conf", OK, f"read {path}" + _included(conf)), version_check]
+    out += [_hook(conf, "prolog", ctx), _hook(conf, "epilog", ctx), _flags(conf, version)]
     out += [_prolog_timeout(conf, ctx.rt.settings), _epilog_timeout(conf, ctx.rt.settings)]
+    out += [*_timeout_keys(conf, version), *_partitions(conf, ctx, version)]
     out += [_switch(conf, ctx.rt.settings), *_topology(conf, ctx)]
     return out
+
+
+# ---------------------------------------------------------------- the Slurm version, partitions
+
+
+def _version(ctx: Context) -> tuple[Check, tuple[int, int] | None]:
+    """This tray's Slurm release (``scontrol version``, local: no slurmctld asked), by which slurm.conf is judged."""
+    argv = (ctx.rt.settings.commands.scontrol, "version")
+    fix = f"install Slurm's client commands, or set [commands] scontrol to {argv[0]}'s real path"
+    try:
+        done = ctx.rt.host.run(argv, timeout_s=ctx.rt.settings.slurm.query_timeout_s)
+    except ImexctlError as exc:
+        return Check(
+            "slurm.version", WARN, f"{' '.join(argv)}: {exc}; slurm.conf judged as the newest Slurm", fix
+        ), None
+    m = _VERSION.search(done.stdout)
+    if done.returncode != 0 or m is None:
+        said = (done.stdout or done.stderr).strip()[:200]
+        return Check("slurm.version", WARN, f"{' '.join(argv)} said {said!r}; judged as the newest Slurm", fix), None
+    return Check("slurm.version", OK, f"Slurm {m.group(0)} ({' '.join(argv)})"), (int(m.group(1)), int(m.group(2)))
+
+
+def _timeout_keys(conf: slurmconf.SlurmConf, version: tuple[int, int] | None) -> list[Check]:
+    """``PrologTimeout``/``EpilogTimeout`` came in Slurm 25.05: an older slurmd refuses the file."""
+    keys = [k for k in ("PrologTimeout", "EpilogTimeout") if conf.get(k) is not None]
+    if not keys:
+        return [Check("slurm.timeout_keys", OK, "no PrologTimeout or EpilogTimeout (Slurm 25.05+ keys)")]
+    if version is None or version >= (25, 5):
+        return [Check("slurm.timeout_keys", OK, f"{' and '.join(keys)} (Slurm 25.05+) known to this Slurm")]
+    why = (
+        f"{' and '.join(keys)} need Slurm 25.05 or later; Slurm {version[0]}.{version[1]:02d} does not read slurm.conf"
+    )
+    return [Check("slurm.timeout_keys", FAIL, why, "use PrologEpilogTimeout until every daemon runs 25.05")]
+
+
+def _partitions(conf: slurmconf.SlurmConf, ctx: Context, version: tuple[int, int] | None) -> list[Check]:
+    """WARN for each partition holding this tray whose jobs may share their trays (they run without IMEX)."""
+    policy = ctx.rt.settings.policy
+    default: dict[str, str] = {}
+    shared = []
+    for kind, record in conf.records:
+        if kind != "partitionname":
+            continue
+        values = {k.lower(): v for k, v in record.items()}
+        name = next(iter(record.values()), "")
+        if name.upper() == "DEFAULT":
+            default.update(values)
+            continue
+        values = {**default, **values}
+        if not _holds(values.get("nodes", ""), ctx.node) or (
+            policy.jobs == "partitions" and name not in policy.partitions
+        ):
+            continue
+        if not _whole_nodes(values):
+            said = " ".join(f"{k}={values[k.lower()]}" for k in _SHARING_KEYS if k.lower() in values)
+            shared.append(f"{name} ({said or 'OverSubscribe=NO by default'})")
+    if not shared:
+        return [Check("slurm.partitions", OK, f"every partition holding {ctx.node} gives its jobs whole trays")]
+    then = "fail their prologs and drain the tray" if policy.shared == "refuse" else "run without IMEX"
+    why = f"partition {', '.join(shared)} holds {ctx.node}: its jobs without --exclusive {then}"
+    key = (
+        "Exclusive=NODE (Slurm 26.05+) or OverSubscribe=EXCLUSIVE"
+        if version and version >= (26, 5)
+        else ("OverSubscribe=EXCLUSIVE")
+    )
+    fix = f"set {key} on the partition (docs/install.md), or have users submit with --exclusive"
+    return [Check("slurm.partitions", WARN, why, fix)]
+
+
+def _whole_nodes(values: Mapping[str, str]) -> bool:
+    """Whether a partition gives every job whole nodes (slurm.conf(5); ``read_config.c``).
+
+    ``Exclusive=NODE|TOPO`` (26.05, which wins when set), ``OverSubscribe=EXCLUSIVE``, or ``ExclusiveTopo=YES``.
+    """
+    exclusive = values.get("exclusive", "").upper()
+    if exclusive:
+        return exclusive in ("NODE", "TOPO")
+    if values.get("oversubscribe", "NO").split(":", 1)[0].upper() == "EXCLUSIVE":
+        return True
+    return values.get("exclusivetopo", "NO").upper() in ("YES", "TRUE", "1")
+
+
+def _holds(nodes: str, node: str) -> bool:
+    """Whether a partition's ``Nodes=`` value names ``node`` (``ALL``, or a host list; node sets are not known)."""
+    if nodes.strip().upper() == "ALL":
+        return True
+    try:
+        return node in nodelist.expand(nodes)
+    except ImexctlError:
+        return False
 
 
 def _find(ctx: Context) -> Path | None:
@@ -168,10 +268,12 @@ def _hook_problem(script: Path, target: str, ctx: Context) -> str:
 # ---------------------------------------------------------------- flags, timeouts, switch, topology
 
 
-def _flags(conf: slurmconf.SlurmConf) -> Check:
+def _flags(conf: slurmconf.SlurmConf, version: tuple[int, int] | None) -> Check:
     text = conf.get("PrologFlags") or ""
     flags = {f.strip().lower() for f in text.split(",") if f.strip()}
     shown = f"PrologFlags={text}" if text else "PrologFlags is not set"
+    if "deferbatch" in flags and (version is None or version >= (26, 5)):
+        flags.add("alloc")  # Slurm 26.05: DeferBatch implies Alloc (read_config.c)
     if not flags & _ALLOC_FLAGS:
         why = "the prolog runs on a tray only when a step starts there, so other trays' prologs wait in vain"
         return Check("slurm.prolog_flags", FAIL, f"{shown}: {why}", "set PrologFlags=Alloc,DeferBatch")

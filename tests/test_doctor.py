@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 from pathlib import Path
@@ -190,11 +191,14 @@ def test_every_message_is_one_line(make_rt: Any, host: FakeHost) -> None:
 
 SLURM_CHECKS = (
     "slurm.conf",
+    "slurm.version",
     "slurm.prolog",
     "slurm.epilog",
     "slurm.prolog_flags",
     "slurm.prolog_timeout",
     "slurm.epilog_timeout",
+    "slurm.timeout_keys",
+    "slurm.partitions",
     "slurm.switch",
     "slurm.topology",
 )
@@ -222,6 +226,70 @@ def test_each_broken_slurm_conf_is_flagged_and_nothing_else(
     _use_conf(tray, name)
     found = _statuses(_checks(make_rt()), "slurm.")
     assert found == {**dict.fromkeys(SLURM_CHECKS, "OK"), **flagged}
+
+
+@pytest.mark.parametrize(
+    ("version", "status"), [("slurm 25.11.7", "FAIL"), ("slurm-wlm 26.05.5", "OK"), ("garbage", "FAIL")]
+)
+def test_deferbatch_implies_alloc_from_slurm_26_05(
+    tray: Path, make_rt: Any, host: FakeHost, version: str, status: str
+) -> None:
+    """PrologFlags=DeferBatch alone: enough on 26.05 (it implies Alloc), a FAIL before; an unknown release is judged as the newest."""
+    conf = tray / "etc/slurm/slurm.conf"
+    conf.write_text(conf.read_text().replace("prologflags=Alloc,\\\nDeferBatch", "PrologFlags=DeferBatch"))
+    assert "PrologFlags=DeferBatch\n" in conf.read_text()
+    host.slurm_version_output = version + "\n"
+    checks = _checks(make_rt())
+    want = status if version != "garbage" else "OK"  # an unknown release is judged as the newest
+    assert checks["slurm.prolog_flags"].status == want, checks["slurm.prolog_flags"]
+    assert checks["slurm.version"].status == ("WARN" if version == "garbage" else "OK"), checks["slurm.version"]
+    if version != "garbage":
+        assert version.split()[1] in checks["slurm.version"].message
+
+
+@pytest.mark.parametrize(("version", "status"), [("slurm 24.11.5", "FAIL"), ("slurm 25.05.0", "OK")])
+def test_prolog_timeout_key_needs_slurm_25_05(
+    tray: Path, make_rt: Any, host: FakeHost, version: str, status: str
+) -> None:
+    """PrologTimeout in slurm.conf under a Slurm older than 25.05 is a FAIL: its daemons refuse the file."""
+    _use_conf(tray, "short-prolog-timeout.conf")
+    host.slurm_version_output = version + "\n"
+    check = _checks(make_rt())["slurm.timeout_keys"]
+    assert check.status == status and "PrologTimeout" in check.message, check
+
+
+@pytest.mark.parametrize(
+    ("line", "warned"),
+    [
+        ("PartitionName=nvl72 Nodes=gb[01-18] Default=YES OverSubscribe=EXCLUSIVE", False),
+        ("PartitionName=nvl72 Nodes=gb[01-18] Default=YES", True),
+        ("PartitionName=nvl72 Nodes=ALL OverSubscribe=YES:4", True),
+        ("PartitionName=nvl72 Nodes=gb[01-18] Exclusive=NODE", False),
+        ("PartitionName=nvl72 Nodes=gb[01-18] Exclusive=TOPO", False),
+        ("PartitionName=nvl72 Nodes=gb[01-18] OverSubscribe=EXCLUSIVE Exclusive=NO", True),
+        ("PartitionName=nvl72 Nodes=gb[01-18] Exclusive=USER", True),
+        ("PartitionName=nvl72 Nodes=gb[01-18] ExclusiveTopo=YES", False),
+        ("PartitionName=DEFAULT OverSubscribe=EXCLUSIVE\nPartitionName=nvl72 Nodes=gb[01-18]", False),
+        ("PartitionName=cpu Nodes=cn[01-04]\nPartitionName=nvl72 Nodes=gb[01-18] OverSubscribe=EXCLUSIVE", False),
+    ],
+)
+def test_partition_that_lets_jobs_share_this_tray_warns(tray: Path, make_rt: Any, line: str, warned: bool) -> None:
+    """A partition holding this tray whose jobs may share it is named in a WARN; others are not."""
+    nodes = tray / "etc/slurm/nodes.conf"
+    nodes.write_text(re.sub(r"(?m)^PartitionName=.*$", line, nodes.read_text()))
+    check = _checks(make_rt())["slurm.partitions"]
+    assert (check.status == "WARN") is warned, check
+    if warned:
+        assert "partition nvl72 (" in check.message and "run without IMEX" in check.message, check
+        assert "cpu" not in check.message, check
+
+
+def test_partition_warning_says_the_drain_with_shared_refuse(tray: Path, make_rt: Any) -> None:
+    """With [policy] shared = refuse the warning says such jobs drain the tray."""
+    nodes = tray / "etc/slurm/nodes.conf"
+    nodes.write_text(nodes.read_text().replace(" OverSubscribe=EXCLUSIVE", ""))
+    check = _checks(make_rt(policy={"shared": "refuse"}))["slurm.partitions"]
+    assert check.status == "WARN" and "drain the tray" in check.message, check
 
 
 @pytest.mark.parametrize(("name", "words"), [("missing-include.conf", "no such file"), ("malformed.conf", "not a")])

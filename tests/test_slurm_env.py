@@ -189,10 +189,14 @@ class TestOversubscribe:
 
 
 # What slurmd puts in the prolog's environment for each kind of job, release by release, and whether the job
-# may share its trays. Read from SchedMD/slurm (docs/configuration.md "Exclusive jobs" names the functions):
-# 22.05 sets neither variable; 23.02 to 25.11 set SLURM_JOB_OVERSUBSCRIBE from job_share_string(); 26.05
-# (commit e3e8abb8) sets SLURM_JOB_OVERSUBSCRIBE from job_oversubscribe_string() and SLURM_JOB_EXCLUSIVE from
-# job_exclusive_display_string(). The 26.05 rows were also seen under a real slurmd 26.05.5 (tests/lab).
+# may share its trays. Read from SchedMD/slurm: src/plugins/prep/script/prep_script_slurmd.c _build_env(), and
+# in src/common/slurm_protocol_defs.c job_share_string()/get_job_share_value() (23.02-25.11; TOPO from 24.05),
+# job_oversubscribe_string()/get_job_oversubscribe_value() and job_exclusive_display_string()/
+# get_job_exclusive_display_value() (26.05, commit e3e8abb8), with the changes slurmctld's
+# _resolve_shared_status() makes before the credential is built (an OverSubscribe=EXCLUSIVE partition makes
+# the job whole-node; FORCE:n with n > 1 makes it shared). 22.05 sets neither variable. Tags read:
+# slurm-22-05-8-1, slurm-23-02-8-1, slurm-24-11-5-1, slurm-25-11-7-1, slurm-26-05-3-1. The rows that
+# tests/lab/test_exclusive.py submits were also seen under real slurmds (24.11.5, 26.05.5).
 # Each row: (job, SLURM_JOB_OVERSUBSCRIBE, SLURM_JOB_EXCLUSIVE, may share its trays); None: not set.
 _NOT_SET = None
 RELEASES: dict[str, list[tuple[str, str | None, str | None, bool | None]]] = {
@@ -203,25 +207,29 @@ RELEASES: dict[str, list[tuple[str, str | None, str | None, bool | None]]] = {
     ],
     "23.02-25.11": [
         ("plain job, partition OverSubscribe=NO", "OK", _NOT_SET, True),
+        ("plain job, partition OverSubscribe=YES", "OK", _NOT_SET, True),
         ("--exclusive", "NO", _NOT_SET, False),
         ("partition OverSubscribe=EXCLUSIVE", "NO", _NOT_SET, False),
-        ("--exclusive=user", "USER", _NOT_SET, True),
+        ("select/linear, plain job", "NO", _NOT_SET, False),
+        ("--exclusive=user, or a partition with ExclusiveUser=YES", "USER", _NOT_SET, True),
         ("--exclusive=mcs", "MCS", _NOT_SET, True),
-        ("--exclusive=topo", "TOPO", _NOT_SET, False),
+        ("--exclusive=topo (24.05+), or a partition with ExclusiveTopo=YES", "TOPO", _NOT_SET, False),
         ("--oversubscribe", "YES", _NOT_SET, True),
-        ("partition OverSubscribe=FORCE", "FORCE", _NOT_SET, True),
+        ("partition OverSubscribe=FORCE:4, any job", "YES", _NOT_SET, True),
     ],
     "26.05": [
         ("plain job, partition OverSubscribe=NO", "NO", "NO", True),
+        ("plain job, partition OverSubscribe=YES or FORCE:1", "OK", "NO", True),
         ("--exclusive", "NO", "NODE", False),
         ("partition OverSubscribe=EXCLUSIVE", "NO", "NODE", False),
+        ("select/linear, plain job", "NO", "NODE", False),
         ("--exclusive=user", "NO", "USER", True),
-        ("--exclusive=user, made whole-node by the scheduler", "NO", "NODE", False),
+        ("--exclusive=user, in a partition OverSubscribe=YES", "OK", "USER", True),
+        ("--exclusive=user, --exclusive as well (whole node wins)", "NO", "NODE", False),
         ("--exclusive=mcs", "NO", "MCS", True),
-        ("--exclusive=topo", "NO", "TOPO", False),
+        ("--exclusive=topo, or --exclusive in a partition with ExclusiveTopo=YES", "NO", "TOPO", False),
         ("--oversubscribe", "YES", "NO", True),
-        ("partition OverSubscribe=YES or FORCE", "OK", "NO", True),
-        ("--exclusive in a partition OverSubscribe=FORCE", "OK", "NODE", True),
+        ("partition OverSubscribe=FORCE:4, even with --exclusive", "YES", "NO", True),
     ],
 }
 

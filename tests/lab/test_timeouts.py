@@ -3,8 +3,9 @@
 The module runs its lab with ``PrologEpilogTimeout=8`` (restarted, and put back afterwards). By default
 the prolog caps its deadline below that timeout (``prolog.deadline``) and fails in time with its reason;
 with ``[slurm] cap_deadline = no`` slurmd kills it (SIGTERM) and the prolog still logs why, naming the
-timeout. The epilogs then leave nothing. ``PrologTimeout`` (Slurm 25.05) exists in neither lab version:
-22.05 and 24.11 only know ``PrologEpilogTimeout`` (their libslurmfull has no other key).
+timeout. The epilogs then leave nothing. ``PrologTimeout`` (Slurm 25.05+; it overrides
+``PrologEpilogTimeout``, src/common/read_config.c) runs under the 26.05 lab; 22.05 and 24.11 only know
+``PrologEpilogTimeout``.
 """
 
 from __future__ import annotations
@@ -83,3 +84,26 @@ def test_prolog_killed_at_prolog_epilog_timeout_logs_why(lab: SlurmLab) -> None:
         # the epilog is safe after the killed prolog: whatever the roll-back had no time for, it removes
         assert events(lab, node, job, "epilog.done")[-1]["ok"] is True, f"{node}: {events(lab, node, job)}"
         assert leftovers(lab, node) == [], f"{node} not clean after job {job}"
+
+
+def test_prolog_timeout_of_slurm_25_05_caps_the_deadline(lab: SlurmLab) -> None:
+    """26.05: PrologTimeout=8 under a long PrologEpilogTimeout: slurmd and the cap both take PrologTimeout."""
+    if lab.version_info < (25, 5):
+        pytest.skip(f"PrologTimeout came in Slurm 25.05, the lab runs {lab.version}")
+    module = lab.extra_conf, dict(lab.extra_etc)
+    lab.restart(module[0] + f"PrologTimeout={HOOK_TIMEOUT}\n", module[1], prolog_epilog_timeout=PROLOG_TIMEOUT)
+    try:
+        lab.faults.write_text(f"@{lab.addr(BAD)} never_ready\n")
+        with imexctl_settings(lab, {"readiness": {"deadline_s": str(CONFIGURED_S)}}):
+            job = sbatch(lab, hold_script(lab), JOB_NODES)
+            done = _failed_prologs(lab, job)
+        for node in JOB_NODES:
+            capped = events(lab, node, job, "prolog.deadline")
+            assert capped and capped[-1]["hook_timeout"] == f"PrologTimeout={HOOK_TIMEOUT}s", f"{node}: {capped}"
+            assert done[node]["duration_s"] < HOOK_TIMEOUT, f"{node}: outlived PrologTimeout: {done[node]}"
+        assert done[BAD]["error_code"] == "not_ready" and "terminated" not in done[BAD]["reason"], done[BAD]
+        for node in JOB_NODES:
+            assert leftovers(lab, node) == [], f"{node} not clean after job {job}"
+    finally:
+        lab.faults.write_text("")
+        lab.restart(*module, prolog_epilog_timeout=HOOK_TIMEOUT)

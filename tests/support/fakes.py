@@ -132,6 +132,9 @@ class FakeHost:
     imex_version_output: str = "IMEX version is: 580.95.05\n"
     #: what ``nvidia-ctk --version`` prints (imexctl doctor's container checks)
     ctk_version_output: str = "NVIDIA Container Toolkit CLI version 1.16.2\ncommit: 0123abc\n"
+    #: what ``scontrol version`` prints (Debian's build says slurm-wlm); 25.11: PrologTimeout is known, and
+    #: DeferBatch does not imply Alloc yet
+    slurm_version_output: str = "slurm-wlm 25.11.2\n"
     slept: list[float] = dataclasses.field(default_factory=list)
     signals: list[tuple[int, int]] = dataclasses.field(default_factory=list)
     mknods: list[tuple[str, int, int, int, int, int]] = dataclasses.field(default_factory=list)
@@ -188,6 +191,8 @@ class FakeHost:
         raise AssertionError(f"FakeHost: {cfg} has no IMEX_NODE_CONFIG_FILE")
 
     def _scontrol(self, argv: tuple[str, ...], timeout_s: float) -> Completed:
+        if argv[1:] == ("version",):  # local: slurmctld is not asked
+            return Completed(argv, 0, self.slurm_version_output, "")
         if argv[1:4] != ("show", "job", "-o") or len(argv) != 5:
             raise AssertionError(f"FakeHost: unexpected scontrol arguments {argv}")
         if self.scontrol_hangs:
