@@ -104,6 +104,8 @@ def _prolog(env: Mapping[str, str], rt: Runtime, run: _Run) -> dict[str, Any]:
     job = run.job = JobContext.from_env(env, need_nodes=True)
     bind(rt, job_id=job.job_id, node=job.node)
     skip = policy_skip(job, vars(rt.settings.policy))
+    if not skip and (job.qos or job.sluid):  # Slurm 26.05's QOS and 25.11's SLUID: in every line of a set-up
+        bind(rt, **{k: v for k, v in (("qos", job.qos), ("sluid", job.sluid)) if v})
     if skip:
         return _done(rt, run.t0, skipped=skip, **_tell_user(job, skip, rt))
     _refuse_shared(job, rt)

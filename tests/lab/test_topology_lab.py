@@ -156,3 +156,21 @@ def test_job_over_both_blocks_gets_one_domain_per_block(lab: SlurmLab) -> None:
     for node in NODES:
         assert events(lab, node, job, "prolog.done")[-1]["trays"] == 2, node
         assert leftovers(lab, node) == [], f"{node} not clean after job {job}"
+
+
+def test_exclusive_topo_job_gets_its_domain(lab: SlurmLab) -> None:
+    """``--exclusive=topo`` (24.05+) in a partition that lets jobs share: the job owns its trays, gets a domain."""
+    if lab.version_info < (24, 5):
+        pytest.skip(f"--exclusive=topo came in Slurm 24.05, the lab runs {lab.version}")
+    job = sbatch(lab, hold_script(lab), NODES[:2], extra=["-p", "shared", "--exclusive=topo"])
+    try:
+        wait_started(lab, job)
+        for node in NODES[:2]:
+            done = events(lab, node, job, "prolog.done")[-1]
+            assert done["ok"] and done["trays"] == 2 and not done.get("skipped"), f"{node}: {done}"
+            assert_domain_up(ctl_domain(lab, node, job), 2, f"job {job} on {node}")
+    finally:
+        release(lab, job)
+    wait_done(lab, job)
+    for node in NODES:
+        assert leftovers(lab, node) == [], f"{node} not clean after job {job}"
