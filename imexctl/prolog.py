@@ -104,6 +104,9 @@ def _prolog(env: Mapping[str, str], rt: Runtime, run: _Run) -> dict[str, Any]:
     job = run.job = JobContext.from_env(env, need_nodes=True)
     bind(rt, job_id=job.job_id, node=job.node)
     skip = policy_skip(job, vars(rt.settings.policy))
+    if not skip and job.is_shared is None:
+        job = run.job = _ask_sharing(job, rt)
+        skip = policy_skip(job, vars(rt.settings.policy))
     if not skip and (job.qos or job.sluid):  # Slurm 26.05's QOS and 25.11's SLUID: in every line of a set-up
         bind(rt, **{k: v for k, v in (("qos", job.qos), ("sluid", job.sluid)) if v})
     if skip:
@@ -203,6 +206,22 @@ def _tell_user(job: JobContext, skip: str, rt: Runtime) -> dict[str, Any]:
         rt.log.warning("imex.note_failed", problem=f"{exc.filename or paths.run_dir}: {exc.strerror or exc}")
         return {}
     return {"told_user": True} if told else {}
+
+
+def _ask_sharing(job: JobContext, rt: Runtime) -> JobContext:
+    """Slurm 22.05 does not tell the prolog whether the job may share its trays: ask slurmctld, once.
+
+    Only under slurmd (``SLURM_CONF`` set) and with ``[slurm] ask_sharing =
+    yes``.  No answer: the job counts as exclusive, as it always did, and a
+    warning says so; a prolog never fails for a question it could not ask.
+    """
+    if rt.settings.slurm.ask_sharing != "yes" or not job.slurm_conf:
+        return job
+    found = slurmctl.job_oversubscribe(job.job_id, rt.host, rt.settings, job.slurm_conf)
+    if found is None:
+        rt.log.warning("imex.sharing_unknown", reason="slurmctld did not say (scontrol show job): counted as exclusive")
+        return job
+    return job.replace(oversubscribe=found, sharing_from="slurmctld")
 
 
 def _refuse_shared(job: JobContext, rt: Runtime) -> None:

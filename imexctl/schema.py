@@ -267,6 +267,8 @@ SCHEMA: dict[str, dict[str, tuple[str, Parser]]] = {
         "timeout_margin_s": ("10", _number(float, 0, 600)),
         # a prolog about to fail asks slurmctld whether the job was cancelled meanwhile
         "check_cancelled": ("yes", _choice("yes", "no")),
+        # Slurm 22.05 sets neither SLURM_JOB_OVERSUBSCRIBE nor SLURM_JOB_EXCLUSIVE: ask slurmctld once
+        "ask_sharing": ("yes", _choice("yes", "no")),
         "query_timeout_s": ("3", _number(float, 0.1, 60)),
         # het jobs: one IMEX domain over all components (joint) or one per component
         "het_jobs": ("joint", _choice("joint", "per_component")),

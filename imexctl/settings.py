@@ -129,6 +129,7 @@ class Slurm:
     cap_deadline: str
     timeout_margin_s: float
     check_cancelled: str
+    ask_sharing: str
     query_timeout_s: float
     het_jobs: str
 

@@ -57,6 +57,7 @@ class JobContext:
         "exclusive",
         "qos",
         "sluid",
+        "sharing_from",
     )
 
     job_id: int
@@ -77,6 +78,8 @@ class JobContext:
     #: SLURM_JOB_QOS (26.05+) and SLURM_JOB_SLUID (25.11+), for the log only; '' when unset
     qos: str
     sluid: str
+    #: where ``oversubscribe`` came from when not from the environment: "slurmctld" (asked under Slurm 22.05)
+    sharing_from: str
 
     def __init__(
         self,
@@ -94,10 +97,11 @@ class JobContext:
         exclusive: str = "",
         qos: str = "",
         sluid: str = "",
+        sharing_from: str = "",
     ) -> None:
         values = (
             *(job_id, node, nodes, uid, gid, user, partition, constraints, oversubscribe, het_job_id, slurm_conf),
-            *(exclusive, qos, sluid),
+            *(exclusive, qos, sluid, sharing_from),
         )
         for name, value in zip(self._FIELDS, values):
             object.__setattr__(self, name, value)
@@ -186,6 +190,8 @@ class JobContext:
     @property
     def sharing(self) -> str:
         """The variables :attr:`is_shared` was decided from, as ``NAME=value`` words (for reasons and logs)."""
+        if self.sharing_from:
+            return f"OverSubscribe={self.oversubscribe} from {self.sharing_from}"
         found = (("SLURM_JOB_EXCLUSIVE", self.exclusive), ("SLURM_JOB_OVERSUBSCRIBE", self.oversubscribe))
         said = " ".join(f"{name}={value}" for name, value in found if value)
         return said or "neither SLURM_JOB_EXCLUSIVE nor SLURM_JOB_OVERSUBSCRIBE set"

@@ -1,9 +1,11 @@
-"""The two questions imexctl asks slurmctld, each once, only when it must (``scontrol``, bounded).
+"""The three questions imexctl asks slurmctld, each once, only when it must (``scontrol``, bounded).
 
 - A prolog about to fail asks whether its job still wants to start: a job
   cancelled while its prologs ran must not drain a healthy node.
 - A het job's prolog asks for the other components' nodes, so all components
   that share an NVLink domain get one IMEX domain.
+- Under Slurm 22.05, whose slurmd does not say, a prolog asks whether its job
+  may share its trays (``[slurm] ask_sharing``).
 
 Prologs should not call Slurm commands (design.md source slurm-no-commands):
 every other hook run never does.
@@ -19,7 +21,7 @@ from imexctl.errors import CommandError, SlurmQueryError
 from imexctl.host import Host
 from imexctl.settings import Settings
 
-__all__ = ["ENDED_STATES", "het_nodes", "job_state", "parse_show_job", "wants_to_start"]
+__all__ = ["ENDED_STATES", "het_nodes", "job_oversubscribe", "job_state", "parse_show_job", "wants_to_start"]
 
 #: job states in which the job will not run on the allocation this prolog sets up: it ended, is
 #: ending, or went back to the queue (requeued because another node's prolog failed, say)
@@ -63,6 +65,26 @@ def job_state(job_id: int, host: Host, settings: Settings, slurm_conf: str) -> s
     for record in parse_show_job(out):
         if record.get("JobId") == str(job_id):
             return record.get("JobState") or None
+    return None
+
+
+def job_oversubscribe(job_id: int, host: Host, settings: Settings, slurm_conf: str) -> str | None:
+    """The job's ``OverSubscribe`` as slurmctld reports it (``OK``, ``NO``, ``YES``, ``USER``, ...), or None.
+
+    For Slurm 22.05, whose slurmd does not tell the prolog (``scontrol show
+    job`` prints ``job_share_string()``, the same words 23.02 to 25.11 put in
+    ``SLURM_JOB_OVERSUBSCRIBE``).  None when slurmctld cannot be asked or does
+    not say.
+    """
+    try:
+        rc, out = _show_job(job_id, host, settings, slurm_conf)
+    except CommandError:
+        return None
+    if rc != 0:
+        return None
+    for record in parse_show_job(out):
+        if record.get("JobId") == str(job_id):
+            return record.get("OverSubscribe", "").strip().upper() or None
     return None
 
 

@@ -85,7 +85,8 @@ class TestCancelledWhileWaiting:
         host.domain = lambda hosts: (0, domain_json(hosts, status="DEGRADED", node_status={1: "UNAVAILABLE"},
                                                     conn_status="INVALID"))  # fmt: skip
         rt = runtime(host, make_settings, readiness={"deadline_s": 3}, **sections)
-        return rt, job_env(job_id=42, SLURM_CONF=slurm_conf(root, "ClusterName=x\n"))
+        # Slurm 23.02+: the environment says the job owns its trays, so slurmctld is asked only about its end
+        return rt, job_env(job_id=42, SLURM_CONF=slurm_conf(root, "ClusterName=x\n"), SLURM_JOB_OVERSUBSCRIBE="NO")
 
     @pytest.mark.parametrize("state", ["CANCELLED", "COMPLETING", "COMPLETED", "TIMEOUT", "PENDING", "REQUEUED"])
     def test_ended_job_rolls_back_and_exits_0(self, host: FakeHost, make_settings: Callable[..., Settings],
@@ -141,7 +142,7 @@ class TestCancelledWhileWaiting:
         rt = runtime(host, make_settings, readiness={"deadline_s": 3})
         host.slurm_jobs[42] = "JobId=42 JobState=PENDING Reason=launch_failed_requeued_held\n"
         with pytest.raises(HealthTimeout) as info:
-            prolog(job_env(job_id=42, SLURM_CONF=slurm_conf(root, "ClusterName=x\n")), rt)
+            prolog(job_env(job_id=42, SLURM_CONF=slurm_conf(root, "ClusterName=x\n"), SLURM_JOB_OVERSUBSCRIBE="NO"), rt)
         assert info.value.local_ready is False and not [c for c in host.calls if c[0].endswith("scontrol")]
 
     def test_check_off_asks_nobody(self, host: FakeHost, make_settings: Callable[..., Settings], root: Path) -> None:
@@ -324,3 +325,46 @@ class TestSlurmOwnsChannels:
         """switch/none (or none set): imexctl creates the job's channel as usual."""
         out = prolog(job_env(SLURM_CONF=slurm_conf(root, "SwitchType=switch/none\n")), runtime(host, make_settings))
         assert out["channel"] and len(host.mknods) == 1
+
+
+class TestSharingUnderSlurm2205:
+    """Slurm 22.05 sets neither SLURM_JOB_OVERSUBSCRIBE nor SLURM_JOB_EXCLUSIVE: the prolog asks slurmctld once."""
+
+    def _env(self, root: Path, **more: str) -> dict[str, str]:
+        return job_env(job_id=42, SLURM_CONF=slurm_conf(root, "ClusterName=x\n"), **more)
+
+    @pytest.mark.parametrize(("answer", "shared"), [("OK", True), ("USER", True), ("YES", True), ("NO", False),
+                                                    ("TOPO", False)])  # fmt: skip
+    def test_slurmctld_says_whether_the_job_shares(self, host: FakeHost, make_settings: Callable[..., Settings],
+                                                   root: Path, answer: str, shared: bool) -> None:  # fmt: skip
+        """22.05's scontrol show job prints OverSubscribe as 23.02-25.11's variable: read by the same rule."""
+        host.slurm_jobs[42] = f"JobId=42 JobName=x JobState=CONFIGURING OverSubscribe={answer} Contiguous=0\n"
+        out = prolog(self._env(root), runtime(host, make_settings))
+        asked = [c for c in host.calls if c[0].endswith("scontrol")]
+        assert asked == [("/usr/bin/scontrol", "show", "job", "-o", "42")]
+        if shared:
+            assert out["skipped"].startswith(f"the job may share its trays with other jobs (OverSubscribe={answer} "
+                                             "from slurmctld)"), out  # fmt: skip
+            assert leftovers(root) == [], leftovers(root)  # no domain: nothing of the job's but its note
+        else:
+            assert out["ok"] and not out.get("skipped") and out["trays"] == 2, out
+
+    def test_no_answer_counts_as_exclusive_with_a_warning(self, host: FakeHost,
+                                                          make_settings: Callable[..., Settings],
+                                                          root: Path) -> None:  # fmt: skip
+        """slurmctld does not know the job: as before 22.05's question, the job counts as exclusive."""
+        with capture_logs() as logs:
+            out = prolog(self._env(root), runtime(host, make_settings))
+        assert out["ok"] and out["trays"] == 2, out
+        (warning,) = [e for e in logs if e["event"] == "imex.sharing_unknown"]
+        assert warning["log_level"] == "warning", warning
+
+    @pytest.mark.parametrize("where", ["env-says", "not-under-slurmd", "turned-off"])
+    def test_not_asked(self, host: FakeHost, make_settings: Callable[..., Settings], root: Path, where: str) -> None:
+        """Not asked when the environment says (23.02+), without SLURM_CONF, or with ask_sharing = no."""
+        env = self._env(root, SLURM_JOB_OVERSUBSCRIBE="NO") if where == "env-says" else self._env(root)
+        if where == "not-under-slurmd":
+            del env["SLURM_CONF"]
+        slurm = {"ask_sharing": "no"} if where == "turned-off" else {}
+        assert prolog(env, runtime(host, make_settings, slurm=slurm))["ok"]
+        assert not [c for c in host.calls if c[0].endswith("scontrol")]

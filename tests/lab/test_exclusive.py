@@ -5,7 +5,8 @@ reads why in the job's own output (the TaskProlog prints the prolog's note). A j
 gets its domain. The lab's default partition ``debug`` is ``OverSubscribe=EXCLUSIVE``; the partition
 ``shared`` has Slurm's default ``OverSubscribe=NO``, where a plain job may share its nodes with other
 jobs on other cores. Slurm 22.05 tells the prolog nothing (neither ``SLURM_JOB_OVERSUBSCRIBE`` nor
-``SLURM_JOB_EXCLUSIVE``): such a job counts as exclusive, as docs/configuration.md says.
+``SLURM_JOB_EXCLUSIVE``): there the prolog asks slurmctld once (``[slurm] ask_sharing``), and the same
+jobs get the same outcome.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.slurm
 TRAYS = NODES[:2]
 NOTE = "imexctl: IMEX was not set up for job"
 
-# (sbatch options, whether the job owns its trays on 23.02 and later)
+# (sbatch options, whether the job owns its trays)
 CASES = {
     "no-flag": (["-p", "shared"], False),
     "exclusive": (["-p", "shared", "--exclusive"], True),
@@ -40,7 +41,6 @@ def _env_script(lab: SlurmLab) -> str:
 def test_a_job_that_may_share_its_trays_runs_without_imex_and_is_told(lab: SlurmLab, case: str) -> None:
     """Shared: no domain, every prolog exits 0, no tray drained, one line in the job's output; else a domain."""
     opts, owns = CASES[case]
-    owns = owns or lab.version_info < (23, 2)  # 22.05 says nothing: counted as exclusive (documented)
     job = sbatch(lab, _env_script(lab), TRAYS, extra=opts)
     wait_done(lab, job)
     output = (lab.dir / "out" / f"{job}.out").read_text()
@@ -55,6 +55,8 @@ def test_a_job_that_may_share_its_trays_runs_without_imex_and_is_told(lab: Slurm
             assert "may share its trays" in done[-1].get("skipped", ""), f"{node}: {done[-1]}"
             assert "--exclusive" in done[-1]["skipped"] and done[-1].get("told_user") is True, done[-1]
         assert leftovers(lab, node) == [], f"{node} not clean after job {job}"
+        asked = events(lab, node, job, "imex.sharing_unknown")
+        assert not asked, f"{node}: slurmctld could not say whether job {job} shares its trays: {asked}"
         assert not list((lab.node_root(node) / "run/imexctl/notes").glob("*")), f"{node}: a note outlived job {job}"
     if owns:
         assert "channels=none" not in output and NOTE not in output, output

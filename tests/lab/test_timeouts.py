@@ -106,4 +106,10 @@ def test_prolog_timeout_of_slurm_25_05_caps_the_deadline(lab: SlurmLab) -> None:
             assert leftovers(lab, node) == [], f"{node} not clean after job {job}"
     finally:
         lab.faults.write_text("")
+        if "job" in locals():
+            lab.run(["scancel", str(job)], check=False)
+            wait_for(lambda: not lab.run(["squeue", "-h"], check=False).stdout.strip(), 60, 0.5, what="the queue")
+        for node, st in lab.node_states().items():  # the never-ready tray was drained: restart waits for idle
+            if st["state"] != "idle":
+                lab.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
         lab.restart(*module, prolog_epilog_timeout=HOOK_TIMEOUT)
