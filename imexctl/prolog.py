@@ -14,11 +14,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
 
-from imexctl import daemon, devices, imexconf, members, peerauth, slurmconf, slurmctl
+from imexctl import daemon, devices, imexconf, members, peerauth, slurmconf, slurmctl, topofile
 from imexctl.errors import (
     ConfigError,
     DomainBusyError,
     FileError,
+    GpuError,
     HealthTimeout,
     ImexctlError,
     SlurmQueryError,
@@ -115,6 +116,7 @@ def _prolog(env: Mapping[str, str], rt: Runtime, run: _Run) -> dict[str, Any]:
     deadline = run.t0 + _read_slurm_conf(job, rt, run)
     no_fabric, key = _no_fabric(rt, deadline)
     if no_fabric:
+        _refuse_without_fabric(job, no_fabric, rt)
         return _done(rt, run.t0, skipped=no_fabric)
     job = _het_domain(job, rt)
     trays = members.job_domain(job.nodes, job.node, rt.settings, key, rt.log)  # cross-checks the NVML key
@@ -179,6 +181,30 @@ def _no_fabric(rt: Runtime, deadline: float) -> tuple[str, str | None]:
         return "", None
     key = fabric_key(rt.gpu, rt.host, rt.settings, deadline=deadline, log=rt.log)
     return ("" if key else "this tray has no multi-node NVLink fabric (NVML)"), key
+
+
+def _refuse_without_fabric(job: JobContext, no_fabric: str, rt: Runtime) -> None:
+    """Fail a tray without a fabric that the job's domain counts among its trays: the fault is this tray's.
+
+    Skipping it would leave its peers waiting for a daemon that never
+    starts, and the first of them to time out would be drained instead.  A
+    one-tray job, or a tray the topology source puts in no domain (a CPU
+    node in the job, say), is skipped as before.
+    """
+    topo, paths = rt.settings.topology, rt.settings.paths
+    try:
+        source = None
+        if topo.source != "none" and paths.topology_file is not None:
+            source = topofile.load(topo.source, paths.topology_file, topo.yaml_topology)
+        trays = members.domain_members(job.nodes, job.node, source)
+    except ConfigError:  # in no block of the topology: part of no IMEX domain
+        return
+    if len(trays) > 1:
+        raise GpuError(
+            f"{no_fabric}, yet job {job.job_id}'s IMEX domain counts this tray among its {len(trays)} trays "
+            f"and its peers would wait for it: check the tray's fabric (imexctl topology), or keep it out of "
+            "IMEX partitions"
+        )
 
 
 def _het_domain(job: JobContext, rt: Runtime) -> JobContext:

@@ -16,7 +16,7 @@ import structlog
 from structlog.testing import capture_logs
 
 from imexctl import blocks
-from imexctl.errors import ConfigError, TopologyMismatch
+from imexctl.errors import ConfigError, GpuError, TopologyMismatch
 from imexctl.gpu import FabricInfo
 from imexctl.prolog import prolog
 from imexctl.runtime import Runtime
@@ -175,3 +175,45 @@ def test_fabric_none_uses_the_source_without_a_check(base: Path) -> None:
     )
     assert prolog(job_env(job_id=42, nodelist="gb[01-02]", node="gb01"), rt)["trays"] == 1
     assert rt.gpu.calls == 0  # type: ignore[attr-defined]
+
+
+def _no_fabric_gpu() -> FakeGpu:
+    """A tray whose NVML reports GPUs in no multi-node fabric (an all-zero cluster UUID)."""
+    return FakeGpu([FabricInfo(i, b"\x00" * 16, 0, 3, 0) for i in range(4)])
+
+
+@pytest.mark.parametrize("kind", [None, "topology_conf"])
+def test_tray_without_fabric_in_a_multi_tray_domain_fails_itself(base: Path, kind: str | None) -> None:
+    """No fabric on a tray its job's domain counts: that tray fails (gpu_failed, 69), so Slurm drains it, not a peer."""
+    cluster = Cluster(base, {"gb01": "A", "gb02": "A"})
+    sections: dict[str, Any] = {"policy": {"fabric": "nvml"}}
+    if kind:
+        sections |= {"paths": {"topology_file": cluster.write_source(kind)}, "topology": {"source": kind}}
+    rt = cluster.runtime("gb02", KEYS["A"], **sections)
+    rt = Runtime(rt.host, _no_fabric_gpu(), rt.settings, rt.log)
+    with capture_logs() as logs, pytest.raises(GpuError) as info:
+        prolog(job_env(job_id=42, nodelist="gb[01-02]", node="gb02"), rt)
+    assert "no multi-node NVLink fabric" in str(info.value) and "among its 2 trays" in str(info.value)
+    assert rt.host.calls == [] and not (base / "gb02/run/imexctl/jobs").exists()
+    assert (logs[-1]["event"], logs[-1]["error_code"], logs[-1]["exit_code"]) == ("prolog.done", "gpu_failed", 69)
+
+
+def test_tray_without_fabric_alone_or_outside_every_block_is_skipped(base: Path) -> None:
+    """A one-tray job, or a tray the topology puts in no block (a CPU node in the job), is skipped: exit 0."""
+    cluster = Cluster(base, {"gb01": "A", "gb02": "A"})
+    source = cluster.write_source("topology_conf")
+    alone = cluster.runtime("gb01", KEYS["A"], policy={"fabric": "nvml"})
+    alone = Runtime(alone.host, _no_fabric_gpu(), alone.settings, alone.log)
+    assert "no multi-node NVLink fabric" in prolog(job_env(job_id=42, nodelist="gb01", node="gb01"), alone)["skipped"]
+    outside = cluster.runtime(
+        "cpu01",
+        KEYS["A"],
+        policy={"fabric": "nvml"},
+        paths={"topology_file": source},
+        topology={"source": "topology_conf"},
+    )
+    outside = Runtime(outside.host, _no_fabric_gpu(), outside.settings, outside.log)
+    (base / "cpu01/etc/slurm").mkdir(parents=True, exist_ok=True)
+    (base / "cpu01/etc/slurm/nvlink").write_text((base / "gb01/etc/slurm/nvlink").read_text())
+    out = prolog(job_env(job_id=43, nodelist="cpu01,gb[01-02]", node="cpu01"), outside)
+    assert "no multi-node NVLink fabric" in out["skipped"], out

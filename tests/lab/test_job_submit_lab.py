@@ -25,7 +25,7 @@ def _script(mode: str) -> str:
     """The shipped script with its settings for the lab: partition ``shared``, no default, ``mode``."""
     text = SCRIPT.read_text()
     settings = {
-        'local IMEX_PARTITIONS = { gb200 = true }': 'local IMEX_PARTITIONS = { shared = true }',
+        "local IMEX_PARTITIONS = { gb200 = true }": "local IMEX_PARTITIONS = { shared = true }",
         'local DEFAULT_PARTITION = "gb200"': "local DEFAULT_PARTITION = nil",
         'local IMEX_MODE = "exclusive"': f'local IMEX_MODE = "{mode}"',
     }
