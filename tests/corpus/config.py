@@ -62,7 +62,7 @@ _CHOICES = {
     ("readiness", "level"): "domain", ("readiness", "ctl_address"): "config", ("readiness", "blame_peers"): "no",
     ("resolve", "method"): "dns", ("log", "level"): "info", ("log", "syslog"): "no",
     ("policy", "single_tray"): "domain", ("slurm", "cap_deadline"): "yes", ("slurm", "check_cancelled"): "yes",
-    ("slurm", "het_jobs"): "joint", ("topology", "source"): "auto",
+    ("slurm", "het_jobs"): "joint", ("slurm", "ask_sharing"): "yes", ("topology", "source"): "auto",
     ("auth", "enabled"): "no", ("auth", "mode"): "SSL_TLS",
 }  # fmt: skip
 
