@@ -9,7 +9,8 @@ The layout (docs/install.md, "What the packages install"):
     /usr/sbin/imexctl -> /opt/imexctl/bin/imexctl
     /usr/share/imexctl/hooks/      prolog, epilog, task-prolog, enroot/99-imexctl.sh (installed nowhere else)
     <unitdir>/                     imexctl-imex@.service, imexctl-cleanup.service (not enabled)
-    /etc/imexctl/imexctl.conf      every key commented out (python3 -m imexctl.reference config)
+    /etc/imexctl/imexctl.conf      pkg/imexctl.conf: sets nothing, the same text in every release
+    /usr/share/imexctl/imexctl.conf.example  every key commented out (python3 -m imexctl.reference config)
     /etc/logrotate.d/imexctl       imexctl's log and the IMEX daemon's log
     /usr/share/man/man8/imexctl.8  from the argparse definitions (python3 -m imexctl.reference man)
 
@@ -104,7 +105,7 @@ def _put(path: Path, text: str, mode: int) -> None:
 
 
 def install_files(dest: Path, unitdir: str) -> None:
-    """Hooks, units, the commented config, logrotate, the man page and the /usr/sbin link."""
+    """Hooks, units, the config and its example, logrotate, the man page and the /usr/sbin link."""
     sys.path.insert(0, str(SRC))
     from imexctl import reference
 
@@ -112,7 +113,10 @@ def install_files(dest: Path, unitdir: str) -> None:
         _put(dest / "usr/share/imexctl/hooks" / hook, (SRC / "hooks" / hook).read_text(), 0o755)
     for unit in sorted((SRC / "systemd").glob("*.service")):
         _put(dest / unitdir.lstrip("/") / unit.name, unit.read_text(), 0o644)
-    _put(dest / "etc/imexctl/imexctl.conf", reference.default_config(), 0o644)
+    # the conffile is a fixed text: one that changed with each release would stop an unattended
+    # upgrade of a node whose config was edited at dpkg's conffile prompt
+    _put(dest / "etc/imexctl/imexctl.conf", (SRC / "pkg/imexctl.conf").read_text(), 0o644)
+    _put(dest / "usr/share/imexctl/imexctl.conf.example", reference.default_config(), 0o644)
     _put(dest / "etc/logrotate.d/imexctl", (SRC / "pkg/logrotate").read_text(), 0o644)
     _put(dest / "usr/share/man/man8/imexctl.8", reference.man_page(), 0o644)
     (dest / "usr/sbin").mkdir(parents=True, exist_ok=True)

@@ -44,9 +44,12 @@ LAYOUT = (
     "/usr/share/imexctl/hooks/task-prolog",
     "/usr/share/imexctl/hooks/enroot/99-imexctl.sh",
     "/etc/imexctl/imexctl.conf",
+    "/usr/share/imexctl/imexctl.conf.example",
     "/etc/logrotate.d/imexctl",
 )
 UNITS = ("imexctl-imex@.service", "imexctl-cleanup.service")
+#: imexctl-cleanup.service's [Install] WantedBy=: where systemctl enable links it
+REQUIRED_BY = ("multi-user.target.wants", "slurmd.service.wants")
 CACHE = Path("/var/cache/imexctl-lab")
 
 
@@ -139,15 +142,21 @@ def test_wheel_in_a_fresh_venv_runs_version_and_demo(dist: Path, tmp_path: Path)
 # ---------------------------------------------------------------- the .deb
 
 
-@pytest.fixture(scope="module")
-def deb(dist: Path) -> Path:
-    """The .deb, built by dpkg-buildpackage from the unpacked sdist."""
+#: the version of the second .deb, which upgrades the first
+NEXT = f"{__version__}+next1"
+
+
+def _unpacked_sdist(dist: Path, where: str) -> Path:
+    with tarfile.open(dist / f"imexctl-{__version__}.tar.gz") as tar:
+        tar.extractall(dist / where)  # noqa: S202 # our own sdist
+    return dist / where / f"imexctl-{__version__}"
+
+
+def _build_deb(src: Path, version: str) -> Path:
+    """dpkg-buildpackage in an unpacked sdist: the one .deb of ``version`` beside it."""
     if os.geteuid() != 0:
         pytest.skip("dpkg-buildpackage here runs as root (bash .ci/setup test)")
     _need("dpkg-buildpackage", "dh", "fakeroot")
-    with tarfile.open(dist / f"imexctl-{__version__}.tar.gz") as tar:
-        tar.extractall(dist / "deb")  # noqa: S202 # our own sdist
-    src = dist / "deb" / f"imexctl-{__version__}"
     done = subprocess.run(
         ["dpkg-buildpackage", "-us", "-uc", "-b"], cwd=src, capture_output=True, text=True, timeout=900, env=ENV,
         check=False,
@@ -155,9 +164,28 @@ def deb(dist: Path) -> Path:
     if done.returncode != 0 and _pip_problem(done.stdout + done.stderr):
         pytest.skip(f"pip cannot reach the package index: {_pip_problem(done.stdout + done.stderr)}")
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    found = sorted((dist / "deb").glob(f"imexctl_{__version__}_*.deb"))
+    found = sorted(src.parent.glob(f"imexctl_{version}_*.deb"))
     assert len(found) == 1
     return found[0]
+
+
+@pytest.fixture(scope="module")
+def deb(dist: Path) -> Path:
+    """The .deb, built by dpkg-buildpackage from the unpacked sdist."""
+    return _build_deb(_unpacked_sdist(dist, "deb"), __version__)
+
+
+@pytest.fixture(scope="module")
+def deb_next(dist: Path) -> Path:
+    """A .deb of the next version (NEXT in imexctl/__init__.py and debian/changelog), else the same sources."""
+    src = _unpacked_sdist(dist, "deb-next")
+    init = src / "imexctl/__init__.py"
+    init.write_text(init.read_text().replace(f'__version__ = "{__version__}"', f'__version__ = "{NEXT}"'))
+    changelog = (src / "debian/changelog").read_text()
+    trailer = next(line for line in changelog.splitlines() if line.startswith(" -- "))
+    entry = f"imexctl ({NEXT}) unstable; urgency=medium\n\n  * The next release (a test build).\n\n{trailer}\n\n"
+    (src / "debian/changelog").write_text(entry + changelog)
+    return _build_deb(src, NEXT)
 
 
 def test_deb_control_and_files(deb: Path) -> None:
@@ -228,7 +256,11 @@ def root(tmp_path: Path) -> Iterator[Path]:
 def chroot(root: Path, script: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run a shell script in the root, with /proc mounted in a mount namespace of its own."""
     argv = ["unshare", "--mount", "--fork", "sh", "-c", 'mount -t proc proc "$0/proc" && exec chroot "$0" sh -c "$1"']
-    done = subprocess.run([*argv, str(root), script], capture_output=True, text=True, timeout=300, env=ENV, check=False)
+    # stdin is /dev/null, as under clush, pdsh or Ansible: a prompt fails instead of waiting
+    done = subprocess.run(
+        [*argv, str(root), script], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300, env=ENV,
+        check=False,
+    )  # fmt: skip
     if check and done.returncode != 0:
         raise AssertionError(f"in the root: {script}\nexit {done.returncode}\n{done.stdout}\n{done.stderr}")
     return done
@@ -270,18 +302,50 @@ def test_deb_installs_runs_removes_and_purges_cleanly(deb: Path, root: Path) -> 
     assert (root / "etc/imexctl/imexctl.conf").exists(), "remove keeps the conffiles"
     chroot(root, "dpkg -P imexctl")
     assert chroot(root, "dpkg-query -W imexctl", check=False).returncode != 0
-    assert _tree(root) - before == set(), "purge leaves nothing behind"
+    after = _tree(root)
+    assert (after - before, before - after) == (set(), set()), "purge leaves nothing behind and takes nothing else"
     assert not (root / "var/log/imexctl.log").exists()
 
 
+def test_deb_install_enable_edit_upgrade_purge_unattended(deb: Path, deb_next: Path, root: Path) -> None:
+    """Install, enable as documented, edit, upgrade with no terminal, purge: nothing asked, the edit kept, nothing left."""
+    _need("systemctl")
+    before = _tree(root)
+    shutil.copy(deb, root / "tmp/old.deb")
+    shutil.copy(deb_next, root / "tmp/new.deb")
+    chroot(root, "dpkg -i /tmp/old.deb")
+    # docs/install.md: systemctl enable imexctl-cleanup.service (the root has no systemd: --root makes the same links)
+    sh(["systemctl", f"--root={root}", "enable", "imexctl-cleanup.service"])
+    links = [root / "etc/systemd/system" / wants / "imexctl-cleanup.service" for wants in REQUIRED_BY]
+    assert all(link.is_symlink() for link in links)
+    conf = root / "etc/imexctl/imexctl.conf"
+    edited = conf.read_text() + "\n[readiness]\ndeadline_s = 90\n"
+    conf.write_text(edited)
+    # as clush, pdsh, Ansible or BCM run it: no terminal, stdin /dev/null (chroot), no --force-conf* flag
+    upgrade = chroot(root, "DEBIAN_FRONTEND=noninteractive dpkg -i /tmp/new.deb", check=False)
+    assert upgrade.returncode == 0, upgrade.stdout + upgrade.stderr
+    assert "Configuration file" not in upgrade.stdout + upgrade.stderr, "dpkg came to its conffile prompt"
+    status = chroot(root, "dpkg-query -W -f '${Status} ${Version}' imexctl").stdout
+    assert status == f"install ok installed {NEXT}", "the new postinst ran (configured, not left unpacked)"
+    assert list((root / "opt/imexctl/lib").rglob("__pycache__/*.pyc")), "the new postinst compiled the byte-code"
+    assert conf.read_text() == edited
+    assert sorted(p.name for p in conf.parent.iterdir()) == ["imexctl.conf"], "no .dpkg-dist or .dpkg-new beside it"
+    assert chroot(root, "imexctl --version").stdout.strip() == f"imexctl {NEXT}"
+    assert all(link.is_symlink() for link in links), "the upgrade keeps the unit enabled"
+    chroot(root, "DEBIAN_FRONTEND=noninteractive dpkg -P imexctl")
+    assert not [link for link in links if link.is_symlink()], "purge removes the enable links"
+    after = _tree(root)
+    assert (after - before, before - after) == (set(), set()), "purge leaves nothing behind and takes nothing else"
+
+
 def test_deb_upgrade_over_itself_keeps_a_changed_config(deb: Path, root: Path) -> None:
-    """Reinstalling (an upgrade in place) keeps the admin's edit of the config and recompiles the byte-code."""
+    """Reinstalling (an upgrade in place) keeps the admin's edit of the config, asks nothing and recompiles the byte-code."""
     shutil.copy(deb, root / "tmp/imexctl.deb")
     chroot(root, "dpkg -i /tmp/imexctl.deb")
     conf = root / "etc/imexctl/imexctl.conf"
-    conf.write_text(conf.read_text().replace("#deadline_s = 60", "deadline_s = 90"))
-    chroot(root, "dpkg -i --force-confold /tmp/imexctl.deb")
-    assert "\ndeadline_s = 90\n" in conf.read_text()
+    conf.write_text(conf.read_text() + "\n[readiness]\ndeadline_s = 90\n")
+    chroot(root, "dpkg -i /tmp/imexctl.deb")
+    assert conf.read_text().endswith("\n[readiness]\ndeadline_s = 90\n")
     assert list((root / "opt/imexctl/lib").rglob("__pycache__/*.pyc"))
     assert chroot(root, "imexctl --version").stdout.strip() == f"imexctl {__version__}"
 
@@ -337,6 +401,10 @@ def test_rpm_metadata_files_and_configs(rpms: dict[str, Path]) -> None:
     assert wanted <= files
     assert not [f for f in files if f.startswith(("/usr/lib/.build-id", "/etc/systemd")) or f.endswith(".pyc")]
     assert set(_rpm(rpm, "-c").split()) == {"/etc/imexctl/imexctl.conf", "/etc/logrotate.d/imexctl"}
+    # the conffile is pkg/imexctl.conf as it is, the same in every release: no .rpmnew on upgrade
+    listed = [line.split() for line in _rpm(rpm, "--qf", "[%{FILENAMES} %{FILEDIGESTS}\n]").splitlines()]
+    digests = {fields[0]: fields[1] for fields in listed if len(fields) == 2}
+    assert digests["/etc/imexctl/imexctl.conf"] == hashlib.sha256((REPO / "pkg/imexctl.conf").read_bytes()).hexdigest()
 
 
 def test_rpm_scriptlets_enable_nothing_and_clean_byte_code(rpms: dict[str, Path]) -> None:
