@@ -11,8 +11,10 @@ for the RPM: docs/install.md, "The RPM".
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -48,6 +50,8 @@ LAYOUT = (
     "/etc/logrotate.d/imexctl",
 )
 UNITS = ("imexctl-imex@.service", "imexctl-cleanup.service")
+#: imexctl's and its bundled dependencies' (debian/copyright has one paragraph each)
+RPM_LICENSE = "Apache-2.0 AND (MIT OR Apache-2.0) AND BSD-3-Clause"
 #: imexctl-cleanup.service's [Install] WantedBy=: where systemctl enable links it
 REQUIRED_BY = ("multi-user.target.wants", "slurmd.service.wants")
 CACHE = Path("/var/cache/imexctl-lab")
@@ -101,6 +105,7 @@ def test_wheel_holds_the_package_and_no_tests(dist: Path) -> None:
     assert {"imexctl/cli.py", "imexctl/doctor.py", "imexctl/sim/daemon.py", "imexctl/py.typed"} <= set(names)
     entry = zipfile.ZipFile(wheel).read(f"imexctl-{__version__}.dist-info/entry_points.txt").decode()
     assert "imexctl = imexctl.cli:console" in entry
+    assert [n for n in names if n.startswith(f"imexctl-{__version__}.dist-info/") and n.endswith("/LICENSE")]
 
 
 def test_sdist_holds_what_the_packages_are_built_from(dist: Path) -> None:
@@ -108,7 +113,7 @@ def test_sdist_holds_what_the_packages_are_built_from(dist: Path) -> None:
     with tarfile.open(dist / f"imexctl-{__version__}.tar.gz") as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
     wanted = {"debian/rules", "debian/control", "pkg/stage.py", "pkg/rpm/imexctl.spec", "pkg/logrotate"}
-    wanted |= {"hooks/prolog", "systemd/imexctl-imex@.service", "docs/operations.md", "imexctl/cli.py"}
+    wanted |= {"hooks/prolog", "systemd/imexctl-imex@.service", "docs/operations.md", "imexctl/cli.py", "LICENSE"}
     assert wanted <= names
     assert not [n for n in names if n.startswith(("tests/", "bench/", ".ci/"))]
 
@@ -202,6 +207,44 @@ def test_deb_control_and_files(deb: Path) -> None:
     assert not [f for f in files if "/etc/systemd/" in f or "/tests/" in f or f.endswith(".pyc")]
     conffiles = sh(["dpkg-deb", "--info", str(deb), "conffiles"]).split()
     assert conffiles == ["/etc/imexctl/imexctl.conf", "/etc/logrotate.d/imexctl"]
+
+
+def _bundled_metadata(deb: Path) -> dict[str, str]:
+    """Each bundled distribution's METADATA in the .deb, by distribution name (imexctl's own left out)."""
+    tar_bytes = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], capture_output=True, check=True, timeout=120)
+    out = {}
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes.stdout)) as tar:
+        for member in tar.getmembers():
+            if member.name.endswith(".dist-info/METADATA") and "/site-packages/" in member.name:
+                text = tar.extractfile(member).read().decode()  # type: ignore[union-attr]
+                name = re.search(r"^Name: (.+)$", text, re.MULTILINE).group(1).strip()  # type: ignore[union-attr]
+                if name != "imexctl":
+                    out[name] = text
+    return out
+
+
+def _licenses(expression: str) -> set[str]:
+    """``MIT OR Apache-2.0`` (PEP 639) or ``Apache-2.0 or MIT`` (DEP-5) as a set of lower-case names."""
+    return {part.strip().lower() for part in re.split(r"\s+or\s+", expression, flags=re.IGNORECASE)}
+
+
+def test_deb_copyright_covers_every_bundled_distribution(deb: Path) -> None:
+    """debian/copyright has a paragraph for each distribution in the .deb's environment, with its license."""
+    paragraphs = (REPO / "debian/copyright").read_text().split("\n\n")
+    by_dist = {}
+    for paragraph in paragraphs:
+        found = re.search(r"^Comment: distribution (\S+) ", paragraph, re.MULTILINE)
+        if found:
+            by_dist[found.group(1)] = re.search(r"^License: (.+)$", paragraph, re.MULTILINE).group(1)  # type: ignore[union-attr]
+    bundled = _bundled_metadata(deb)
+    assert set(bundled) == set(by_dist)
+    for name, metadata in bundled.items():
+        declared = re.search(r"^License(?:-Expression)?: (.+)$", metadata, re.MULTILINE).group(1)  # type: ignore[union-attr]
+        if declared == "BSD":  # nvidia-ml-py: the 3-clause text is at the head of pynvml.py
+            assert by_dist[name] == "BSD-3-clause"
+        else:
+            assert _licenses(declared) == _licenses(by_dist[name]), name
+    assert "./usr/share/doc/imexctl/copyright" in _deb_files(deb)
 
 
 def _deb_files(deb: Path) -> set[str]:
@@ -401,6 +444,8 @@ def test_rpm_metadata_files_and_configs(rpms: dict[str, Path]) -> None:
     assert wanted <= files
     assert not [f for f in files if f.startswith(("/usr/lib/.build-id", "/etc/systemd")) or f.endswith(".pyc")]
     assert set(_rpm(rpm, "-c").split()) == {"/etc/imexctl/imexctl.conf", "/etc/logrotate.d/imexctl"}
+    assert "/usr/share/licenses/imexctl/LICENSE" in files
+    assert _rpm(rpm, "--qf", "%{LICENSE}") == RPM_LICENSE
     # the conffile is pkg/imexctl.conf as it is, the same in every release: no .rpmnew on upgrade
     listed = [line.split() for line in _rpm(rpm, "--qf", "[%{FILENAMES} %{FILEDIGESTS}\n]").splitlines()]
     digests = {fields[0]: fields[1] for fields in listed if len(fields) == 2}
