@@ -4,8 +4,8 @@
 The layout (docs/install.md, "What the packages install"):
 
     /opt/imexctl/                  a virtual environment for the target's /usr/bin/python3:
-      pyvenv.cfg, bin/python3 -> /usr/bin/python3, bin/imexctl (and the simulator's two scripts),
-      lib/pythonX.Y/site-packages/ imexctl and its dependencies, from wheels
+      pyvenv.cfg, bin/python3 -> /usr/bin/python3, bin/imexctl,
+      lib/pythonX.Y/site-packages/ imexctl (without the simulator and the demo) and its dependencies
     /usr/sbin/imexctl -> /opt/imexctl/bin/imexctl
     /usr/share/imexctl/hooks/      prolog, epilog, task-prolog, enroot/99-imexctl.sh (installed nowhere else)
     <unitdir>/                     imexctl-imex@.service, imexctl-cleanup.service (not enabled)
@@ -74,6 +74,24 @@ def install_site(site: Path, wheel: Path, pyver: str, arch: str, wheels: Path | 
     shutil.rmtree(site / "bin", ignore_errors=True)  # scripts that name the build host's interpreter
 
 
+#: the simulator and the demo: in the wheel, left out of the node packages (docs/install.md)
+NOT_ON_NODES = ("imexctl/sim", "imexctl/demo.py")
+SIM_SCRIPTS = ("nvidia-imex-sim", "nvidia-imex-ctl-sim")
+
+
+def drop_simulator(site: Path) -> None:
+    """Remove the simulator and the demo from the installed package (and from its RECORD)."""
+    for rel in NOT_ON_NODES:
+        path = site / rel
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    (record,) = site.glob("imexctl-*.dist-info/RECORD")
+    kept = [line for line in record.read_text().splitlines(keepends=True) if not line.startswith(NOT_ON_NODES)]
+    record.write_text("".join(kept))
+
+
 def make_venv(root: Path, pyver: str) -> None:
     """pyvenv.cfg and the interpreter links of a venv over the target's /usr/bin/python3."""
     (root / "bin").mkdir(parents=True, exist_ok=True)
@@ -84,12 +102,14 @@ def make_venv(root: Path, pyver: str) -> None:
 
 
 def write_scripts(bindir: Path) -> list[str]:
-    """bin/<name> for each console script of setup.cfg, run by the venv's interpreter, isolated (-I)."""
+    """bin/<name> for each console script of setup.cfg but the simulator's, run by the venv's interpreter (-I)."""
     cfg = configparser.ConfigParser()
     cfg.read(SRC / "setup.cfg", encoding="utf-8")
     names = []
     for line in cfg["options.entry_points"]["console_scripts"].strip().splitlines():
         name, _, target = (part.strip() for part in line.partition("="))
+        if name in SIM_SCRIPTS:
+            continue
         module, _, func = target.partition(":")
         text = f"#!{PREFIX}/bin/python3 -I\nimport sys\n\nfrom {module} import {func}\n\nsys.exit({func}())\n"
         (bindir / name).write_text(text)
@@ -133,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         wheel = build_wheel(Path(tmp))
         site = root / f"lib/python{args.python_version}/site-packages"
         install_site(site, wheel, args.python_version, args.arch, args.wheels)
+    drop_simulator(site)
     make_venv(root, args.python_version)
     scripts = write_scripts(root / "bin")
     install_files(args.destdir, args.unitdir)

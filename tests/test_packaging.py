@@ -196,6 +196,8 @@ def deb_next(dist: Path) -> Path:
 def test_deb_control_and_files(deb: Path) -> None:
     """The .deb depends on the build's Python minor, marks the configs as conffiles and ships the layout."""
     info = sh(["dpkg-deb", "-f", str(deb), "Depends", "Version", "Architecture"])
+    relations = sh(["dpkg-deb", "-f", str(deb), "Recommends", "Suggests"])
+    assert "Recommends" not in relations and "logrotate" in relations, "logrotate is only suggested"
     minor = sys.version_info[:2] if Path(SYS_PYTHON).resolve() == Path(sys.executable).resolve() else None
     assert f"Version: {__version__}" in info and "python3 (>= 3." in info and "python3 (<< 3." in info
     if minor:
@@ -205,6 +207,7 @@ def test_deb_control_and_files(deb: Path) -> None:
     wanted |= {f"/lib/systemd/system/{unit}" for unit in UNITS}
     assert wanted <= files
     assert not [f for f in files if "/etc/systemd/" in f or "/tests/" in f or f.endswith(".pyc")]
+    assert not [f for f in files if _simulator(f)], "the simulator and the demo stay off the nodes"
     conffiles = sh(["dpkg-deb", "--info", str(deb), "conffiles"]).split()
     assert conffiles == ["/etc/imexctl/imexctl.conf", "/etc/logrotate.d/imexctl"]
 
@@ -245,6 +248,10 @@ def test_deb_copyright_covers_every_bundled_distribution(deb: Path) -> None:
         else:
             assert _licenses(declared) == _licenses(by_dist[name]), name
     assert "./usr/share/doc/imexctl/copyright" in _deb_files(deb)
+
+
+def _simulator(path: str) -> bool:
+    return "/imexctl/sim/" in path or path.endswith(("/imexctl/demo.py", "-sim"))
 
 
 def _deb_files(deb: Path) -> set[str]:
@@ -338,6 +345,8 @@ def test_deb_installs_runs_removes_and_purges_cleanly(deb: Path, root: Path) -> 
         ran = chroot(root, f"env -i /usr/share/imexctl/hooks/{hook}", check=False)
         assert ran.returncode == code, ran.stderr
         assert '"error_code": "job_env_invalid"' in ran.stderr
+    demo = chroot(root, "imexctl demo", check=False)
+    assert demo.returncode == 69 and "the simulator is not installed here" in demo.stderr
     assert not (root / "etc/systemd/system/multi-user.target.wants/imexctl-cleanup.service").exists()
     assert list((root / "opt/imexctl/lib").rglob("__pycache__/*.pyc")), "postinst compiles the byte-code"
     chroot(root, "dpkg -r imexctl")
@@ -443,6 +452,8 @@ def test_rpm_metadata_files_and_configs(rpms: dict[str, Path]) -> None:
     wanted |= {f"/usr/lib/systemd/system/{unit}" for unit in UNITS}
     assert wanted <= files
     assert not [f for f in files if f.startswith(("/usr/lib/.build-id", "/etc/systemd")) or f.endswith(".pyc")]
+    assert not [f for f in files if _simulator(f)], "the simulator and the demo stay off the nodes"
+    assert "logrotate" not in _rpm(rpm, "--recommends") and "logrotate" in _rpm(rpm, "--suggests")
     assert set(_rpm(rpm, "-c").split()) == {"/etc/imexctl/imexctl.conf", "/etc/logrotate.d/imexctl"}
     assert "/usr/share/licenses/imexctl/LICENSE" in files
     assert _rpm(rpm, "--qf", "%{LICENSE}") == RPM_LICENSE
