@@ -9,6 +9,7 @@ The layout (docs/install.md, "What the packages install"):
     /usr/sbin/imexctl -> /opt/imexctl/bin/imexctl
     /usr/share/imexctl/hooks/      prolog, epilog, task-prolog, enroot/99-imexctl.sh (installed nowhere else)
     <unitdir>/                     imexctl-imex@.service, imexctl-cleanup.service (not enabled)
+    /usr/share/imexctl/systemd/no-hardening.conf  the drop-in that turns the daemon unit's sandbox off
     /etc/imexctl/imexctl.conf      pkg/imexctl.conf: sets nothing, the same text in every release
     /usr/share/imexctl/imexctl.conf.example  every key commented out (python3 -m imexctl.reference config)
     /etc/logrotate.d/imexctl       imexctl's log and the IMEX daemon's log
@@ -133,6 +134,8 @@ def install_files(dest: Path, unitdir: str) -> None:
         _put(dest / "usr/share/imexctl/hooks" / hook, (SRC / "hooks" / hook).read_text(), 0o755)
     for unit in sorted((SRC / "systemd").glob("*.service")):
         _put(dest / unitdir.lstrip("/") / unit.name, unit.read_text(), 0o644)
+    # not a drop-in yet: docs/security.md says how to install it
+    _put(dest / "usr/share/imexctl/systemd/no-hardening.conf", (SRC / "systemd/no-hardening.conf").read_text(), 0o644)
     # the conffile is a fixed text: one that changed with each release would stop an unattended
     # upgrade of a node whose config was edited at dpkg's conffile prompt
     _put(dest / "etc/imexctl/imexctl.conf", (SRC / "pkg/imexctl.conf").read_text(), 0o644)

@@ -47,6 +47,7 @@ LAYOUT = (
     "/usr/share/imexctl/hooks/enroot/99-imexctl.sh",
     "/etc/imexctl/imexctl.conf",
     "/usr/share/imexctl/imexctl.conf.example",
+    "/usr/share/imexctl/systemd/no-hardening.conf",
     "/etc/logrotate.d/imexctl",
 )
 UNITS = ("imexctl-imex@.service", "imexctl-cleanup.service")
