@@ -195,9 +195,7 @@ def main(
         if args.command == "doctor":
             return _cmd_doctor(args, env, host, gpu)
         if args.command == "demo":
-            from imexctl import demo
-
-            return int(demo.run(trays=args.trays, fault=args.fault, keep=args.keep))
+            return _cmd_demo(args)
         return _with_runtime(args, env, host, gpu, on_step)
     except ImexctlError as exc:
         if not exc.logged:
@@ -210,6 +208,23 @@ def main(
     except Exception:  # a bug: leave a structured trace, never a bare traceback in slurmd's log only
         _log_crash()
         return int(ExitCode.SOFTWARE)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    """``imexctl demo``; the .deb and the .rpm leave the simulator out (docs/install.md)."""
+    import importlib.util
+
+    from imexctl.errors import ExitCode
+
+    if importlib.util.find_spec("imexctl.demo") is None or importlib.util.find_spec("imexctl.sim") is None:
+        sys.stderr.write(
+            "imexctl demo: the simulator is not installed here (the node packages leave it out);"
+            " run the demo from a checkout (bash .ci/setup demo) or a pip install of imexctl\n"
+        )
+        return int(ExitCode.UNAVAILABLE)
+    from imexctl import demo
+
+    return int(demo.run(trays=args.trays, fault=args.fault, keep=args.keep))
 
 
 def _with_runtime(

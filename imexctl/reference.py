@@ -18,7 +18,8 @@ from imexctl import __version__
 __all__ = ["default_config", "main", "man_page"]
 
 _FILES = (
-    ("/etc/imexctl/imexctl.conf", "the configuration (every key commented out: the built-in defaults hold)"),
+    ("/etc/imexctl/imexctl.conf", "the configuration (as shipped it sets nothing: the built-in defaults hold)"),
+    ("/usr/share/imexctl/imexctl.conf.example", "every key of the configuration, commented out at its default"),
     ("/run/imexctl/jobs/<job id>/", "each job's config.cfg, nodes_config.cfg and state.json"),
     ("/var/log/imexctl.log", "imexctl's log, one JSON object per line"),
     ("/usr/share/imexctl/hooks/", "the prolog and epilog scripts for slurm.conf's Prolog= and Epilog="),
@@ -110,14 +111,19 @@ def man_page(parser: argparse.ArgumentParser | None = None) -> str:
 
 
 def default_config() -> str:
-    """The shipped ``/etc/imexctl/imexctl.conf``: every section, every key commented out at its default."""
+    """``/usr/share/imexctl/imexctl.conf.example``: every section, every key commented out at its default.
+
+    Not the conffile: ``/etc/imexctl/imexctl.conf`` is ``pkg/imexctl.conf``, a
+    text that does not change with the release (a conffile that changes makes
+    an upgrade of a node with an edited config stop at dpkg's prompt).  This
+    one follows the defaults, so it carries no version either.
+    """
     from imexctl import settings
 
     lines = [
-        f"# imexctl configuration (imexctl {__version__}).",
-        "# Every key is commented out and shows its built-in default, so this file changes nothing.",
-        "# To change a key, remove its '#' and keep it under its [section] line. Keep comments on lines",
-        "# of their own. Every key: man 8 imexctl, docs/configuration.md. Check a change: imexctl doctor",
+        "# imexctl configuration: every key, commented out at its built-in default.",
+        "# Copy a key into /etc/imexctl/imexctl.conf under its [section] line, without the '#', to change it.",
+        "# Keep comments on lines of their own. Every key: docs/configuration.md. Check a change: imexctl doctor",
     ]
     for name, keys in settings.SCHEMA.items():
         doc = (settings.SECTIONS[name].__doc__ or "").strip().splitlines()[0]

@@ -4,12 +4,14 @@
 The layout (docs/install.md, "What the packages install"):
 
     /opt/imexctl/                  a virtual environment for the target's /usr/bin/python3:
-      pyvenv.cfg, bin/python3 -> /usr/bin/python3, bin/imexctl (and the simulator's two scripts),
-      lib/pythonX.Y/site-packages/ imexctl and its dependencies, from wheels
+      pyvenv.cfg, bin/python3 -> /usr/bin/python3, bin/imexctl,
+      lib/pythonX.Y/site-packages/ imexctl (without the simulator and the demo) and its dependencies
     /usr/sbin/imexctl -> /opt/imexctl/bin/imexctl
     /usr/share/imexctl/hooks/      prolog, epilog, task-prolog, enroot/99-imexctl.sh (installed nowhere else)
     <unitdir>/                     imexctl-imex@.service, imexctl-cleanup.service (not enabled)
-    /etc/imexctl/imexctl.conf      every key commented out (python3 -m imexctl.reference config)
+    /usr/share/imexctl/systemd/no-hardening.conf  the drop-in that turns the daemon unit's sandbox off
+    /etc/imexctl/imexctl.conf      pkg/imexctl.conf: sets nothing, the same text in every release
+    /usr/share/imexctl/imexctl.conf.example  every key commented out (python3 -m imexctl.reference config)
     /etc/logrotate.d/imexctl       imexctl's log and the IMEX daemon's log
     /usr/share/man/man8/imexctl.8  from the argparse definitions (python3 -m imexctl.reference man)
 
@@ -73,6 +75,24 @@ def install_site(site: Path, wheel: Path, pyver: str, arch: str, wheels: Path | 
     shutil.rmtree(site / "bin", ignore_errors=True)  # scripts that name the build host's interpreter
 
 
+#: the simulator and the demo: in the wheel, left out of the node packages (docs/install.md)
+NOT_ON_NODES = ("imexctl/sim", "imexctl/demo.py")
+SIM_SCRIPTS = ("nvidia-imex-sim", "nvidia-imex-ctl-sim")
+
+
+def drop_simulator(site: Path) -> None:
+    """Remove the simulator and the demo from the installed package (and from its RECORD)."""
+    for rel in NOT_ON_NODES:
+        path = site / rel
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    (record,) = site.glob("imexctl-*.dist-info/RECORD")
+    kept = [line for line in record.read_text().splitlines(keepends=True) if not line.startswith(NOT_ON_NODES)]
+    record.write_text("".join(kept))
+
+
 def make_venv(root: Path, pyver: str) -> None:
     """pyvenv.cfg and the interpreter links of a venv over the target's /usr/bin/python3."""
     (root / "bin").mkdir(parents=True, exist_ok=True)
@@ -83,12 +103,14 @@ def make_venv(root: Path, pyver: str) -> None:
 
 
 def write_scripts(bindir: Path) -> list[str]:
-    """bin/<name> for each console script of setup.cfg, run by the venv's interpreter, isolated (-I)."""
+    """bin/<name> for each console script of setup.cfg but the simulator's, run by the venv's interpreter (-I)."""
     cfg = configparser.ConfigParser()
     cfg.read(SRC / "setup.cfg", encoding="utf-8")
     names = []
     for line in cfg["options.entry_points"]["console_scripts"].strip().splitlines():
         name, _, target = (part.strip() for part in line.partition("="))
+        if name in SIM_SCRIPTS:
+            continue
         module, _, func = target.partition(":")
         text = f"#!{PREFIX}/bin/python3 -I\nimport sys\n\nfrom {module} import {func}\n\nsys.exit({func}())\n"
         (bindir / name).write_text(text)
@@ -104,7 +126,7 @@ def _put(path: Path, text: str, mode: int) -> None:
 
 
 def install_files(dest: Path, unitdir: str) -> None:
-    """Hooks, units, the commented config, logrotate, the man page and the /usr/sbin link."""
+    """Hooks, units, the config and its example, logrotate, the man page and the /usr/sbin link."""
     sys.path.insert(0, str(SRC))
     from imexctl import reference
 
@@ -112,7 +134,12 @@ def install_files(dest: Path, unitdir: str) -> None:
         _put(dest / "usr/share/imexctl/hooks" / hook, (SRC / "hooks" / hook).read_text(), 0o755)
     for unit in sorted((SRC / "systemd").glob("*.service")):
         _put(dest / unitdir.lstrip("/") / unit.name, unit.read_text(), 0o644)
-    _put(dest / "etc/imexctl/imexctl.conf", reference.default_config(), 0o644)
+    # not a drop-in yet: docs/security.md says how to install it
+    _put(dest / "usr/share/imexctl/systemd/no-hardening.conf", (SRC / "systemd/no-hardening.conf").read_text(), 0o644)
+    # the conffile is a fixed text: one that changed with each release would stop an unattended
+    # upgrade of a node whose config was edited at dpkg's conffile prompt
+    _put(dest / "etc/imexctl/imexctl.conf", (SRC / "pkg/imexctl.conf").read_text(), 0o644)
+    _put(dest / "usr/share/imexctl/imexctl.conf.example", reference.default_config(), 0o644)
     _put(dest / "etc/logrotate.d/imexctl", (SRC / "pkg/logrotate").read_text(), 0o644)
     _put(dest / "usr/share/man/man8/imexctl.8", reference.man_page(), 0o644)
     (dest / "usr/sbin").mkdir(parents=True, exist_ok=True)
@@ -129,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         wheel = build_wheel(Path(tmp))
         site = root / f"lib/python{args.python_version}/site-packages"
         install_site(site, wheel, args.python_version, args.arch, args.wheels)
+    drop_simulator(site)
     make_venv(root, args.python_version)
     scripts = write_scripts(root / "bin")
     install_files(args.destdir, args.unitdir)

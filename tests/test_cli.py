@@ -282,3 +282,23 @@ def test_hook_path_imports_no_demo_simulator_or_test_code() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert done.stdout.strip() == "[]"
+
+
+def test_demo_without_the_simulator_says_so(tmp_path: Path) -> None:
+    """In a package without imexctl/sim and imexctl/demo.py (the .deb, the .rpm), demo exits 69 and says why."""
+    import shutil
+    import subprocess
+    import sys
+
+    shutil.copytree(
+        Path(__file__).resolve().parent.parent / "imexctl",
+        tmp_path / "imexctl",
+        ignore=shutil.ignore_patterns("sim", "demo.py", "__pycache__"),
+    )
+    code = "import sys; from imexctl.cli import main; sys.exit(main(['demo']))"
+    # -S: no site-packages, so no editable install's finder that would import the checkout's imexctl
+    env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    argv = [sys.executable, "-S", "-c", code]
+    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env, check=False)
+    assert (done.returncode, done.stdout) == (69, "")
+    assert done.stderr.startswith("imexctl demo: the simulator is not installed here")

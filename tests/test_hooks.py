@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -131,6 +132,49 @@ def _verify_findings(unit: Path) -> list[str]:
     return [ln for ln in lines if _EXPECTED_WARNING not in ln]
 
 
+IMEX_UNIT = REPO / "systemd" / "imexctl-imex@.service"
+#: the sandbox of the daemon's unit; each option's reason is in docs/security.md
+HARDENING = {
+    "NoNewPrivileges": "yes",
+    "ProtectHome": "yes",
+    "PrivateTmp": "yes",
+    "ProtectKernelModules": "yes",
+    "ProtectKernelLogs": "yes",
+    "ProtectControlGroups": "yes",
+    "ProtectHostname": "yes",
+    "SystemCallFilter": "~@clock",
+    "RestrictNamespaces": "yes",
+    "RestrictRealtime": "yes",
+    "RestrictSUIDSGID": "yes",
+    "LockPersonality": "yes",
+    "SystemCallArchitectures": "native",
+    "RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6 AF_NETLINK",
+}
+#: options that would hide or deny what the real daemon uses (ProtectClock= implies DeviceAllow=char-rtc,
+#: which makes the device list an allow list without /dev/nvidia*)
+HIDING = (
+    "PrivateDevices", "DevicePolicy", "DeviceAllow", "ProtectClock", "ProtectKernelTunables", "ProtectProc",
+    "ProcSubset", "InaccessiblePaths", "TemporaryFileSystem", "PrivateNetwork", "IPAddressDeny", "RootDirectory",
+    "PrivateUsers", "DynamicUser", "User", "ReadOnlyPaths",
+)  # fmt: skip
+
+
+def _exposure(root: Path, unit: str, dropin: str | None = None) -> float:
+    """The overall exposure systemd-analyze security --offline gives the unit (with a drop-in) under root."""
+    units = root / "etc/systemd/system"
+    units.mkdir(parents=True)
+    (units / IMEX_UNIT.name).write_text(unit)
+    if dropin is not None:
+        (units / f"{IMEX_UNIT.name}.d").mkdir()
+        (units / f"{IMEX_UNIT.name}.d/no-hardening.conf").write_text(dropin)
+    argv = ["systemd-analyze", "security", "--offline=yes", f"--root={root}", "--no-pager", IMEX_UNIT.name]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    found = re.search(r"Overall exposure level for \S+: (\d+\.\d)", done.stdout)
+    assert found, done.stdout + done.stderr
+    assert "Unknown key" not in done.stderr and "Failed to parse" not in done.stderr, done.stderr
+    return float(found.group(1))
+
+
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
 class TestSystemdUnit:
     def test_unit_verifies(self, tmp_path: Path) -> None:
@@ -144,6 +188,36 @@ class TestSystemdUnit:
         unit = tmp_path / "imexctl-imex@42.service"
         unit.write_text((REPO / "systemd" / "imexctl-imex@.service").read_text() + "Bogus=1\n")
         assert any("Bogus" in ln for ln in _verify_findings(unit))
+
+    def test_unit_is_sandboxed(self) -> None:
+        """The unit sets each hardening option of docs/security.md, and names its documentation."""
+        keys = _unit_keys(IMEX_UNIT)
+        assert {key: keys.get(key) for key in HARDENING} == {key: [value] for key, value in HARDENING.items()}
+        assert keys["Documentation"]
+        security = (REPO / "docs/security.md").read_text()
+        assert not [key for key in HARDENING if f"| `{key}=" not in security], "each option has its reason there"
+        dropin = _unit_keys(REPO / "systemd/no-hardening.conf")
+        assert set(dropin) == set(HARDENING), "the drop-in resets every option"
+
+    def test_sandbox_hides_nothing_the_daemon_needs(self) -> None:
+        """No option that hides or blocks /dev/nvidia*, /proc/driver/nvidia, /run or /dev's channel directory,
+        or the daemon's network."""
+        keys = _unit_keys(IMEX_UNIT)
+        assert not [key for key in HIDING if key in keys]
+        assert keys.get("ProtectSystem", ["no"]) in (["no"], ["yes"], ["full"])  # never strict: /run, /var
+        assert set(keys["RestrictAddressFamilies"][0].split()) >= {"AF_INET", "AF_INET6", "AF_UNIX"}
+
+    def test_security_exposure_is_at_most_7_5(self, tmp_path: Path) -> None:
+        """systemd-analyze security rates the unit 7.5 or better (it was 9.6 without the sandbox)."""
+        assert _exposure(tmp_path, IMEX_UNIT.read_text()) <= 7.5
+
+    def test_no_hardening_drop_in_undoes_the_sandbox(self, tmp_path: Path) -> None:
+        """With systemd/no-hardening.conf as a drop-in, the unit is rated as if it had none of the options."""
+        bare = "".join(
+            ln for ln in IMEX_UNIT.read_text().splitlines(keepends=True) if ln.split("=")[0] not in HARDENING
+        )
+        dropin = (REPO / "systemd" / "no-hardening.conf").read_text()
+        assert _exposure(tmp_path / "a", IMEX_UNIT.read_text(), dropin) == _exposure(tmp_path / "b", bare) > 9
 
     def test_exec_start_matches_imexctl_defaults(self) -> None:
         """ExecStart runs the default nvidia-imex with the per-job config that imexctl writes."""

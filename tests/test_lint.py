@@ -39,6 +39,41 @@ def test_ruff_format_is_clean() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+#: what building the wheel, the sdist, the .deb and the .rpm leaves in the tree
+BUILD_OUTPUTS = (
+    "dist/imexctl-0.1.0.tar.gz",
+    "sdist/imexctl-0.1.0-py3-none-any.whl",
+    "imexctl-0.1.0-py3-none-any.whl",
+    "build/lib/imexctl/cli.py",
+    "imexctl.egg-info/PKG-INFO",
+    "wheelhouse/psutil-6.0.0-cp36-abi3-manylinux_2_17_aarch64.whl",
+    "imexctl_0.1.0_arm64.deb",
+    "imexctl_0.1.0_arm64.buildinfo",
+    "imexctl_0.1.0_arm64.changes",
+    "imexctl-0.1.0-1.aarch64.rpm",
+    "debian/imexctl/opt/imexctl/pyvenv.cfg",
+    "debian/.debhelper/generated/imexctl/installed-by-dh_installdocs",
+    "debian/debhelper-build-stamp",
+    "debian/files",
+    "debian/imexctl.substvars",
+    "debian/imexctl.postrm.debhelper",
+)
+
+
+def test_no_build_output_is_tracked() -> None:
+    """No wheel, sdist, package or staging tree is committed (a stale wheel once was)."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True, timeout=60)
+    built = (".whl", ".tar.gz", ".deb", ".rpm", ".buildinfo", ".changes")
+    assert not [name for name in tracked.stdout.splitlines() if name.endswith(built)]
+
+
+@pytest.mark.parametrize("path", BUILD_OUTPUTS)
+def test_build_outputs_are_ignored(path: str) -> None:
+    """.gitignore keeps each build output out of git add."""
+    done = subprocess.run(["git", "check-ignore", "--no-index", "-q", path], cwd=REPO, check=False, timeout=60)
+    assert done.returncode == 0, f"{path} is not ignored"
+
+
 def _body_lines(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
     """Lines of a function's code, its docstring left out."""
     body = fn.body

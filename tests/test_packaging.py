@@ -11,8 +11,10 @@ for the RPM: docs/install.md, "The RPM".
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -44,9 +46,15 @@ LAYOUT = (
     "/usr/share/imexctl/hooks/task-prolog",
     "/usr/share/imexctl/hooks/enroot/99-imexctl.sh",
     "/etc/imexctl/imexctl.conf",
+    "/usr/share/imexctl/imexctl.conf.example",
+    "/usr/share/imexctl/systemd/no-hardening.conf",
     "/etc/logrotate.d/imexctl",
 )
 UNITS = ("imexctl-imex@.service", "imexctl-cleanup.service")
+#: imexctl's and its bundled dependencies' (debian/copyright has one paragraph each)
+RPM_LICENSE = "Apache-2.0 AND (MIT OR Apache-2.0) AND BSD-3-Clause"
+#: imexctl-cleanup.service's [Install] WantedBy=: where systemctl enable links it
+REQUIRED_BY = ("multi-user.target.wants", "slurmd.service.wants")
 CACHE = Path("/var/cache/imexctl-lab")
 
 
@@ -98,6 +106,7 @@ def test_wheel_holds_the_package_and_no_tests(dist: Path) -> None:
     assert {"imexctl/cli.py", "imexctl/doctor.py", "imexctl/sim/daemon.py", "imexctl/py.typed"} <= set(names)
     entry = zipfile.ZipFile(wheel).read(f"imexctl-{__version__}.dist-info/entry_points.txt").decode()
     assert "imexctl = imexctl.cli:console" in entry
+    assert [n for n in names if n.startswith(f"imexctl-{__version__}.dist-info/") and n.endswith("/LICENSE")]
 
 
 def test_sdist_holds_what_the_packages_are_built_from(dist: Path) -> None:
@@ -105,7 +114,7 @@ def test_sdist_holds_what_the_packages_are_built_from(dist: Path) -> None:
     with tarfile.open(dist / f"imexctl-{__version__}.tar.gz") as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
     wanted = {"debian/rules", "debian/control", "pkg/stage.py", "pkg/rpm/imexctl.spec", "pkg/logrotate"}
-    wanted |= {"hooks/prolog", "systemd/imexctl-imex@.service", "docs/operations.md", "imexctl/cli.py"}
+    wanted |= {"hooks/prolog", "systemd/imexctl-imex@.service", "docs/operations.md", "imexctl/cli.py", "LICENSE"}
     assert wanted <= names
     assert not [n for n in names if n.startswith(("tests/", "bench/", ".ci/"))]
 
@@ -139,15 +148,21 @@ def test_wheel_in_a_fresh_venv_runs_version_and_demo(dist: Path, tmp_path: Path)
 # ---------------------------------------------------------------- the .deb
 
 
-@pytest.fixture(scope="module")
-def deb(dist: Path) -> Path:
-    """The .deb, built by dpkg-buildpackage from the unpacked sdist."""
+#: the version of the second .deb, which upgrades the first
+NEXT = f"{__version__}+next1"
+
+
+def _unpacked_sdist(dist: Path, where: str) -> Path:
+    with tarfile.open(dist / f"imexctl-{__version__}.tar.gz") as tar:
+        tar.extractall(dist / where)  # noqa: S202 # our own sdist
+    return dist / where / f"imexctl-{__version__}"
+
+
+def _build_deb(src: Path, version: str) -> Path:
+    """dpkg-buildpackage in an unpacked sdist: the one .deb of ``version`` beside it."""
     if os.geteuid() != 0:
         pytest.skip("dpkg-buildpackage here runs as root (bash .ci/setup test)")
     _need("dpkg-buildpackage", "dh", "fakeroot")
-    with tarfile.open(dist / f"imexctl-{__version__}.tar.gz") as tar:
-        tar.extractall(dist / "deb")  # noqa: S202 # our own sdist
-    src = dist / "deb" / f"imexctl-{__version__}"
     done = subprocess.run(
         ["dpkg-buildpackage", "-us", "-uc", "-b"], cwd=src, capture_output=True, text=True, timeout=900, env=ENV,
         check=False,
@@ -155,14 +170,35 @@ def deb(dist: Path) -> Path:
     if done.returncode != 0 and _pip_problem(done.stdout + done.stderr):
         pytest.skip(f"pip cannot reach the package index: {_pip_problem(done.stdout + done.stderr)}")
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    found = sorted((dist / "deb").glob(f"imexctl_{__version__}_*.deb"))
+    found = sorted(src.parent.glob(f"imexctl_{version}_*.deb"))
     assert len(found) == 1
     return found[0]
+
+
+@pytest.fixture(scope="module")
+def deb(dist: Path) -> Path:
+    """The .deb, built by dpkg-buildpackage from the unpacked sdist."""
+    return _build_deb(_unpacked_sdist(dist, "deb"), __version__)
+
+
+@pytest.fixture(scope="module")
+def deb_next(dist: Path) -> Path:
+    """A .deb of the next version (NEXT in imexctl/__init__.py and debian/changelog), else the same sources."""
+    src = _unpacked_sdist(dist, "deb-next")
+    init = src / "imexctl/__init__.py"
+    init.write_text(init.read_text().replace(f'__version__ = "{__version__}"', f'__version__ = "{NEXT}"'))
+    changelog = (src / "debian/changelog").read_text()
+    trailer = next(line for line in changelog.splitlines() if line.startswith(" -- "))
+    entry = f"imexctl ({NEXT}) unstable; urgency=medium\n\n  * The next release (a test build).\n\n{trailer}\n\n"
+    (src / "debian/changelog").write_text(entry + changelog)
+    return _build_deb(src, NEXT)
 
 
 def test_deb_control_and_files(deb: Path) -> None:
     """The .deb depends on the build's Python minor, marks the configs as conffiles and ships the layout."""
     info = sh(["dpkg-deb", "-f", str(deb), "Depends", "Version", "Architecture"])
+    relations = sh(["dpkg-deb", "-f", str(deb), "Recommends", "Suggests"])
+    assert "Recommends" not in relations and "logrotate" in relations, "logrotate is only suggested"
     minor = sys.version_info[:2] if Path(SYS_PYTHON).resolve() == Path(sys.executable).resolve() else None
     assert f"Version: {__version__}" in info and "python3 (>= 3." in info and "python3 (<< 3." in info
     if minor:
@@ -172,8 +208,51 @@ def test_deb_control_and_files(deb: Path) -> None:
     wanted |= {f"/lib/systemd/system/{unit}" for unit in UNITS}
     assert wanted <= files
     assert not [f for f in files if "/etc/systemd/" in f or "/tests/" in f or f.endswith(".pyc")]
+    assert not [f for f in files if _simulator(f)], "the simulator and the demo stay off the nodes"
     conffiles = sh(["dpkg-deb", "--info", str(deb), "conffiles"]).split()
     assert conffiles == ["/etc/imexctl/imexctl.conf", "/etc/logrotate.d/imexctl"]
+
+
+def _bundled_metadata(deb: Path) -> dict[str, str]:
+    """Each bundled distribution's METADATA in the .deb, by distribution name (imexctl's own left out)."""
+    tar_bytes = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], capture_output=True, check=True, timeout=120)
+    out = {}
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes.stdout)) as tar:
+        for member in tar.getmembers():
+            if member.name.endswith(".dist-info/METADATA") and "/site-packages/" in member.name:
+                text = tar.extractfile(member).read().decode()  # type: ignore[union-attr]
+                name = re.search(r"^Name: (.+)$", text, re.MULTILINE).group(1).strip()  # type: ignore[union-attr]
+                if name != "imexctl":
+                    out[name] = text
+    return out
+
+
+def _licenses(expression: str) -> set[str]:
+    """``MIT OR Apache-2.0`` (PEP 639) or ``Apache-2.0 or MIT`` (DEP-5) as a set of lower-case names."""
+    return {part.strip().lower() for part in re.split(r"\s+or\s+", expression, flags=re.IGNORECASE)}
+
+
+def test_deb_copyright_covers_every_bundled_distribution(deb: Path) -> None:
+    """debian/copyright has a paragraph for each distribution in the .deb's environment, with its license."""
+    paragraphs = (REPO / "debian/copyright").read_text().split("\n\n")
+    by_dist = {}
+    for paragraph in paragraphs:
+        found = re.search(r"^Comment: distribution (\S+) ", paragraph, re.MULTILINE)
+        if found:
+            by_dist[found.group(1)] = re.search(r"^License: (.+)$", paragraph, re.MULTILINE).group(1)  # type: ignore[union-attr]
+    bundled = _bundled_metadata(deb)
+    assert set(bundled) == set(by_dist)
+    for name, metadata in bundled.items():
+        declared = re.search(r"^License(?:-Expression)?: (.+)$", metadata, re.MULTILINE).group(1)  # type: ignore[union-attr]
+        if declared == "BSD":  # nvidia-ml-py: the 3-clause text is at the head of pynvml.py
+            assert by_dist[name] == "BSD-3-clause"
+        else:
+            assert _licenses(declared) == _licenses(by_dist[name]), name
+    assert "./usr/share/doc/imexctl/copyright" in _deb_files(deb)
+
+
+def _simulator(path: str) -> bool:
+    return "/imexctl/sim/" in path or path.endswith(("/imexctl/demo.py", "-sim"))
 
 
 def _deb_files(deb: Path) -> set[str]:
@@ -228,7 +307,11 @@ def root(tmp_path: Path) -> Iterator[Path]:
 def chroot(root: Path, script: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run a shell script in the root, with /proc mounted in a mount namespace of its own."""
     argv = ["unshare", "--mount", "--fork", "sh", "-c", 'mount -t proc proc "$0/proc" && exec chroot "$0" sh -c "$1"']
-    done = subprocess.run([*argv, str(root), script], capture_output=True, text=True, timeout=300, env=ENV, check=False)
+    # stdin is /dev/null, as under clush, pdsh or Ansible: a prompt fails instead of waiting
+    done = subprocess.run(
+        [*argv, str(root), script], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300, env=ENV,
+        check=False,
+    )  # fmt: skip
     if check and done.returncode != 0:
         raise AssertionError(f"in the root: {script}\nexit {done.returncode}\n{done.stdout}\n{done.stderr}")
     return done
@@ -263,6 +346,8 @@ def test_deb_installs_runs_removes_and_purges_cleanly(deb: Path, root: Path) -> 
         ran = chroot(root, f"env -i /usr/share/imexctl/hooks/{hook}", check=False)
         assert ran.returncode == code, ran.stderr
         assert '"error_code": "job_env_invalid"' in ran.stderr
+    demo = chroot(root, "imexctl demo", check=False)
+    assert demo.returncode == 69 and "the simulator is not installed here" in demo.stderr
     assert not (root / "etc/systemd/system/multi-user.target.wants/imexctl-cleanup.service").exists()
     assert list((root / "opt/imexctl/lib").rglob("__pycache__/*.pyc")), "postinst compiles the byte-code"
     chroot(root, "dpkg -r imexctl")
@@ -270,18 +355,50 @@ def test_deb_installs_runs_removes_and_purges_cleanly(deb: Path, root: Path) -> 
     assert (root / "etc/imexctl/imexctl.conf").exists(), "remove keeps the conffiles"
     chroot(root, "dpkg -P imexctl")
     assert chroot(root, "dpkg-query -W imexctl", check=False).returncode != 0
-    assert _tree(root) - before == set(), "purge leaves nothing behind"
+    after = _tree(root)
+    assert (after - before, before - after) == (set(), set()), "purge leaves nothing behind and takes nothing else"
     assert not (root / "var/log/imexctl.log").exists()
 
 
+def test_deb_install_enable_edit_upgrade_purge_unattended(deb: Path, deb_next: Path, root: Path) -> None:
+    """Install, enable as documented, edit, upgrade with no terminal, purge: nothing asked, the edit kept, nothing left."""
+    _need("systemctl")
+    before = _tree(root)
+    shutil.copy(deb, root / "tmp/old.deb")
+    shutil.copy(deb_next, root / "tmp/new.deb")
+    chroot(root, "dpkg -i /tmp/old.deb")
+    # docs/install.md: systemctl enable imexctl-cleanup.service (the root has no systemd: --root makes the same links)
+    sh(["systemctl", f"--root={root}", "enable", "imexctl-cleanup.service"])
+    links = [root / "etc/systemd/system" / wants / "imexctl-cleanup.service" for wants in REQUIRED_BY]
+    assert all(link.is_symlink() for link in links)
+    conf = root / "etc/imexctl/imexctl.conf"
+    edited = conf.read_text() + "\n[readiness]\ndeadline_s = 90\n"
+    conf.write_text(edited)
+    # as clush, pdsh, Ansible or BCM run it: no terminal, stdin /dev/null (chroot), no --force-conf* flag
+    upgrade = chroot(root, "DEBIAN_FRONTEND=noninteractive dpkg -i /tmp/new.deb", check=False)
+    assert upgrade.returncode == 0, upgrade.stdout + upgrade.stderr
+    assert "Configuration file" not in upgrade.stdout + upgrade.stderr, "dpkg came to its conffile prompt"
+    status = chroot(root, "dpkg-query -W -f '${Status} ${Version}' imexctl").stdout
+    assert status == f"install ok installed {NEXT}", "the new postinst ran (configured, not left unpacked)"
+    assert list((root / "opt/imexctl/lib").rglob("__pycache__/*.pyc")), "the new postinst compiled the byte-code"
+    assert conf.read_text() == edited
+    assert sorted(p.name for p in conf.parent.iterdir()) == ["imexctl.conf"], "no .dpkg-dist or .dpkg-new beside it"
+    assert chroot(root, "imexctl --version").stdout.strip() == f"imexctl {NEXT}"
+    assert all(link.is_symlink() for link in links), "the upgrade keeps the unit enabled"
+    chroot(root, "DEBIAN_FRONTEND=noninteractive dpkg -P imexctl")
+    assert not [link for link in links if link.is_symlink()], "purge removes the enable links"
+    after = _tree(root)
+    assert (after - before, before - after) == (set(), set()), "purge leaves nothing behind and takes nothing else"
+
+
 def test_deb_upgrade_over_itself_keeps_a_changed_config(deb: Path, root: Path) -> None:
-    """Reinstalling (an upgrade in place) keeps the admin's edit of the config and recompiles the byte-code."""
+    """Reinstalling (an upgrade in place) keeps the admin's edit of the config, asks nothing and recompiles the byte-code."""
     shutil.copy(deb, root / "tmp/imexctl.deb")
     chroot(root, "dpkg -i /tmp/imexctl.deb")
     conf = root / "etc/imexctl/imexctl.conf"
-    conf.write_text(conf.read_text().replace("#deadline_s = 60", "deadline_s = 90"))
-    chroot(root, "dpkg -i --force-confold /tmp/imexctl.deb")
-    assert "\ndeadline_s = 90\n" in conf.read_text()
+    conf.write_text(conf.read_text() + "\n[readiness]\ndeadline_s = 90\n")
+    chroot(root, "dpkg -i /tmp/imexctl.deb")
+    assert conf.read_text().endswith("\n[readiness]\ndeadline_s = 90\n")
     assert list((root / "opt/imexctl/lib").rglob("__pycache__/*.pyc"))
     assert chroot(root, "imexctl --version").stdout.strip() == f"imexctl {__version__}"
 
@@ -336,7 +453,15 @@ def test_rpm_metadata_files_and_configs(rpms: dict[str, Path]) -> None:
     wanted |= {f"/usr/lib/systemd/system/{unit}" for unit in UNITS}
     assert wanted <= files
     assert not [f for f in files if f.startswith(("/usr/lib/.build-id", "/etc/systemd")) or f.endswith(".pyc")]
+    assert not [f for f in files if _simulator(f)], "the simulator and the demo stay off the nodes"
+    assert "logrotate" not in _rpm(rpm, "--recommends") and "logrotate" in _rpm(rpm, "--suggests")
     assert set(_rpm(rpm, "-c").split()) == {"/etc/imexctl/imexctl.conf", "/etc/logrotate.d/imexctl"}
+    assert "/usr/share/licenses/imexctl/LICENSE" in files
+    assert _rpm(rpm, "--qf", "%{LICENSE}") == RPM_LICENSE
+    # the conffile is pkg/imexctl.conf as it is, the same in every release: no .rpmnew on upgrade
+    listed = [line.split() for line in _rpm(rpm, "--qf", "[%{FILENAMES} %{FILEDIGESTS}\n]").splitlines()]
+    digests = {fields[0]: fields[1] for fields in listed if len(fields) == 2}
+    assert digests["/etc/imexctl/imexctl.conf"] == hashlib.sha256((REPO / "pkg/imexctl.conf").read_bytes()).hexdigest()
 
 
 def test_rpm_scriptlets_enable_nothing_and_clean_byte_code(rpms: dict[str, Path]) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from imexctl import cli, reference, settings
+from imexctl import __version__, cli, reference, settings
 from imexctl.errors import ExitCode
 
 
@@ -83,14 +83,32 @@ def test_roff_escapes_leading_dots_and_backslashes() -> None:
     assert reference._roff(".x a-b \\n") == "\\&.x a\\-b \\en"
 
 
-def test_default_config_loads_to_the_defaults(tmp_path: Path) -> None:
-    """The shipped config changes nothing: it loads to exactly the built-in defaults."""
+CONFFILE = Path(__file__).resolve().parent.parent / "pkg/imexctl.conf"
+
+
+@pytest.mark.parametrize("text", [pytest.param(CONFFILE, id="conffile"), pytest.param(None, id="example")])
+def test_shipped_config_loads_to_the_defaults(tmp_path: Path, text: Path | None) -> None:
+    """The shipped conffile and the example change nothing: each loads to exactly the built-in defaults."""
     path = tmp_path / "imexctl.conf"
-    path.write_text(reference.default_config())
+    path.write_text(text.read_text() if text else reference.default_config())
     path.chmod(0o644)
     loaded = settings.load(path, node="gb01")
     defaults = settings.load(None, node="gb01")
     assert dataclasses.replace(loaded, source=None) == defaults
+
+
+def test_conffile_names_no_release_and_no_default() -> None:
+    """/etc/imexctl/imexctl.conf is a fixed text: no version, no key, no default that a release could change."""
+    text = CONFFILE.read_text()
+    assert not re.search(r"\d+\.\d+\.\d+", text)
+    keys = {key for keys in settings.SCHEMA.values() for key in keys} - {"deadline_s"}  # the example in the prose
+    assert not [line for line in text.splitlines() if line.lstrip("# ").split(" =")[0] in keys]
+    assert "/usr/share/imexctl/imexctl.conf.example" in text
+
+
+def test_example_config_carries_no_version() -> None:
+    """The example follows the defaults but not the version number."""
+    assert __version__ not in reference.default_config()
 
 
 def test_default_config_shows_every_key_commented_at_its_default() -> None:
