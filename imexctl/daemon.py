@@ -3,7 +3,8 @@
 Both backends run ``nvidia-imex -c <job config>`` with ``DAEMONIZE=0`` and
 never leave a child in slurmd's process group or holding its pipe
 (design.md source slurm-pgroup).  The daemon of a job is recognised by its argv containing the
-job's config path, which no other job shares.
+job's config path, which no other job shares, and its program being
+``[commands] nvidia_imex``, run by root (:mod:`imexctl.imexproc`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,17 @@ from imexctl.host import Host, ProcInfo
 from imexctl.peerauth import DAEMON_ENV
 from imexctl.settings import JobDir, Settings
 
-__all__ = ["Backend", "DaemonInfo", "ExecBackend", "SystemdBackend", "make_backend", "parse_systemctl_show"]
+__all__ = [
+    "Backend",
+    "DaemonInfo",
+    "ExecBackend",
+    "SystemdBackend",
+    "ensure_gone",
+    "imex_processes",
+    "job_processes",
+    "make_backend",
+    "parse_systemctl_show",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,16 +68,42 @@ def make_backend(host: Host, settings: Settings, name: str | None = None) -> Bac
     return SystemdBackend(host, settings)
 
 
-def job_processes(host: Host, config: Path, *, with_clients: bool = False) -> list[ProcInfo]:
+def job_processes(
+    host: Host, settings: Settings, config: Path, *, with_clients: bool = False, main_pid: int = 0
+) -> list[ProcInfo]:
     """Live daemon processes of the job whose config is ``config``.
 
+    A daemon is a process of root running ``[commands] nvidia_imex``
+    (:mod:`imexctl.imexproc`), or the job's unit's ``MainPID`` (``main_pid``,
+    systemd backend) naming the config; any other process that names the
+    config (a pager, another user's program) is none of the job's.
     ``nvidia-imex-ctl -c <config>`` names the config too: a prolog killed during
     a readiness probe leaves its ctl behind. Such a client is not the daemon
     (status, the races rule and doctor must not take it for one); with
     ``with_clients`` it is included, for the teardown that ends it as well.
     """
-    procs = host.processes_with_arg(str(config))
-    return procs if with_clients else [p for p in procs if not _is_ctl(p)]
+    return imex_processes(host, settings, str(config), with_clients=with_clients, main_pid=main_pid)
+
+
+def imex_processes(
+    host: Host, settings: Settings, arg: str, *, prefix: bool = False, with_clients: bool = False, main_pid: int = 0
+) -> list[ProcInfo]:
+    """IMEX daemons (and, ``with_clients``, root's ``nvidia-imex-ctl`` clients) with an argv element ``arg``.
+
+    ``prefix``: an element that starts with ``arg`` (every job's daemon: ``<jobs_dir>/``).
+    ``main_pid``: a systemd unit's main process, which counts whatever it runs.
+    """
+    from imexctl import imexproc
+
+    procs = host.processes_with_arg(arg, prefix=prefix)
+    if not procs:
+        return []
+    progs, own = imexproc.programs(settings.commands.nvidia_imex), host.euid()
+    return [
+        p
+        for p in procs
+        if p.pid == main_pid or imexproc.is_daemon(p, progs, own) or (with_clients and p.uid in (0, own) and _is_ctl(p))
+    ]
 
 
 def _is_ctl(proc: ProcInfo) -> bool:
@@ -83,7 +120,7 @@ def ensure_gone(host: Host, settings: Settings, config: Path, procs: list[ProcIn
     Raises:
         UnsafeNodeError: a process is still alive after SIGKILL.
     """
-    procs = job_processes(host, config, with_clients=True) if procs is None else procs
+    procs = job_processes(host, settings, config, with_clients=True) if procs is None else procs
     if not procs:
         return []
     for p in procs:
@@ -157,7 +194,11 @@ class ExecBackend:
     def info(self, jd: JobDir) -> DaemonInfo:
         """Running or not, by the recorded pid (or by argv when the pid file is gone)."""
         proc = self._recorded(jd)
-        alive = [proc] if proc is not None and self.host.is_alive(proc) else job_processes(self.host, jd.config)
+        alive = (
+            [proc]
+            if proc is not None and self.host.is_alive(proc)
+            else job_processes(self.host, self.settings, jd.config)
+        )
         if alive:
             return DaemonInfo("exec", "running", alive[0].pid)
         return DaemonInfo("exec", "dead" if proc is not None else "absent", None)
@@ -222,9 +263,10 @@ class SystemdBackend:
         the exec (systemd.service(5), ``Type=``): until then no process shows the config, and the
         readiness wait would take the daemon for dead.
         """
-        deadline = self.host.monotonic() + self.settings.daemon.start_timeout_s
-        while not job_processes(self.host, jd.config):
+        deadline, main = self.host.monotonic() + self.settings.daemon.start_timeout_s, 0
+        while not job_processes(self.host, self.settings, jd.config, main_pid=main):
             props = self._show(unit).get(unit, {})
+            main = int(props.get("MainPID", "0") or 0)
             if props.get("ActiveState") not in _RUNNING:
                 raise DaemonError(f"{unit} exited during start-up ({_outcome(props)})")
             if self.host.monotonic() >= deadline:

@@ -68,7 +68,7 @@ def teardown(job_id: int, rt: Runtime, *, dry_run: bool = False) -> list[str]:
     jd, steps = rt.settings.paths.job(job_id), _Steps(dry_run)
     state = read_state(jd)
     with_backend = jd.exists() and not (state and state.backend == "none")  # "none": a channel-only job
-    if with_backend or daemon.job_processes(rt.host, jd.config, with_clients=True):
+    if with_backend or daemon.job_processes(rt.host, rt.settings, jd.config, with_clients=True):
         steps.run(f"stop daemon of job {job_id}", lambda: _stop_daemon(jd, state, with_backend, rt))
         _step(rt, dry_run, "daemon_stopped")
     chan = _channel_of(job_id, state, rt)
@@ -213,7 +213,7 @@ def _left_anything(jd: JobDir, rt: Runtime) -> bool:
     """
     return (
         jd.exists()
-        or bool(daemon.job_processes(rt.host, jd.config, with_clients=True))
+        or bool(daemon.job_processes(rt.host, rt.settings, jd.config, with_clients=True))
         or _channel_of(jd.job_id, None, rt) is not None
     )
 
@@ -268,7 +268,7 @@ def still_runs(job_id: int, rt: Runtime) -> str:
     if state.backend == "none":
         live = bool(state.channel_path) and os.path.lexists(state.channel_path)
     else:
-        live = bool(daemon.job_processes(rt.host, jd.config))
+        live = bool(daemon.job_processes(rt.host, rt.settings, jd.config))
     if not live:
         return ""
     return (
@@ -278,10 +278,10 @@ def still_runs(job_id: int, rt: Runtime) -> str:
 
 
 def known_jobs(rt: Runtime) -> list[int]:
-    """Jobs with a directory or a daemon process under this node's jobs directory."""
+    """Jobs with a directory or a daemon process under this node's jobs directory (a pager on a file is none)."""
     jobs = set(job_ids(rt.settings.paths.jobs_dir))
     prefix = f"{rt.settings.paths.jobs_dir}/"
-    for proc in rt.host.processes_with_arg(prefix, prefix=True):
+    for proc in daemon.imex_processes(rt.host, rt.settings, prefix, prefix=True):
         for arg in proc.cmdline:
             head = arg[len(prefix) :].split("/", 1)[0] if arg.startswith(prefix) else ""
             if head.isdigit():

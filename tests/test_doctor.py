@@ -574,7 +574,7 @@ def test_set_up_domain_without_a_step_is_not_stale(make_rt: Any, host: FakeHost)
     state |= {"addresses": ["10.0.0.1"], "port": 61042, "backend": "exec", "channel_minor": None}
     state |= {"channel_path": "", "created": 0.0, "cmd_port": 62042, "set_up": 5.0}
     jd.state.write_text(json.dumps(state))
-    host.spawn_detached(["/usr/bin/nvidia-imex", "-c", str(jd.config)], log_path=Path("/dev/null"))
+    host.spawn_detached([rt.settings.commands.nvidia_imex, "-c", str(jd.config)], log_path=Path("/dev/null"))
     assert _checks(rt)["imexctl.stale"].status == doctor.OK
     state["ended"] = 9.0  # its epilog began here: the job has ended
     jd.state.write_text(json.dumps(state))
