@@ -27,6 +27,7 @@ __all__ = [
     "ExecBackend",
     "SystemdBackend",
     "ensure_gone",
+    "how_ended",
     "imex_processes",
     "job_processes",
     "make_backend",
@@ -42,6 +43,11 @@ class DaemonInfo:
     state: str
     pid: int | None
     unit: str = ""
+    #: whether the daemon runs (a unit that is active, activating or reloading counts)
+    running: bool = False
+    #: how a daemon that is not running ended, where known (systemd): "exited with status 1",
+    #: "killed by signal 9 (SIGKILL)"; '' otherwise
+    ended: str = ""
 
 
 class Backend(Protocol):
@@ -200,7 +206,8 @@ class ExecBackend:
             else job_processes(self.host, self.settings, jd.config)
         )
         if alive:
-            return DaemonInfo("exec", "running", alive[0].pid)
+            return DaemonInfo("exec", "running", alive[0].pid, running=True)
+        # the daemon is not imexctl's child (the hook that spawned it has exited): its exit status is lost
         return DaemonInfo("exec", "dead" if proc is not None else "absent", None)
 
     def _recorded(self, jd: JobDir) -> ProcInfo | None:
@@ -294,10 +301,11 @@ class SystemdBackend:
         props = self._show(unit).get(unit, {})
         pid = int(props.get("MainPID", "0") or 0) or None
         state = f"{props.get('ActiveState', '?')}/{props.get('SubState', '?')}"
-        return DaemonInfo("systemd", state, pid, unit)
+        running = props.get("ActiveState") in _RUNNING
+        return DaemonInfo("systemd", state, pid, unit, running, "" if running else how_ended(props))
 
     def _show(self, *units: str) -> dict[str, dict[str, str]]:
-        props = "Id,LoadState,ActiveState,SubState,Result,MainPID,ExecMainStatus,ExecStart,Environment"
+        props = "Id,LoadState,ActiveState,SubState,Result,MainPID,ExecMainCode,ExecMainStatus,ExecStart,Environment"
         done = self.host.run((self.systemctl, "show", f"--property={props}", "--", *units), timeout_s=10)
         if done.returncode != 0:
             raise DaemonError(f"systemctl show {' '.join(units)}: exit {done.returncode}: {done.stderr.strip()}")
@@ -323,6 +331,29 @@ def _outcome(props: dict[str, str]) -> str:
     """A unit's state as systemd reports it, e.g. ``failed/failed, result exit-code, status 1``."""
     state = f"{props.get('ActiveState', '?')}/{props.get('SubState', '?')}"
     return f"{state}, result {props.get('Result', '?')}, status {props.get('ExecMainStatus', '?')}"
+
+
+#: systemd's ExecMainCode: the si_code of the main process's end (CLD_EXITED, CLD_KILLED, CLD_DUMPED)
+_EXITED, _KILLED, _DUMPED = "1", "2", "3"
+
+
+def how_ended(props: dict[str, str]) -> str:
+    """How a unit's main process ended, from ``ExecMainCode`` and ``ExecMainStatus``; '' when unknown.
+
+    ``ExecMainStatus`` is the exit status after a normal exit and the signal
+    number after a kill (systemd.exec(5), "ExecMainStatus").
+    """
+    code, status = props.get("ExecMainCode", ""), props.get("ExecMainStatus", "")
+    if code == _EXITED and status.isdigit():
+        return f"exited with status {status}"
+    if code in (_KILLED, _DUMPED) and status.isdigit():
+        try:
+            name = f" ({signal.Signals(int(status)).name})"
+        except ValueError:
+            name = ""
+        return f"{'killed' if code == _KILLED else 'dumped core'} by signal {status}{name}"
+    result = props.get("Result", "")
+    return f"unit result {result}" if result and result != "success" else ""
 
 
 def parse_systemctl_show(text: str) -> dict[str, dict[str, str]]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from imexctl import daemon, devices
-from imexctl.errors import DeviceError, ImexctlError, UnsafeNodeError
+from imexctl.errors import DaemonLostError, DeviceError, ImexctlError, UnsafeNodeError
 from imexctl.fsutil import remove_tree
 from imexctl.nodestate import JobState, job_ids, mark_state, node_lock, read_state
 from imexctl.runtime import Runtime, bind, log_failed
@@ -142,8 +142,14 @@ def _channel_of(job_id: int, state: JobState | None, rt: Runtime) -> tuple[Path,
 
 
 def epilog(env: Mapping[str, str], rt: Runtime) -> dict[str, Any]:
-    """Tear down this job's domain on this node; safe after a failed or missing prolog."""
+    """Tear down this job's domain on this node; safe after a failed or missing prolog.
+
+    A daemon that ended before the job is reported (``imex.daemon.lost``);
+    with ``[policy] lost_daemon = drain`` the epilog then fails, after the
+    teardown, so that Slurm drains the tray.
+    """
     t0 = rt.host.monotonic()
+    lost: list[str] = []
     try:
         job = JobContext.from_env(env, need_nodes=False)
         bind(rt, job_id=job.job_id, node=job.node)
@@ -153,11 +159,40 @@ def epilog(env: Mapping[str, str], rt: Runtime) -> dict[str, Any]:
                 _mark_ended(rt.settings.paths.job(jid), rt)  # first: even a lock timeout leaves it for cleanup
                 with node_lock(rt.settings.paths.lock_file, rt.host, rt.settings.daemon.lock_timeout_s):
                     rt.step("locked")
+                    lost += _lost_daemon(jid, rt)
                     actions += teardown(jid, rt)
+        if lost and rt.settings.policy.lost_daemon == "drain":
+            raise DaemonLostError(
+                f"{'; '.join(lost)}; [policy] lost_daemon = drain: the tray is clean, see why the daemon "
+                f"ended ([paths] imex_log_file, journalctl -u {rt.settings.daemon.unit}@<job>), then resume it",
+                len(lost),
+            )
     except ImexctlError as exc:
         log_failed("epilog.done", exc, rt, t0)
         raise
-    return _epilog_done(rt, t0, actions)
+    return _epilog_done(rt, t0, actions, lost)
+
+
+def _lost_daemon(job_id: int, rt: Runtime) -> list[str]:
+    """``["the IMEX daemon of job N ended before the job: <how>"]`` when it did, else [].
+
+    Only a domain whose prolog finished (``set_up``) had a daemon that should
+    still run when its epilog starts: the epilog stops it.  When the backend
+    cannot be asked (systemd does not answer), nothing is claimed.
+    """
+    jd = rt.settings.paths.job(job_id)
+    state = read_state(jd)
+    if state is None or not state.set_up or state.backend == "none":
+        return []
+    try:
+        info = daemon.make_backend(rt.host, rt.settings, state.backend).info(jd)
+    except (ImexctlError, OSError):
+        return []
+    if info.running:
+        return []
+    how = info.ended or "not running"
+    rt.log.warning("imex.daemon.lost", domain_job_id=job_id, backend=state.backend, how=how)
+    return [f"the IMEX daemon of job {job_id} ended before the job: {how}"]
 
 
 def idle_epilog(env: Mapping[str, str], rt: Runtime) -> dict[str, Any] | None:
@@ -183,8 +218,10 @@ def _domains(job: JobContext) -> list[int]:
     return list(dict.fromkeys([job.job_id, *([job.het_job_id] if job.het_job_id else [])]))
 
 
-def _epilog_done(rt: Runtime, t0: float, actions: list[str]) -> dict[str, Any]:
-    out = {"ok": True, "actions": actions, "duration_s": round(rt.host.monotonic() - t0, 3)}
+def _epilog_done(rt: Runtime, t0: float, actions: list[str], lost: list[str] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"ok": True, "actions": actions, "duration_s": round(rt.host.monotonic() - t0, 3)}
+    if lost:
+        out["lost_daemon"] = lost
     rt.log.info("epilog.done", **out)
     return out
 

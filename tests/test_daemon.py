@@ -122,7 +122,7 @@ class TestSystemdBackend:
             (
                 "/usr/bin/systemctl",
                 "show",
-                "--property=Id,LoadState,ActiveState,SubState,Result,MainPID,ExecMainStatus,ExecStart,Environment",
+                "--property=Id,LoadState,ActiveState,SubState,Result,MainPID,ExecMainCode,ExecMainStatus,ExecStart,Environment",
                 "--",
                 UNIT,
                 "nvidia-imex.service",
