@@ -3,7 +3,8 @@
 Both backends run ``nvidia-imex -c <job config>`` with ``DAEMONIZE=0`` and
 never leave a child in slurmd's process group or holding its pipe
 (design.md source slurm-pgroup).  The daemon of a job is recognised by its argv containing the
-job's config path, which no other job shares.
+job's config path, which no other job shares, and its program being
+``[commands] nvidia_imex``, run by root (:mod:`imexctl.imexproc`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,18 @@ from imexctl.host import Host, ProcInfo
 from imexctl.peerauth import DAEMON_ENV
 from imexctl.settings import JobDir, Settings
 
-__all__ = ["Backend", "DaemonInfo", "ExecBackend", "SystemdBackend", "make_backend", "parse_systemctl_show"]
+__all__ = [
+    "Backend",
+    "DaemonInfo",
+    "ExecBackend",
+    "SystemdBackend",
+    "ensure_gone",
+    "how_ended",
+    "imex_processes",
+    "job_processes",
+    "make_backend",
+    "parse_systemctl_show",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +43,11 @@ class DaemonInfo:
     state: str
     pid: int | None
     unit: str = ""
+    #: whether the daemon runs (a unit that is active, activating or reloading counts)
+    running: bool = False
+    #: how a daemon that is not running ended, where known (systemd): "exited with status 1",
+    #: "killed by signal 9 (SIGKILL)"; '' otherwise
+    ended: str = ""
 
 
 class Backend(Protocol):
@@ -57,16 +74,42 @@ def make_backend(host: Host, settings: Settings, name: str | None = None) -> Bac
     return SystemdBackend(host, settings)
 
 
-def job_processes(host: Host, config: Path, *, with_clients: bool = False) -> list[ProcInfo]:
+def job_processes(
+    host: Host, settings: Settings, config: Path, *, with_clients: bool = False, main_pid: int = 0
+) -> list[ProcInfo]:
     """Live daemon processes of the job whose config is ``config``.
 
+    A daemon is a process of root running ``[commands] nvidia_imex``
+    (:mod:`imexctl.imexproc`), or the job's unit's ``MainPID`` (``main_pid``,
+    systemd backend) naming the config; any other process that names the
+    config (a pager, another user's program) is none of the job's.
     ``nvidia-imex-ctl -c <config>`` names the config too: a prolog killed during
     a readiness probe leaves its ctl behind. Such a client is not the daemon
     (status, the races rule and doctor must not take it for one); with
     ``with_clients`` it is included, for the teardown that ends it as well.
     """
-    procs = host.processes_with_arg(str(config))
-    return procs if with_clients else [p for p in procs if not _is_ctl(p)]
+    return imex_processes(host, settings, str(config), with_clients=with_clients, main_pid=main_pid)
+
+
+def imex_processes(
+    host: Host, settings: Settings, arg: str, *, prefix: bool = False, with_clients: bool = False, main_pid: int = 0
+) -> list[ProcInfo]:
+    """IMEX daemons (and, ``with_clients``, root's ``nvidia-imex-ctl`` clients) with an argv element ``arg``.
+
+    ``prefix``: an element that starts with ``arg`` (every job's daemon: ``<jobs_dir>/``).
+    ``main_pid``: a systemd unit's main process, which counts whatever it runs.
+    """
+    from imexctl import imexproc
+
+    procs = host.processes_with_arg(arg, prefix=prefix)
+    if not procs:
+        return []
+    progs, own = imexproc.programs(settings.commands.nvidia_imex), host.euid()
+    return [
+        p
+        for p in procs
+        if p.pid == main_pid or imexproc.is_daemon(p, progs, own) or (with_clients and p.uid in (0, own) and _is_ctl(p))
+    ]
 
 
 def _is_ctl(proc: ProcInfo) -> bool:
@@ -83,7 +126,7 @@ def ensure_gone(host: Host, settings: Settings, config: Path, procs: list[ProcIn
     Raises:
         UnsafeNodeError: a process is still alive after SIGKILL.
     """
-    procs = job_processes(host, config, with_clients=True) if procs is None else procs
+    procs = job_processes(host, settings, config, with_clients=True) if procs is None else procs
     if not procs:
         return []
     for p in procs:
@@ -157,9 +200,14 @@ class ExecBackend:
     def info(self, jd: JobDir) -> DaemonInfo:
         """Running or not, by the recorded pid (or by argv when the pid file is gone)."""
         proc = self._recorded(jd)
-        alive = [proc] if proc is not None and self.host.is_alive(proc) else job_processes(self.host, jd.config)
+        alive = (
+            [proc]
+            if proc is not None and self.host.is_alive(proc)
+            else job_processes(self.host, self.settings, jd.config)
+        )
         if alive:
-            return DaemonInfo("exec", "running", alive[0].pid)
+            return DaemonInfo("exec", "running", alive[0].pid, running=True)
+        # the daemon is not imexctl's child (the hook that spawned it has exited): its exit status is lost
         return DaemonInfo("exec", "dead" if proc is not None else "absent", None)
 
     def _recorded(self, jd: JobDir) -> ProcInfo | None:
@@ -222,9 +270,10 @@ class SystemdBackend:
         the exec (systemd.service(5), ``Type=``): until then no process shows the config, and the
         readiness wait would take the daemon for dead.
         """
-        deadline = self.host.monotonic() + self.settings.daemon.start_timeout_s
-        while not job_processes(self.host, jd.config):
+        deadline, main = self.host.monotonic() + self.settings.daemon.start_timeout_s, 0
+        while not job_processes(self.host, self.settings, jd.config, main_pid=main):
             props = self._show(unit).get(unit, {})
+            main = int(props.get("MainPID", "0") or 0)
             if props.get("ActiveState") not in _RUNNING:
                 raise DaemonError(f"{unit} exited during start-up ({_outcome(props)})")
             if self.host.monotonic() >= deadline:
@@ -252,10 +301,11 @@ class SystemdBackend:
         props = self._show(unit).get(unit, {})
         pid = int(props.get("MainPID", "0") or 0) or None
         state = f"{props.get('ActiveState', '?')}/{props.get('SubState', '?')}"
-        return DaemonInfo("systemd", state, pid, unit)
+        running = props.get("ActiveState") in _RUNNING
+        return DaemonInfo("systemd", state, pid, unit, running, "" if running else how_ended(props))
 
     def _show(self, *units: str) -> dict[str, dict[str, str]]:
-        props = "Id,LoadState,ActiveState,SubState,Result,MainPID,ExecMainStatus,ExecStart,Environment"
+        props = "Id,LoadState,ActiveState,SubState,Result,MainPID,ExecMainCode,ExecMainStatus,ExecStart,Environment"
         done = self.host.run((self.systemctl, "show", f"--property={props}", "--", *units), timeout_s=10)
         if done.returncode != 0:
             raise DaemonError(f"systemctl show {' '.join(units)}: exit {done.returncode}: {done.stderr.strip()}")
@@ -281,6 +331,29 @@ def _outcome(props: dict[str, str]) -> str:
     """A unit's state as systemd reports it, e.g. ``failed/failed, result exit-code, status 1``."""
     state = f"{props.get('ActiveState', '?')}/{props.get('SubState', '?')}"
     return f"{state}, result {props.get('Result', '?')}, status {props.get('ExecMainStatus', '?')}"
+
+
+#: systemd's ExecMainCode: the si_code of the main process's end (CLD_EXITED, CLD_KILLED, CLD_DUMPED)
+_EXITED, _KILLED, _DUMPED = "1", "2", "3"
+
+
+def how_ended(props: dict[str, str]) -> str:
+    """How a unit's main process ended, from ``ExecMainCode`` and ``ExecMainStatus``; '' when unknown.
+
+    ``ExecMainStatus`` is the exit status after a normal exit and the signal
+    number after a kill (systemd.exec(5), "ExecMainStatus").
+    """
+    code, status = props.get("ExecMainCode", ""), props.get("ExecMainStatus", "")
+    if code == _EXITED and status.isdigit():
+        return f"exited with status {status}"
+    if code in (_KILLED, _DUMPED) and status.isdigit():
+        try:
+            name = f" ({signal.Signals(int(status)).name})"
+        except ValueError:
+            name = ""
+        return f"{'killed' if code == _KILLED else 'dumped core'} by signal {status}{name}"
+    result = props.get("Result", "")
+    return f"unit result {result}" if result and result != "success" else ""
 
 
 def parse_systemctl_show(text: str) -> dict[str, dict[str, str]]:

@@ -276,7 +276,7 @@ def _left_by(job_id: int, rt: Runtime) -> str:
 
     jd = rt.settings.paths.job(job_id)
     left = ["directory"] if jd.exists() else []
-    procs = daemon.job_processes(rt.host, jd.config)
+    procs = daemon.job_processes(rt.host, rt.settings, jd.config)
     left += [f"daemon pid {procs[0].pid}"] if procs else []
     return ", ".join(left) or "nothing"
 

@@ -15,6 +15,7 @@ __all__ = [
     "CommandError",
     "ConfigError",
     "DaemonError",
+    "DaemonLostError",
     "DeviceError",
     "DoctorFailed",
     "DomainBusyError",
@@ -196,6 +197,18 @@ class DaemonError(ImexctlError):
 
     code = "daemon_failed"
     exit_code = ExitCode.UNAVAILABLE
+
+
+class DaemonLostError(ImexctlError):
+    """The job's daemon ended before the job, and ``[policy] lost_daemon = drain``: the epilog drains the tray."""
+
+    code = "daemon_lost"
+    exit_code = ExitCode.UNAVAILABLE
+
+    def __init__(self, message: str, lost: int = 1) -> None:
+        super().__init__(message)
+        #: how many of the epilog's domains lost their daemon (counted in the metrics)
+        self.lost = lost
 
 
 class HealthTimeout(ImexctlError):

@@ -55,6 +55,10 @@ class ProcInfo:
     cmdline: tuple[str, ...]
     pgid: int = 0
     sid: int = 0
+    #: real user id (``/proc/<pid>/status``); -1 where not read
+    uid: int = -1
+    #: the executable as the kernel shows it (``/proc/<pid>/exe``); '' where not read or not shown
+    exe: str = ""
 
 
 class Host(Protocol):
@@ -76,7 +80,7 @@ class Host(Protocol):
         """Create a character device node with exactly this owner and mode."""
 
     def processes_with_arg(self, arg: str, *, prefix: bool = False) -> list[ProcInfo]:
-        """Live processes with an argv element equal to (or starting with) ``arg``."""
+        """Live processes with an argv element equal to (or starting with) ``arg``, with their uid and exe."""
 
     def is_alive(self, proc: ProcInfo) -> bool:
         """Whether that very process (pid and start time) still runs."""
@@ -230,7 +234,7 @@ class RealHost:
                 continue
             cmd = split_cmdline(os.fsdecode(raw))
             hit = any(a.startswith(arg) for a in cmd) if prefix else arg in cmd
-            info = self._info(pid) if hit else None
+            info = self._info(pid, identity=True) if hit else None
             if info is not None:  # None: a zombie, or it exited meanwhile
                 found.append(info)
         return found
@@ -305,18 +309,21 @@ class RealHost:
         return os.geteuid()
 
     @staticmethod
-    def _info(pid: int) -> ProcInfo | None:
+    def _info(pid: int, *, identity: bool = False) -> ProcInfo | None:
         """The live process ``pid`` from ``/proc``; None when it is gone or a zombie.
 
         Read directly, as psutil reads the same files: importing psutil costs
         about 13 ms, and every epilog that stops a daemon calls this through
-        :meth:`send_signal` (docs/performance.md).
+        :meth:`send_signal` (docs/performance.md).  With ``identity``, also its
+        uid and executable (:mod:`imexctl.imexproc` decides from them whether
+        it is a daemon).
         """
         try:
             state, start = _stat(pid)
             if state in (b"Z", b"X"):  # zombie or dead: proc(5), field 3
                 return None
-            return ProcInfo(pid, start, _cmdline(pid), os.getpgid(pid), os.getsid(pid))
+            info = ProcInfo(pid, start, _cmdline(pid), os.getpgid(pid), os.getsid(pid))
+            return dataclasses.replace(info, uid=_uid(pid), exe=_exe(pid)) if identity else info
         except (OSError, ValueError, IndexError):  # ProcessLookupError, /proc/<pid> gone, or unreadable
             return None
 
@@ -336,6 +343,23 @@ def _stat(pid: int) -> tuple[bytes, float]:
     # the command name (field 2) is in parentheses and may hold blanks or ')': split after the last ')'
     fields = data[data.rindex(b")") + 2 :].split()
     return fields[0], int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def _uid(pid: int) -> int:
+    """Process ``pid``'s real user id: the first number of the ``Uid:`` line of ``/proc/<pid>/status``."""
+    with open(f"/proc/{pid}/status", "rb") as f:
+        for line in f:
+            if line.startswith(b"Uid:"):
+                return int(line.split()[1])
+    raise ValueError(f"/proc/{pid}/status has no Uid line")
+
+
+def _exe(pid: int) -> str:
+    """Process ``pid``'s executable, or '' where the kernel does not show it (another user's, to non-root)."""
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return ""
 
 
 def _cmdline(pid: int) -> tuple[str, ...]:

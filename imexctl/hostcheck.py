@@ -98,10 +98,17 @@ def _units(ctx: Context) -> list[Check]:
         fix = "run doctor where systemd runs; without systemd use [daemon] backend = exec"
         return [Check("imex.stock_unit", WARN, f"cannot ask systemd: {problem}", fix)]
     shown = daemon.parse_systemctl_show(done.stdout)
-    return [_stock(stock, shown.get(stock, {})), _template(ctx, unit, shown.get(unit, {}))]
+    systemd = s.daemon.backend == "systemd"
+    return [_stock(stock, shown.get(stock, {}), systemd=systemd), _template(ctx, unit, shown.get(unit, {}))]
 
 
-def _stock(stock: str, props: dict[str, str]) -> Check:
+def _stock(stock: str, props: dict[str, str], *, systemd: bool) -> Check:
+    """The stock unit: never running nor enabled; with the systemd backend, masked.
+
+    The job units say ``Conflicts=<stock>``: whatever starts the stock unit (a
+    package script, site automation, an admin) stops every job's daemon on
+    the tray.  Only a masked unit cannot be started (issue 22).
+    """
     active, enabled = props.get("ActiveState", "?"), props.get("UnitFileState", "")
     fix = f"systemctl disable --now {stock} && systemctl mask {stock}"
     if props.get("LoadState") == "not-found":
@@ -111,6 +118,10 @@ def _stock(stock: str, props: dict[str, str]) -> Check:
         return Check("imex.stock_unit", FAIL, f"{stock} is {active}: {why}", fix)
     if enabled.startswith("enabled") or enabled in ("linked", "alias"):
         return Check("imex.stock_unit", FAIL, f"{stock} is {enabled}: it starts at the next boot", fix)
+    masked = props.get("LoadState") == "masked" or enabled.startswith("masked")
+    if systemd and not masked:
+        why = f"starting it (a package script, site automation) stops every job's daemon here (Conflicts={stock})"
+        return Check("imex.stock_unit", FAIL, f"{stock} is {enabled or 'installed'} but not masked: {why}", fix)
     return Check("imex.stock_unit", OK, f"{stock} is {enabled or props.get('LoadState', '?')} and {active}")
 
 

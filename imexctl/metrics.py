@@ -52,6 +52,7 @@ METRICS: Final[dict[str, tuple[str, str]]] = {
     "imexctl_hook_runs_total": ("counter", "Prolog and epilog runs by hook, outcome and error code."),
     "imexctl_cleanup_runs_total": ("counter", "imexctl cleanup runs (not --dry-run) by outcome."),
     "imexctl_cleanup_actions_total": ("counter", "What imexctl cleanup did, by action."),
+    "imexctl_daemon_lost_total": ("counter", "Jobs whose IMEX daemon ended before the job, found by the epilog."),
     "imexctl_hook_duration_seconds": ("histogram", "Run time of the prolog and the epilog, by hook."),
     "imexctl_time_to_ready_seconds": ("histogram", "From the prolog's start until the job's domain was ready."),
     "imexctl_domain_state": ("gauge", "This tray's IMEX domain: 1 for its current state, 0 for the others."),
@@ -87,6 +88,8 @@ class Run:
     #: what this run learned about the domain (a prolog that made one); None: see the job directory
     domain: Domain | None = None
     actions: tuple[str, ...] = ()
+    #: an epilog: domains whose daemon had ended before the job
+    lost: int = 0
 
 
 _ACTIONS: Final = (
@@ -103,12 +106,12 @@ def run_of(
 ) -> Run:
     """What one command's result (or error) counts as; ``level`` is ``[readiness] level``."""
     if error is not None:
-        return Run(command, "failed", getattr(error, "code", "crashed"), duration_s)
+        return Run(command, "failed", getattr(error, "code", "crashed"), duration_s, lost=getattr(error, "lost", 0))
     result = result or {}
     if command == "cleanup":
         return Run(command, "ok", actions=tuple(kind for a in result.get("actions", ()) for kind in _action(a)))
     if command != "prolog":
-        return Run(command, "ok", duration_s=duration_s)
+        return Run(command, "ok", duration_s=duration_s, lost=len(result.get("lost_daemon", ())))
     if result.get("skipped") or result.get("job_ended"):
         return Run(command, "skipped" if result.get("skipped") else "job_ended", duration_s=duration_s)
     if not result.get("port"):  # one tray, channel only: no daemon, no domain to be ready
@@ -222,6 +225,7 @@ def _count(totals: dict[str, Any], run: Run, now: float) -> None:
         _observe(totals.setdefault("durations", {}), run.command, run.duration_s)
         if run.ready_s is not None:
             _observe(totals.setdefault("ready", {}), "prolog", run.ready_s)
+        totals["daemon_lost"] = totals.get("daemon_lost", 0) + run.lost
     totals.setdefault("last_run", {})[run.command] = now
 
 
@@ -287,6 +291,7 @@ def render(totals: Mapping[str, Any]) -> str:
         f"imexctl_cleanup_actions_total{_labels(action=k)} {_number(n)}"
         for k, n in sorted(totals.get("cleanup_actions", {}).items())
     ]
+    lines += [*_head("imexctl_daemon_lost_total"), f"imexctl_daemon_lost_total {_number(totals.get('daemon_lost', 0))}"]
     lines += _histogram("imexctl_hook_duration_seconds", "hook", totals.get("durations", {}))
     lines += _histogram("imexctl_time_to_ready_seconds", "hook", totals.get("ready", {}))
     domain = Domain(**totals["domain"]) if totals.get("domain") else Domain()

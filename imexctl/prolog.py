@@ -33,7 +33,7 @@ from imexctl.gpu import fabric_key
 from imexctl.host import Host, ProcInfo
 from imexctl.nodestate import JobState, job_ids, mark_state, node_lock, write_state
 from imexctl.runtime import Runtime, bind, log_failed, terminations
-from imexctl.settings import JobDir
+from imexctl.settings import JobDir, Settings
 from imexctl.slurm import JobContext
 from imexctl.teardown import teardown
 
@@ -267,8 +267,11 @@ def _claim(job: JobContext, rt: Runtime) -> None:
             f"(if that job has ended: 'imexctl cleanup --job {others[0]} --force')"
         )
     ours = f"{paths.job(job.job_id).path}/"
+    # only a daemon counts: a pager on a job's file, a ctl client, another user's process never block (issue 22)
     strays = [
-        p for p in rt.host.processes_with_arg(f"{paths.jobs_dir}/", prefix=True) if ours not in " ".join(p.cmdline)
+        p
+        for p in daemon.imex_processes(rt.host, rt.settings, f"{paths.jobs_dir}/", prefix=True)
+        if ours not in " ".join(p.cmdline)
     ]
     if strays:
         raise DomainBusyError(f"a stray IMEX daemon runs (pid {strays[0].pid}: {' '.join(strays[0].cmdline)})")
@@ -424,7 +427,7 @@ def _wait_ready(jd: JobDir, own: str, addresses: tuple[str, ...], cmd_port: int,
     from imexctl import readiness
 
     probe = readiness.Probe(
-        jd.config, own, addresses, rt.settings.readiness.level, _alive_check(rt.host, jd.config), cmd_port
+        jd.config, own, addresses, rt.settings.readiness.level, _alive_check(rt.host, rt.settings, jd.config), cmd_port
     )
     ready = readiness.wait_ready(rt.host, rt.settings, probe, deadline=deadline, log=rt.log)
     if ready.blamed:
@@ -432,13 +435,13 @@ def _wait_ready(jd: JobDir, own: str, addresses: tuple[str, ...], cmd_port: int,
     return ready
 
 
-def _alive_check(host: Host, config: Path) -> Callable[[], bool]:
+def _alive_check(host: Host, settings: Settings, config: Path) -> Callable[[], bool]:
     """Whether the job's daemon still runs: one process-table scan, then cheap pid checks per probe."""
     known: list[ProcInfo] = []
 
     def alive() -> bool:
         if not known:
-            known.extend(daemon.job_processes(host, config))
+            known.extend(daemon.job_processes(host, settings, config))
             return bool(known)
         return any(host.is_alive(p) for p in known)
 

@@ -245,6 +245,8 @@ SCHEMA: dict[str, dict[str, tuple[str, Parser]]] = {
         "fabric_limited": ("warn", _choice("warn", "refuse")),
         # a job with one tray in this NVLink domain: a one-tray IMEX domain, only the channel, or nothing
         "single_tray": ("domain", _choice("domain", "channel", "none")),
+        # a job's daemon that ended before the job: the epilog warns (and counts it), or also drains the tray
+        "lost_daemon": ("warn", _choice("warn", "drain")),
     },
     "readiness": {
         "level": ("domain", _choice("local", "domain")),

@@ -107,6 +107,7 @@ class Policy:
     fabric_wait_s: float
     fabric_limited: str
     single_tray: str
+    lost_daemon: str
 
 
 @dataclasses.dataclass(frozen=True)

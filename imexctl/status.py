@@ -54,7 +54,9 @@ def _job(job_id: int, rt: Runtime) -> dict[str, Any]:
         out["daemon"] = dataclasses.asdict(backend.info(jd))
     except ImexctlError as exc:
         out["daemon"] = {"error": str(exc)}
-    procs = daemon.job_processes(host, config)
+    # with systemd, the unit's main process is the daemon whatever it runs (a site's wrapper)
+    main = (out["daemon"].get("pid") or 0) if out["daemon"].get("backend") == "systemd" else 0
+    procs = daemon.job_processes(host, s, config, main_pid=main)
     if procs:
         out["daemon"]["pid"] = procs[0].pid
         # both on the boot clock: a stepped wall clock changes neither; never negative

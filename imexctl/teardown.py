@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from imexctl import daemon, devices, notes
-from imexctl.errors import DeviceError, ImexctlError, UnsafeNodeError
+from imexctl.errors import DaemonLostError, DeviceError, ImexctlError, UnsafeNodeError
 from imexctl.fsutil import remove_tree
 from imexctl.nodestate import JobState, job_ids, mark_state, node_lock, read_state
 from imexctl.runtime import Runtime, bind, log_failed
@@ -68,7 +68,7 @@ def teardown(job_id: int, rt: Runtime, *, dry_run: bool = False) -> list[str]:
     jd, steps = rt.settings.paths.job(job_id), _Steps(dry_run)
     state = read_state(jd)
     with_backend = jd.exists() and not (state and state.backend == "none")  # "none": a channel-only job
-    if with_backend or daemon.job_processes(rt.host, jd.config, with_clients=True):
+    if with_backend or daemon.job_processes(rt.host, rt.settings, jd.config, with_clients=True):
         steps.run(f"stop daemon of job {job_id}", lambda: _stop_daemon(jd, state, with_backend, rt))
         _step(rt, dry_run, "daemon_stopped")
     chan = _channel_of(job_id, state, rt)
@@ -142,8 +142,14 @@ def _channel_of(job_id: int, state: JobState | None, rt: Runtime) -> tuple[Path,
 
 
 def epilog(env: Mapping[str, str], rt: Runtime) -> dict[str, Any]:
-    """Tear down this job's domain on this node; safe after a failed or missing prolog."""
+    """Tear down this job's domain on this node; safe after a failed or missing prolog.
+
+    A daemon that ended before the job is reported (``imex.daemon.lost``);
+    with ``[policy] lost_daemon = drain`` the epilog then fails, after the
+    teardown, so that Slurm drains the tray.
+    """
     t0 = rt.host.monotonic()
+    lost: list[str] = []
     try:
         job = JobContext.from_env(env, need_nodes=False)
         bind(rt, job_id=job.job_id, node=job.node)
@@ -154,11 +160,40 @@ def epilog(env: Mapping[str, str], rt: Runtime) -> dict[str, Any]:
                 _mark_ended(rt.settings.paths.job(jid), rt)  # first: even a lock timeout leaves it for cleanup
                 with node_lock(rt.settings.paths.lock_file, rt.host, rt.settings.daemon.lock_timeout_s):
                     rt.step("locked")
+                    lost += _lost_daemon(jid, rt)
                     actions += teardown(jid, rt)
+        if lost and rt.settings.policy.lost_daemon == "drain":
+            raise DaemonLostError(
+                f"{'; '.join(lost)}; [policy] lost_daemon = drain: the tray is clean, see why the daemon "
+                f"ended ([paths] imex_log_file, journalctl -u {rt.settings.daemon.unit}@<job>), then resume it",
+                len(lost),
+            )
     except ImexctlError as exc:
         log_failed("epilog.done", exc, rt, t0)
         raise
-    return _epilog_done(rt, t0, actions)
+    return _epilog_done(rt, t0, actions, lost)
+
+
+def _lost_daemon(job_id: int, rt: Runtime) -> list[str]:
+    """``["the IMEX daemon of job N ended before the job: <how>"]`` when it did, else [].
+
+    Only a domain whose prolog finished (``set_up``) had a daemon that should
+    still run when its epilog starts: the epilog stops it.  When the backend
+    cannot be asked (systemd does not answer), nothing is claimed.
+    """
+    jd = rt.settings.paths.job(job_id)
+    state = read_state(jd)
+    if state is None or not state.set_up or state.backend == "none":
+        return []
+    try:
+        info = daemon.make_backend(rt.host, rt.settings, state.backend).info(jd)
+    except (ImexctlError, OSError):
+        return []
+    if info.running:
+        return []
+    how = info.ended or "not running"
+    rt.log.warning("imex.daemon.lost", domain_job_id=job_id, backend=state.backend, how=how)
+    return [f"the IMEX daemon of job {job_id} ended before the job: {how}"]
 
 
 def idle_epilog(env: Mapping[str, str], rt: Runtime) -> dict[str, Any] | None:
@@ -185,8 +220,10 @@ def _domains(job: JobContext) -> list[int]:
     return list(dict.fromkeys([job.job_id, *([job.het_job_id] if job.het_job_id else [])]))
 
 
-def _epilog_done(rt: Runtime, t0: float, actions: list[str]) -> dict[str, Any]:
-    out = {"ok": True, "actions": actions, "duration_s": round(rt.host.monotonic() - t0, 3)}
+def _epilog_done(rt: Runtime, t0: float, actions: list[str], lost: list[str] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"ok": True, "actions": actions, "duration_s": round(rt.host.monotonic() - t0, 3)}
+    if lost:
+        out["lost_daemon"] = lost
     rt.log.info("epilog.done", **out)
     return out
 
@@ -215,7 +252,7 @@ def _left_anything(jd: JobDir, rt: Runtime) -> bool:
     """
     return (
         jd.exists()
-        or bool(daemon.job_processes(rt.host, jd.config, with_clients=True))
+        or bool(daemon.job_processes(rt.host, rt.settings, jd.config, with_clients=True))
         or _channel_of(jd.job_id, None, rt) is not None
     )
 
@@ -271,7 +308,7 @@ def still_runs(job_id: int, rt: Runtime) -> str:
     if state.backend == "none":
         live = bool(state.channel_path) and os.path.lexists(state.channel_path)
     else:
-        live = bool(daemon.job_processes(rt.host, jd.config))
+        live = bool(daemon.job_processes(rt.host, rt.settings, jd.config))
     if not live:
         return ""
     return (
@@ -281,10 +318,10 @@ def still_runs(job_id: int, rt: Runtime) -> str:
 
 
 def known_jobs(rt: Runtime) -> list[int]:
-    """Jobs with a directory or a daemon process under this node's jobs directory."""
+    """Jobs with a directory or a daemon process under this node's jobs directory (a pager on a file is none)."""
     jobs = set(job_ids(rt.settings.paths.jobs_dir))
     prefix = f"{rt.settings.paths.jobs_dir}/"
-    for proc in rt.host.processes_with_arg(prefix, prefix=True):
+    for proc in daemon.imex_processes(rt.host, rt.settings, prefix, prefix=True):
         for arg in proc.cmdline:
             head = arg[len(prefix) :].split("/", 1)[0] if arg.startswith(prefix) else ""
             if head.isdigit():

@@ -122,7 +122,7 @@ class TestSystemdBackend:
             (
                 "/usr/bin/systemctl",
                 "show",
-                "--property=Id,LoadState,ActiveState,SubState,Result,MainPID,ExecMainStatus,ExecStart,Environment",
+                "--property=Id,LoadState,ActiveState,SubState,Result,MainPID,ExecMainCode,ExecMainStatus,ExecStart,Environment",
                 "--",
                 UNIT,
                 "nvidia-imex.service",
@@ -392,11 +392,12 @@ class TestOrphanedCtl:
         tmp_path: Path,
         argv: tuple[str, ...],
     ) -> None:
+        s = make_settings()
         ctl = host.spawn_detached([a.format(config=config) for a in argv], log_path=tmp_path / "ctl.log")
-        assert job_processes(host, config) == []
-        assert job_processes(host, config, with_clients=True) == [ctl]
+        assert job_processes(host, s, config) == []
+        assert job_processes(host, s, config, with_clients=True) == [ctl]
         daemon = host.spawn_detached(["/usr/bin/nvidia-imex", "-c", str(config)], log_path=tmp_path / "d.log")
-        assert job_processes(host, config) == [daemon]
-        ensure_gone(host, make_settings(), config)
+        assert job_processes(host, s, config) == [daemon]
+        ensure_gone(host, s, config)
         assert (ctl.pid, signal.SIGTERM) in host.signals and (daemon.pid, signal.SIGTERM) in host.signals
-        assert job_processes(host, config, with_clients=True) == []
+        assert job_processes(host, s, config, with_clients=True) == []

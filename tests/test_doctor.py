@@ -466,16 +466,26 @@ def test_imex_version_without_a_driver_warns(make_rt: Any, tray: Path) -> None:
         ({"LoadState": "loaded", "ActiveState": "active", "UnitFileState": "enabled"}, "FAIL", "is active"),
         ({"LoadState": "loaded", "ActiveState": "inactive", "UnitFileState": "enabled"}, "FAIL", "next boot"),
         ({"LoadState": "masked", "ActiveState": "inactive", "UnitFileState": "masked"}, "OK", "masked"),
-        ({"LoadState": "loaded", "ActiveState": "inactive", "UnitFileState": "disabled"}, "OK", "disabled"),
+        ({"LoadState": "loaded", "ActiveState": "inactive", "UnitFileState": "disabled"}, "FAIL", "not masked"),
+        ({"LoadState": "not-found", "ActiveState": "inactive"}, "OK", "not installed"),
     ],
 )
 def test_stock_unit(make_rt: Any, host: FakeHost, props: dict[str, str], status: str, words: str) -> None:
-    """The stock nvidia-imex.service must be neither running nor enabled; disabled or masked is fine."""
+    """With the systemd backend the stock nvidia-imex.service must be masked (or not installed)."""
     host.units["nvidia-imex.service"] = props
     check = _checks(make_rt())["imex.stock_unit"]
     assert check.status == status and words in check.message
+    if status == "FAIL":
+        assert check.fix == "systemctl disable --now nvidia-imex.service && systemctl mask nvidia-imex.service"
     show = [c for c in host.calls if c[:2] == ("/usr/bin/systemctl", "show")]
     assert show and show[0][-2:] == ("nvidia-imex.service", "imexctl-imex@1.service")
+
+
+def test_stock_unit_disabled_is_enough_with_the_exec_backend(make_rt: Any, host: FakeHost) -> None:
+    """The exec backend's daemons have no Conflicts= on the stock unit: disabled (not running) is OK."""
+    host.units["nvidia-imex.service"] = {"LoadState": "loaded", "ActiveState": "inactive", "UnitFileState": "disabled"}
+    check = _checks(make_rt(daemon={"backend": "exec"}))["imex.stock_unit"]
+    assert check.status == "OK" and "disabled" in check.message
 
 
 def test_template_unit_not_installed_fails(make_rt: Any, host: FakeHost) -> None:
@@ -642,7 +652,7 @@ def test_set_up_domain_without_a_step_is_not_stale(make_rt: Any, host: FakeHost)
     state |= {"addresses": ["10.0.0.1"], "port": 61042, "backend": "exec", "channel_minor": None}
     state |= {"channel_path": "", "created": 0.0, "cmd_port": 62042, "set_up": 5.0}
     jd.state.write_text(json.dumps(state))
-    host.spawn_detached(["/usr/bin/nvidia-imex", "-c", str(jd.config)], log_path=Path("/dev/null"))
+    host.spawn_detached([rt.settings.commands.nvidia_imex, "-c", str(jd.config)], log_path=Path("/dev/null"))
     assert _checks(rt)["imexctl.stale"].status == doctor.OK
     state["ended"] = 9.0  # its epilog began here: the job has ended
     jd.state.write_text(json.dumps(state))

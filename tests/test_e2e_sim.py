@@ -13,6 +13,7 @@ import random
 import shutil
 import signal
 import stat
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -234,6 +235,33 @@ def test_stray_daemon_without_state_is_refused(make_rack: Any) -> None:
     assert result.returncode == 69 and "stray IMEX daemon" in summary(result)["reason"]
     assert rack.imexctl(t, "cleanup").returncode == 0
     assert not [x for x in rack.leftovers() if x.startswith("process")]
+
+
+def test_a_pager_on_a_job_file_blocks_nothing(make_rack: Any) -> None:
+    """Root's ``tail -F`` on a job's state.json (a pager left open) is no stray daemon (issue 22).
+
+    The simulated daemon (a '#!python' script, the configured nvidia_imex) is
+    found by status and stopped by the epilog; the pager blocks no prolog and
+    survives every hook and cleanup.
+    """
+    rack = make_rack(1)
+    t = rack.trays[0]
+    assert codes(rack.run_hooks("prolog", 520)) == [0]
+    state = t.root / "run/imexctl/jobs/520/state.json"
+    pager = subprocess.Popen(["/usr/bin/tail", "-F", str(state)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: str(state).encode() in Path(f"/proc/{pager.pid}/cmdline").read_bytes(), what="tail's argv")
+        shown = json.loads(rack.imexctl(t, "status", "--json").stdout)["data"]
+        assert [j["job_id"] for j in shown["jobs"]] == [520] and shown["jobs"][0]["daemon"]["pid"] != pager.pid
+        assert codes(rack.run_hooks("epilog", 520)) == [0]
+        assert codes(rack.run_hooks("prolog", 521)) == [0]
+        assert codes(rack.run_hooks("epilog", 521)) == [0]
+        assert rack.imexctl(t, "cleanup").returncode == 0
+        assert pager.poll() is None
+        assert [x for x in rack.leftovers() if not x.startswith(f"process {pager.pid}:")] == []
+    finally:
+        pager.kill()
+        pager.wait()
 
 
 def test_back_to_back_jobs_on_the_same_trays(make_rack: Any) -> None:

@@ -274,9 +274,15 @@ class TestBootCleanupUnit:
         chan_dir.mkdir(parents=True)
         os.mknod(chan_dir / "channel7", 0o20600, os.makedev(234, 7))
         (job / "config.cfg").write_text("SERVER_PORT=61711\n")
-        daemon = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-c", str(job / "config.cfg")])
+        imex = tmp_path / "nvidia-imex"  # the configured daemon program: only it counts as a daemon
+        imex.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(60)\n")
+        imex.chmod(0o755)
+        daemon = subprocess.Popen([str(imex), "-c", str(job / "config.cfg")])
         conf = tmp_path / "imexctl.conf"
-        conf.write_text(f"[paths]\nroot = {root}\nlog_file =\n[daemon]\nbackend = exec\nkill_grace_s = 2\n")
+        conf.write_text(
+            f"[paths]\nroot = {root}\nlog_file =\n[daemon]\nbackend = exec\nkill_grace_s = 2\n"
+            f"[commands]\nnvidia_imex = {imex}\n"
+        )
         conf.chmod(0o644)
         argv = _unit_keys(CLEANUP_UNIT)["ExecStart"][0].split()
         argv[0] = sys.executable + " -m imexctl" if not Path(argv[0]).exists() else argv[0]

@@ -219,7 +219,7 @@ class FakeHost:
             proc = self._spawn(tuple(self.unit_exec.format(job=job).split()))
             if self.unit_exec_scans:
                 self._pending_exec[proc.info.pid] = (self.unit_exec_scans, proc.info.cmdline)
-                proc.info = dataclasses.replace(proc.info, cmdline=("(nvidia-imex)",))
+                proc.info = dataclasses.replace(proc.info, cmdline=("(nvidia-imex)",), exe="/usr/lib/systemd/systemd")
             state["pid"] = str(proc.info.pid)
         elif verb == "stop":
             for p in self.procs.values():
@@ -260,10 +260,18 @@ class FakeHost:
         self.spawn_envs.append((tuple(argv), dict(env or {})))
         return self._spawn(tuple(argv)).info
 
-    def _spawn(self, argv: tuple[str, ...]) -> _Proc:
+    def add_process(self, argv: Sequence[str], *, uid: int = 0, exe: str | None = None) -> ProcInfo:
+        """A process the product did not start (a pager, a client, another user's program): ``exe`` is argv[0]'s."""
+        proc = self._spawn(tuple(argv), uid=uid, exe=exe)
+        proc.alive = True
+        return proc.info
+
+    def _spawn(self, argv: tuple[str, ...], *, uid: int = 0, exe: str | None = None) -> _Proc:
         self._next_pid += 1
         proc = _Proc(
-            ProcInfo(self._next_pid, self.now, argv, self._next_pid, self._next_pid),
+            ProcInfo(
+                self._next_pid, self.now, argv, self._next_pid, self._next_pid, uid, argv[0] if exe is None else exe
+            ),
             alive=not self.daemon_dies,
             ignores_sigterm=self.daemon_ignores_sigterm,
             unkillable=self.daemon_unkillable,
@@ -274,7 +282,7 @@ class FakeHost:
     def processes_with_arg(self, arg: str, *, prefix: bool = False) -> list[ProcInfo]:
         for pid, (scans, cmdline) in list(self._pending_exec.items()):
             if scans <= 1:
-                self.procs[pid].info = dataclasses.replace(self.procs[pid].info, cmdline=cmdline)
+                self.procs[pid].info = dataclasses.replace(self.procs[pid].info, cmdline=cmdline, exe=cmdline[0])
                 del self._pending_exec[pid]
             else:
                 self._pending_exec[pid] = (scans - 1, cmdline)
