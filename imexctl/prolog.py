@@ -31,11 +31,11 @@ from imexctl.gate import policy_skip, shared_reason, tell_user
 from imexctl.gate import prolog_done as _done
 from imexctl.gpu import fabric_key
 from imexctl.host import Host, ProcInfo
-from imexctl.nodestate import JobState, job_ids, mark_state, node_lock, write_state
+from imexctl.nodestate import JobState, mark_state, node_lock, write_state
 from imexctl.runtime import Runtime, bind, log_failed, terminations
 from imexctl.settings import JobDir, Settings
 from imexctl.slurm import JobContext
-from imexctl.teardown import teardown
+from imexctl.teardown import known_jobs, still_runs, teardown
 
 __all__ = ["prolog"]
 
@@ -258,13 +258,19 @@ def _refuse_shared(job: JobContext, rt: Runtime) -> None:
 
 
 def _claim(job: JobContext, rt: Runtime) -> None:
-    """Refuse a node whose domain is held by another job or a stray daemon; clear our own leftovers."""
+    """Refuse a node whose domain is held by a job that still runs here or a stray daemon; clear leftovers.
+
+    Leftovers of jobs that no longer run on this tray (a daemon that died and
+    an epilog killed at its timeout, say) are torn down as ``cleanup`` would,
+    so the tray is not drained job after job until an admin comes.
+    """
     paths = rt.settings.paths
-    others = [j for j in job_ids(paths.jobs_dir) if j != job.job_id]
-    if others:
+    held = _clear_ended_jobs(job, rt)
+    if held:
+        other, why = held[0]
         raise DomainBusyError(
-            f"this node's IMEX domain belongs to job {others[0]} "
-            f"(if that job has ended: 'imexctl cleanup --job {others[0]} --force')"
+            f"this node's IMEX domain belongs to job {other}, which {why} "
+            f"(if that job has ended: 'imexctl cleanup --job {other} --force')"
         )
     ours = f"{paths.job(job.job_id).path}/"
     # only a daemon counts: a pager on a job's file, a ctl client, another user's process never block (issue 22)
@@ -279,6 +285,32 @@ def _claim(job: JobContext, rt: Runtime) -> None:
         rt.log.warning(
             "state.removed", reason="leftovers of an earlier run of this job", actions=teardown(job.job_id, rt)
         )
+
+
+def _clear_ended_jobs(job: JobContext, rt: Runtime) -> list[tuple[int, str]]:
+    """Tear down what other jobs left here if they no longer run; return those that may still run, and why.
+
+    Decided on the tray (a slurmstepd or cgroup of the job; a set-up domain
+    whose epilog has not run, see ``teardown.still_runs``); only in that
+    doubt is slurmctld asked, once per job: a job it reports ended, requeued
+    or pending no longer runs on this allocation.  No answer keeps the job.
+    """
+    held = []
+    for other in known_jobs(rt):
+        if other == job.job_id:
+            continue
+        why = still_runs(other, rt)
+        if why.startswith("may still run"):
+            state = slurmctl.job_state(other, rt.host, rt.settings, job.slurm_conf) if job.slurm_conf else None
+            if state is not None and not slurmctl.wants_to_start(state):
+                why = ""
+        if why:
+            held.append((other, why))
+            continue
+        rt.log.warning(
+            "state.removed", reason=f"leftovers of job {other}, which no longer runs here", actions=teardown(other, rt)
+        )
+    return held
 
 
 def _setup(

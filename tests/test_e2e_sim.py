@@ -225,15 +225,23 @@ def test_stale_daemon_of_previous_job_blocks_until_cleanup(make_rack: Any) -> No
     assert rack.leftovers() == []
 
 
-def test_stray_daemon_without_state_is_refused(make_rack: Any) -> None:
-    """A daemon whose job directory vanished still blocks the node and is found by cleanup."""
+def test_stray_daemon_of_a_job_that_no_longer_runs_is_cleared_by_the_next_prolog(make_rack: Any) -> None:
+    """A daemon whose job directory vanished, of a job with no slurmstepd here: the next prolog tears it down.
+
+    Issue 22: leftovers of a job that no longer runs on the tray clear themselves, without a drain and
+    without an admin; the prolog logs what it removed.
+    """
     rack = make_rack(1)
     t = rack.trays[0]
     assert codes(rack.run_hooks("prolog", 506)) == [0]
     os.rename(t.root / "run/imexctl/jobs/506", t.root / "run/imexctl/jobs/.moved")
     result = rack.run_hooks("prolog", 507)[0]
-    assert result.returncode == 69 and "stray IMEX daemon" in summary(result)["reason"]
-    assert rack.imexctl(t, "cleanup").returncode == 0
+    assert result.returncode == 0, summary(result)
+    lines = [json.loads(ln) for ln in (t.root / "var/log/imexctl.log").read_text().splitlines()]
+    removed = [rec for rec in lines if rec["event"] == "state.removed" and rec.get("job_id") == 507]
+    assert removed and "leftovers of job 506" in removed[0]["reason"], lines[-3:]
+    assert any("job 506" in action for action in removed[0]["actions"]), removed[0]
+    assert codes(rack.run_hooks("epilog", 507)) == [0]
     assert not [x for x in rack.leftovers() if x.startswith("process")]
 
 

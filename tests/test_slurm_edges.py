@@ -12,7 +12,7 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from imexctl.errors import HealthTimeout, SlurmQueryError, Terminated
+from imexctl.errors import DomainBusyError, HealthTimeout, SlurmQueryError, Terminated
 from imexctl.prolog import prolog
 from imexctl.runtime import Runtime
 from imexctl.settings import Settings
@@ -367,4 +367,46 @@ class TestSharingUnderSlurm2205:
             del env["SLURM_CONF"]
         slurm = {"ask_sharing": "no"} if where == "turned-off" else {}
         assert prolog(env, runtime(host, make_settings, slurm=slurm))["ok"]
+        assert not [c for c in host.calls if c[0].endswith("scontrol")]
+
+
+class TestLeftoversOfEndedJobs:
+    """Issue 22: a prolog clears what a job that no longer runs here left; in doubt it asks slurmctld once."""
+
+    def _set_up_job_7(self, host: FakeHost, make_settings: Callable[..., Settings], root: Path) -> Runtime:
+        rt = runtime(host, make_settings)
+        env = job_env(job_id=7, SLURM_CONF=slurm_conf(root, "ClusterName=x\n"), SLURM_JOB_OVERSUBSCRIBE="NO")
+        assert prolog(env, rt)["ok"]
+        return rt
+
+    @pytest.mark.parametrize(("answer", "cleared"), [("COMPLETED", True), ("REQUEUED", True), ("RUNNING", False),
+                                                     (None, False)])  # fmt: skip
+    def test_domain_of_a_job_in_doubt(self, host: FakeHost, make_settings: Callable[..., Settings], root: Path,
+                                      answer: str | None, cleared: bool) -> None:  # fmt: skip
+        """Job 7's domain is set up and its epilog never ran: slurmctld's word decides; no answer keeps it."""
+        rt = self._set_up_job_7(host, make_settings, root)
+        if answer:
+            host.slurm_jobs[7] = f"JobId=7 JobName=x JobState={answer} Reason=None\n"
+        env = job_env(job_id=8, SLURM_CONF=slurm_conf(root, "ClusterName=x\n"), SLURM_JOB_OVERSUBSCRIBE="NO")
+        with capture_logs() as logs:
+            if cleared:
+                assert prolog(env, rt)["ok"]
+            else:
+                with pytest.raises(DomainBusyError, match="belongs to job 7, which may still run on this node"):
+                    prolog(env, rt)
+        asked = [c for c in host.calls if c[0].endswith("scontrol")]
+        assert asked == [("/usr/bin/scontrol", "show", "job", "-o", "7")]
+        removed = [e for e in logs if e["event"] == "state.removed"]
+        assert bool(removed) is cleared and (not removed or "leftovers of job 7" in removed[0]["reason"]), removed
+        assert (root / "run/imexctl/jobs/7").exists() is not cleared
+
+    def test_job_with_a_slurmstepd_here_is_not_asked_about(self, host: FakeHost,
+                                                           make_settings: Callable[..., Settings],
+                                                           root: Path) -> None:  # fmt: skip
+        """A slurmstepd of job 7 on the tray proves it runs: refused, slurmctld never asked."""
+        rt = self._set_up_job_7(host, make_settings, root)
+        host.running_jobs.add(7)
+        env = job_env(job_id=8, SLURM_CONF=slurm_conf(root, "ClusterName=x\n"), SLURM_JOB_OVERSUBSCRIBE="NO")
+        with pytest.raises(DomainBusyError, match="belongs to job 7, which still runs on this node"):
+            prolog(env, rt)
         assert not [c for c in host.calls if c[0].endswith("scontrol")]

@@ -1,0 +1,66 @@
+"""Leftovers of a job that no longer runs clear themselves, under the real slurmd (issue 22).
+
+Job A's daemon is killed mid-job, and A's epilog cannot finish (the test holds the tray's node lock, so
+the epilog gives up after ``[daemon] lock_timeout_s``, as one killed at its timeout would): A's directory
+stays. Slurm drains the tray once, for the failed epilog, as it always does. After the resume the next
+job on the tray starts: its prolog finds A's leftovers, sees that A no longer runs there, tears them down
+and sets up its own domain. No second drain, and no ``imexctl cleanup`` by an admin.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+
+import pytest
+
+from tests.lab.cluster import SlurmLab
+from tests.lab.conftest import NODES
+from tests.lab.jobs import (
+    events,
+    hold_script,
+    imexctl_settings,
+    job_dir,
+    leftovers,
+    release,
+    sbatch,
+    sim_processes,
+    wait_done,
+    wait_started,
+)
+from tests.simhelpers import wait_for
+
+pytestmark = pytest.mark.slurm
+
+TRAY = NODES[0]
+
+
+def test_next_job_clears_what_a_job_with_a_lost_epilog_left(lab: SlurmLab) -> None:
+    """A's daemon killed, A's epilog failed on the lock: after the resume, B's prolog clears A and B runs."""
+    with imexctl_settings(lab, {"daemon": {"lock_timeout_s": "2"}}):
+        a = sbatch(lab, hold_script(lab), [TRAY])
+        wait_started(lab, a)
+        (pid, _), *_ = sim_processes(lab, TRAY, a)
+        os.kill(pid, signal.SIGKILL)
+        lock = lab.node_root(TRAY) / "run/imexctl/lock"
+        fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            release(lab, a)
+            done = wait_for(lambda: events(lab, TRAY, a, "epilog.done"), 60, 0.2, what=f"job {a}'s epilog")
+        finally:
+            os.close(fd)
+        assert done[-1]["ok"] is False and done[-1]["error_code"] == "lock_timeout", done[-1]
+        assert job_dir(lab, TRAY, a).exists(), "the failed epilog should have left job A's directory"
+        wait_for(lambda: lab.node_states()[TRAY]["state"].startswith("drain"), 30, 0.5, what="the epilog drain")
+        lab.run(["scontrol", "update", f"nodename={TRAY}", "state=resume"])
+        lab.wait_idle([TRAY])
+        b = sbatch(lab, "true", [TRAY])
+        wait_done(lab, b)
+    prolog = events(lab, TRAY, b, "prolog.done")[-1]
+    assert prolog["ok"] is True and prolog.get("trays") == 1, prolog
+    removed = events(lab, TRAY, b, "state.removed")
+    assert removed and f"leftovers of job {a}" in removed[-1]["reason"], removed
+    assert lab.node_states()[TRAY]["state"] == "idle", lab.node_states()[TRAY]
+    assert not job_dir(lab, TRAY, a).exists() and leftovers(lab, TRAY) == []
