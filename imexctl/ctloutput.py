@@ -168,6 +168,27 @@ class DomainStatus:
         """Hosts of nodes that answer and say they are not ready (:data:`NOT_READY_STATES`)."""
         return tuple(n.host for n in self.nodes if n.status in NOT_READY_STATES)
 
+    def silent_peers(self, me: str) -> tuple[tuple[str, str], ...]:
+        """``(host, what)`` of each peer of ``me`` that is not ready or not connected to it, in node order.
+
+        ``what`` says whether its command service answered the ctl on this tray
+        (``command service unreachable`` for an UNAVAILABLE node, else its status)
+        and how ``me``'s daemon sees its link to it.
+        """
+        mine = self.node_by_host(me)
+        out = []
+        for node in self.nodes:
+            if mine is not None and node.node_id == mine.node_id:
+                continue
+            link = mine.connection_to(node.node_id) if mine is not None else None
+            if node.is_ready and link is not None and link.is_connected:
+                continue
+            said = (
+                "command service unreachable" if node.status == "UNAVAILABLE" else f"command service says {node.status}"
+            )
+            out.append((node.host, said + (f", link from here {link.status}" if link is not None else "")))
+        return tuple(out)
+
     def unreachable_but_connected(self) -> tuple[str, ...]:
         """Hosts shown UNAVAILABLE although a reachable node reports a CONNECTED link to them.
 

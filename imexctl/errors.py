@@ -218,7 +218,14 @@ class HealthTimeout(ImexctlError):
     exit_code = ExitCode.TEMPFAIL
 
     def __init__(
-        self, message: str, *, last_status: str, attempts: int, waited_s: float, local_ready: bool = False
+        self,
+        message: str,
+        *,
+        last_status: str,
+        attempts: int,
+        waited_s: float,
+        local_ready: bool = False,
+        isolated: bool = False,
     ) -> None:
         super().__init__(message)
         self.last_status = last_status
@@ -226,6 +233,8 @@ class HealthTimeout(ImexctlError):
         self.waited_s = waited_s
         #: this tray's own daemon reported READY at some point: what was missing were its peers
         self.local_ready = local_ready
+        #: this tray reached the command service of none of its peers: most likely its own fault
+        self.isolated = isolated
 
 
 class SlurmQueryError(ImexctlError):

@@ -94,6 +94,9 @@ class Host(Protocol):
     def port_in_use(self, address: str, port: int) -> bool:
         """Whether a TCP listener could not bind ``address:port`` now."""
 
+    def tcp_reach(self, addresses: Sequence[str], port: int, timeout_s: float) -> dict[str, str]:
+        """Try a TCP connection to ``port`` on every address at once: ``open``, ``refused``, ``timeout`` or why."""
+
     def monotonic(self) -> float:
         """Monotonic clock, seconds."""
 
@@ -288,6 +291,46 @@ class RealHost:
                 raise CommandError(("bind", f"{address}:{port}"), exc.strerror or str(exc)) from exc
         return False
 
+    def tcp_reach(self, addresses: Sequence[str], port: int, timeout_s: float) -> dict[str, str]:
+        """Try a TCP connection to ``port`` on every address at once (non-blocking, one ``select``).
+
+        ``refused`` means an RST came back (the path works, nothing listens,
+        or a firewall that rejects); ``timeout`` that nothing came back (a
+        firewall that drops, or a tray that is gone).
+        """
+        import errno
+        import selectors
+        import socket
+
+        out: dict[str, str] = {}
+        pending: dict[socket.socket, str] = {}
+        sel = selectors.DefaultSelector()
+        try:
+            for addr in addresses:
+                s = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM)
+                s.setblocking(False)
+                rc = s.connect_ex((addr, port))
+                if rc in (0, errno.EINPROGRESS):
+                    pending[s] = addr
+                    sel.register(s, selectors.EVENT_WRITE)
+                else:
+                    out[addr] = _reach_word(rc)
+                    s.close()
+            deadline = time.monotonic() + timeout_s
+            while pending and (left := deadline - time.monotonic()) > 0:
+                for key, _ in sel.select(left):
+                    sock = key.fileobj
+                    assert isinstance(sock, socket.socket)
+                    out[pending.pop(sock)] = _reach_word(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR))
+                    sel.unregister(sock)
+                    sock.close()
+        finally:
+            for sock, addr in pending.items():
+                out.setdefault(addr, "timeout")
+                sock.close()
+            sel.close()
+        return out
+
     def monotonic(self) -> float:
         """Monotonic clock, seconds."""
         return time.monotonic()
@@ -422,3 +465,17 @@ def _collect(p: subprocess.Popen[bytes], timeout_s: float) -> tuple[str, str, st
             problem = f"no answer within {timeout_s:.3g}s"
     out, err = (bytes(bufs[fd]).decode(errors="replace") for fd in fds)
     return out, err, problem
+
+
+def _reach_word(err: int) -> str:
+    """``open`` for 0, else the connection error in a word or two (``refused``, ``no route to host``, ...)."""
+    import errno
+    import os
+
+    if err == 0:
+        return "open"
+    if err == errno.ECONNREFUSED:
+        return "refused"
+    if err == errno.ETIMEDOUT:
+        return "timeout"
+    return os.strerror(err).lower()

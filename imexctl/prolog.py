@@ -90,7 +90,8 @@ def _failed(exc: ImexctlError, run: _Run, rt: Runtime) -> dict[str, Any]:
     vain, asks slurmctld (once).  A tray whose own daemon never got ready is
     broken whatever became of the job, and is drained.
     """
-    timed_out = isinstance(exc, HealthTimeout) and exc.local_ready
+    # a tray that reached none of its peers is likely the broken one: it fails even if the job was requeued
+    timed_out = isinstance(exc, HealthTimeout) and exc.local_ready and not exc.isolated
     if timed_out and run.job is not None and rt.settings.slurm.check_cancelled == "yes":
         state = slurmctl.job_state(run.job.job_id, rt.host, rt.settings, run.job.slurm_conf)
         if state is not None and not slurmctl.wants_to_start(state):

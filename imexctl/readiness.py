@@ -298,10 +298,54 @@ def wait_ready(host: Host, settings: Settings, p: Probe, *, deadline: float, log
     if result.blamed and settings.readiness.blame_peers == "yes":
         return result
     culprits = f"; not ready: {', '.join(result.blamed)}" if result.blamed else ""
+    silent, isolated = _silent(host, result.domain, p, watch.seen)
     raise HealthTimeout(
-        f"IMEX not ready after {waited:.1f}s ({watch.attempts} probes): {result.status}{culprits}",
+        f"IMEX not ready after {waited:.1f}s ({watch.attempts} probes): {result.status}{culprits}{silent}",
         last_status=result.status,
         attempts=watch.attempts,
         waited_s=waited,
         local_ready=watch.local_ready,
+        isolated=isolated,
     )
+
+
+#: how long the last look at the silent peers' command ports may take (all at once)
+REACH_TIMEOUT_S = 1.0
+
+
+def _silent(host: Host, dom: ctloutput.DomainStatus | None, p: Probe, seen: dict[str, str]) -> tuple[str, bool]:
+    """The peers that never answered, and whether their command port takes a TCP connection from here.
+
+    Also whether this tray is cut off: two or more peers, none of which
+    answered this tray's ctl in any probe of the wait (``seen``), and none of
+    which takes a connection now (``timeout`` or no route: nothing came
+    back).  Such a tray is most likely the broken one (a firewall on it that
+    drops, a wrong interface) and must not exit 0 because slurmctld requeued
+    the job for another tray's failure.  ``refused`` means the path works
+    (a peer whose daemon is gone, or a firewall that rejects).  With one peer
+    nobody can tell which of the two is cut off.
+    """
+    others = [a for a in p.addresses if a != p.own_address]
+    no_view = {a: "no answer to the ctl" for a in others}
+    silent = dict(dom.silent_peers(p.own_address)) if dom is not None else no_view
+    if not silent:
+        return "", False
+    reach = host.tcp_reach(others, p.cmd_port, REACH_TIMEOUT_S) if p.cmd_port else {}
+    shown = [
+        f"{a} ({what}" + (f"; TCP port {p.cmd_port}: {reach[a]}" if a in reach else "") + ")"
+        for a, what in silent.items()
+    ]
+    more = f" and {len(shown) - 5} more" if len(shown) > 5 else ""
+    text = f"; peers that never answered: {'; '.join(shown[:5])}{more}"
+    isolated = (
+        len(others) >= 2
+        and not any(a in seen for a in others)
+        and (not reach or all(reach.get(a) not in ("open", "refused") for a in others))
+    )
+    if isolated:
+        text += (
+            f"; this tray never reached the command service of any of its {len(others)} peers"
+            + (f" (port {p.cmd_port})" if p.cmd_port else "")
+            + ": check its firewall and interfaces"
+        )
+    return text, isolated

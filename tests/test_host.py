@@ -133,3 +133,19 @@ def test_spawn_detached_returns_once_the_command_line_shows(tmp_path: Path) -> N
     deadline = time.monotonic() + 10
     while host.processes_with_arg(marker) and time.monotonic() < deadline:
         time.sleep(0.01)
+
+
+def test_tcp_reach_tells_open_from_refused() -> None:
+    """A listening port is ``open``, a closed one ``refused``; both answered within the timeout."""
+    import socket
+
+    from imexctl.host import RealHost
+
+    with socket.socket() as listening, socket.socket() as closed:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(1)
+        closed.bind(("127.0.0.2", 0))  # bound, never listening: the port refuses
+        port = listening.getsockname()[1]
+        closed_port = closed.getsockname()[1]
+        assert RealHost().tcp_reach(["127.0.0.1"], port, 2.0) == {"127.0.0.1": "open"}
+        assert RealHost().tcp_reach(["127.0.0.2"], closed_port, 2.0) == {"127.0.0.2": "refused"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 import structlog
@@ -320,7 +320,13 @@ class TestCommandServiceReachability:
         with pytest.raises(HealthTimeout) as info:
             wait(host, s, p)
         msg = str(info.value)
-        assert "unreachable" not in msg and "0->2 NEVER_CONNECTED" in msg and "UNAVAILABLE 10.0.0.3" in msg
+        assert "although their daemons are connected" not in msg, msg  # not called blocked
+        assert "0->2 NEVER_CONNECTED" in msg and "UNAVAILABLE 10.0.0.3" in msg
+        # issue 22: the reason names the peer that never answered and that its command service was unreachable
+        assert (
+            "peers that never answered: 10.0.0.3 (command service unreachable, link from here NEVER_CONNECTED)" in msg
+        )
+        assert "never reached the command service" not in msg and not info.value.isolated  # 10.0.0.2 answered
 
     def test_cmd_unreachable_needs_a_live_observer(self) -> None:
         """Links reported by UNAVAILABLE nodes carry no information and never mark a peer blocked."""
@@ -330,3 +336,50 @@ class TestCommandServiceReachability:
         dom = ctloutput.parse_domain_json(doc.replace('"status": "READY"', '"status": "UNAVAILABLE"'))
         assert dom.unreachable_but_connected() == ()
         assert ctloutput.parse_domain_json(_unreachable_peer("CONNECTED")).unreachable_but_connected() == ("10.0.0.3",)
+
+
+class TestCutOffTray:
+    """Issue 22: a tray that never reached any of two or more peers is the likely culprit, and is told so."""
+
+    def _all_unavailable(self, hosts: Any) -> tuple[int, str]:
+        return (0, domain_json(hosts, status="DEGRADED", node_status={1: "UNAVAILABLE", 2: "UNAVAILABLE"},
+                               conn_status="INVALID"))  # fmt: skip
+
+    def test_no_peer_ever_reached_is_isolated(self, host: FakeHost, make_settings: Callable[..., Settings],
+                                              root: Path) -> None:  # fmt: skip
+        s = make_settings(readiness={"deadline_s": 2})
+        p = make_probe(root, addresses=("10.0.0.1", "10.0.0.2", "10.0.0.3"))
+        host.domain = self._all_unavailable
+        with pytest.raises(HealthTimeout) as info:
+            wait(host, s, p)
+        assert info.value.isolated, str(info.value)
+        assert "never reached the command service of any of its 2 peers: check its firewall" in str(info.value)
+
+    def test_a_peer_seen_once_is_not_isolation(self, host: FakeHost, make_settings: Callable[..., Settings],
+                                               root: Path) -> None:  # fmt: skip
+        """Peers that answered earlier and went away (their epilogs ran after a requeue): not this tray's fault."""
+        s = make_settings(readiness={"deadline_s": 2})
+        p = make_probe(root, addresses=("10.0.0.1", "10.0.0.2", "10.0.0.3"))
+        calls = {"n": 0}
+
+        def domain(hosts: Any) -> tuple[int, str]:
+            calls["n"] += 1
+            if calls["n"] == 1:
+                return (0, domain_json(hosts, status="DEGRADED", node_status={2: "WAITING_FOR_PEERS"}))
+            return self._all_unavailable(hosts)
+
+        host.domain = domain
+        with pytest.raises(HealthTimeout) as info:
+            wait(host, s, p)
+        assert not info.value.isolated and "never reached" not in str(info.value)
+
+    def test_one_peer_alone_never_decides(self, host: FakeHost, make_settings: Callable[..., Settings],
+                                          root: Path) -> None:  # fmt: skip
+        """Two trays: either may be the one cut off; nobody is called isolated."""
+        s = make_settings(readiness={"deadline_s": 2})
+        p = make_probe(root, addresses=("10.0.0.1", "10.0.0.2"))
+        host.domain = lambda hosts: (0, domain_json(hosts, status="DEGRADED", node_status={1: "UNAVAILABLE"},
+                                                    conn_status="INVALID"))  # fmt: skip
+        with pytest.raises(HealthTimeout) as info:
+            wait(host, s, p)
+        assert not info.value.isolated

@@ -410,3 +410,36 @@ class TestLeftoversOfEndedJobs:
         with pytest.raises(DomainBusyError, match="belongs to job 7, which still runs on this node"):
             prolog(env, rt)
         assert not [c for c in host.calls if c[0].endswith("scontrol")]
+
+
+def test_cut_off_tray_fails_even_when_the_job_was_requeued(host: FakeHost, make_settings: Callable[..., Settings],
+                                                            root: Path) -> None:  # fmt: skip
+    """Issue 22: a tray that never reached any of its peers fails although slurmctld says the job went back to the
+    queue (requeued for the healthy tray that timed out first): Slurm drains the tray at fault too."""
+    host.domain = lambda hosts: (0, domain_json(hosts, status="DEGRADED", node_status={1: "UNAVAILABLE",
+                                                2: "UNAVAILABLE"}, conn_status="INVALID"))  # fmt: skip
+    host.slurm_jobs[42] = "JobId=42 JobState=PENDING Reason=launch_failed_requeued_held\n"
+    host.reach = {"10.0.0.2": "timeout", "10.0.0.3": "no route to host"}
+    rt = runtime(host, make_settings, readiness={"deadline_s": 3})
+    env = job_env(job_id=42, nodelist="gb[01-03]", SLURM_CONF=slurm_conf(root, "ClusterName=x\n"),
+                  SLURM_JOB_OVERSUBSCRIBE="NO")  # fmt: skip
+    with pytest.raises(HealthTimeout) as info:
+        prolog(env, rt)
+    assert info.value.isolated and "never reached the command service of any of its 2 peers" in str(info.value)
+    assert "10.0.0.2 (command service unreachable, link from here INVALID; TCP port 62042: timeout)" in str(info.value)
+    assert ("tcp_reach", "62042", "10.0.0.2", "10.0.0.3") in host.calls
+    assert leftovers(root) == []
+
+
+def test_peers_that_refuse_are_not_a_cut_off(host: FakeHost, make_settings: Callable[..., Settings],
+                                             root: Path) -> None:  # fmt: skip
+    """Peers whose command port answers with a refusal (their daemons gone after the requeue): the path works,
+    so this tray is not cut off and exits 0 for a job that went back to the queue."""
+    host.domain = lambda hosts: (0, domain_json(hosts, status="DEGRADED", node_status={1: "UNAVAILABLE",
+                                                2: "UNAVAILABLE"}, conn_status="INVALID"))  # fmt: skip
+    host.slurm_jobs[42] = "JobId=42 JobState=PENDING Reason=launch_failed_requeued_held\n"
+    host.reach = {"10.0.0.2": "refused", "10.0.0.3": "refused"}
+    rt = runtime(host, make_settings, readiness={"deadline_s": 3})
+    env = job_env(job_id=42, nodelist="gb[01-03]", SLURM_CONF=slurm_conf(root, "ClusterName=x\n"),
+                  SLURM_JOB_OVERSUBSCRIBE="NO")  # fmt: skip
+    assert prolog(env, rt)["job_ended"] == "PENDING"

@@ -115,6 +115,8 @@ class FakeHost:
     fail_verbs: set[str] = dataclasses.field(default_factory=set)
     ports_in_use: set[tuple[str, int]] = dataclasses.field(default_factory=set)
     running_jobs: set[int] = dataclasses.field(default_factory=set)
+    #: address -> what a TCP connection to it finds (``tcp_reach``); unlisted: ``open``
+    reach: dict[str, str] = dataclasses.field(default_factory=dict)
     daemon_ignores_sigterm: bool = False
     daemon_unkillable: bool = False
     daemon_dies: bool = False
@@ -317,6 +319,11 @@ class FakeHost:
 
     def port_in_use(self, address: str, port: int) -> bool:
         return (address, port) in self.ports_in_use
+
+    def tcp_reach(self, addresses: Sequence[str], port: int, timeout_s: float) -> dict[str, str]:
+        """What ``reach`` says of each address (``open`` when it says nothing); the question is recorded."""
+        self.calls.append(("tcp_reach", str(port), *addresses))
+        return {a: self.reach.get(a, "open") for a in addresses}
 
     def mknod_char(self, path: Path, major: int, minor: int, *, mode: int, uid: int, gid: int) -> None:
         """Record the device node the product asked for.  Only with ``real_nodes`` (root-only

@@ -1,0 +1,85 @@
+"""Which tray Slurm drains when a tray is cut off from its peers, under the real slurmd (issue 22).
+
+node3's network namespace gets an nftables table that drops every TCP packet to or from the two per-job
+port ranges (61000-62999) on its link to the others (its own traffic on ``lo`` passes): a tray whose firewall lets through only what a site opened for the stock
+daemon. In a three-tray job node3's own daemon gets READY, but it never reaches a peer. Its prolog must
+fail, naming why, whatever became of the job, so Slurm drains node3; before issue 22 it could exit 0 when
+slurmctld requeued the job for the healthy tray that timed out first. Each healthy tray names node3 as
+the peer whose command service never answered. docs/design.md "Which tray Slurm drains" has the cases.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from tests.lab.cluster import SlurmLab
+from tests.lab.conftest import NODES
+from tests.lab.jobs import JOB_TIMEOUT, events, leftovers, sbatch
+from tests.lab.procs import SYS_PATH
+from tests.simhelpers import wait_for
+
+pytestmark = pytest.mark.slurm
+
+TRAYS = NODES[:3]
+CUT = "node3"
+TABLE = "imexctl_lab_cut"
+
+
+def _nft(lab: SlurmLab, node: str, *args: str) -> None:
+    nft = shutil.which("nft", path=SYS_PATH)
+    if nft is None:
+        if __import__("os").environ.get("CI") == "true":
+            pytest.fail("nft missing under CI=true (apt-get install nftables)")
+        pytest.skip("nft missing (apt-get install nftables)")
+    subprocess.run(["ip", "netns", "exec", lab.netns(node), nft, *args], check=True, timeout=30, capture_output=True)
+
+
+@pytest.fixture
+def cut_off(lab: SlurmLab) -> Iterator[str]:
+    """node3 with the job port ranges dropped both ways, then as before."""
+    _nft(lab, CUT, "add", "table", "inet", TABLE)
+    try:
+        for hook, iface in (("input", "iifname"), ("output", "oifname")):
+            _nft(lab, CUT, "add", "chain", "inet", TABLE, hook, f"{{ type filter hook {hook} priority 0; }}")
+            for port in ("dport", "sport"):  # the tray's own traffic (lo: its ctl to its daemon) passes
+                _nft(
+                    lab, CUT, "add", "rule", "inet", TABLE, hook, iface, "!=", "lo", "tcp", port, "61000-62999", "drop"
+                )
+        yield CUT
+    finally:
+        _nft(lab, CUT, "delete", "table", "inet", TABLE)
+
+
+def test_tray_cut_off_by_its_firewall_is_the_one_drained(lab: SlurmLab, cut_off: str) -> None:
+    """node3 never reaches its peers: its prolog fails naming that, and node3 is drained; peers name node3."""
+    job = sbatch(lab, "true", TRAYS)
+
+    def ended() -> dict[str, dict[str, object]] | None:
+        done = {n: events(lab, n, job, "prolog.done") for n in TRAYS}
+        return {n: d[-1] for n, d in done.items()} if all(done.values()) else None
+
+    done = wait_for(ended, JOB_TIMEOUT, 0.5, what=f"the prologs of job {job}")
+    cut = done[cut_off]
+    assert cut["ok"] is False and cut["error_code"] == "not_ready", cut
+    assert "never reached the command service of any of its 2 peers" in str(cut["reason"]), cut
+    wait_for(lambda: lab.node_states()[cut_off]["state"].startswith("drain"), 30, 0.5, what=f"{cut_off} drained")
+    for node in TRAYS:
+        if node == cut_off:
+            continue
+        last = done[node]
+        if last.get("ok"):  # slurmctld had already requeued the job when this tray asked
+            assert last.get("job_ended"), f"{node}: {last}"
+        else:
+            # the cut-off tray is named, its command port taking no connection (nothing comes back)
+            want = rf"{re.escape(lab.addr(cut_off))} \([^)]*TCP port \d+: timeout\)"
+            assert re.search(want, str(last["reason"])), f"{node}: {last}"
+            assert "never reached" not in str(last["reason"]), f"{node}: {last}"
+    lab.run(["scancel", str(job)], check=False)
+    wait_for(lambda: not lab.run(["squeue", "-h"], check=False).stdout.strip(), 60, 0.5, what="the queue")
+    for node in TRAYS:
+        assert leftovers(lab, node, job) == [], f"{node} not rolled back"
