@@ -326,7 +326,7 @@ def _silent(host: Host, dom: ctloutput.DomainStatus | None, p: Probe, seen: dict
     nobody can tell which of the two is cut off.
     """
     others = [a for a in p.addresses if a != p.own_address]
-    no_view = {a: "no answer to the ctl" for a in others}
+    no_view = dict.fromkeys(others, "no answer to the ctl")
     silent = dict(dom.silent_peers(p.own_address)) if dom is not None else no_view
     if not silent:
         return "", False
