@@ -386,8 +386,9 @@ class Container:
         self.t = t
         self.owner = owner
         t.add_job(MINOR, uid=owner, minor=MINOR)
-        for minor in DECOYS:
-            t.mknod(minor, uid=0, mode=0o666)
+        # channel0 as NVreg_CreateImexChannel0=1 makes it (0666), channel7 another user's job's (0600)
+        for minor, mode in zip(DECOYS, (0o666, 0o600)):
+            t.mknod(minor, uid=0, mode=mode)
         if channel:
             t.mknod(MINOR, uid=owner)
         self.rootfs = t.base / "rootfs"
@@ -415,7 +416,15 @@ def _only_the_job_channel(result: dict[str, Any], owner: int) -> None:
     assert result["rc"] == 0, result["stderr"]
     assert result["stderr"] == ""
     assert result["view"] == [
-        {"name": f"channel{MINOR}", "char": True, "major": FAKE_MAJOR, "minor": MINOR, "host_uid": owner, "mode": 0o600}
+        {
+            "name": f"channel{MINOR}",
+            "char": True,
+            "major": FAKE_MAJOR,
+            "minor": MINOR,
+            "host_uid": owner,
+            "mode": 0o600,
+            "open": "granted",
+        }
     ]
     # the image's own request (channel 0, no final newline) stays on its line; the hook's line comes last and wins
     assert result["environ"].endswith(f"NVIDIA_IMEX_CHANNELS=0\nNVIDIA_IMEX_CHANNELS={MINOR}\n")
@@ -440,6 +449,37 @@ def test_as_the_job_user_in_a_user_namespace(node: Tree, dev: str, remap_root: b
     c = Container(node, owner=uid)
     _only_the_job_channel(c.run(dev=dev, user=LAB_USER, remap_root=remap_root), uid)
     assert c.host_listing() == ["channel0", "channel7", f"channel{MINOR}"]
+
+
+@needs_root_and_lab_user
+@pytest.mark.parametrize("dev", ["host", "restricted"])
+def test_as_the_job_user_without_a_domain_the_container_gets_what_enroot_gives(node: Tree, dev: str) -> None:
+    """As found under a real enroot 4.1.2: host /dev shows every node, openable as the host allows; restricted, none."""
+    uid = _lab_uid()
+    assert uid is not None
+    c = Container(node, owner=uid)
+    result = c.run(job_id=78, dev=dev, user=LAB_USER)
+    assert (result["rc"], result["stderr"]) == (0, "")
+    if dev == "restricted":
+        assert result["view"] is None  # enroot's tmpfs /dev has no channel directory, and the hook adds none
+        return
+    opened = {e["name"]: (e["host_uid"], e["open"]) for e in result["view"]}
+    # root's nodes are unmapped in the user's namespace (ls showed uid 65534 under enroot)
+    assert opened == {
+        "channel0": (None, "granted"),  # 0666: any user, as on the host
+        "channel7": (None, "EACCES"),  # another user's job's channel: refused, as on the host
+        f"channel{MINOR}": (uid, "granted"),
+    }
+
+
+@needs_root_and_lab_user
+def test_as_the_job_user_the_hook_leaves_only_a_channel_it_may_open(node: Tree) -> None:
+    """With the hook, the job's user sees and may open its channel, and no other node is there to try."""
+    uid = _lab_uid()
+    assert uid is not None
+    c = Container(node, owner=uid)
+    result = c.run(dev="host", user=LAB_USER)
+    assert [(e["name"], e["open"]) for e in result["view"]] == [(f"channel{MINOR}", "granted")]
 
 
 @needs_root

@@ -81,6 +81,8 @@ SUITE_PACKAGES = {"sid": ("apptainer",)}
 def packages(suite: str) -> tuple[str, ...]:
     """The packages debootstrap installs into the root of ``suite``."""
     return PACKAGES + SUITE_PACKAGES.get(suite, ())
+
+
 CACHE = Path("/var/cache/imexctl-lab")
 VENV = "/opt/imexctl"
 SRC = "/opt/imexctl-src"
