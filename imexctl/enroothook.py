@@ -203,7 +203,10 @@ def run(
     except Exception as exc:
         error = exc if isinstance(exc, ImexctlError) else HookBug(f"internal error: {type(exc).__name__}: {exc}")
         if policy == "closed":
-            raise type(error)(f"{error}; {STOPPED.format(minor=channel.minor)}") from exc
+            error.args = (f"{error}; {STOPPED.format(minor=channel.minor)}",)  # same class, same exit code
+            if error is exc:
+                raise
+            raise error from exc
         message = f"{error}; {STARTED.format(minor=channel.minor)}{policy_problem}"
         _warn(message)
         _note_in_environ(env.get("ENROOT_ENVIRON", ""), message)
@@ -439,7 +442,10 @@ def _append_environ(path: str, line: str) -> None:
     with _Fd(fd):
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise FileError(f"ENROOT_ENVIRON {path} is not a regular file")
-        os.write(fd, f"\n{line}\n".encode())
+        try:
+            os.write(fd, f"\n{line}\n".encode())
+        except OSError as exc:
+            raise FileError(f"ENROOT_ENVIRON {path}: cannot append: {exc.strerror}") from exc
 
 
 class _Fd:

@@ -213,12 +213,11 @@ class TestErrorsWhenClosed:
     def test_a_bug_while_restricting_stops_the_container_with_70(
         self, t: Tree, rootfs: Path, capsys: pytest.CaptureFixture[str]
     ) -> None:
-        """An unexpected exception after the job's channel was found: exit 70 and one line naming it."""
-        t.add_job(77, uid=os.getuid(), minor=3, channel_path="/dev/null")
-        rc = enroothook.main(_env(t, rootfs), mounter=BrokenMounter())
-        err = capsys.readouterr().err
-        assert rc == int(ExitCode.SOFTWARE) == 70 and err.count("\n") == 1
-        assert "internal error: RuntimeError: boom; the container was not started" in err
+        """An unexpected exception after the job's channel was found: a HookBug (exit 70) naming it."""
+        t.add_job(77, uid=0, minor=3, channel_path="/dev/null")
+        with pytest.raises(enroothook.HookBug, match="internal error: RuntimeError: boom; the container was not") as e:
+            _run(t, _env(t, rootfs), BrokenMounter(), mountinfo=lambda: AnyMount(("master:1",)))
+        assert e.value.exit_code == ExitCode.SOFTWARE == 70 and capsys.readouterr().err == ""
 
     def test_not_run_by_enroot_is_an_error(self, t: Tree) -> None:
         """In a job with a channel but without ENROOT_ROOTFS/ENROOT_ENVIRON: an error saying how it is meant to run."""
@@ -329,8 +328,8 @@ class TestErrorsWhenOpen:
         self, t: Tree, rootfs: Path, capsys: pytest.CaptureFixture[str]
     ) -> None:
         """An unexpected exception after the job's channel was found: exit 0 and a line naming it."""
-        t.add_job(77, uid=os.getuid(), minor=3, channel_path="/dev/null")
-        assert enroothook.main(_env(t, rootfs), mounter=BrokenMounter()) == 0
+        t.add_job(77, uid=0, minor=3, channel_path="/dev/null")
+        assert _run(t, _env(t, rootfs), BrokenMounter(), mountinfo=lambda: AnyMount(("master:1",))) == 0
         assert "internal error: RuntimeError: boom; the container starts" in capsys.readouterr().err
 
     def test_without_an_environment_file_only_stderr_warns(self, t: Tree, capsys: pytest.CaptureFixture[str]) -> None:
