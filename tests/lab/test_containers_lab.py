@@ -102,6 +102,15 @@ def test_task_prolog_exports_nothing_without_a_channel(lab: SlurmLab, settings: 
     wait_done(lab, job)
 
 
+def test_task_prolog_prints_the_enroot_hooks_warning_once_per_tray(lab: SlurmLab) -> None:
+    """IMEXCTL_ENROOT_HOOK_WARNING in the tasks' environment (Pyxis copies it from the container): one line per tray."""
+    warning = "job 1: channel /dev/nvidia-caps-imex-channels/channel1 is missing; the container starts"
+    argv = ["srun", "-N2", "--ntasks-per-node=2", "-w", ",".join(NODES[:2]), "-t", "5", "/bin/true"]
+    res = lab.run(argv, user=UID, env={"IMEXCTL_ENROOT_HOOK_WARNING": warning}, timeout=60, check=False)
+    assert res.returncode == 0, f"srun failed ({res.returncode}):\n{res.stdout}\n{res.stderr}"
+    assert res.stdout.splitlines().count(f"imexctl: enroot hook: {warning}") == 2, res.stdout
+
+
 def _container_job(lab: SlurmLab, node: str) -> tuple[int, dict[str, Any]]:
     """Run the enroot emulation as a one-tray batch job on ``node``; return (job id, its report)."""
     src = lab.slurm.path_inside(REPO)
