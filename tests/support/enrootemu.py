@@ -86,7 +86,8 @@ def emulate(
     Returns:
         ``{"rc", "stderr", "view", "environ"}``: the hook's exit code and standard
         error, the listing of ``/dev/nvidia-caps-imex-channels`` seen from inside
-        the container root (None if absent), and the environment file after the hook.
+        the container root (None if absent; each node with what ``open(2)`` said
+        to the container's user), and the environment file after the hook.
     """
     spec_file = write_spec(
         rootfs=rootfs, host_dev=host_dev, workdir=workdir, env=env, dev=dev, hook=hook, shared=shared
