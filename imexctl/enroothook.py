@@ -4,15 +4,13 @@ enroot runs every executable ``*.sh`` in ``/etc/enroot/hooks.d`` before it
 switches to the container's root, as the calling user, inside the
 container's user and mount namespaces with all capabilities raised there
 (enroot ``src/runtime.sh`` ``runtime::_start`` and ``runtime::_do_hooks``;
-``doc/configuration.md``).  ``hooks/enroot/99-imexctl.sh`` execs this module
+``doc/configuration.md``).  ``hooks/enroot/99-imexctl.sh`` runs this module
 there.  When the caller is in a Slurm job (``SLURM_JOB_ID``, passed on by
 Pyxis) whose domain has a channel on this tray, it
 
 1. checks the host node: a character device with the job's minor, the major
    of ``nvidia-caps-imex-channels`` in ``/proc/devices``, owned by the job's
-   user; anything else is an error (exit 71) with one line on standard
-   error, which enroot shows and Pyxis reports, and the container does not
-   start;
+   user; anything else is a failure;
 2. mounts a fresh tmpfs over ``$ENROOT_ROOTFS/dev/nvidia-caps-imex-channels``
    (created if missing), hiding whatever enroot's ``/dev`` bind or
    ``98-nvidia.sh`` put there: other jobs' stale nodes, ``channel0``;
@@ -24,8 +22,14 @@ Pyxis) whose domain has a channel on this tray, it
    Pyxis copies the container's environment into each task:
    pyxis ``pyxis_slurmstepd.c`` ``spank_import_container_env``).
 
-No job, no domain here, another user's job, or a domain without a channel
-(``channels = none``): nothing is changed and the exit code is 0.  Every
+A failure of any step (or a bug) is handled by ``[containers] on_error``:
+``open`` (the default) undoes the hook's mounts, warns on standard error and
+in ``IMEXCTL_ENROOT_HOOK_WARNING``, and exits 0, so the container starts as
+enroot set it up; ``closed`` prints one line and exits 71 (70 for a bug), and
+enroot does not start the container (docs/containers.md, "When the hook
+fails").  No job, no domain here, another user's job, a domain without a
+channel (``channels = none``), or anything at all going wrong while looking
+for the job: nothing is changed and the exit code is 0.  Every
 path inside the container root is opened with ``O_NOFOLLOW`` and mounted
 through ``/proc/self/fd``, so an image cannot redirect a mount with a
 symlink; a mount point whose mount propagates (``shared:``) is refused, so
