@@ -304,6 +304,10 @@ def _enroot_hook(root: Path, hooks: Path, *, old: bool, restrict: bool) -> Check
     late = [n for n in DEV_HOOKS if (hooks / n).exists() and n > path.name]
     if late:
         return Check("containers.enroot.hook", WARN, f"{', '.join(late)} run after {path.name} and undo it", install)
+    if re.search(rf"^\s*exec\s+\S*python\S*\s.*{re.escape(HOOK_MODULE)}", _text(real), re.MULTILINE):
+        # imexctl < issue 25's hook: an interpreter or install that cannot run stopped every container
+        msg = f"{path} is an older copy that stops every container start on the tray when imexctl cannot run"
+        return Check("containers.enroot.hook", WARN, msg, install)
     return Check("containers.enroot.hook", OK, f"{path} shows each container exactly its job's channel")
 
 

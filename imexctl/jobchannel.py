@@ -7,7 +7,8 @@ It reads what the prolog left for every user to read, and nothing else:
 
 - the imexctl config file, found as :func:`imexctl.settings.find_config`
   finds it, for three ``[paths]`` keys only (``root``, ``run_dir``,
-  ``proc_devices``); invalid keys elsewhere are the prolog's business;
+  ``proc_devices``) and ``[containers] on_error`` (the enroot hook's
+  policy); invalid keys elsewhere are the prolog's business;
 - ``<run_dir>/jobs/<job id>/state.json`` (root's, mode 0644, in 0755
   directories), every component opened with ``O_NOFOLLOW``;
 - the channel node itself (``O_PATH``, never followed through a symlink);
@@ -69,12 +70,14 @@ class NoChannel(Exception):
 class NodePaths:
     """The ``[paths]`` this module needs, already under ``[paths] root``."""
 
-    __slots__ = ("config", "proc_devices", "run_dir")
+    __slots__ = ("config", "on_error", "proc_devices", "run_dir")
 
-    def __init__(self, run_dir: str, proc_devices: str, config: str | None) -> None:
+    def __init__(self, run_dir: str, proc_devices: str, config: str | None, on_error: str = "") -> None:
         self.run_dir = run_dir
         self.proc_devices = proc_devices
         self.config = config
+        #: ``[containers] on_error`` as written ('' when not set): the enroot hook judges it
+        self.on_error = on_error
 
 
 class JobChannel:
@@ -113,7 +116,8 @@ def node_paths(env: Mapping[str, str], explicit: str | None = None, uid_map: Uid
             unreadable, or a path in ``[paths]`` is not absolute.
     """
     path, required = find_config(env, explicit)
-    raw = _read_paths_section(path, required, uid_map)
+    sections = _read_sections(path, required, uid_map)
+    raw = None if sections is None else sections.get("paths", {})
     values = {key: (raw or {}).get(key, default).strip() for key, default in _DEFAULTS.items()}
     for key, value in values.items():
         if not value.startswith("/"):
@@ -126,7 +130,10 @@ def node_paths(env: Mapping[str, str], explicit: str | None = None, uid_map: Uid
     def under(value: str) -> str:
         return os.path.join(root, value.lstrip("/")) if value != "/" else root
 
-    return NodePaths(under(values["run_dir"]), under(values["proc_devices"]), path if raw is not None else None)
+    on_error = (sections or {}).get("containers", {}).get("on_error", "").strip()
+    return NodePaths(
+        under(values["run_dir"]), under(values["proc_devices"]), path if raw is not None else None, on_error
+    )
 
 
 def _node_name(env: Mapping[str, str]) -> str:
@@ -136,8 +143,8 @@ def _node_name(env: Mapping[str, str]) -> str:
     return name
 
 
-def _read_paths_section(path: str, required: bool, uid_map: UidMap) -> dict[str, str] | None:
-    """``[paths]`` of the config file; None when the optional default file does not exist."""
+def _read_sections(path: str, required: bool, uid_map: UidMap) -> dict[str, dict[str, str]] | None:
+    """``[paths]`` and ``[containers]`` of the config file, those present; None when the optional default is absent."""
     try:
         # followed if a symlink, as imexctl.settings does: the file it names is what is checked
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -163,7 +170,7 @@ def _read_paths_section(path: str, required: bool, uid_map: UidMap) -> dict[str,
         parser.read_string(data.decode(), source=path)
     except (configparser.Error, UnicodeDecodeError):
         raise NoChannel(f"{path}: not a valid config file") from None
-    return dict(parser.items("paths")) if parser.has_section("paths") else {}
+    return {name: dict(parser.items(name)) for name in ("paths", "containers") if parser.has_section(name)}
 
 
 # ---------------------------------------------------------------- uids across user namespaces

@@ -311,6 +311,12 @@ SCHEMA: dict[str, dict[str, tuple[str, Parser]]] = {
         "client_cert_auth": ("", _cfg_path),
         "security_target_override": ("", _host_name),
     },
+    "containers": {
+        # the enroot hook, for a job with a channel on this tray, when it cannot show the container
+        # exactly that channel: open lets the container start as enroot set it up (and warns), closed
+        # stops it (docs/containers.md#when-the-hook-fails); a job without one is never stopped
+        "on_error": ("open", _choice("open", "closed")),
+    },
 }
 
 #: [auth] keys that name the six files of mode = SSL_TLS, in config.cfg order

@@ -29,6 +29,7 @@ __all__ = [
     "SECTIONS",
     "Auth",
     "Commands",
+    "Containers",
     "Daemon",
     "JobDir",
     "Log",
@@ -193,6 +194,13 @@ class Auth:
     security_target_override: str
 
 
+@dataclasses.dataclass(frozen=True)
+class Containers:
+    """``[containers]``: what the enroot hook does when it fails for a job with a channel (docs/containers.md)."""
+
+    on_error: str
+
+
 SECTIONS: Mapping[str, type] = {
     "paths": PathsSection,
     "commands": Commands,
@@ -206,6 +214,7 @@ SECTIONS: Mapping[str, type] = {
     "log": Log,
     "metrics": Metrics,
     "auth": Auth,
+    "containers": Containers,
 }
 
 SCHEMA = schema.SCHEMA
@@ -292,6 +301,7 @@ class Settings:
     log: Log
     metrics: Metrics
     auth: Auth
+    containers: Containers
     imex: Mapping[str, str]
 
     def replace(self, **changes: Any) -> Settings:

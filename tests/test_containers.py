@@ -251,6 +251,18 @@ class TestEnroot:
         assert check.status == WARN and "98-nvidia.sh" in check.message
 
     @needs_chown
+    def test_an_older_hook_that_execs_the_interpreter_warns(self, tmp_path: Path) -> None:
+        """The pre-fail-safe hook (exec python -m imexctl.enroothook) stops every start when imexctl breaks: WARN."""
+        root = _enroot_root(tmp_path, "enroot-good", hook=True)
+        hook = root / "etc/enroot/hooks.d/99-imexctl.sh"
+        hook.write_text(
+            "#!/bin/sh\n[ -x /opt/imexctl/bin/python ] || exit 0\nexec /opt/imexctl/bin/python -I -m imexctl.enroothook\n"
+        )
+        check = _by_name(containers.enroot_checks(root))["containers.enroot.hook"]
+        assert check.status == WARN and "older copy that stops every container start" in check.message
+        assert check.fix.startswith("install -o root -g root -m 0755 hooks/enroot/99-imexctl.sh ")
+
+    @needs_chown
     def test_sysconf_path_from_enroot_conf_is_followed(self, tmp_path: Path) -> None:
         """ENROOT_SYSCONF_PATH in enroot.conf moves hooks.d: the hook is looked for there."""
         root = _enroot_root(tmp_path, "enroot-good", hook=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import os
 import pwd
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from imexctl import enroothook
+from imexctl import enroothook, settings
 from imexctl.errors import DeviceError, ExitCode, FileError
 from tests.support.enrootemu import emulate
 from tests.support.jobtree import FAKE_MAJOR, Tree, tree
@@ -36,10 +37,28 @@ class RefusingMounter:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str | None, str, str | None, int, str | None]] = []
+        self.umounts: list[tuple[str, int]] = []
 
     def mount(self, source: str | None, target: str, fstype: str | None, flags: int, data: str | None) -> None:
         self.calls.append((source, target, fstype, flags, data))
         raise OSError(errno.EPERM, os.strerror(errno.EPERM), target)
+
+    def umount(self, target: str, flags: int) -> None:
+        self.umounts.append((target, flags))
+
+
+class AcceptingMounter(RefusingMounter):
+    """Records every mount and pretends it worked (nothing is mounted: the hook's own checks then fail)."""
+
+    def mount(self, source: str | None, target: str, fstype: str | None, flags: int, data: str | None) -> None:
+        self.calls.append((source, target, fstype, flags, data))
+
+
+class BrokenMounter(RefusingMounter):
+    """Fails with an exception no mount(2) raises: a bug."""
+
+    def mount(self, source: str | None, target: str, fstype: str | None, flags: int, data: str | None) -> None:
+        raise RuntimeError("boom")
 
 
 class AnyMount(dict):  # type: ignore[type-arg]
@@ -113,10 +132,67 @@ class TestNothingToDo:
         m = RefusingMounter()
         assert _run(t, _env(t, rootfs), m) == 0
         err = capsys.readouterr().err
-        assert m.calls == [] and err.count("\n") == 1 and "left as it is" in err
+        assert m.calls == [] and err.count("\n") == 1 and "left as enroot set it up" in err
+
+    @pytest.mark.parametrize(
+        "state",
+        [
+            "no-run-dir",
+            "run-dir-writable-by-others",
+            "jobs-is-a-symlink",
+            "state-not-json",
+            "state-without-fields",
+            "no-proc-devices",
+            "config-invalid",
+            "config-path-with-nul",
+        ],
+    )
+    def test_job_without_a_channel_here_is_never_stopped(
+        self, t: Tree, rootfs: Path, state: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Whatever the tray's imexctl state, a job without a usable channel here exits 0 with no mount, even closed."""
+        t.set_on_error("closed")
+        job_dir = t.add_job(77, uid=0, minor=3, channel_path="/dev/null")
+        env = _env(t, rootfs)
+        jobs = t.paths.run_dir / "jobs"
+        if state == "no-run-dir":
+            shutil.rmtree(t.paths.run_dir)
+        elif state == "run-dir-writable-by-others":
+            t.paths.run_dir.chmod(0o777)
+        elif state == "jobs-is-a-symlink":
+            jobs.rename(t.base / "elsewhere")
+            jobs.symlink_to(t.base / "elsewhere")
+        elif state == "state-not-json":
+            (job_dir / "state.json").write_text("{")
+        elif state == "state-without-fields":
+            (job_dir / "state.json").write_text("{}")
+        elif state == "no-proc-devices":
+            shutil.rmtree(t.paths.run_dir)
+            (t.base / "proc" / "devices").unlink()
+        elif state == "config-invalid":
+            t.config.write_text("this is not ini\n")
+        else:
+            env["IMEXCTL_CONFIG"] = f"{t.config}\0x"
+        m = RefusingMounter()
+        assert _run(t, env, m) == 0
+        assert m.calls == [] and Path(env["ENROOT_ENVIRON"]).read_text() == ""
+        assert capsys.readouterr().err.count("\n") <= 1
+
+    def test_not_run_by_enroot_in_a_job_without_a_channel_exits_0(self, t: Tree) -> None:
+        """Run by hand in a job with no domain here, without ENROOT_ROOTFS/ENROOT_ENVIRON: nothing to do."""
+        t.set_on_error("closed")
+        assert _run(t, t.env(77), RefusingMounter()) == 0
 
 
-class TestErrors:
+@pytest.fixture
+def closed(t: Tree) -> Tree:
+    """``[containers] on_error = closed``: a failed restriction stops the container."""
+    t.set_on_error("closed")
+    return t
+
+
+@pytest.mark.usefixtures("closed")
+class TestErrorsWhenClosed:
     def test_missing_channel_is_a_clear_error(self, t: Tree, rootfs: Path) -> None:
         """State says the job has channel 3 here, the node is gone: an error naming job, node and what to run."""
         t.add_job(77, uid=0, minor=3)
@@ -127,15 +203,27 @@ class TestErrors:
 
     def test_main_prints_one_line_and_exits_71(self, t: Tree, rootfs: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """The hook's entry point turns the error into one stderr line and exit 71 (enroot stops the start)."""
-        t.add_job(77, uid=0, minor=3)
-        env = _env(t, rootfs)
-        rc = enroothook.main(env) if os.getuid() == 0 else enroothook.main({**env, "SLURM_JOB_ID": "77"})
+        t.add_job(77, uid=os.getuid(), minor=3)
+        rc = enroothook.main(_env(t, rootfs))
         err = capsys.readouterr().err
-        if os.getuid() == 0:
-            assert rc == int(ExitCode.OSERR) == 71
-            assert err.startswith("imexctl enroot hook: job 77: channel ") and err.count("\n") == 1
-        else:  # not the job's user (uid 0 in the state): nothing to show, nothing said
-            assert (rc, err) == (0, "")
+        assert rc == int(ExitCode.OSERR) == 71
+        assert err.startswith("imexctl enroot hook: job 77: channel ") and err.count("\n") == 1
+        assert "the container was not started ([containers] on_error = closed): run 'imexctl doctor'" in err
+
+    def test_a_bug_while_restricting_stops_the_container_with_70(
+        self, t: Tree, rootfs: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """An unexpected exception after the job's channel was found: a HookBug (exit 70) naming it."""
+        t.add_job(77, uid=0, minor=3, channel_path="/dev/null")
+        with pytest.raises(enroothook.HookBug, match="internal error: RuntimeError: boom; the container was not") as e:
+            _run(t, _env(t, rootfs), BrokenMounter(), mountinfo=lambda: AnyMount(("master:1",)))
+        assert e.value.exit_code == ExitCode.SOFTWARE == 70 and capsys.readouterr().err == ""
+
+    def test_not_run_by_enroot_is_an_error(self, t: Tree) -> None:
+        """In a job with a channel but without ENROOT_ROOTFS/ENROOT_ENVIRON: an error saying how it is meant to run."""
+        t.add_job(77, uid=0, minor=3, channel_path="/dev/null")
+        with pytest.raises(FileError, match="run this as an enroot hook"):
+            _run(t, t.env(77), RefusingMounter())
 
     def test_wrong_major_is_an_error(self, t: Tree, rootfs: Path) -> None:
         """A node whose major is not /proc/devices' nvidia-caps-imex-channels is not the job's channel."""
@@ -150,11 +238,6 @@ class TestErrors:
         t.add_job(77, uid=0, minor=3, channel_path="/dev/null")
         with pytest.raises(DeviceError, match="is the NVIDIA driver loaded"):
             _run(t, _env(t, rootfs), RefusingMounter())
-
-    def test_not_run_by_enroot_is_an_error(self, t: Tree) -> None:
-        """In a job but without ENROOT_ROOTFS/ENROOT_ENVIRON: an error saying how it is meant to run."""
-        with pytest.raises(FileError, match="run this as an enroot hook"):
-            _run(t, t.env(77), RefusingMounter())
 
     def test_host_root_as_container_root_is_refused(self, t: Tree) -> None:
         """ENROOT_ROOTFS=/ would hide the host's channels: refused before any mount."""
@@ -195,7 +278,66 @@ class TestErrors:
         ((source, target, fstype, flags, data),) = m.calls
         assert (source, fstype, flags) == ("tmpfs", "tmpfs", enroothook.MS_NOSUID | enroothook.MS_NOEXEC)
         assert target.startswith("/proc/self/fd/") and data is not None and "mode=0755" in data
-        assert (rootfs / "dev" / "nvidia-caps-imex-channels").is_dir()
+        assert not (rootfs / "dev" / "nvidia-caps-imex-channels").exists()  # made for the mount, removed again
+
+    def test_a_failure_after_the_tmpfs_detaches_it(self, t: Tree, rootfs: Path) -> None:
+        """Once the tmpfs is mounted, any later failure unmounts it lazily, so enroot's view comes back."""
+        t.add_job(77, uid=0, minor=3, channel_path="/dev/null")
+        m = AcceptingMounter()
+        with pytest.raises(FileError, match="the new tmpfs is not where it was mounted"):
+            _run(t, _env(t, rootfs), m, mountinfo=lambda: AnyMount(("master:1",)))
+        assert [c[2] for c in m.calls] == ["tmpfs"]
+        ((target, flags),) = m.umounts
+        assert target.startswith("/proc/self/fd/") and flags == enroothook.MNT_DETACH
+
+
+class TestErrorsWhenOpen:
+    def test_default_is_open(self) -> None:
+        """Without [containers] on_error the hook lets a container start when it fails (the schema agrees)."""
+        assert enroothook.ON_ERROR_DEFAULT == "open" == settings.SCHEMA["containers"]["on_error"][0]
+
+    @pytest.mark.parametrize("written", [None, "open", "sometimes"])
+    def test_missing_channel_warns_and_starts(
+        self, t: Tree, rootfs: Path, written: str | None, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """State says channel 3, the node is gone: exit 0, one line naming job, node and policy, and the variable."""
+        if written is not None:
+            t.set_on_error(written)
+        t.add_job(77, uid=0, minor=3)
+        m = RefusingMounter()
+        env = _env(t, rootfs)
+        assert _run(t, env, m) == 0
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and m.calls == []
+        assert err.startswith("imexctl enroot hook: job 77: channel ") and "/channel3 is missing" in err
+        assert "the container starts with the nvidia-caps-imex-channels enroot gave it, not only channel3" in err
+        assert ("is neither open nor closed" in err) == (written == "sometimes")
+        (line,) = [ln for ln in Path(env["ENROOT_ENVIRON"]).read_text().splitlines() if ln]
+        assert line.startswith("IMEXCTL_ENROOT_HOOK_WARNING=job 77: channel ") and "on_error = open" in line
+
+    def test_refused_mount_warns_and_starts(self, t: Tree, rootfs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        """The kernel refuses the tmpfs: exit 0, a line that names the mount and the kernel's reason."""
+        t.add_job(77, uid=0, minor=3, channel_path="/dev/null")
+        m = RefusingMounter()
+        assert _run(t, _env(t, rootfs), m, mountinfo=lambda: AnyMount(("master:1",))) == 0
+        err = capsys.readouterr().err
+        assert "cannot mount tmpfs on " in err and "Operation not permitted" in err and "on_error = open" in err
+        assert len(m.calls) == 1 and m.umounts == []  # nothing mounted, nothing to undo
+
+    def test_a_bug_while_restricting_warns_and_starts(
+        self, t: Tree, rootfs: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """An unexpected exception after the job's channel was found: exit 0 and a line naming it."""
+        t.add_job(77, uid=0, minor=3, channel_path="/dev/null")
+        assert _run(t, _env(t, rootfs), BrokenMounter(), mountinfo=lambda: AnyMount(("master:1",))) == 0
+        assert "internal error: RuntimeError: boom; the container starts" in capsys.readouterr().err
+
+    def test_without_an_environment_file_only_stderr_warns(self, t: Tree, capsys: pytest.CaptureFixture[str]) -> None:
+        """Not run by enroot (no ENROOT_ENVIRON): the warning goes to stderr alone, exit 0."""
+        t.add_job(77, uid=0, minor=3, channel_path="/dev/null")
+        assert _run(t, t.env(77), RefusingMounter()) == 0
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "run this as an enroot hook" in err
 
 
 def test_mountinfo_is_parsed() -> None:
@@ -243,8 +385,9 @@ class Container:
         self.t = t
         self.owner = owner
         t.add_job(MINOR, uid=owner, minor=MINOR)
-        for minor in DECOYS:
-            t.mknod(minor, uid=0, mode=0o666)
+        # channel0 as NVreg_CreateImexChannel0=1 makes it (0666), channel7 another user's job's (0600)
+        for minor, mode in zip(DECOYS, (0o666, 0o600)):
+            t.mknod(minor, uid=0, mode=mode)
         if channel:
             t.mknod(MINOR, uid=owner)
         self.rootfs = t.base / "rootfs"
@@ -272,7 +415,15 @@ def _only_the_job_channel(result: dict[str, Any], owner: int) -> None:
     assert result["rc"] == 0, result["stderr"]
     assert result["stderr"] == ""
     assert result["view"] == [
-        {"name": f"channel{MINOR}", "char": True, "major": FAKE_MAJOR, "minor": MINOR, "host_uid": owner, "mode": 0o600}
+        {
+            "name": f"channel{MINOR}",
+            "char": True,
+            "major": FAKE_MAJOR,
+            "minor": MINOR,
+            "host_uid": owner,
+            "mode": 0o600,
+            "open": "granted",
+        }
     ]
     # the image's own request (channel 0, no final newline) stays on its line; the hook's line comes last and wins
     assert result["environ"].endswith(f"NVIDIA_IMEX_CHANNELS=0\nNVIDIA_IMEX_CHANNELS={MINOR}\n")
@@ -299,20 +450,87 @@ def test_as_the_job_user_in_a_user_namespace(node: Tree, dev: str, remap_root: b
     assert c.host_listing() == ["channel0", "channel7", f"channel{MINOR}"]
 
 
+@needs_root_and_lab_user
+@pytest.mark.parametrize("dev", ["host", "restricted"])
+def test_as_the_job_user_without_a_domain_the_container_gets_what_enroot_gives(node: Tree, dev: str) -> None:
+    """As found under a real enroot 4.1.2: host /dev shows every node, openable as the host allows; restricted, none."""
+    uid = _lab_uid()
+    assert uid is not None
+    c = Container(node, owner=uid)
+    result = c.run(job_id=78, dev=dev, user=LAB_USER)
+    assert (result["rc"], result["stderr"]) == (0, "")
+    if dev == "restricted":
+        assert result["view"] is None  # enroot's tmpfs /dev has no channel directory, and the hook adds none
+        return
+    opened = {e["name"]: (e["host_uid"], e["open"]) for e in result["view"]}
+    # root's nodes are unmapped in the user's namespace (ls showed uid 65534 under enroot)
+    assert opened == {
+        "channel0": (None, "granted"),  # 0666: any user, as on the host
+        "channel7": (None, "EACCES"),  # another user's job's channel: refused, as on the host
+        f"channel{MINOR}": (uid, "granted"),
+    }
+
+
+@needs_root_and_lab_user
+def test_as_the_job_user_the_hook_leaves_only_a_channel_it_may_open(node: Tree) -> None:
+    """With the hook, the job's user sees and may open its channel, and no other node is there to try."""
+    uid = _lab_uid()
+    assert uid is not None
+    c = Container(node, owner=uid)
+    result = c.run(dev="host", user=LAB_USER)
+    assert [(e["name"], e["open"]) for e in result["view"]] == [(f"channel{MINOR}", "granted")]
+
+
 @needs_root
-def test_missing_channel_stops_the_container_with_one_line(node: Tree) -> None:
-    """State says the job has a channel, the node is missing: exit 71, one stderr line, nothing mounted."""
+def test_missing_channel_stops_the_container_with_one_line_when_closed(node: Tree) -> None:
+    """on_error = closed, state says the job has a channel, the node is missing: exit 71, one line, nothing mounted."""
+    node.set_on_error("closed")
     c = Container(node, owner=1234, channel=False)
     result = c.run(dev="host")
     assert result["rc"] == 71
     assert result["stderr"].count("\n") == 1 and f"channel{MINOR} is missing" in result["stderr"]
+    assert "the container was not started" in result["stderr"]
     assert [e["name"] for e in result["view"]] == ["channel0", "channel7"]
     assert result["environ"].endswith("NVIDIA_IMEX_CHANNELS=0")
 
 
 @needs_root
-def test_job_without_a_domain_sees_the_container_unchanged(node: Tree) -> None:
-    """Another job id (no state here): the hook changes nothing, whatever the container shows."""
+def test_missing_channel_lets_the_container_start_when_open(node: Tree) -> None:
+    """The default (open), the node is missing: exit 0, one line, /dev as enroot made it, the warning variable."""
+    c = Container(node, owner=1234, channel=False)
+    result = c.run(dev="host")
+    assert result["rc"] == 0
+    assert result["stderr"].count("\n") == 1 and f"channel{MINOR} is missing" in result["stderr"]
+    assert [e["name"] for e in result["view"]] == ["channel0", "channel7"]
+    last = result["environ"].rstrip("\n").splitlines()[-1]
+    assert last.startswith("IMEXCTL_ENROOT_HOOK_WARNING=job 77: channel ") and "on_error = open" in last
+
+
+FAILBIND = [sys.executable, "-m", "tests.support.failbind"]
+
+
+@needs_root
+@pytest.mark.parametrize("on_error", ["open", "closed"])
+@pytest.mark.parametrize("dev", ["host", "restricted", "nvidia"])
+def test_refused_bind_gives_back_what_enroot_set_up(node: Tree, dev: str, on_error: str) -> None:
+    """The kernel refuses the bind after the tmpfs went up: the tmpfs is detached again; open starts, closed stops."""
+    node.set_on_error(on_error)
+    c = Container(node, owner=1234)
+    before = c.run(job_id=78, dev=dev)["view"]  # what enroot alone gives a container (no job 78 here)
+    result = c.run(dev=dev, hook=FAILBIND)
+    assert result["rc"] == (0 if on_error == "open" else 71), result
+    assert result["stderr"].count("\n") == 1 and "cannot bind the job's channel onto " in result["stderr"]
+    assert "Operation not permitted" in result["stderr"]
+    assert result["view"] == before
+    assert ("IMEXCTL_ENROOT_HOOK_WARNING=" in result["environ"]) == (on_error == "open")
+    assert f"NVIDIA_IMEX_CHANNELS={MINOR}" not in result["environ"]
+
+
+@needs_root
+@pytest.mark.parametrize("on_error", ["open", "closed"])
+def test_job_without_a_domain_sees_the_container_unchanged(node: Tree, on_error: str) -> None:
+    """Another job id (no state here): the hook changes nothing, whatever the container shows or the policy says."""
+    node.set_on_error(on_error)
     c = Container(node, owner=1234)
     result = c.run(job_id=78, dev="host")
     assert (result["rc"], result["stderr"]) == (0, "")
@@ -330,7 +548,7 @@ def test_hook_script_runs_the_module(node: Tree, tmp_path: Path) -> None:
     )
     python.chmod(0o755)
     text = (REPO / "hooks" / "enroot" / "99-imexctl.sh").read_text()
-    assert text.count("/opt/imexctl/bin/python") == 2
+    assert text.count("/opt/imexctl/bin/python") == 3
     hook = node.base / "99-imexctl.sh"
     hook.write_text(text.replace("/opt/imexctl/bin/python", str(python)))
     hook.chmod(0o755)
@@ -339,21 +557,46 @@ def test_hook_script_runs_the_module(node: Tree, tmp_path: Path) -> None:
     assert record.read_text().split() == ["-I", "-m", "imexctl.enroothook"]
 
 
-def test_hook_script_without_imexctl_exits_0(tmp_path: Path) -> None:
-    """On a node without imexctl the hook does nothing and lets the container start."""
+def _script_with(tmp_path: Path, python: str) -> subprocess.CompletedProcess[str]:
+    """Run a copy of hooks/enroot/99-imexctl.sh whose interpreter is ``python``."""
     text = (REPO / "hooks" / "enroot" / "99-imexctl.sh").read_text()
     hook = tmp_path / "99-imexctl.sh"
-    hook.write_text(text.replace("/opt/imexctl/bin/python", str(tmp_path / "absent")))
+    hook.write_text(text.replace("/opt/imexctl/bin/python", python))
     hook.chmod(0o755)
-    done = subprocess.run([str(hook)], env={}, capture_output=True, text=True, timeout=30, check=False)
+    return subprocess.run([str(hook)], env={}, capture_output=True, text=True, timeout=30, check=False)
+
+
+def test_hook_script_without_imexctl_exits_0(tmp_path: Path) -> None:
+    """On a node without imexctl the hook does nothing and lets the container start."""
+    done = _script_with(tmp_path, str(tmp_path / "absent"))
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+
+
+@pytest.mark.parametrize(
+    ("python_exits", "hook_exits"),
+    [(0, 0), (70, 70), (71, 71), (1, 0), (2, 0), (120, 0), (137, 0)],
+    ids=["done", "closed-bug", "closed", "import-error", "usage", "flush", "killed"],
+)
+def test_hook_script_stops_a_container_only_on_70_or_71(tmp_path: Path, python_exits: int, hook_exits: int) -> None:
+    """Only the module's own stop codes pass through; an interpreter that fails otherwise warns and lets it start."""
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nexit {python_exits}\n")
+    python.chmod(0o755)
+    done = _script_with(tmp_path, str(python))
+    assert (done.returncode, done.stdout) == (hook_exits, "")
+    if python_exits in (0, 70, 71):
+        assert done.stderr == ""
+    else:
+        assert done.stderr.count("\n") == 1
+        assert f"failed (exit {python_exits}); the container starts as enroot set it up" in done.stderr
 
 
 @needs_root
 def test_shared_propagation_is_refused_in_a_real_namespace(node: Tree) -> None:
     """Under a shared /dev mount (not how enroot starts containers) the hook refuses instead of propagating."""
+    node.set_on_error("closed")
     c = Container(node, owner=1234)
     result = c.run(dev="restricted", shared=True)
     assert result["rc"] == int(ExitCode.OSERR)
     assert "is shared and would propagate" in result["stderr"]
-    assert result["view"] == []  # the (empty) directory was made before the check; nothing was mounted
+    assert result["view"] is None  # the directory made for the mount was removed again; nothing was mounted

@@ -438,6 +438,7 @@ def test_schema_sections_are_documented_names() -> None:
         "log",
         "metrics",
         "auth",
+        "containers",
     ]
 
 

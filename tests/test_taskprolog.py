@@ -436,8 +436,8 @@ class TestHookScript:
         hook.chmod(0o755)
         return hook, record
 
-    def _run(self, hook: Path) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(hook)], env={}, capture_output=True, text=True, timeout=30, check=False)
+    def _run(self, hook: Path, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(hook)], env=env, capture_output=True, text=True, timeout=30, check=False)
 
     def test_runs_the_module_isolated_and_passes_stdout_only(self, tmp_path: Path) -> None:
         """The hook runs ``python -I -m imexctl.taskprolog``; stdout passes, stderr never reaches slurmd."""
@@ -450,6 +450,26 @@ class TestHookScript:
         """Whatever the interpreter exits with, the TaskProlog exits 0 (a non-zero exit cancels the task)."""
         hook, _ = self._install(tmp_path, 1)
         assert self._run(hook).returncode == 0
+
+    @pytest.mark.parametrize("with_python", [True, False], ids=["imexctl", "no-imexctl"])
+    def test_the_enroot_hooks_warning_is_printed_once_per_tray(self, tmp_path: Path, with_python: bool) -> None:
+        """IMEXCTL_ENROOT_HOOK_WARNING (from the container's environment) becomes one print line, for local task 0."""
+        hook, _ = self._install(tmp_path, 0, with_python=with_python)
+        warning = r"job 77: channel /dev/x\n is missing; the container starts"
+        export = "export NVIDIA_IMEX_CHANNELS=9\n" if with_python else ""
+        for localid in ("0", None):
+            env = {"IMEXCTL_ENROOT_HOOK_WARNING": warning, **({"SLURM_LOCALID": localid} if localid else {})}
+            done = self._run(hook, **env)
+            assert (done.returncode, done.stderr) == (0, "")
+            assert done.stdout == f"print imexctl: enroot hook: {warning}\n{export}"
+        done = self._run(hook, IMEXCTL_ENROOT_HOOK_WARNING=warning, SLURM_LOCALID="1")
+        assert (done.returncode, done.stdout) == (0, export)
+
+    def test_a_warning_of_more_than_one_line_is_not_printed(self, tmp_path: Path) -> None:
+        """A value with a newline could forge export lines: it is dropped, the task still starts."""
+        hook, _ = self._install(tmp_path, 0, with_python=False)
+        done = self._run(hook, IMEXCTL_ENROOT_HOOK_WARNING="x\nexport LD_PRELOAD=/tmp/evil.so")
+        assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
 
     def test_without_imexctl_installed_it_prints_nothing(self, tmp_path: Path) -> None:
         """Where imexctl is absent (inside a Pyxis container) the hook prints nothing and exits 0."""

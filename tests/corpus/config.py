@@ -63,7 +63,7 @@ _CHOICES = {
     ("resolve", "method"): "dns", ("log", "level"): "info", ("log", "syslog"): "no",
     ("policy", "single_tray"): "domain", ("slurm", "cap_deadline"): "yes", ("slurm", "check_cancelled"): "yes",
     ("slurm", "het_jobs"): "joint", ("slurm", "ask_sharing"): "yes", ("topology", "source"): "auto",
-    ("auth", "enabled"): "no", ("auth", "mode"): "SSL_TLS",
+    ("auth", "enabled"): "no", ("auth", "mode"): "SSL_TLS", ("containers", "on_error"): "open",
 }  # fmt: skip
 
 WRONG_TYPES = [

@@ -3,8 +3,8 @@
 ``ensure_root()`` returns the cached root, or builds it under a lock (concurrent test processes and the
 background build started by ``.ci/setup test`` share one build):
 
-1. ``debootstrap --variant=minbase`` of :data:`PACKAGES` from :data:`MIRROR` (Slurm, munge, Python, and
-   systemd + dbus so that the same root can be booted with ``systemd-nspawn``);
+1. ``debootstrap --variant=minbase`` of :func:`packages` from :data:`MIRROR` (Slurm, munge, Python, and
+   systemd + dbus so that the same root can be booted with ``systemd-nspawn``; sid adds Apptainer);
 2. the lab's job user (:data:`TEST_USER`, uid :data:`TEST_UID`), as on the host;
 3. a venv at ``/opt/imexctl`` made with the root's own ``python3``, imexctl's dependencies from PyPI
    (wheels fetched by the host's pip for the root's Python), and imexctl installed *editable* from
@@ -39,6 +39,7 @@ __all__ = [
     "CACHE",
     "PACKAGES",
     "SRC",
+    "SUITE_PACKAGES",
     "TEST_UID",
     "TEST_USER",
     "VENV",
@@ -49,6 +50,7 @@ __all__ = [
     "download_wheels",
     "ensure_root",
     "ensure_wheelhouse",
+    "packages",
     "prune",
     "root_key",
 ]
@@ -58,6 +60,7 @@ SUITES = {"24.11": "trixie", "26.05": "sid"}
 #: the suite of the default root: the Slurm 24.11 lab and the booted nodes of the systemd lab
 SUITE = SUITES["24.11"]
 MIRROR = "http://deb.debian.org/debian"
+#: the packages of every root
 PACKAGES = (
     "slurmd",
     "slurmctld",
@@ -70,6 +73,16 @@ PACKAGES = (
     "systemd-sysv",
     "dbus",
 )
+#: more packages per suite, each changing only its own suite's key: sid ships apptainer 1.4.5, which the
+#: container lab runs under Slurm 26.05 (tests/lab/test_containers_lab.py; trixie has no apptainer)
+SUITE_PACKAGES = {"sid": ("apptainer",)}
+
+
+def packages(suite: str) -> tuple[str, ...]:
+    """The packages debootstrap installs into the root of ``suite``."""
+    return PACKAGES + SUITE_PACKAGES.get(suite, ())
+
+
 CACHE = Path("/var/cache/imexctl-lab")
 VENV = "/opt/imexctl"
 SRC = "/opt/imexctl-src"
@@ -113,7 +126,7 @@ def root_key(repo: Path = REPO, suite: str = SUITE) -> str:
         "suite": suite,
         "mirror": MIRROR,
         "variant": "minbase",
-        "packages": sorted(PACKAGES),
+        "packages": sorted(packages(suite)),
         "requires": _install_requires(repo),
         "user": [TEST_USER, TEST_UID],
         "steps": BUILD_STEPS,
@@ -266,7 +279,7 @@ def _build(partial: Path, repo: Path, suite: str, log: Callable[[str], None]) ->
         [
             "debootstrap",
             "--variant=minbase",
-            f"--include={','.join(PACKAGES)}",
+            f"--include={','.join(packages(suite))}",
             f"--cache-dir={debs}",
             suite,
             str(root),
@@ -290,7 +303,7 @@ def _build(partial: Path, repo: Path, suite: str, log: Callable[[str], None]) ->
         "key": root_key(repo, suite),
         "suite": suite,
         "mirror": MIRROR,
-        "packages": sorted(PACKAGES),
+        "packages": sorted(packages(suite)),
         "slurm_version": _chroot(root, "slurmd", "-V").split()[-1],
         "python": _chroot(root, "/usr/bin/python3", "-c", "import sys; print(sys.version.split()[0])").strip(),
         "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -41,6 +41,10 @@ class Tree:
         self.paths = settings.load(self.config, node="n1").paths
         ensure_dir(self.paths.channel_dir, 0o755)
 
+    def set_on_error(self, value: str) -> None:
+        """Write ``[containers] on_error = value`` into the config (the enroot hook's policy)."""
+        self.config.write_text(f"[paths]\nroot = {self.base}\n[containers]\non_error = {value}\n")
+
     def env(self, job_id: int | None, **extra: str) -> dict[str, str]:
         """A task's environment: the job id and this tree's config."""
         env = {"IMEXCTL_CONFIG": str(self.config), "SLURMD_NODENAME": "n1", **extra}
