@@ -119,6 +119,8 @@ class FakeHost:
     daemon_unkillable: bool = False
     daemon_dies: bool = False
     euid_value: int = 0
+    #: the addresses on this host's interfaces; None: every address is local
+    local_addresses: set[str] | None = None
     real_nodes: bool = False
     calls: list[tuple[str, ...]] = dataclasses.field(default_factory=list)
     #: (argv, extra environment) of each command run with one
@@ -312,6 +314,9 @@ class FakeHost:
 
     def port_in_use(self, address: str, port: int) -> bool:
         return (address, port) in self.ports_in_use
+
+    def is_local_address(self, address: str) -> bool:
+        return self.local_addresses is None or address in self.local_addresses
 
     def mknod_char(self, path: Path, major: int, minor: int, *, mode: int, uid: int, gid: int) -> None:
         """Record the device node the product asked for.  Only with ``real_nodes`` (root-only
