@@ -61,6 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     dr = sub.add_parser("doctor", help="check this tray and slurm.conf before a job does (exit 1 on a FAIL)")
     dr.add_argument("--json", action="store_true", help="the checks as JSON: name, status, message, fix")
     dr.add_argument("--slurm-conf", metavar="FILE", help="slurm.conf to check (default: $SLURM_CONF, /etc/slurm)")
+    dr.add_argument("--nodes", metavar="LIST", default="", help="also resolve these trays (a host list, e.g. a rack)")
     cl = sub.add_parser("cleanup", help="reset the node after failed jobs")
     cl.add_argument("--job", type=int, metavar="ID", help="only this job")
     cl.add_argument("--dry-run", action="store_true", help="show what would be done")
@@ -367,7 +368,7 @@ def _cmd_doctor(args: argparse.Namespace, env: Mapping[str, str], host: Any, gpu
         gpu = NvmlGpu()
     rt = Runtime(host, gpu, cfg, structlog.get_logger())
     conf = Path(args.slurm_conf) if args.slurm_conf else None
-    checks = doctor.run(doctor.Context(rt, env, node, conf, problem))
+    checks = doctor.run(doctor.Context(rt, env, node, conf, problem, args.nodes))
     failed = [c.name for c in checks if c.status == doctor.FAIL]
     if args.json:
         _print_json(doctor.as_json(checks), errors=[DoctorFailed(f"failed: {', '.join(failed)}")] if failed else [])
