@@ -55,10 +55,10 @@ class ProcInfo:
     cmdline: tuple[str, ...]
     pgid: int = 0
     sid: int = 0
-    #: real user id (``/proc/<pid>/status``); -1 where not read
-    uid: int = -1
+    #: real user id (``/proc/<pid>/status``); -1 where not read.  Not part of the identity (==)
+    uid: int = dataclasses.field(default=-1, compare=False)
     #: the executable as the kernel shows it (``/proc/<pid>/exe``); '' where not read or not shown
-    exe: str = ""
+    exe: str = dataclasses.field(default="", compare=False)
 
 
 class Host(Protocol):
