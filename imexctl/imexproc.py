@@ -98,7 +98,8 @@ def _exec_targets(text: str) -> list[str]:
     for line in text.splitlines():
         if '"$@"' not in line or line.lstrip().startswith("#"):
             continue
-        words = [w for w in line.split() if w.startswith("/")]
+        # 'exec /usr/bin/env VAR=1 /opt/x "$@"': env only passes its arguments on
+        words = [w for w in line.split() if w.startswith("/") and os.path.basename(w) != "env"]
         if words:
             out.append(words[0])
     return out

@@ -143,7 +143,8 @@ class _Listener:
         for label, _, _ in self.plan.ranges:
             tried = []
             for port in self.plan.ports(self.plan.me, label):
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                family = socket.AF_INET6 if ":" in self.plan.own.address else socket.AF_INET
+                sock = socket.socket(family, socket.SOCK_STREAM)
                 try:
                     sock.bind((self.plan.own.address, port))
                     sock.listen(64)

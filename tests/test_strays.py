@@ -214,3 +214,10 @@ def test_pips_shell_trampoline_counts(tmp_path: Path, started: Any) -> None:
     cfg = str(tmp_path / "config.cfg")
     daemon = started([imex, "-c", cfg])
     assert _pids(cfg, imex) == [daemon.pid]
+
+
+def test_a_wrapper_through_env_names_the_program_not_env(tmp_path: Path) -> None:
+    """'exec /usr/bin/env VAR=1 /opt/x "$@"': the program is /opt/x; env is no daemon program."""
+    wrapper = _script(tmp_path / "nvidia-imex", '#!/bin/sh\nexec /usr/bin/env A=1 /opt/imex/nvidia-imex "$@"\n')
+    progs = imexproc.programs(wrapper)
+    assert "/opt/imex/nvidia-imex" in progs.binaries and os.path.realpath("/usr/bin/env") not in progs.binaries
