@@ -105,7 +105,7 @@ def plan_from_env(env: Mapping[str, str], settings: Any, host: Any, timeout_s: f
     if not job_id.isdigit() or not node or not listed:
         raise EnvironmentError_(
             "netcheck runs as a job step on the trays: srun -N<trays> --ntasks-per-node=1 imexctl netcheck "
-            "(SLURM_JOB_ID, SLURMD_NODENAME and SLURM_STEP_NODELIST are missing)"
+            "(it needs SLURM_JOB_ID, SLURMD_NODENAME and SLURM_STEP_NODELIST from srun)"
         )
     names = tuple(nodelist.expand(listed))
     if node not in names:
