@@ -7,6 +7,7 @@ hosts file to loopback addresses of their own (127/8 is all on ``lo``).
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 import subprocess
@@ -81,7 +82,12 @@ def rack(make_settings: Callable[..., Settings], root: Path) -> Iterator[Callabl
     started: list[subprocess.Popen[str]] = []
 
     def run(
-        n: int, *, before: Callable[[netcheck.Plan], None] | None = None, timeout: float = 3, absent: int = -1
+        n: int,
+        *,
+        before: Callable[[netcheck.Plan], None] | None = None,
+        timeout: float = 3,
+        absent: int = -1,
+        user: dict[int, int] | None = None,
     ) -> list[Any]:
         base = random.randrange(20, 240 - n)
         hosts = root / "etc/imexctl/hosts"
@@ -100,7 +106,12 @@ def rack(make_settings: Callable[..., Settings], root: Path) -> Iterator[Callabl
                    "SLURM_NODEID": str(i), "SLURM_PROCID": str(i), "SLURM_LOCALID": "0", "PYTHONPATH": str(REPO),
                    "IMEXCTL_CONFIG": str(cfg.source)}  # fmt: skip
             argv = [sys.executable, "-m", "imexctl", "netcheck", "--timeout", str(timeout)]
-            started.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            uid = (user or {}).get(i)
+            started.append(
+                subprocess.Popen(
+                    argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, user=uid, cwd="/"
+                )
+            )
         ours = started[-(n - (absent >= 0)) :]
         outputs = [p.communicate(timeout=60) for p in ours]
         return [(p.returncode, *out) for p, out in zip(ours, outputs)]
@@ -158,6 +169,17 @@ def test_a_tray_that_never_runs_is_refused_and_unknown(rack: Any) -> None:
     assert [line.split()[2:] for line in lines[2:5]] == [["-", "both", "ok"], ["?", "-", "?"], ["ok", "both", "-"]]
     assert any(line.startswith("  tray1 -> tray2 server: refused on port") for line in lines)
     assert "not reached by tray2 (cmd), tray2 (server)" in results[1][1]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: starts a tray as another user")
+def test_any_user_can_run_it(rack: Any, root: Path) -> None:
+    """A tray run as nobody (as srun runs a user's step) listens, connects and reports like root's."""
+    for path in (root, root / "etc", root / "etc/imexctl"):
+        path.mkdir(parents=True, exist_ok=True)
+        path.chmod(0o755)
+    results = rack(2, user={1: 65534})
+    assert [r[0] for r in results] == [0, 0], results
+    assert "reached all 1 other trays on both ranges" in results[1][1]
 
 
 def test_outside_a_job_step_it_says_how_to_run_it(make_settings: Callable[..., Settings]) -> None:
