@@ -31,16 +31,17 @@ def _plan(trays: int = 3, me: int = 0, job_id: int = 4242) -> netcheck.Plan:
 
 class TestPorts:
     def test_each_tray_has_its_own_candidates_in_each_range(self) -> None:
-        """Tray i tries LOW + (job + i + k*n) % size: the same list on every tray, disjoint between trays."""
+        """Tray i tries LOW + (job + 1 + i + k*n) % size: the same list on every tray, disjoint between trays."""
         plan = _plan(3)
-        assert plan.ports(0, "server") == [61242, 61245, 61248, 61251]
-        assert plan.ports(1, "cmd") == [62243, 62246, 62249, 62252]
+        assert plan.ports(0, "server") == [61243, 61246, 61249, 61252]
+        assert plan.ports(1, "cmd") == [62244, 62247, 62250, 62253]
         every = [p for i in range(3) for p in plan.ports(i, "server")]
         assert len(every) == len(set(every)) == 3 * netcheck.WINDOW
+        assert 61000 + 4242 % 1000 not in every  # the port of the job's own IMEX domain
 
     def test_a_small_range_wraps_without_repeats(self) -> None:
         """A range smaller than the window gives each of its ports once."""
-        assert netcheck.candidates(7, 0, 18, 50000, 50001) == [50001, 50000]
+        assert netcheck.candidates(6, 0, 18, 50000, 50001) == [50001, 50000]
 
 
 class TestMatrix:
