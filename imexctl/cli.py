@@ -61,6 +61,8 @@ def _parser() -> argparse.ArgumentParser:
     dr = sub.add_parser("doctor", help="check this tray and slurm.conf before a job does (exit 1 on a FAIL)")
     dr.add_argument("--json", action="store_true", help="the checks as JSON: name, status, message, fix")
     dr.add_argument("--slurm-conf", metavar="FILE", help="slurm.conf to check (default: $SLURM_CONF, /etc/slurm)")
+    dr.add_argument("--nodes", metavar="LIST", default="", help="also resolve these trays (a host list, e.g. a rack)")
+    _netcheck_parser(sub)
     cl = sub.add_parser("cleanup", help="reset the node after failed jobs")
     cl.add_argument("--job", type=int, metavar="ID", help="only this job")
     cl.add_argument("--dry-run", action="store_true", help="show what would be done")
@@ -79,6 +81,14 @@ def _parser() -> argparse.ArgumentParser:
     de.add_argument("--fault", metavar="NAME", help="inject a simulator fault (see 'imexctl demo --help')")
     de.add_argument("--keep", action="store_true", help="keep the demo's temporary directory")
     return p
+
+
+def _netcheck_parser(sub: Any) -> None:
+    nc = sub.add_parser(
+        "netcheck",
+        help="prove both per-job port ranges are open between trays (srun -N<n> --ntasks-per-node=1, any user)",
+    )
+    nc.add_argument("--timeout", type=float, default=15.0, metavar="S", help="retry window per pair (default 15 s)")
 
 
 def _topology_parser(sub: Any) -> None:
@@ -194,6 +204,8 @@ def main(
             return _cmd_topology(args, env, gpu)
         if args.command == "doctor":
             return _cmd_doctor(args, env, host, gpu)
+        if args.command == "netcheck":
+            return _cmd_netcheck(args, env, host)
         if args.command == "demo":
             return _cmd_demo(args)
         return _with_runtime(args, env, host, gpu, on_step)
@@ -382,13 +394,33 @@ def _cmd_doctor(args: argparse.Namespace, env: Mapping[str, str], host: Any, gpu
         gpu = NvmlGpu()
     rt = Runtime(host, gpu, cfg, structlog.get_logger())
     conf = Path(args.slurm_conf) if args.slurm_conf else None
-    checks = doctor.run(doctor.Context(rt, env, node, conf, problem))
+    checks = doctor.run(doctor.Context(rt, env, node, conf, problem, args.nodes))
     failed = [c.name for c in checks if c.status == doctor.FAIL]
     if args.json:
         _print_json(doctor.as_json(checks), errors=[DoctorFailed(f"failed: {', '.join(failed)}")] if failed else [])
     else:
         sys.stdout.write(doctor.render_text(checks))
     return doctor.exit_code(checks)
+
+
+def _cmd_netcheck(args: argparse.Namespace, env: Mapping[str, str], host: Any) -> int:
+    """``imexctl netcheck``: one task per tray of a job step; any user; prints and exits 1 when blocked."""
+    from imexctl import netcheck, settings, slurm
+    from imexctl.log import configure_logging
+
+    if env.get("SLURM_LOCALID", "0") != "0":  # one task per tray listens; others would collide
+        return 0
+    node = slurm.node_name(env) or _short_hostname()
+    path, required = settings.find_config(args.config, env)
+    cfg = settings.load(path, node=node, required=required)
+    configure_logging(level=cfg.log.level, stderr_level="info" if args.verbose else "warning")
+    if host is None:
+        from imexctl.host import RealHost
+
+        host = RealHost()
+    code, text = netcheck.run(netcheck.plan_from_env(env, cfg, host, max(1.0, args.timeout)))
+    sys.stdout.write(text)
+    return code
 
 
 def _cmd_hostlist(args: argparse.Namespace) -> int:

@@ -56,6 +56,8 @@ CHECK_NAMES: Final = (
     "slurm.partitions",
     "slurm.switch",
     "slurm.topology",
+    "resolve.self",
+    "resolve.nodes",
     "imex.binaries",
     "imex.version",
     "imex.stock_unit",
@@ -110,6 +112,8 @@ class Context:
     slurm_conf: Path | None = None
     #: why the config file did not load ('' when it did; the checks then run with the defaults)
     config_problem: str = ""
+    #: ``--nodes``: a host list whose names are resolved as the prolog would ('' for none)
+    nodes: str = ""
 
 
 CheckFn = Callable[[Context], list[Check]]
@@ -122,7 +126,7 @@ def under_root(ctx: Context, path: str) -> Path:
 
 def run(ctx: Context) -> list[Check]:
     """Every check, in a fixed order; a check that breaks is reported as a FAIL, never raised."""
-    from imexctl import hostcheck, slurmcheck
+    from imexctl import hostcheck, resolvecheck, slurmcheck
 
     groups: list[tuple[str, CheckFn]] = [
         ("imexctl.config", _config),
@@ -130,6 +134,7 @@ def run(ctx: Context) -> list[Check]:
         ("imexctl.dirs", _dirs),
         ("imexctl.stale", _stale),
         ("slurm", slurmcheck.checks),
+        ("resolve", resolvecheck.checks),
         ("imex", hostcheck.imex_checks),
         ("ports", hostcheck.port_checks),
         ("nvml", hostcheck.nvml_checks),

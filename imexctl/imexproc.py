@@ -45,8 +45,11 @@ class Programs:
     """What a daemon's process may run, every path with symlinks resolved.
 
     ``binaries`` are files the process's executable may be; ``scripts`` maps
-    each ``#!`` script to its interpreter ('' when it is found through
-    ``env``, so any interpreter is accepted).
+    each ``#!`` script to its interpreter, or '' when any interpreter is
+    accepted: one found through ``env``, or a shell, which may hand its
+    arguments (``"$0"`` too) to any program, as pip's launcher for a long
+    interpreter path does (a ``#!/bin/sh`` line, then ``exec`` of python
+    with ``"$0" "$@"``).
     """
 
     binaries: frozenset[str]
@@ -73,8 +76,9 @@ def programs(command: str) -> Programs:
                 continue
             words = os.fsdecode(head[2:].split(b"\n", 1)[0]).split()
             interp = words[0] if words else ""
-            scripts[real] = "" if os.path.basename(interp) == "env" else os.path.realpath(interp) if interp else ""
-            if os.path.basename(interp) in _SHELLS:
+            shell = os.path.basename(interp) in _SHELLS
+            scripts[real] = "" if shell or os.path.basename(interp) == "env" or not interp else os.path.realpath(interp)
+            if shell:
                 nxt += [t for t in _exec_targets(os.fsdecode(head)) if os.path.realpath(t) not in scripts]
         todo = nxt
     return Programs(frozenset(binaries), tuple(sorted(scripts.items())))
@@ -94,7 +98,8 @@ def _exec_targets(text: str) -> list[str]:
     for line in text.splitlines():
         if '"$@"' not in line or line.lstrip().startswith("#"):
             continue
-        words = [w for w in line.split() if w.startswith("/")]
+        # 'exec /usr/bin/env VAR=1 /opt/x "$@"': env only passes its arguments on
+        words = [w for w in line.split() if w.startswith("/") and os.path.basename(w) != "env"]
         if words:
             out.append(words[0])
     return out

@@ -10,9 +10,9 @@ the tray's own block and checking the tray's own NVML key against the source.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from imexctl import nodelist, topofile
 from imexctl.errors import CommandError, ConfigError, ResolveError, TopologyMismatch
@@ -21,7 +21,7 @@ from imexctl.host import Host
 from imexctl.settings import Settings
 from imexctl.topofile import BlockMap
 
-__all__ = ["cross_check", "domain_members", "job_domain", "parse_hosts_file", "resolve_all"]
+__all__ = ["check_own", "cross_check", "domain_members", "job_domain", "parse_hosts_file", "resolve_all"]
 
 
 def job_domain(nodes: Sequence[str], me: str, settings: Settings, nvml_key: str | None, log: Any) -> tuple[str, ...]:
@@ -127,12 +127,22 @@ def parse_hosts_file(text: str, source: str) -> dict[str, str]:
     return out
 
 
-def resolve_all(names: Sequence[str], *, method: str, host: Host, hosts_file: Path) -> tuple[str, ...]:
+def resolve_all(
+    names: Sequence[str],
+    *,
+    method: str,
+    host: Host,
+    hosts_file: Path,
+    node_addrs: Mapping[str, str] | None = None,
+) -> tuple[str, ...]:
     """Resolve every tray to exactly one address; all must resolve, no two alike.
 
     ``dns``: the system resolver (NSS: /etc/hosts, DNS); the one IPv4 address
     that is not loopback, else an error (ambiguity would make trays disagree).
     ``hosts_file``: a static map, exactly as written.
+    ``slurm_conf``: ``node_addrs`` (:mod:`imexctl.nodeaddr`), each tray's
+    ``NodeAddr``: an IPv4 address as written, refused when it is loopback or
+    otherwise unusable; a name (or a tray without NodeAddr) resolved as ``dns``.
 
     Raises:
         ResolveError: naming each tray that failed and why.
@@ -142,7 +152,12 @@ def resolve_all(names: Sequence[str], *, method: str, host: Host, hosts_file: Pa
     problems: list[str] = []
     for name in names:
         try:
-            addresses.append(table[name] if table is not None else _dns_one(host, name))
+            if table is not None:
+                addresses.append(table[name])
+            elif method == "slurm_conf":
+                addresses.append(_node_addr(host, name, (node_addrs or {}).get(name, name)))
+            else:
+                addresses.append(_dns_one(host, name))
         except KeyError:
             problems.append(f"{name}: not in {hosts_file}")
         except ResolveError as exc:
@@ -166,6 +181,47 @@ def _hosts_table(path: Path) -> dict[str, str]:
     return parse_hosts_file(text, str(path))
 
 
+#: how to fix this tray's address, by ``[resolve] method``
+_OWN_FIX: Final = {
+    "dns": "fix its DNS or /etc/hosts entry (DGX OS/Ubuntu map the host's own name to 127.0.1.1), "
+    "or use [resolve] method = slurm_conf",
+    "hosts_file": "fix its line in [paths] hosts_file",
+    "slurm_conf": "fix its NodeAddr= in slurm.conf",
+}
+
+
+def check_own(node: str, address: str, method: str, host: Host) -> None:
+    """Refuse this tray's address when it is on none of its interfaces: its daemon could not bind it.
+
+    Checked before anything starts; otherwise the port check passes
+    (``EADDRNOTAVAIL`` is no port in use) and the daemon fails to start.
+
+    Raises:
+        ResolveError: with the fix for ``method``.
+    """
+    try:
+        local = host.is_local_address(address)
+    except CommandError as exc:
+        raise ResolveError(f"this tray {node}: cannot check its address {address}: {exc}") from exc
+    if not local:
+        raise ResolveError(
+            f"this tray {node} resolves to {address} ([resolve] method = {method}), which is on none of its "
+            f"interfaces: {_OWN_FIX.get(method, 'fix its address')}"
+        )
+
+
+def _node_addr(host: Host, name: str, addr: str) -> str:
+    """A tray's slurm.conf ``NodeAddr``: an address as written (if a daemon can use it), or a name as ``dns``."""
+    if not _is_ip(addr):
+        return _dns_one(host, addr)
+    if not _usable(addr):
+        raise ResolveError(
+            f"{name}: NodeAddr {addr} in slurm.conf is not a usable IPv4 address (loopback, 0.0.0.0, multicast, "
+            "reserved or IPv6); set NodeAddr to the tray's address on the rack network"
+        )
+    return addr
+
+
 def _dns_one(host: Host, name: str) -> str:
     try:
         found = host.resolve(name)
@@ -175,8 +231,12 @@ def _dns_one(host: Host, name: str) -> str:
     if len(usable) == 1:
         return usable[0]
     if not usable:
+        hint = ""
+        if any(a.startswith("127.") for a in found):
+            hint = ("; DGX OS/Ubuntu images map the host's own name to 127.0.1.1 in /etc/hosts: "
+                    "give it its rack address there, or use [resolve] method = slurm_conf")  # fmt: skip
         raise ResolveError(f"{name}: no non-loopback IPv4 address (0.0.0.0, multicast and reserved ones do not "
-                           f"count; resolver gave {found or 'nothing'})")  # fmt: skip
+                           f"count; resolver gave {found or 'nothing'}){hint}")  # fmt: skip
     raise ResolveError(f"{name}: ambiguous, several IPv4 addresses {usable}; use [resolve] method = hosts_file")
 
 

@@ -321,7 +321,7 @@ def _setup(
     if not with_daemon:
         return _setup_channel_only(job, trays, rt)
     try:
-        addresses = _resolve(trays, rt)
+        addresses = _resolve(job, trays, rt)
         own = addresses[trays.index(job.node)]
         channel = _plan_channel(job, rt, slurm_channels=slurm_channels)
         ports = _ports(job, rt)
@@ -363,12 +363,21 @@ def _setup_channel_only(job: JobContext, trays: tuple[str, ...], rt: Runtime) ->
     return {"trays": 1, "channel": str(channel[2]) if channel else "", "daemon": False}
 
 
-def _resolve(trays: tuple[str, ...], rt: Runtime) -> tuple[str, ...]:
+def _resolve(job: JobContext, trays: tuple[str, ...], rt: Runtime) -> tuple[str, ...]:
+    """Every tray's address by ``[resolve] method``; this tray's must be on one of its interfaces."""
     s = rt.settings
-    addresses = members.resolve_all(trays, method=s.resolve.method, host=rt.host, hosts_file=s.paths.hosts_file)
+    table = None
+    if s.resolve.method == "slurm_conf":
+        from imexctl import nodeaddr
+
+        table = nodeaddr.read(nodeaddr.conf_path(job.slurm_conf, s.paths.root))
+    addresses = members.resolve_all(
+        trays, method=s.resolve.method, host=rt.host, hosts_file=s.paths.hosts_file, node_addrs=table
+    )
     rt.log.info(
         "imex.nodes.resolved", trays=list(trays), addresses=list(addresses), nodes_hash=imexconf.nodes_hash(addresses)
     )
+    members.check_own(job.node, addresses[trays.index(job.node)], s.resolve.method, rt.host)
     return addresses
 
 

@@ -281,7 +281,7 @@ SCHEMA: dict[str, dict[str, tuple[str, Parser]]] = {
         "cmd_port_range": ("62000-62999", _port_range),
     },
     "resolve": {
-        "method": ("dns", _choice("dns", "hosts_file")),
+        "method": ("dns", _choice("dns", "hosts_file", "slurm_conf")),
     },
     "topology": {
         # auto: topology_conf when [paths] topology_file is set, none otherwise (load() resolves it)

@@ -185,6 +185,8 @@ def _lost_daemon(job_id: int, rt: Runtime) -> list[str]:
     state = read_state(jd)
     if state is None or not state.set_up or state.backend == "none":
         return []
+    if daemon.job_processes(rt.host, rt.settings, jd.config):
+        return []  # the common case, from /proc alone: systemd is asked only about a daemon that is gone
     try:
         info = daemon.make_backend(rt.host, rt.settings, state.backend).info(jd)
     except (ImexctlError, OSError):

@@ -108,11 +108,13 @@ def test_good_tray_passes_every_check(make_rt: Any) -> None:
 def test_every_check_name_is_in_the_catalogue(make_rt: Any, gpu: FakeGpu) -> None:
     """Every name doctor reports is in doctor.CHECK_NAMES (docs/operations.md's table), in its order.
 
-    Without a container toolkit or enroot on the tray, their detail checks are not reported.
+    Without a container toolkit or enroot on the tray, their detail checks are not reported;
+    without --nodes, resolve.nodes is not.
     """
     names = [c.name for c in doctor.run(doctor.Context(make_rt(), {}, "gb01"))]
     general = list(dict.fromkeys("nvml.gpu<N>" if n.startswith("nvml.gpu") else n for n in names))
     absent = {n for n in doctor.CHECK_NAMES if n.startswith(("containers.toolkit.", "containers.enroot."))}
+    absent.add("resolve.nodes")
     assert general == [n for n in doctor.CHECK_NAMES if n not in absent]
 
 

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import random
+import shutil
+import signal
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -130,3 +136,31 @@ def test_metrics_count_lost_daemons(make_settings: Callable[..., Settings], host
     (fam,) = [f for f in text_string_to_metric_families(text) if f.name == "imexctl_daemon_lost"]
     assert [s.value for s in fam.samples] == [2]
     assert 'imexctl_hook_runs_total{hook="epilog",outcome="failed",error_code="daemon_lost"} 1' in text
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the prolog needs root (device nodes, chown)")
+def test_a_killed_simulated_daemon_is_reported_then_drains(tmp_path: Path) -> None:
+    """Real processes: SIGKILL the simulator's daemon mid-job; the epilog warns (0), and with drain fails (69)."""
+    from imexctl.demo import SimRack
+
+    rack = SimRack(
+        Path(tempfile.mkdtemp(prefix="imxl", dir="/tmp")), 1, uid=4242, first_address=random.randrange(20, 240)
+    )
+    t = rack.trays[0]
+    try:
+        for job, policy, code in ((530, "warn", 0), (531, "drain", 69)):
+            t.config.write_text(t.config.read_text().replace("[policy]\n", f"[policy]\nlost_daemon = {policy}\n"))
+            assert rack.run_hooks("prolog", job)[0].returncode == 0
+            pid = int((t.root / f"run/imexctl/jobs/{job}/daemon.pid").read_text().split()[0])
+            os.kill(pid, signal.SIGKILL)
+            result = rack.run_hooks("epilog", job)[0]
+            assert result.returncode == code, result.output
+            lost = [
+                json.loads(x) for x in (t.root / "var/log/imexctl.log").read_text().splitlines() if "daemon.lost" in x
+            ]
+            assert lost[-1]["job_id"] == job and lost[-1]["how"] == "not running"
+            assert rack.leftovers() == []
+            t.config.write_text(t.config.read_text().replace(f"lost_daemon = {policy}\n", ""))
+    finally:
+        rack.kill_all()
+        shutil.rmtree(rack.base, ignore_errors=True)

@@ -191,3 +191,33 @@ class TestFakeHostRule:
         assert job_processes(host, s, cfg) == []
         assert job_processes(host, s, cfg, main_pid=wrapped.pid) == [wrapped]
         assert imex_processes(host, s, f"{s.paths.jobs_dir}/", prefix=True) == []
+
+
+def test_a_python_script_is_not_claimed_by_another_interpreter(tmp_path: Path) -> None:
+    """A '#!python' nvidia_imex run by another program (an editor given its path) is no daemon."""
+    from imexctl.host import ProcInfo
+
+    imex = _script(tmp_path / "nvidia-imex-sim", f"#!{sys.executable}\n")
+    cfg = str(tmp_path / "config.cfg")
+    progs = imexproc.programs(imex)
+    editor = ProcInfo(1, 0.0, ("/usr/bin/vi", imex, cfg), uid=0, exe="/usr/bin/vi")
+    daemon = ProcInfo(2, 0.0, (sys.executable, imex, "-c", cfg), uid=0, exe=os.path.realpath(sys.executable))
+    assert not imexproc.is_daemon(editor, progs, 0) and imexproc.is_daemon(daemon, progs, 0)
+
+
+def test_pips_shell_trampoline_counts(tmp_path: Path, started: Any) -> None:
+    """pip's launcher for a long interpreter path: a sh script that execs python with "$0" "$@"."""
+    imex = _script(
+        tmp_path / "nvidia-imex-sim",
+        f"#!/bin/sh\n'''exec' \"{sys.executable}\" \"$0\" \"$@\"\n' '''\nimport time\ntime.sleep(60)\n",
+    )
+    cfg = str(tmp_path / "config.cfg")
+    daemon = started([imex, "-c", cfg])
+    assert _pids(cfg, imex) == [daemon.pid]
+
+
+def test_a_wrapper_through_env_names_the_program_not_env(tmp_path: Path) -> None:
+    """'exec /usr/bin/env VAR=1 /opt/x "$@"': the program is /opt/x; env is no daemon program."""
+    wrapper = _script(tmp_path / "nvidia-imex", '#!/bin/sh\nexec /usr/bin/env A=1 /opt/imex/nvidia-imex "$@"\n')
+    progs = imexproc.programs(wrapper)
+    assert "/opt/imex/nvidia-imex" in progs.binaries and os.path.realpath("/usr/bin/env") not in progs.binaries

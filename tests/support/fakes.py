@@ -121,6 +121,8 @@ class FakeHost:
     daemon_unkillable: bool = False
     daemon_dies: bool = False
     euid_value: int = 0
+    #: the addresses on this host's interfaces; None: every address is local
+    local_addresses: set[str] | None = None
     real_nodes: bool = False
     calls: list[tuple[str, ...]] = dataclasses.field(default_factory=list)
     #: (argv, extra environment) of each command run with one
@@ -324,6 +326,9 @@ class FakeHost:
         """What ``reach`` says of each address (``open`` when it says nothing); the question is recorded."""
         self.calls.append(("tcp_reach", str(port), *addresses))
         return {a: self.reach.get(a, "open") for a in addresses}
+
+    def is_local_address(self, address: str) -> bool:
+        return self.local_addresses is None or address in self.local_addresses
 
     def mknod_char(self, path: Path, major: int, minor: int, *, mode: int, uid: int, gid: int) -> None:
         """Record the device node the product asked for.  Only with ``real_nodes`` (root-only
