@@ -242,7 +242,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _with_runtime(
     args: argparse.Namespace, env: dict[str, str], host: Any, gpu: Any, on_step: Callable[[str], None] | None
 ) -> int:
-    from imexctl import settings, slurm
+    from imexctl import schema, settings, slurm
     from imexctl.errors import ImexctlError, NotPrivilegedError
     from imexctl.host import RealHost
     from imexctl.runtime import Runtime
@@ -250,7 +250,9 @@ def _with_runtime(
     host = host if host is not None else RealHost()
     # checked before it reaches a path: [paths] root may hold %n
     node = slurm.node_name(env) or _short_hostname()
-    path, required = settings.find_config(args.config, env)
+    # an admin's command reads the file the hooks read under slurmd (issue 23)
+    lookup = env if args.command in ("prolog", "epilog") else schema.as_under_slurmd(env)
+    path, required = settings.find_config(args.config, lookup)
     try:
         cfg = settings.load(path, node=node, required=required)
     except ImexctlError:
@@ -371,13 +373,14 @@ def _cmd_doctor(args: argparse.Namespace, env: Mapping[str, str], host: Any, gpu
 
     import structlog
 
-    from imexctl import doctor, settings, slurm
+    from imexctl import doctor, schema, settings, slurm
     from imexctl.errors import ConfigError, DoctorFailed
     from imexctl.log import configure_logging
     from imexctl.runtime import Runtime
 
     node = slurm.node_name(env) or _short_hostname()
-    path, required = settings.find_config(args.config, env)
+    lookup = schema.as_under_slurmd(env)  # the file the hooks read under slurmd (issue 23)
+    path, required = settings.find_config(args.config, lookup)
     try:
         cfg, problem = settings.load(path, node=node, required=required), ""
     except ConfigError as exc:
@@ -394,7 +397,7 @@ def _cmd_doctor(args: argparse.Namespace, env: Mapping[str, str], host: Any, gpu
         gpu = NvmlGpu()
     rt = Runtime(host, gpu, cfg, structlog.get_logger())
     conf = Path(args.slurm_conf) if args.slurm_conf else None
-    checks = doctor.run(doctor.Context(rt, env, node, conf, problem, args.nodes))
+    checks = doctor.run(doctor.Context(rt, lookup, node, conf, problem, args.nodes, args.config or ""))
     failed = [c.name for c in checks if c.status == doctor.FAIL]
     if args.json:
         _print_json(doctor.as_json(checks), errors=[DoctorFailed(f"failed: {', '.join(failed)}")] if failed else [])

@@ -41,6 +41,7 @@ __all__ = [
 #: every check's name, in report order (``nvml.gpu<N>`` stands for one per GPU); docs/operations.md lists them
 CHECK_NAMES: Final = (
     "imexctl.config",
+    "imexctl.config_files",
     "imexctl.auth",
     "imexctl.dirs",
     "imexctl.stale",
@@ -114,6 +115,8 @@ class Context:
     config_problem: str = ""
     #: ``--nodes``: a host list whose names are resolved as the prolog would ('' for none)
     nodes: str = ""
+    #: ``--config``: the config file named on the command line ('' for the hooks' lookup)
+    config: str = ""
 
 
 CheckFn = Callable[[Context], list[Check]]
@@ -189,18 +192,41 @@ def _containers(ctx: Context) -> list[Check]:
 
 
 def _config(ctx: Context) -> list[Check]:
+    """The config file the hooks read under slurmd (``schema.find_config`` with slurmd's ``SLURM_CONF``)."""
+    from imexctl import schema
+
+    path, _ = schema.find_config(ctx.config or None, ctx.env)
+    return [_config_file(ctx, path), _config_files(ctx, path)]
+
+
+def _config_file(ctx: Context, path: str) -> Check:
     if ctx.config_problem:
-        return [
-            Check(
-                "imexctl.config",
-                FAIL,
-                f"{ctx.config_problem} (the other checks use the built-in defaults)",
-                "correct the file: every prolog on this tray exits 78 until then (docs/configuration.md)",
-            )
-        ]
-    source = ctx.rt.settings.source
-    what = f"{source} parses" if source else "no config file: the built-in defaults hold"
-    return [Check("imexctl.config", OK, what)]
+        why = f"{ctx.config_problem} (the other checks use the built-in defaults)"
+        fix = f"correct {path}: every prolog on this tray exits 78 until then (docs/configuration.md)"
+        return Check("imexctl.config", FAIL, why, fix)
+    slurm_conf = ctx.env.get("SLURM_CONF", "")
+    beside = (
+        f", beside SLURM_CONF={slurm_conf}"
+        if slurm_conf and os.path.dirname(path) == os.path.dirname(slurm_conf)
+        else ""
+    )
+    if ctx.rt.settings.source is None:
+        return Check("imexctl.config", OK, f"{path} (the file the hooks read{beside}) is absent: built-in defaults")
+    return Check("imexctl.config", OK, f"{path} (the file the hooks read{beside}) parses")
+
+
+def _config_files(ctx: Context, path: str) -> Check:
+    """WARN when more than one file sits where imexctl looks: only one of them counts."""
+    from imexctl import schema
+
+    present = [c for c in schema.config_candidates(ctx.env) if os.path.isfile(c)] if not ctx.config else []
+    if len(present) > 1:
+        ignored = ", ".join(c for c in present if c != path)
+        why = f"several config files: the hooks read {path}, and {ignored} is ignored"
+        return Check(
+            "imexctl.config_files", WARN, why, "keep one file (docs/configuration.md says where imexctl looks)"
+        )
+    return Check("imexctl.config_files", OK, f"no other config file where imexctl looks ({len(present)} found)")
 
 
 def _auth(ctx: Context) -> list[Check]:

@@ -35,6 +35,8 @@ __all__ = [
     "OWNED_IMEX_KEYS",
     "SCHEMA",
     "SchemaError",
+    "as_under_slurmd",
+    "config_candidates",
     "find_config",
     "node_paths",
     "parse_ini_subset",
@@ -340,6 +342,35 @@ def find_config(explicit: str | None, env: Mapping[str, str]) -> tuple[str, bool
         if os.path.isfile(beside):
             return beside, True
     return DEFAULT_CONFIG, False
+
+
+#: the slurm.conf slurmd uses when it was started without ``-f``, in the order it looks: the copy a
+#: configless slurmd keeps (and names in SLURM_CONF for its hooks), then the compiled-in default
+SLURMD_CONFS = ("/run/slurm/conf/slurm.conf", "/etc/slurm/slurm.conf")
+
+
+def as_under_slurmd(env: Mapping[str, str]) -> Mapping[str, str]:
+    """``env`` with the ``SLURM_CONF`` that slurmd gives the hooks, when it has none (an admin's shell).
+
+    So ``status``, ``doctor`` and ``cleanup`` read the config file the hooks
+    read (:func:`find_config`): beside slurm.conf when one is there.  A slurmd
+    started with ``-f FILE`` elsewhere is not guessed: set ``SLURM_CONF``.
+    """
+    if env.get("SLURM_CONF"):
+        return env
+    found = next((path for path in SLURMD_CONFS if os.path.isfile(path)), "")
+    return {**env, "SLURM_CONF": found} if found else env
+
+
+def config_candidates(env: Mapping[str, str]) -> tuple[str, ...]:
+    """Every config file that :func:`find_config` could choose by ``env``, in its order (for doctor)."""
+    out = [env["IMEXCTL_CONFIG"]] if env.get("IMEXCTL_CONFIG") else []
+    slurm_conf = env.get("SLURM_CONF")
+    if slurm_conf:
+        parent = _parent(slurm_conf)
+        out.append("imexctl.conf" if parent == "." else os.path.join(parent, "imexctl.conf"))
+    out.append(DEFAULT_CONFIG)
+    return tuple(dict.fromkeys(out))
 
 
 def _parent(path: str) -> str:

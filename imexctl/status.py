@@ -26,6 +26,8 @@ def collect(rt: Runtime, node: str) -> dict[str, Any]:
     stale += [f"channel {c['path']}: not owned by any job" for c in channels if c["stale"]]
     return {
         "node": node,
+        # the config file this status read: the one the hooks read under slurmd (None: built-in defaults)
+        "config": str(rt.settings.source) if rt.settings.source else None,
         "owner_job": jobs[0]["job_id"] if len(jobs) == 1 else None,
         "fabric": _fabric(rt, node),
         "jobs": jobs,
@@ -144,7 +146,8 @@ def _fabric_line(fabric: dict[str, Any] | None) -> str:
 
 def render_text(st: dict[str, Any]) -> str:
     """Human-readable status."""
-    lines = [f"node: {st['node']}", _fabric_line(st["fabric"])]
+    config = st.get("config") or "none (built-in defaults)"
+    lines = [f"node: {st['node']}", f"config: {config}", _fabric_line(st["fabric"])]
     lines.append(f"owner job: {st['owner_job'] if st['owner_job'] is not None else '-'}")
     if not st["jobs"]:
         lines.append("no IMEX domain on this node")

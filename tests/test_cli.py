@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 import pytest
 
+from imexctl import schema
 from imexctl.cli import main
 from imexctl.errors import ExitCode
 from imexctl.nodestate import mark_state
@@ -140,8 +141,14 @@ class TestHooks:
         assert run(cfg, "prolog", host=host, gpu=FakeGpu(error=KeyboardInterrupt())) == 130  # type: ignore[arg-type]
 
     def test_skipped_job_exits_0(self, cfg: str, host: FakeHost) -> None:
-        """A tray without NVLink fabric is skipped with exit 0, touching nothing."""
-        assert run(cfg, "prolog", host=host, gpu=FakeGpu(infos=[None, None])) == 0
+        """A one-tray job on a tray without NVLink fabric is skipped with exit 0, touching nothing."""
+        env = job_env(nodelist="gb01")
+        assert run(cfg, "prolog", host=host, gpu=FakeGpu(infos=[None, None]), env=env) == 0
+        assert host.calls == []
+
+    def test_tray_without_fabric_in_a_two_tray_job_fails_itself(self, cfg: str, host: FakeHost) -> None:
+        """The same tray in a two-tray job: exit 69 (gpu_failed), so Slurm drains it and not its peer."""
+        assert run(cfg, "prolog", host=host, gpu=FakeGpu(infos=[None, None])) == 69
         assert host.calls == []
 
 
@@ -302,3 +309,43 @@ def test_demo_without_the_simulator_says_so(tmp_path: Path) -> None:
     done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env, check=False)
     assert (done.returncode, done.stdout) == (69, "")
     assert done.stderr.startswith("imexctl demo: the simulator is not installed here")
+
+
+class TestConfigAsTheHooksReadIt:
+    """Issue 23: in a root shell without SLURM_CONF, status and doctor read the file slurmd's hooks read."""
+
+    def _site(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str) -> Path:
+        etc = tmp_path / "etc/slurm"
+        etc.mkdir(parents=True)
+        (etc / "slurm.conf").write_text("ClusterName=x\n")
+        beside = etc / "imexctl.conf"
+        beside.write_text(text)
+        os.chmod(beside, 0o644)
+        monkeypatch.setattr(
+            schema, "SLURMD_CONFS", (str(tmp_path / "run/slurm/conf/slurm.conf"), str(etc / "slurm.conf"))
+        )
+        monkeypatch.setattr(schema, "DEFAULT_CONFIG", str(tmp_path / "etc/imexctl/imexctl.conf"))
+        return beside
+
+    def test_status_reads_the_file_beside_slurm_conf_and_names_it(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, host: FakeHost, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        beside = self._site(tmp_path, monkeypatch, f"[paths]\nroot = {tmp_path}\n")
+        assert main(["status"], env={"SLURMD_NODENAME": "gb01"}, host=host, gpu=FakeGpu()) == 0
+        assert f"config: {beside}\n" in capsys.readouterr().out
+
+    def test_doctor_fails_when_the_hooks_file_does_not_parse(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, host: FakeHost, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        beside = self._site(tmp_path, monkeypatch, f"[paths]\nroot = {tmp_path}\n[policy]\nno_such_key = 1\n")
+        default = Path(schema.DEFAULT_CONFIG)
+        default.parent.mkdir(parents=True)
+        default.write_text(f"[paths]\nroot = {tmp_path}\n")  # parses, but the hooks do not read it
+        os.chmod(default, 0o644)
+        main(["doctor", "--json"], env={"SLURMD_NODENAME": "gb01"}, host=host, gpu=FakeGpu())
+        checks = {c["name"]: c for c in envelope(capsys)["data"]}
+        assert checks["imexctl.config"]["status"] == "FAIL" and "no_such_key" in checks["imexctl.config"]["message"]
+        assert str(beside) in checks["imexctl.config"]["fix"], checks["imexctl.config"]
+        files = checks["imexctl.config_files"]
+        assert files["status"] == "WARN" and f"the hooks read {beside}" in files["message"], files
+        assert str(default) in files["message"], files
