@@ -56,16 +56,7 @@ def job_state(job_id: int, host: Host, settings: Settings, slurm_conf: str) -> s
     what a slurm.conf of another cluster answers too, and a prolog must never
     let a job start without its domain on a guess.
     """
-    try:
-        rc, out = _show_job(job_id, host, settings, slurm_conf)
-    except CommandError:
-        return None
-    if rc != 0:
-        return None
-    for record in parse_show_job(out):
-        if record.get("JobId") == str(job_id):
-            return record.get("JobState") or None
-    return None
+    return _job_field(job_id, "JobState", host, settings, slurm_conf)
 
 
 def job_oversubscribe(job_id: int, host: Host, settings: Settings, slurm_conf: str) -> str | None:
@@ -76,6 +67,12 @@ def job_oversubscribe(job_id: int, host: Host, settings: Settings, slurm_conf: s
     ``SLURM_JOB_OVERSUBSCRIBE``).  None when slurmctld cannot be asked or does
     not say.
     """
+    found = _job_field(job_id, "OverSubscribe", host, settings, slurm_conf)
+    return (found.strip().upper() or None) if found else None
+
+
+def _job_field(job_id: int, field: str, host: Host, settings: Settings, slurm_conf: str) -> str | None:
+    """One field of the job's ``scontrol show job -o`` record; None when slurmctld cannot be asked or lacks it."""
     try:
         rc, out = _show_job(job_id, host, settings, slurm_conf)
     except CommandError:
@@ -84,7 +81,7 @@ def job_oversubscribe(job_id: int, host: Host, settings: Settings, slurm_conf: s
         return None
     for record in parse_show_job(out):
         if record.get("JobId") == str(job_id):
-            return record.get("OverSubscribe", "").strip().upper() or None
+            return record.get(field) or None
     return None
 
 

@@ -1,4 +1,4 @@
-"""Which tray Slurm drains when a tray is cut off from its peers, under the real slurmd (issue 22).
+"""Which tray Slurm drains when a tray is cut off from its peers, or refuses them, under the real slurmd (issue 22).
 
 node3's network namespace gets an nftables table that drops every TCP packet to or from the two per-job
 port ranges (61000-62999) on its link to the others (its own traffic on ``lo`` passes): a tray whose firewall lets through only what a site opened for the stock
@@ -78,6 +78,34 @@ def test_tray_cut_off_by_its_firewall_is_the_one_drained(lab: SlurmLab, cut_off:
             # the cut-off tray is named, its command port taking no connection (nothing comes back)
             want = rf"{re.escape(lab.addr(cut_off))} \([^)]*TCP port \d+: timeout\)"
             assert re.search(want, str(last["reason"])), f"{node}: {last}"
+            assert "never reached" not in str(last["reason"]), f"{node}: {last}"
+    lab.run(["scancel", str(job)], check=False)
+    wait_for(lambda: not lab.run(["squeue", "-h"], check=False).stdout.strip(), 60, 0.5, what="the queue")
+    for node in TRAYS:
+        assert leftovers(lab, node, job) == [], f"{node} not rolled back"
+
+
+def test_peer_that_refuses_connections_is_drained_and_named(lab: SlurmLab) -> None:
+    """node3's daemon refuses both peers (``refuse_peer``): node3 never gets ready and is drained; its peers
+    name it as the tray not ready (or exit 0 when slurmctld already took the job back)."""
+    lab.faults.write_text("".join(f"@{lab.addr(CUT)} refuse_peer={lab.addr(n)}\n" for n in TRAYS if n != CUT))
+    job = sbatch(lab, "true", TRAYS)
+
+    def ended() -> dict[str, dict[str, object]] | None:
+        done = {n: events(lab, n, job, "prolog.done") for n in TRAYS}
+        return {n: d[-1] for n, d in done.items()} if all(done.values()) else None
+
+    done = wait_for(ended, JOB_TIMEOUT, 0.5, what=f"the prologs of job {job}")
+    assert done[CUT]["ok"] is False and done[CUT]["error_code"] == "not_ready", done[CUT]
+    wait_for(lambda: lab.node_states()[CUT]["state"].startswith("drain"), 30, 0.5, what=f"{CUT} drained")
+    for node in TRAYS:
+        if node == CUT:
+            continue
+        last = done[node]
+        if last.get("ok"):
+            assert last.get("job_ended"), f"{node}: {last}"
+        else:
+            assert f"not ready: {lab.addr(CUT)}" in str(last["reason"]), f"{node}: {last}"
             assert "never reached" not in str(last["reason"]), f"{node}: {last}"
     lab.run(["scancel", str(job)], check=False)
     wait_for(lambda: not lab.run(["squeue", "-h"], check=False).stdout.strip(), 60, 0.5, what="the queue")
