@@ -491,6 +491,15 @@ class _Cycle:
             self.admin(t, ["cleanup"])
         else:
             hook = "prolog" if p.intruder == "other_prolog" else "epilog"
+            # issue 22: a prolog clears what a job that no longer runs here left (its own prolog killed, say),
+            # as plain cleanup would; a job whose domain is set up, not ended and alive keeps the tray (69)
+            state = reality(t)["states"].get(p.job) or {}
+            alive = bool(state.get("set_up") and not state.get("ended") and before["daemons"])
+            if hook == "prolog" and p.world == "crash" and t == self.trays[p.world_tray]:
+                return  # the daemon may die before the prolog looks: then either outcome is right
+            if hook == "prolog" and not alive:
+                self._clearing_prolog(t, other)
+                return
             kid = self.cy.fork(t, [hook], self.rack.job_env(t, other, hook, self.trays))
             rc = kid.wait()
             self.exits.append(f"intruder {hook} of job {other} on {t.name}: {rc}")
@@ -500,6 +509,28 @@ class _Cycle:
         after = domain(t, p.job)
         if after != before and not _died_alone(before, after):
             self.problems.append(f"intruder {p.intruder} changed job {p.job}'s domain on {t.name}: {before} -> {after}")
+
+    def _clearing_prolog(self, t: Tray, other: int) -> None:
+        """Job ``other``'s one-tray prolog on a tray holding a dead job's leftovers: it clears them and sets up
+        (exit 0; or, when the dead job's daemon would not stop, fails with nothing of its own left), and its
+        epilog then removes its own domain."""
+        env = self.rack.job_env(t, other, "prolog", [t])
+        kid = self.cy.fork(t, ["prolog"], env)
+        rc = kid.wait()
+        self.exits.append(f"clearing prolog of job {other} on {t.name}: {rc}")
+        # its own domain meets this tray's simulated daemon faults (never_ready, ...) like any job's would
+        faulted = self.p.world != "none" and t == self.trays[self.p.world_tray]
+        if rc != 0 and not faulted:
+            self.problems.append(f"clearing prolog of job {other} exited {rc}, not 0: {kid.output()[-2000:]}")
+        if f"leftovers of job {self.p.job}" not in kid.output():
+            self.problems.append(f"clearing prolog of job {other} did not log clearing job {self.p.job}")
+        if domain(t, self.p.job)["files"]:
+            self.problems.append(f"clearing prolog of job {other} left job {self.p.job}'s files on {t.name}")
+        epi = self.cy.fork(t, ["epilog"], self.rack.job_env(t, other, "epilog", [t]))
+        erc = epi.wait()
+        self.exits.append(f"epilog of job {other} on {t.name}: {erc}")
+        if erc != 0:
+            self.problems.append(f"epilog of job {other} exited {erc}: {epi.output()[-2000:]}")
 
     def status(self, t: Tray) -> dict[str, Any] | None:
         kid = self.cy.fork(t, ["status", "--json"], self.cy.admin_env(t))
