@@ -10,6 +10,7 @@ The layout (docs/install.md, "What the packages install"):
     /usr/share/imexctl/hooks/      prolog, epilog, task-prolog, enroot/99-imexctl.sh (installed nowhere else)
     <unitdir>/                     imexctl-imex@.service, imexctl-cleanup.service (not enabled)
     /usr/share/imexctl/systemd/no-hardening.conf  the drop-in that turns the daemon unit's sandbox off
+    /usr/share/imexctl/prometheus/imexctl.rules.yml  alert rules for the metrics (docs/operations.md)
     /etc/imexctl/imexctl.conf      pkg/imexctl.conf: sets nothing, the same text in every release
     /usr/share/imexctl/imexctl.conf.example  every key commented out (python3 -m imexctl.reference config)
     /etc/logrotate.d/imexctl       imexctl's log and the IMEX daemon's log
@@ -141,6 +142,8 @@ def install_files(dest: Path, unitdir: str) -> None:
     _put(dest / "etc/imexctl/imexctl.conf", (SRC / "pkg/imexctl.conf").read_text(), 0o644)
     _put(dest / "usr/share/imexctl/imexctl.conf.example", reference.default_config(), 0o644)
     _put(dest / "etc/logrotate.d/imexctl", (SRC / "pkg/logrotate").read_text(), 0o644)
+    rules = "prometheus/imexctl.rules.yml"
+    _put(dest / "usr/share/imexctl" / rules, (SRC / "pkg" / rules).read_text(), 0o644)
     _put(dest / "usr/share/man/man8/imexctl.8", reference.man_page(), 0o644)
     (dest / "usr/sbin").mkdir(parents=True, exist_ok=True)
     (dest / "usr/sbin/imexctl").symlink_to(f"{PREFIX}/bin/imexctl")

@@ -48,6 +48,7 @@ LAYOUT = (
     "/etc/imexctl/imexctl.conf",
     "/usr/share/imexctl/imexctl.conf.example",
     "/usr/share/imexctl/systemd/no-hardening.conf",
+    "/usr/share/imexctl/prometheus/imexctl.rules.yml",
     "/etc/logrotate.d/imexctl",
 )
 UNITS = ("imexctl-imex@.service", "imexctl-cleanup.service")
