@@ -22,9 +22,11 @@ can be made for another Python than the build host's (the RPM for Rocky 9's
 installs binary wheels for ``--python-version``/``--platform`` with
 ``--target``, and the ``bin/`` scripts name ``/opt/imexctl/bin/python3``.
 Byte-code is compiled by the package's post-install script, with the target's
-interpreter, and removed before the files are.  pip needs the package index,
-or ``--wheels DIR`` with every wheel.  Run with the build host's python3 from
-the source tree's top directory.
+interpreter, and removed before the files are.  The dependencies are the
+versions of ``pkg/requirements.lock``, checked against its hashes, from the
+package index or, offline, from ``--wheels DIR`` (``python3 pkg/wheels.py
+download DIR`` makes it).  Run with the build host's python3 from the source
+tree's top directory.
 """
 
 from __future__ import annotations
@@ -38,10 +40,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from wheels import LOCK, target_args  # pkg/wheels.py, beside this file
+
 PREFIX = "/opt/imexctl"
 SRC = Path(__file__).resolve().parent.parent
-# manylinux tags a wheel for glibc-based Linux may carry; RHEL 9 has glibc 2.34, Debian 12 2.36
-MANYLINUX = ("manylinux2014", "manylinux_2_17", "manylinux_2_28")
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -50,7 +53,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--python-version", default="{}.{}".format(*sys.version_info[:2]), help="target X.Y")
     p.add_argument("--arch", default=os.uname().machine, help="x86_64 or aarch64")
     p.add_argument("--unitdir", default="/usr/lib/systemd/system")
-    p.add_argument("--wheels", type=Path, help="install only from the wheels in this directory (offline)")
+    p.add_argument(
+        "--wheels", type=Path, help="install only from the wheels in this directory (offline; pkg/wheels.py)"
+    )
     return p.parse_args(argv)
 
 
@@ -64,16 +69,30 @@ def build_wheel(out: Path) -> Path:
 
 
 def install_site(site: Path, wheel: Path, pyver: str, arch: str, wheels: Path | None) -> None:
-    """Install imexctl and its dependencies into ``site``, as binary wheels for the target Python and machine."""
-    nodot = pyver.replace(".", "")
+    """Install imexctl and the locked dependencies into ``site``, as binary wheels for the target Python and machine.
+
+    The dependencies come from pkg/requirements.lock only (``--no-deps``,
+    ``--require-hashes``): the same versions in the .deb and the .rpm, on
+    every build day.  imexctl's own wheel, just built from this tree, goes
+    in by a second pip run (it has no hash to pin).
+    """
     argv = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile"]
-    argv += ["--root-user-action=ignore"]
-    argv += ["--target", str(site), "--only-binary=:all:", "--python-version", pyver, "--implementation", "cp"]
-    argv += ["--abi", f"cp{nodot}"] + [f"--platform={tag}_{arch}" for tag in MANYLINUX]
+    argv += ["--root-user-action=ignore", "--no-deps", "--target", str(site), *target_args(pyver, arch)]
     if wheels is not None:
         argv += ["--no-index", "--find-links", str(wheels)]
+    subprocess.run([*argv, "--require-hashes", "-r", str(LOCK)], check=True)
     subprocess.run([*argv, str(wheel)], check=True)
     shutil.rmtree(site / "bin", ignore_errors=True)  # scripts that name the build host's interpreter
+    _forget_wheel_path(site)
+
+
+def _forget_wheel_path(site: Path) -> None:
+    """Remove pip's direct_url.json: it records the temporary path the wheel was built in (PEP 610)."""
+    for found in site.glob("imexctl-*.dist-info/direct_url.json"):
+        found.unlink()
+        record = found.parent / "RECORD"
+        lines = record.read_text().splitlines(keepends=True)
+        record.write_text("".join(ln for ln in lines if not ln.startswith(f"{found.parent.name}/direct_url.json,")))
 
 
 #: the simulator and the demo: in the wheel, left out of the node packages (docs/install.md)

@@ -53,7 +53,7 @@ LAYOUT = (
 )
 UNITS = ("imexctl-imex@.service", "imexctl-cleanup.service")
 #: imexctl's and its bundled dependencies' (debian/copyright has one paragraph each)
-RPM_LICENSE = "Apache-2.0 AND (MIT OR Apache-2.0) AND BSD-3-Clause"
+RPM_LICENSE = "Apache-2.0 AND (MIT OR Apache-2.0) AND BSD-3-Clause AND PSF-2.0"
 #: imexctl-cleanup.service's [Install] WantedBy=: where systemctl enable links it
 REQUIRED_BY = ("multi-user.target.wants", "slurmd.service.wants")
 CACHE = Path("/var/cache/imexctl-lab")
@@ -146,6 +146,80 @@ def test_wheel_in_a_fresh_venv_runs_version_and_demo(dist: Path, tmp_path: Path)
     assert "after the epilogs: nothing left (no daemon, no file, no channel)" in out
 
 
+# ---------------------------------------------------------------- the bundled environment
+
+
+def _stage(dest: Path, pyver: str, *extra: str) -> None:
+    """pkg/stage.py into ``dest`` for CPython ``pyver`` on this machine (the step both packages build with)."""
+    argv = [SYS_PYTHON, "pkg/stage.py", "--destdir", str(dest), "--python-version", pyver, *extra]
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600, env=ENV, check=False)
+    if done.returncode != 0 and _pip_problem(done.stdout + done.stderr):
+        pytest.skip(f"pip cannot reach the package index: {_pip_problem(done.stdout + done.stderr)}")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _digests(root: Path) -> dict[str, str]:
+    """Every file and link under root: its sha256, or where a link points."""
+    out = {}
+    for path in root.rglob("*"):
+        rel = str(path.relative_to(root))
+        if path.is_symlink():
+            out[rel] = f"-> {os.readlink(path)}"
+        elif path.is_file():
+            out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+def _bundled_versions(paths: Iterator[str] | set[str]) -> dict[str, str]:
+    """``{name: version}`` from the ``*.dist-info`` directories among paths (imexctl's own left out)."""
+    found = (re.search(r"site-packages/([^/]+)-([^-/]+)\.dist-info(/|$)", p) for p in paths)
+    out = {m.group(1).lower().replace("_", "-"): m.group(2) for m in found if m}
+    out.pop("imexctl", None)
+    return out
+
+
+def _locked_versions() -> dict[str, str]:
+    sys.path.insert(0, str(REPO / "pkg"))
+    import wheels
+
+    return wheels.pins()
+
+
+def test_two_builds_give_the_same_files_and_locked_versions(tmp_path: Path) -> None:
+    """Staged twice, the environment is byte for byte the same, bundles the lock's versions for EL9's 3.9 as
+    for this machine's Python, and records no build path (no direct_url.json)."""
+    pyver = (
+        "{}.{}".format(*sys.version_info[:2])
+        if Path(SYS_PYTHON).resolve() == Path(sys.executable).resolve()
+        else "3.11"
+    )
+    _stage(tmp_path / "one", pyver)
+    _stage(tmp_path / "two", pyver)
+    _stage(tmp_path / "el9", "3.9")
+    one, two = _digests(tmp_path / "one"), _digests(tmp_path / "two")
+    assert sorted(one) == sorted(two)
+    assert one == two
+    assert _bundled_versions(set(one)) == _bundled_versions(set(_digests(tmp_path / "el9"))) == _locked_versions()
+    assert not [p for p in one if p.endswith("direct_url.json")]
+    leaked = [p for p in one if "dist-info/" in p and str(tmp_path).encode() in (tmp_path / "one" / p).read_bytes()]
+    assert not leaked
+
+
+def test_offline_build_from_the_documented_wheelhouse(tmp_path: Path) -> None:
+    """pkg/wheels.py download fetches the locked wheels; stage.py --wheels then builds without the index."""
+    done = subprocess.run(
+        [SYS_PYTHON, "pkg/wheels.py", "download", str(tmp_path / "wheels")],
+        cwd=REPO, capture_output=True, text=True, timeout=600, env=ENV, check=False,
+    )  # fmt: skip
+    if done.returncode != 0 and _pip_problem(done.stdout + done.stderr):
+        pytest.skip(f"pip cannot reach the package index: {_pip_problem(done.stdout + done.stderr)}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    fetched = {p.name.split("-")[0].lower().replace("_", "-") for p in (tmp_path / "wheels").glob("*.whl")}
+    assert fetched == set(_locked_versions())
+    _stage(tmp_path / "root", "3.9", "--arch", "aarch64", "--wheels", str(tmp_path / "wheels"))
+    assert _bundled_versions(set(_digests(tmp_path / "root"))) == _locked_versions()
+
+
 # ---------------------------------------------------------------- the .deb
 
 
@@ -230,7 +304,14 @@ def _bundled_metadata(deb: Path) -> dict[str, str]:
 
 def _licenses(expression: str) -> set[str]:
     """``MIT OR Apache-2.0`` (PEP 639) or ``Apache-2.0 or MIT`` (DEP-5) as a set of lower-case names."""
-    return {part.strip().lower() for part in re.split(r"\s+or\s+", expression, flags=re.IGNORECASE)}
+    return {part.strip().lower().replace(" ", "-") for part in re.split(r"\s+or\s+", expression, flags=re.IGNORECASE)}
+
+
+def test_deb_and_rpm_bundle_the_locked_versions(deb: Path, rpms: dict[str, Path]) -> None:
+    """The .deb and both RPMs carry exactly pkg/requirements.lock's versions."""
+    assert _bundled_versions({f.removeprefix(".") for f in _deb_files(deb)}) == _locked_versions()
+    for rpm in rpms.values():
+        assert _bundled_versions(set(_rpm(rpm, "-l").splitlines())) == _locked_versions()
 
 
 def test_deb_copyright_covers_every_bundled_distribution(deb: Path) -> None:
@@ -488,6 +569,15 @@ def test_rpm_payload_matches_its_architecture(rpms: dict[str, Path], tmp_path: P
     python39 = _python39()
     if python39 is None:
         pytest.skip("no working Python 3.9 on this machine to run the RPM's payload with")
+    # -S: only the payload, not what this interpreter's own site-packages may hold (EL9's python3 has none of it)
     code = f"import sys; sys.path.insert(0, {str(site)!r}); from imexctl.cli import main; sys.exit(main(['--version']))"
-    out = subprocess.run([str(python39), "-I", "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    out = subprocess.run(
+        [str(python39), "-I", "-S", "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
     assert out.returncode == 0 and out.stdout.strip() == f"imexctl {__version__}", out.stderr
+    # --version takes the fast path: import what the hooks and doctor use, every bundled dependency among it
+    code = f"import sys; sys.path.insert(0, {str(site)!r}); import structlog, tenacity, psutil, pynvml, imexctl.prolog, imexctl.teardown, imexctl.doctor"
+    out = subprocess.run(
+        [str(python39), "-I", "-S", "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0, out.stderr
