@@ -15,6 +15,8 @@ The layout (docs/install.md, "What the packages install"):
     /usr/share/imexctl/imexctl.conf.example  every key commented out (python3 -m imexctl.reference config)
     /etc/logrotate.d/imexctl       imexctl's log and the IMEX daemon's log
     /usr/share/man/man8/imexctl.8  from the argparse definitions (python3 -m imexctl.reference man)
+    /usr/share/man/man5/imexctl.conf.5  every key from the schema, meanings from docs/configuration.md
+    /usr/share/doc/imexctl/        README.md and docs/*.md
 
 The environment is built by hand rather than by ``python3 -m venv`` so that it
 can be made for another Python than the build host's (the RPM for Rocky 9's
@@ -146,7 +148,7 @@ def _put(path: Path, text: str, mode: int) -> None:
 
 
 def install_files(dest: Path, unitdir: str) -> None:
-    """Hooks, units, the config and its example, logrotate, the man page and the /usr/sbin link."""
+    """Hooks, units, the config and its example, logrotate, the man pages, the docs and the /usr/sbin link."""
     sys.path.insert(0, str(SRC))
     from imexctl import reference
 
@@ -164,6 +166,13 @@ def install_files(dest: Path, unitdir: str) -> None:
     rules = "prometheus/imexctl.rules.yml"
     _put(dest / "usr/share/imexctl" / rules, (SRC / "pkg" / rules).read_text(), 0o644)
     _put(dest / "usr/share/man/man8/imexctl.8", reference.man_page(), 0o644)
+    configuration = (SRC / "docs/configuration.md").read_text()
+    _put(dest / "usr/share/man/man5/imexctl.conf.5", reference.config_man_page(configuration), 0o644)
+    # the README's links (docs/...) and the pages' links to each other resolve here as in the source
+    doc = dest / "usr/share/doc/imexctl"
+    _put(doc / "README.md", (SRC / "README.md").read_text(), 0o644)
+    for page in sorted((SRC / "docs").glob("*.md")):
+        _put(doc / "docs" / page.name, page.read_text(), 0o644)
     (dest / "usr/sbin").mkdir(parents=True, exist_ok=True)
     (dest / "usr/sbin/imexctl").symlink_to(f"{PREFIX}/bin/imexctl")
 

@@ -49,6 +49,9 @@ LAYOUT = (
     "/usr/share/imexctl/imexctl.conf.example",
     "/usr/share/imexctl/systemd/no-hardening.conf",
     "/usr/share/imexctl/prometheus/imexctl.rules.yml",
+    "/usr/share/doc/imexctl/README.md",
+    "/usr/share/doc/imexctl/docs/install.md",
+    "/usr/share/doc/imexctl/docs/configuration.md",
     "/etc/logrotate.d/imexctl",
 )
 UNITS = ("imexctl-imex@.service", "imexctl-cleanup.service")
@@ -279,7 +282,7 @@ def test_deb_control_and_files(deb: Path) -> None:
     if minor:
         assert f"python3 (>= {minor[0]}.{minor[1]})" in info
     files = {f.removeprefix(".") for f in _deb_files(deb)}
-    wanted = {*LAYOUT, "/usr/share/man/man8/imexctl.8.gz"}
+    wanted = {*LAYOUT, "/usr/share/man/man8/imexctl.8.gz", "/usr/share/man/man5/imexctl.conf.5.gz"}
     wanted |= {f"/lib/systemd/system/{unit}" for unit in UNITS}
     assert wanted <= files
     assert not [f for f in files if "/etc/systemd/" in f or "/tests/" in f or f.endswith(".pyc")]
@@ -305,6 +308,23 @@ def _bundled_metadata(deb: Path) -> dict[str, str]:
 def _licenses(expression: str) -> set[str]:
     """``MIT OR Apache-2.0`` (PEP 639) or ``Apache-2.0 or MIT`` (DEP-5) as a set of lower-case names."""
     return {part.strip().lower().replace(" ", "-") for part in re.split(r"\s+or\s+", expression, flags=re.IGNORECASE)}
+
+
+#: lintian's findings that debian/imexctl.lintian-overrides does not cover, with why they stay: the
+#: maintainer address is imexctl@localhost until the project names a real one
+LINTIAN_PENDING = {"bogus-mail-host", "bogus-mail-host-in-debian-changelog"}
+
+
+def test_lintian_reports_only_the_overridden_tags(deb: Path) -> None:
+    """lintian finds no error or warning but those debian/imexctl.lintian-overrides keeps with a reason."""
+    _need("lintian")
+    done = subprocess.run(
+        ["lintian", "--tag-display-limit", "0", "--fail-on", "none", str(deb)],
+        capture_output=True, text=True, timeout=600, env=ENV, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    found = {line.split()[2] for line in done.stdout.splitlines() if line.startswith(("E: ", "W: "))}
+    assert found <= LINTIAN_PENDING, done.stdout
 
 
 def test_deb_and_rpm_bundle_the_locked_versions(deb: Path, rpms: dict[str, Path]) -> None:
@@ -531,7 +551,8 @@ def test_rpm_metadata_files_and_configs(rpms: dict[str, Path]) -> None:
     requires = _rpm(rpm, "-R").splitlines()
     assert "python(abi) = 3.9" in requires and "python3 >= 3.9" in requires
     files = set(_rpm(rpm, "-l").splitlines())
-    wanted = {*LAYOUT, "/usr/share/man/man8/imexctl.8", "/opt/imexctl/lib/python3.9/site-packages/imexctl/cli.py"}
+    wanted = {*LAYOUT, "/usr/share/man/man8/imexctl.8", "/usr/share/man/man5/imexctl.conf.5"}
+    wanted |= {"/opt/imexctl/lib/python3.9/site-packages/imexctl/cli.py"}
     wanted |= {f"/usr/lib/systemd/system/{unit}" for unit in UNITS}
     assert wanted <= files
     assert not [f for f in files if f.startswith(("/usr/lib/.build-id", "/etc/systemd")) or f.endswith(".pyc")]
