@@ -20,8 +20,8 @@ from imexctl import metrics
 REPO = Path(__file__).resolve().parent.parent
 RULES = REPO / "pkg/prometheus/imexctl.rules.yml"
 RULE_TESTS = REPO / "tests/alerts/imexctl.rules_test.yml"
-#: a metric another branch adds (a job's daemon lost while the job ran); its rule is guarded by a comment
-PENDING = {"imexctl_lost_daemons_total"}
+#: a metric another branch adds (a job's daemon ended before the job); its rule is guarded by a comment
+PENDING = {"imexctl_daemon_lost_total"}
 
 
 @pytest.fixture(scope="module")
