@@ -85,16 +85,21 @@ def _pip_problem(output: str) -> str:
     return ""
 
 
-@pytest.fixture(scope="module")
-def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The sdist and the wheel, built from this checkout by setuptools' PEP 517 backend."""
-    out = tmp_path_factory.mktemp("dist")
-    src = tmp_path_factory.mktemp("src") / "imexctl"
+def _copy_checkout(src: Path) -> Path:
+    """The checkout's files as they are now (tracked or not, but not ignored) under ``src``."""
     files = sh(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO).split("\0")
     for name in filter(None, files):
         if (REPO / name).is_file():
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, src / name, follow_symlinks=False)
+    return src
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sdist and the wheel, built from this checkout by setuptools' PEP 517 backend."""
+    out = tmp_path_factory.mktemp("dist")
+    src = _copy_checkout(tmp_path_factory.mktemp("src") / "imexctl")
     # the backend rewrites sys.argv: keep the directory first
     code = "import sys; from setuptools import build_meta as b; d = sys.argv[1]; b.build_sdist(d); b.build_wheel(d)"
     sh([SYS_PYTHON, "-c", code, str(out)], cwd=src)
@@ -528,6 +533,34 @@ def rpms(dist: Path) -> dict[str, Path]:
         assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
         out[arch] = top / "RPMS" / arch / f"imexctl-{__version__}-1.{arch}.rpm"
     return out
+
+
+def _documented(prefix: str) -> str:
+    """The one command line of docs/install.md that starts with ``prefix`` (trailing comment dropped)."""
+    page = (REPO / "docs/install.md").read_text()
+    found = [re.sub(r"\s+#\s.*$", "", ln).strip() for ln in page.splitlines() if ln.startswith(prefix)]
+    assert len(found) == 1, (prefix, found)
+    return found[0]
+
+
+def test_rpm_builds_by_the_documented_debian_commands(tmp_path: Path) -> None:
+    """docs/install.md's RPM-on-Debian lines, run as written in a copy of the checkout, give the RPM."""
+    if os.geteuid() != 0:
+        pytest.skip("the RPM build runs as root here (bash .ci/setup test)")
+    _need("rpmbuild")
+    if subprocess.run([SYS_PYTHON, "-c", "import build"], capture_output=True, check=False).returncode != 0:
+        pytest.skip("needs python3-build (bash .ci/setup test installs it)")
+    src = _copy_checkout(tmp_path / "imexctl")
+    env = {**ENV, "HOME": str(tmp_path)}  # rpmbuild's default _topdir is ~/rpmbuild
+    for line in (_documented("python3 -m build --sdist"), _documented("rpmbuild -bb --nodeps")):
+        done = subprocess.run(
+            ["sh", "-c", line], cwd=src, capture_output=True, text=True, timeout=900, env=env, check=False
+        )
+        if done.returncode != 0 and _pip_problem(done.stdout + done.stderr):
+            pytest.skip(f"pip cannot reach the package index: {_pip_problem(done.stdout + done.stderr)}")
+        assert done.returncode == 0, (line, (done.stdout + done.stderr)[-3000:])
+    arch = os.uname().machine
+    assert (tmp_path / f"rpmbuild/RPMS/{arch}/imexctl-{__version__}-1.{arch}.rpm").is_file()
 
 
 def _python39() -> str | None:
