@@ -608,6 +608,9 @@ def test_rpm_scriptlets_enable_nothing_and_clean_byte_code(rpms: dict[str, Path]
     for tag in ("POSTIN", "PREUN", "POSTUN"):
         body = _rpm(rpms["x86_64"], "--qf", f"%{{{tag}}}")
         sh(["sh", "-n", "-c", body])  # valid shell
+    preun = _rpm(rpms["x86_64"], "--qf", "%{PREUN}")
+    erase = preun.split('if [ "$1" -eq 0 ]; then', 1)[1].split("fi", 1)[0]
+    assert "systemctl --no-reload disable imexctl-cleanup.service" in erase, "erase removes the enable links"
 
 
 def test_rpm_payload_matches_its_architecture(rpms: dict[str, Path], tmp_path: Path) -> None:
