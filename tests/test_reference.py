@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import re
 import shutil
@@ -104,6 +105,17 @@ def test_conffile_names_no_release_and_no_default() -> None:
     keys = {key for keys in settings.SCHEMA.values() for key in keys} - {"deadline_s"}  # the example in the prose
     assert not [line for line in text.splitlines() if line.lstrip("# ").split(" =")[0] in keys]
     assert "/usr/share/imexctl/imexctl.conf.example" in text
+
+
+#: pkg/imexctl.conf's sha256. Every release that changes the conffile makes dpkg stop at its prompt
+#: on each node whose copy was edited (or, told to keep it, leave the new text as .dpkg-dist), and
+#: rpm write an .rpmnew: change the file only on purpose, then this value, and say so in the release notes.
+CONFFILE_SHA256 = "22dd957a539e25237d07194417c4957b7d2b5e1fa3a98c6d949d87f2258ec6fc"
+
+
+def test_conffile_changes_only_on_purpose() -> None:
+    """The shipped conffile is the reviewed text: any change to it is a deliberate one."""
+    assert hashlib.sha256(CONFFILE.read_bytes()).hexdigest() == CONFFILE_SHA256
 
 
 def test_example_config_carries_no_version() -> None:
