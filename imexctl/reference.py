@@ -15,10 +15,10 @@ from collections.abc import Iterator, Sequence
 
 from imexctl import __version__
 
-__all__ = ["default_config", "main", "man_page"]
+__all__ = ["config_man_page", "config_meanings", "default_config", "main", "man_page"]
 
 _FILES = (
-    ("/etc/imexctl/imexctl.conf", "the configuration (as shipped it sets nothing: the built-in defaults hold)"),
+    ("/etc/imexctl/imexctl.conf", "the configuration (as shipped it sets nothing; every key: imexctl.conf(5))"),
     ("/usr/share/imexctl/imexctl.conf.example", "every key of the configuration, commented out at its default"),
     ("/run/imexctl/jobs/<job id>/", "each job's config.cfg, nodes_config.cfg and state.json"),
     ("/var/log/imexctl.log", "imexctl's log, one JSON object per line"),
@@ -105,8 +105,66 @@ def man_page(parser: argparse.ArgumentParser | None = None) -> str:
     lines.append(".SH FILES")
     for path, what in _FILES:
         lines += [".TP", f"\\fI{_roff(path)}\\fR", _roff(what)]
-    lines += [".SH SEE ALSO", "\\fBslurm.conf\\fR(5), \\fBslurmd\\fR(8), \\fBsystemctl\\fR(1);"]
-    lines.append("docs/install.md, docs/operations.md and docs/configuration.md in imexctl's source.")
+    lines += [
+        ".SH SEE ALSO",
+        "\\fBimexctl.conf\\fR(5), \\fBslurm.conf\\fR(5), \\fBslurmd\\fR(8), \\fBsystemctl\\fR(1);",
+    ]
+    lines.append("/usr/share/doc/imexctl/README.md and /usr/share/doc/imexctl/docs/ (install.md, operations.md, ...).")
+    return "\n".join(lines) + "\n"
+
+
+def _markdown_text(cell: str) -> str:
+    """A cell of a Markdown table as plain text for roff: no code marks, emphasis or link targets."""
+    text = re.sub(r"\[([^\]]+)\]\([^)]*\)", r"\1", cell)
+    text = text.replace("*(empty)*", "(empty)").replace("`", "").replace("<sup>", "^").replace("</sup>", "")
+    return re.sub(r"\*([^*]+)\*", r"\1", text).strip()
+
+
+def config_meanings(configuration_md: str) -> dict[str, dict[str, str]]:
+    """``{section: {key: meaning}}`` from docs/configuration.md's key tables (the first table of each section)."""
+    out: dict[str, dict[str, str]] = {}
+    for part in re.split(r"^## `\[", configuration_md, flags=re.MULTILINE)[1:]:
+        name, _, body = part.partition("]`")
+        rows = out.setdefault(name, {})
+        table = body.split("| key |", 1)[1].split("\n\n", 1)[0] if "| key |" in body else ""
+        for line in table.splitlines():
+            cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+            if len(cells) >= 3 and cells[0].startswith("`"):  # key, default, meaning
+                rows[cells[0].strip("`")] = _markdown_text(" | ".join(cells[2:]))
+    return out
+
+
+def config_man_page(configuration_md: str) -> str:
+    """imexctl.conf(5) in roff: every section and key of the schema with its default and meaning.
+
+    The meanings come from docs/configuration.md, whose keys and defaults
+    tests/test_docs.py holds to the schema.
+    """
+    from imexctl import settings
+
+    meanings = config_meanings(configuration_md)
+    lines = [
+        f'.TH IMEXCTL.CONF 5 "" "imexctl {__version__}" "File Formats"',
+        ".SH NAME",
+        "imexctl.conf \\- configuration of imexctl, per-job NVIDIA IMEX domains for Slurm",
+        ".SH DESCRIPTION",
+        "An INI file of [section] lines and key = value lines; comments are lines of their own that start with",
+        "# or ;. Every key is optional: a key that is not set has the default shown below. The file must be",
+        "owned by root and not writable by group or others. imexctl doctor and imexctl status check a change.",
+        "Where imexctl looks for the file: docs/configuration.md and imexctl(8), option \\fB\\-\\-config\\fR.",
+    ]
+    for name, keys in settings.SCHEMA.items():
+        doc = _markdown_text(re.sub(r":\w+:`~?([^`]+)`", r"\1", (settings.SECTIONS[name].__doc__ or "").strip()))
+        lines += [f'.SH "[{name}]"', _roff(doc.splitlines()[0] if doc else "")]
+        for key, (default, _parse) in keys.items():
+            shown = f" = \\fI{_roff(default)}\\fR" if default else " (default: empty)"
+            lines += [".TP", f"\\fB{_roff(key)}\\fR{shown}", _roff(meanings.get(name, {}).get(key, ""))]
+    lines += ['.SH "[imex]"', "Keys of NVIDIA's config.cfg that imexctl passes on to every job's daemon:"]
+    for key, meaning in meanings.get("imex", {}).items():
+        lines += [".TP", f"\\fB{_roff(key)}\\fR", _roff(meaning)]
+    lines += [".SH FILES", ".TP", "\\fI/etc/imexctl/imexctl.conf\\fR", "the configuration; as shipped it sets nothing"]
+    lines += [".TP", "\\fI/usr/share/imexctl/imexctl.conf.example\\fR", "every key, commented out at its default"]
+    lines += [".SH SEE ALSO", "\\fBimexctl\\fR(8); /usr/share/doc/imexctl/docs/configuration.md."]
     return "\n".join(lines) + "\n"
 
 
@@ -123,7 +181,7 @@ def default_config() -> str:
     lines = [
         "# imexctl configuration: every key, commented out at its built-in default.",
         "# Copy a key into /etc/imexctl/imexctl.conf under its [section] line, without the '#', to change it.",
-        "# Keep comments on lines of their own. Every key: docs/configuration.md. Check a change: imexctl doctor",
+        "# Keep comments on lines of their own. Every key: man 5 imexctl.conf. Check a change: imexctl doctor",
     ]
     for name, keys in settings.SCHEMA.items():
         doc = (settings.SECTIONS[name].__doc__ or "").strip().splitlines()[0]
@@ -136,14 +194,17 @@ def default_config() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m imexctl.reference man|config``: print one of the generated files."""
+    """``python -m imexctl.reference man|config|conf-man MD``: print one of the generated files."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args == ["man"]:
         sys.stdout.write(man_page())
     elif args == ["config"]:
         sys.stdout.write(default_config())
+    elif len(args) == 2 and args[0] == "conf-man":  # the command and docs/configuration.md
+        with open(args[1], encoding="utf-8") as md:
+            sys.stdout.write(config_man_page(md.read()))
     else:
-        sys.stderr.write("usage: python -m imexctl.reference man|config\n")
+        sys.stderr.write("usage: python -m imexctl.reference man|config|conf-man CONFIGURATION_MD\n")
         return 64
     return 0
 

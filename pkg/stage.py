@@ -10,10 +10,13 @@ The layout (docs/install.md, "What the packages install"):
     /usr/share/imexctl/hooks/      prolog, epilog, task-prolog, enroot/99-imexctl.sh (installed nowhere else)
     <unitdir>/                     imexctl-imex@.service, imexctl-cleanup.service (not enabled)
     /usr/share/imexctl/systemd/no-hardening.conf  the drop-in that turns the daemon unit's sandbox off
+    /usr/share/imexctl/prometheus/imexctl.rules.yml  alert rules for the metrics (docs/operations.md)
     /etc/imexctl/imexctl.conf      pkg/imexctl.conf: sets nothing, the same text in every release
     /usr/share/imexctl/imexctl.conf.example  every key commented out (python3 -m imexctl.reference config)
     /etc/logrotate.d/imexctl       imexctl's log and the IMEX daemon's log
     /usr/share/man/man8/imexctl.8  from the argparse definitions (python3 -m imexctl.reference man)
+    /usr/share/man/man5/imexctl.conf.5  every key from the schema, meanings from docs/configuration.md
+    /usr/share/doc/imexctl/        README.md and docs/*.md
 
 The environment is built by hand rather than by ``python3 -m venv`` so that it
 can be made for another Python than the build host's (the RPM for Rocky 9's
@@ -21,9 +24,11 @@ can be made for another Python than the build host's (the RPM for Rocky 9's
 installs binary wheels for ``--python-version``/``--platform`` with
 ``--target``, and the ``bin/`` scripts name ``/opt/imexctl/bin/python3``.
 Byte-code is compiled by the package's post-install script, with the target's
-interpreter, and removed before the files are.  pip needs the package index,
-or ``--wheels DIR`` with every wheel.  Run with the build host's python3 from
-the source tree's top directory.
+interpreter, and removed before the files are.  The dependencies are the
+versions of ``pkg/requirements.lock``, checked against its hashes, from the
+package index or, offline, from ``--wheels DIR`` (``python3 pkg/wheels.py
+download DIR`` makes it).  Run with the build host's python3 from the source
+tree's top directory.
 """
 
 from __future__ import annotations
@@ -37,10 +42,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from wheels import LOCK, target_args  # pkg/wheels.py, beside this file
+
 PREFIX = "/opt/imexctl"
 SRC = Path(__file__).resolve().parent.parent
-# manylinux tags a wheel for glibc-based Linux may carry; RHEL 9 has glibc 2.34, Debian 12 2.36
-MANYLINUX = ("manylinux2014", "manylinux_2_17", "manylinux_2_28")
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -49,7 +55,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--python-version", default="{}.{}".format(*sys.version_info[:2]), help="target X.Y")
     p.add_argument("--arch", default=os.uname().machine, help="x86_64 or aarch64")
     p.add_argument("--unitdir", default="/usr/lib/systemd/system")
-    p.add_argument("--wheels", type=Path, help="install only from the wheels in this directory (offline)")
+    p.add_argument(
+        "--wheels", type=Path, help="install only from the wheels in this directory (offline; pkg/wheels.py)"
+    )
     return p.parse_args(argv)
 
 
@@ -63,16 +71,30 @@ def build_wheel(out: Path) -> Path:
 
 
 def install_site(site: Path, wheel: Path, pyver: str, arch: str, wheels: Path | None) -> None:
-    """Install imexctl and its dependencies into ``site``, as binary wheels for the target Python and machine."""
-    nodot = pyver.replace(".", "")
+    """Install imexctl and the locked dependencies into ``site``, as binary wheels for the target Python and machine.
+
+    The dependencies come from pkg/requirements.lock only (``--no-deps``,
+    ``--require-hashes``): the same versions in the .deb and the .rpm, on
+    every build day.  imexctl's own wheel, just built from this tree, goes
+    in by a second pip run (it has no hash to pin).
+    """
     argv = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile"]
-    argv += ["--root-user-action=ignore"]
-    argv += ["--target", str(site), "--only-binary=:all:", "--python-version", pyver, "--implementation", "cp"]
-    argv += ["--abi", f"cp{nodot}"] + [f"--platform={tag}_{arch}" for tag in MANYLINUX]
+    argv += ["--root-user-action=ignore", "--no-deps", "--target", str(site), *target_args(pyver, arch)]
     if wheels is not None:
         argv += ["--no-index", "--find-links", str(wheels)]
+    subprocess.run([*argv, "--require-hashes", "-r", str(LOCK)], check=True)
     subprocess.run([*argv, str(wheel)], check=True)
     shutil.rmtree(site / "bin", ignore_errors=True)  # scripts that name the build host's interpreter
+    _forget_wheel_path(site)
+
+
+def _forget_wheel_path(site: Path) -> None:
+    """Remove pip's direct_url.json: it records the temporary path the wheel was built in (PEP 610)."""
+    for found in site.glob("imexctl-*.dist-info/direct_url.json"):
+        found.unlink()
+        record = found.parent / "RECORD"
+        lines = record.read_text().splitlines(keepends=True)
+        record.write_text("".join(ln for ln in lines if not ln.startswith(f"{found.parent.name}/direct_url.json,")))
 
 
 #: the simulator and the demo: in the wheel, left out of the node packages (docs/install.md)
@@ -126,7 +148,7 @@ def _put(path: Path, text: str, mode: int) -> None:
 
 
 def install_files(dest: Path, unitdir: str) -> None:
-    """Hooks, units, the config and its example, logrotate, the man page and the /usr/sbin link."""
+    """Hooks, units, the config and its example, logrotate, the man pages, the docs and the /usr/sbin link."""
     sys.path.insert(0, str(SRC))
     from imexctl import reference
 
@@ -141,7 +163,16 @@ def install_files(dest: Path, unitdir: str) -> None:
     _put(dest / "etc/imexctl/imexctl.conf", (SRC / "pkg/imexctl.conf").read_text(), 0o644)
     _put(dest / "usr/share/imexctl/imexctl.conf.example", reference.default_config(), 0o644)
     _put(dest / "etc/logrotate.d/imexctl", (SRC / "pkg/logrotate").read_text(), 0o644)
+    rules = "prometheus/imexctl.rules.yml"
+    _put(dest / "usr/share/imexctl" / rules, (SRC / "pkg" / rules).read_text(), 0o644)
     _put(dest / "usr/share/man/man8/imexctl.8", reference.man_page(), 0o644)
+    configuration = (SRC / "docs/configuration.md").read_text()
+    _put(dest / "usr/share/man/man5/imexctl.conf.5", reference.config_man_page(configuration), 0o644)
+    # the README's links (docs/...) and the pages' links to each other resolve here as in the source
+    doc = dest / "usr/share/doc/imexctl"
+    _put(doc / "README.md", (SRC / "README.md").read_text(), 0o644)
+    for page in sorted((SRC / "docs").glob("*.md")):
+        _put(doc / "docs" / page.name, page.read_text(), 0o644)
     (dest / "usr/sbin").mkdir(parents=True, exist_ok=True)
     (dest / "usr/sbin/imexctl").symlink_to(f"{PREFIX}/bin/imexctl")
 

@@ -143,6 +143,7 @@ HARDENING = {
     "ProtectControlGroups": "yes",
     "ProtectHostname": "yes",
     "SystemCallFilter": "~@clock",
+    "SystemCallErrorNumber": "EPERM",
     "RestrictNamespaces": "yes",
     "RestrictRealtime": "yes",
     "RestrictSUIDSGID": "yes",

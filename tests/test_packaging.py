@@ -48,11 +48,15 @@ LAYOUT = (
     "/etc/imexctl/imexctl.conf",
     "/usr/share/imexctl/imexctl.conf.example",
     "/usr/share/imexctl/systemd/no-hardening.conf",
+    "/usr/share/imexctl/prometheus/imexctl.rules.yml",
+    "/usr/share/doc/imexctl/README.md",
+    "/usr/share/doc/imexctl/docs/install.md",
+    "/usr/share/doc/imexctl/docs/configuration.md",
     "/etc/logrotate.d/imexctl",
 )
 UNITS = ("imexctl-imex@.service", "imexctl-cleanup.service")
 #: imexctl's and its bundled dependencies' (debian/copyright has one paragraph each)
-RPM_LICENSE = "Apache-2.0 AND (MIT OR Apache-2.0) AND BSD-3-Clause"
+RPM_LICENSE = "Apache-2.0 AND (MIT OR Apache-2.0) AND BSD-3-Clause AND PSF-2.0"
 #: imexctl-cleanup.service's [Install] WantedBy=: where systemctl enable links it
 REQUIRED_BY = ("multi-user.target.wants", "slurmd.service.wants")
 CACHE = Path("/var/cache/imexctl-lab")
@@ -81,16 +85,21 @@ def _pip_problem(output: str) -> str:
     return ""
 
 
-@pytest.fixture(scope="module")
-def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The sdist and the wheel, built from this checkout by setuptools' PEP 517 backend."""
-    out = tmp_path_factory.mktemp("dist")
-    src = tmp_path_factory.mktemp("src") / "imexctl"
+def _copy_checkout(src: Path) -> Path:
+    """The checkout's files as they are now (tracked or not, but not ignored) under ``src``."""
     files = sh(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO).split("\0")
     for name in filter(None, files):
         if (REPO / name).is_file():
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, src / name, follow_symlinks=False)
+    return src
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sdist and the wheel, built from this checkout by setuptools' PEP 517 backend."""
+    out = tmp_path_factory.mktemp("dist")
+    src = _copy_checkout(tmp_path_factory.mktemp("src") / "imexctl")
     # the backend rewrites sys.argv: keep the directory first
     code = "import sys; from setuptools import build_meta as b; d = sys.argv[1]; b.build_sdist(d); b.build_wheel(d)"
     sh([SYS_PYTHON, "-c", code, str(out)], cwd=src)
@@ -143,6 +152,80 @@ def test_wheel_in_a_fresh_venv_runs_version_and_demo(dist: Path, tmp_path: Path)
     assert sh([str(venv / "bin/imexctl"), "--version"]).strip() == f"imexctl {__version__}"
     out = sh([str(venv / "bin/imexctl"), "demo", "--trays", "2"], timeout=300, cwd=tmp_path)
     assert "after the epilogs: nothing left (no daemon, no file, no channel)" in out
+
+
+# ---------------------------------------------------------------- the bundled environment
+
+
+def _stage(dest: Path, pyver: str, *extra: str) -> None:
+    """pkg/stage.py into ``dest`` for CPython ``pyver`` on this machine (the step both packages build with)."""
+    argv = [SYS_PYTHON, "pkg/stage.py", "--destdir", str(dest), "--python-version", pyver, *extra]
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600, env=ENV, check=False)
+    if done.returncode != 0 and _pip_problem(done.stdout + done.stderr):
+        pytest.skip(f"pip cannot reach the package index: {_pip_problem(done.stdout + done.stderr)}")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _digests(root: Path) -> dict[str, str]:
+    """Every file and link under root: its sha256, or where a link points."""
+    out = {}
+    for path in root.rglob("*"):
+        rel = str(path.relative_to(root))
+        if path.is_symlink():
+            out[rel] = f"-> {os.readlink(path)}"
+        elif path.is_file():
+            out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+def _bundled_versions(paths: Iterator[str] | set[str]) -> dict[str, str]:
+    """``{name: version}`` from the ``*.dist-info`` directories among paths (imexctl's own left out)."""
+    found = (re.search(r"site-packages/([^/]+)-([^-/]+)\.dist-info(/|$)", p) for p in paths)
+    out = {m.group(1).lower().replace("_", "-"): m.group(2) for m in found if m}
+    out.pop("imexctl", None)
+    return out
+
+
+def _locked_versions() -> dict[str, str]:
+    sys.path.insert(0, str(REPO / "pkg"))
+    import wheels
+
+    return wheels.pins()
+
+
+def test_two_builds_give_the_same_files_and_locked_versions(tmp_path: Path) -> None:
+    """Staged twice, the environment is byte for byte the same, bundles the lock's versions for EL9's 3.9 as
+    for this machine's Python, and records no build path (no direct_url.json)."""
+    pyver = (
+        "{}.{}".format(*sys.version_info[:2])
+        if Path(SYS_PYTHON).resolve() == Path(sys.executable).resolve()
+        else "3.11"
+    )
+    _stage(tmp_path / "one", pyver)
+    _stage(tmp_path / "two", pyver)
+    _stage(tmp_path / "el9", "3.9")
+    one, two = _digests(tmp_path / "one"), _digests(tmp_path / "two")
+    assert sorted(one) == sorted(two)
+    assert one == two
+    assert _bundled_versions(set(one)) == _bundled_versions(set(_digests(tmp_path / "el9"))) == _locked_versions()
+    assert not [p for p in one if p.endswith("direct_url.json")]
+    leaked = [p for p in one if "dist-info/" in p and str(tmp_path).encode() in (tmp_path / "one" / p).read_bytes()]
+    assert not leaked
+
+
+def test_offline_build_from_the_documented_wheelhouse(tmp_path: Path) -> None:
+    """pkg/wheels.py download fetches the locked wheels; stage.py --wheels then builds without the index."""
+    done = subprocess.run(
+        [SYS_PYTHON, "pkg/wheels.py", "download", str(tmp_path / "wheels")],
+        cwd=REPO, capture_output=True, text=True, timeout=600, env=ENV, check=False,
+    )  # fmt: skip
+    if done.returncode != 0 and _pip_problem(done.stdout + done.stderr):
+        pytest.skip(f"pip cannot reach the package index: {_pip_problem(done.stdout + done.stderr)}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    fetched = {p.name.split("-")[0].lower().replace("_", "-") for p in (tmp_path / "wheels").glob("*.whl")}
+    assert fetched == set(_locked_versions())
+    _stage(tmp_path / "root", "3.9", "--arch", "aarch64", "--wheels", str(tmp_path / "wheels"))
+    assert _bundled_versions(set(_digests(tmp_path / "root"))) == _locked_versions()
 
 
 # ---------------------------------------------------------------- the .deb
@@ -204,7 +287,7 @@ def test_deb_control_and_files(deb: Path) -> None:
     if minor:
         assert f"python3 (>= {minor[0]}.{minor[1]})" in info
     files = {f.removeprefix(".") for f in _deb_files(deb)}
-    wanted = {*LAYOUT, "/usr/share/man/man8/imexctl.8.gz"}
+    wanted = {*LAYOUT, "/usr/share/man/man8/imexctl.8.gz", "/usr/share/man/man5/imexctl.conf.5.gz"}
     wanted |= {f"/lib/systemd/system/{unit}" for unit in UNITS}
     assert wanted <= files
     assert not [f for f in files if "/etc/systemd/" in f or "/tests/" in f or f.endswith(".pyc")]
@@ -229,7 +312,31 @@ def _bundled_metadata(deb: Path) -> dict[str, str]:
 
 def _licenses(expression: str) -> set[str]:
     """``MIT OR Apache-2.0`` (PEP 639) or ``Apache-2.0 or MIT`` (DEP-5) as a set of lower-case names."""
-    return {part.strip().lower() for part in re.split(r"\s+or\s+", expression, flags=re.IGNORECASE)}
+    return {part.strip().lower().replace(" ", "-") for part in re.split(r"\s+or\s+", expression, flags=re.IGNORECASE)}
+
+
+#: lintian's findings that debian/imexctl.lintian-overrides does not cover, with why they stay: the
+#: maintainer address is imexctl@localhost until the project names a real one
+LINTIAN_PENDING = {"bogus-mail-host", "bogus-mail-host-in-debian-changelog"}
+
+
+def test_lintian_reports_only_the_overridden_tags(deb: Path) -> None:
+    """lintian finds no error or warning but those debian/imexctl.lintian-overrides keeps with a reason."""
+    _need("lintian")
+    done = subprocess.run(
+        ["lintian", "--tag-display-limit", "0", "--fail-on", "none", str(deb)],
+        capture_output=True, text=True, timeout=600, env=ENV, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    found = {line.split()[2] for line in done.stdout.splitlines() if line.startswith(("E: ", "W: "))}
+    assert found <= LINTIAN_PENDING, done.stdout
+
+
+def test_deb_and_rpm_bundle_the_locked_versions(deb: Path, rpms: dict[str, Path]) -> None:
+    """The .deb and both RPMs carry exactly pkg/requirements.lock's versions."""
+    assert _bundled_versions({f.removeprefix(".") for f in _deb_files(deb)}) == _locked_versions()
+    for rpm in rpms.values():
+        assert _bundled_versions(set(_rpm(rpm, "-l").splitlines())) == _locked_versions()
 
 
 def test_deb_copyright_covers_every_bundled_distribution(deb: Path) -> None:
@@ -428,6 +535,34 @@ def rpms(dist: Path) -> dict[str, Path]:
     return out
 
 
+def _documented(prefix: str) -> str:
+    """The one command line of docs/install.md that starts with ``prefix`` (trailing comment dropped)."""
+    page = (REPO / "docs/install.md").read_text()
+    found = [re.sub(r"\s+#\s.*$", "", ln).strip() for ln in page.splitlines() if ln.startswith(prefix)]
+    assert len(found) == 1, (prefix, found)
+    return found[0]
+
+
+def test_rpm_builds_by_the_documented_debian_commands(tmp_path: Path) -> None:
+    """docs/install.md's RPM-on-Debian lines, run as written in a copy of the checkout, give the RPM."""
+    if os.geteuid() != 0:
+        pytest.skip("the RPM build runs as root here (bash .ci/setup test)")
+    _need("rpmbuild")
+    if subprocess.run([SYS_PYTHON, "-c", "import build"], capture_output=True, check=False).returncode != 0:
+        pytest.skip("needs python3-build (bash .ci/setup test installs it)")
+    src = _copy_checkout(tmp_path / "imexctl")
+    env = {**ENV, "HOME": str(tmp_path)}  # rpmbuild's default _topdir is ~/rpmbuild
+    for line in (_documented("python3 -m build --sdist"), _documented("rpmbuild -bb --nodeps")):
+        done = subprocess.run(
+            ["sh", "-c", line], cwd=src, capture_output=True, text=True, timeout=900, env=env, check=False
+        )
+        if done.returncode != 0 and _pip_problem(done.stdout + done.stderr):
+            pytest.skip(f"pip cannot reach the package index: {_pip_problem(done.stdout + done.stderr)}")
+        assert done.returncode == 0, (line, (done.stdout + done.stderr)[-3000:])
+    arch = os.uname().machine
+    assert (tmp_path / f"rpmbuild/RPMS/{arch}/imexctl-{__version__}-1.{arch}.rpm").is_file()
+
+
 def _python39() -> str | None:
     """A Python 3.9 interpreter (EL9's version) that runs, or None."""
     found = [*sorted(Path("/root/.pyenv/versions").glob("3.9.*/bin/python3.9")), Path("/usr/bin/python3.9")]
@@ -449,7 +584,8 @@ def test_rpm_metadata_files_and_configs(rpms: dict[str, Path]) -> None:
     requires = _rpm(rpm, "-R").splitlines()
     assert "python(abi) = 3.9" in requires and "python3 >= 3.9" in requires
     files = set(_rpm(rpm, "-l").splitlines())
-    wanted = {*LAYOUT, "/usr/share/man/man8/imexctl.8", "/opt/imexctl/lib/python3.9/site-packages/imexctl/cli.py"}
+    wanted = {*LAYOUT, "/usr/share/man/man8/imexctl.8", "/usr/share/man/man5/imexctl.conf.5"}
+    wanted |= {"/opt/imexctl/lib/python3.9/site-packages/imexctl/cli.py"}
     wanted |= {f"/usr/lib/systemd/system/{unit}" for unit in UNITS}
     assert wanted <= files
     assert not [f for f in files if f.startswith(("/usr/lib/.build-id", "/etc/systemd")) or f.endswith(".pyc")]
@@ -472,6 +608,9 @@ def test_rpm_scriptlets_enable_nothing_and_clean_byte_code(rpms: dict[str, Path]
     for tag in ("POSTIN", "PREUN", "POSTUN"):
         body = _rpm(rpms["x86_64"], "--qf", f"%{{{tag}}}")
         sh(["sh", "-n", "-c", body])  # valid shell
+    preun = _rpm(rpms["x86_64"], "--qf", "%{PREUN}")
+    erase = preun.split('if [ "$1" -eq 0 ]; then', 1)[1].split("fi", 1)[0]
+    assert "systemctl --no-reload disable imexctl-cleanup.service" in erase, "erase removes the enable links"
 
 
 def test_rpm_payload_matches_its_architecture(rpms: dict[str, Path], tmp_path: Path) -> None:
@@ -487,6 +626,15 @@ def test_rpm_payload_matches_its_architecture(rpms: dict[str, Path], tmp_path: P
     python39 = _python39()
     if python39 is None:
         pytest.skip("no working Python 3.9 on this machine to run the RPM's payload with")
+    # -S: only the payload, not what this interpreter's own site-packages may hold (EL9's python3 has none of it)
     code = f"import sys; sys.path.insert(0, {str(site)!r}); from imexctl.cli import main; sys.exit(main(['--version']))"
-    out = subprocess.run([str(python39), "-I", "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    out = subprocess.run(
+        [str(python39), "-I", "-S", "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
     assert out.returncode == 0 and out.stdout.strip() == f"imexctl {__version__}", out.stderr
+    # --version takes the fast path: import what the hooks and doctor use, every bundled dependency among it
+    code = f"import sys; sys.path.insert(0, {str(site)!r}); import structlog, tenacity, psutil, pynvml, imexctl.prolog, imexctl.teardown, imexctl.doctor"
+    out = subprocess.run(
+        [str(python39), "-I", "-S", "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0, out.stderr

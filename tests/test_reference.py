@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import re
 import shutil
@@ -106,6 +107,17 @@ def test_conffile_names_no_release_and_no_default() -> None:
     assert "/usr/share/imexctl/imexctl.conf.example" in text
 
 
+#: pkg/imexctl.conf's sha256. Every release that changes the conffile makes dpkg stop at its prompt
+#: on each node whose copy was edited (or, told to keep it, leave the new text as .dpkg-dist), and
+#: rpm write an .rpmnew: change the file only on purpose, then this value, and say so in the release notes.
+CONFFILE_SHA256 = "22dd957a539e25237d07194417c4957b7d2b5e1fa3a98c6d949d87f2258ec6fc"
+
+
+def test_conffile_changes_only_on_purpose() -> None:
+    """The shipped conffile is the reviewed text: any change to it is a deliberate one."""
+    assert hashlib.sha256(CONFFILE.read_bytes()).hexdigest() == CONFFILE_SHA256
+
+
 def test_example_config_carries_no_version() -> None:
     """The example follows the defaults but not the version number."""
     assert __version__ not in reference.default_config()
@@ -128,3 +140,57 @@ def test_module_entry_point(capsys: pytest.CaptureFixture[str]) -> None:
     assert reference.main(["man"]) == 0 and capsys.readouterr().out.startswith(".TH IMEXCTL 8")
     assert reference.main(["config"]) == 0 and "[metrics]" in capsys.readouterr().out
     assert reference.main(["html"]) == 64
+
+
+CONFIGURATION_MD = (Path(__file__).resolve().parent.parent / "docs/configuration.md").read_text()
+
+
+@pytest.fixture(scope="module")
+def conf_page() -> str:
+    return reference.config_man_page(CONFIGURATION_MD)
+
+
+@pytest.mark.parametrize(
+    ("section", "key"), [(s, k) for s, keys in settings.SCHEMA.items() for k in keys], ids="{}".format
+)
+def test_conf_man_page_has_every_key_with_its_default_and_meaning(conf_page: str, section: str, key: str) -> None:
+    """imexctl.conf(5) lists each key under its section, with the schema's default and a meaning."""
+    default = settings.SCHEMA[section][key][0]
+    body = conf_page.split(f'.SH "[{section}]"', 1)[1].split(".SH", 1)[0]
+    shown = f" = \\fI{reference._roff(default)}\\fR" if default else " (default: empty)"
+    entry = body.split(f".TP\n\\fB{reference._roff(key)}\\fR{shown}\n", 1)
+    assert len(entry) == 2, (section, key)
+    assert entry[1].split("\n", 1)[0].strip(), f"{section}.{key} has no meaning in docs/configuration.md"
+
+
+def test_conf_man_page_sections_follow_the_schema(conf_page: str) -> None:
+    """One .SH per schema section, in the file's order, then [imex] with NVIDIA's keys."""
+    headings = re.findall(r'^\.SH "\[(\w+)\]"$', conf_page, flags=re.MULTILINE)
+    assert headings == [*settings.SCHEMA, "imex"]
+    assert "\\fBLOG_LEVEL\\fR" in conf_page.split('.SH "[imex]"', 1)[1]
+
+
+@pytest.mark.skipif(shutil.which("man") is None or shutil.which("groff") is None, reason="needs man and groff")
+def test_conf_man_page_renders_without_warnings(conf_page: str, tmp_path: Path) -> None:
+    """man renders imexctl.conf(5) with no roff warnings."""
+    src = tmp_path / "imexctl.conf.5"
+    src.write_text(conf_page)
+    done = subprocess.run(
+        ["man", "--warnings", "-l", str(src)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={**os.environ, "MANWIDTH": "100", "MAN_KEEP_FORMATTING": "0"},
+    )
+    text = re.sub(".\x08", "", done.stdout)
+    assert done.stderr == ""
+    assert "deadline_s = 60" in text
+
+
+def test_module_entry_point_writes_the_conf_page(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """python -m imexctl.reference conf-man MD prints imexctl.conf(5)."""
+    md = tmp_path / "configuration.md"
+    md.write_text(CONFIGURATION_MD)
+    assert reference.main(["conf-man", str(md)]) == 0
+    assert capsys.readouterr().out.startswith(".TH IMEXCTL.CONF 5")

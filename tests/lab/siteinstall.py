@@ -102,6 +102,14 @@ NOT_RUN = {
     "apt-get install debhelper dpkg-dev fakeroot python3-pip python3-setuptools python3-wheel": "builds packages",
     "dpkg-buildpackage -us -uc -b": "builds the .deb, off the node",
     'rpmbuild -bb --define "_sourcedir $PWD/dist" pkg/rpm/imexctl.spec': "builds the RPM, off the node",
+    "python3 pkg/wheels.py download /srv/imexctl-wheels": "fetches the wheels for building packages",
+    "apt-get install rpm python3-build python3-pip python3-setuptools python3-wheel": "builds packages",
+    "python3 -m build --sdist --no-isolation": "builds the sdist, off the node",
+    'rpmbuild -bb --nodeps --define "_sourcedir $PWD/dist" pkg/rpm/imexctl.spec': "builds the RPM, off the node",
+    "IMEXCTL_WHEELS=/srv/imexctl-wheels dpkg-buildpackage -us -uc -b": "builds the .deb, off the node",
+    'rpmbuild -bb --define "_sourcedir $PWD/dist" --define "wheels /srv/imexctl-wheels" pkg/rpm/imexctl.spec': (
+        "builds the RPM, off the node"
+    ),
     "ln -s /usr/share/imexctl/hooks/prolog /etc/slurm/prolog.d/00-imexctl": PACKAGE,
     "ln -s /usr/share/imexctl/hooks/epilog /etc/slurm/epilog.d/99-imexctl": PACKAGE,
     "/usr/bin/python3 -m venv /opt/imexctl && /opt/imexctl/bin/pip install imexctl": (
