@@ -101,8 +101,8 @@ def test_histogram_buckets_are_cumulative(cfg: str, host: FakeHost, prom_dir: Pa
 
 
 def test_skipped_job_counts_as_skipped(cfg: str, host: FakeHost, prom_dir: Path) -> None:
-    """A prolog that skips the job (no NVLink fabric) counts as skipped, with no time to ready."""
-    assert run(cfg, "prolog", host=host, gpu=FakeGpu(infos=[None])) == 0
+    """A prolog that skips the job (a one-tray job, no NVLink fabric) counts as skipped, with no time to ready."""
+    assert run(cfg, "prolog", host=host, env=job_env(nodelist="gb01"), gpu=FakeGpu(infos=[None])) == 0
     fams = families(prom_dir)
     assert sample(fams, "imexctl_hook_runs_total", hook="prolog", outcome="skipped", error_code="none") == 1
     assert not list(fams["imexctl_time_to_ready_seconds"].samples)

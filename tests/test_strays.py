@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+from structlog.testing import capture_logs
 
 from imexctl import imexproc
 from imexctl.daemon import imex_processes, job_processes
@@ -154,11 +155,21 @@ class TestFakeHostRule:
         out = prolog(job_env(job_id=42, nodelist="gb[01-02]", node="gb01"), rt)
         assert out["ok"]
 
-    def test_root_running_the_program_blocks_a_prolog(self, rt: Runtime, host: FakeHost) -> None:
-        """A daemon of a job whose directory is gone still refuses the prolog, naming its pid."""
-        stray = host.add_process([rt.settings.commands.nvidia_imex, "-c", str(rt.settings.paths.job(7).config)])
-        with pytest.raises(DomainBusyError, match=f"stray IMEX daemon runs \\(pid {stray.pid}"):
+    def test_root_running_the_program_of_a_running_job_blocks_a_prolog(self, rt: Runtime, host: FakeHost) -> None:
+        """A daemon of job 7, whose directory is gone but which still runs here, refuses the prolog."""
+        host.add_process([rt.settings.commands.nvidia_imex, "-c", str(rt.settings.paths.job(7).config)])
+        host.running_jobs.add(7)
+        with pytest.raises(DomainBusyError, match="belongs to job 7, which still runs on this node"):
             prolog(job_env(job_id=42, nodelist="gb[01-02]", node="gb01"), rt)
+
+    def test_daemon_of_a_job_that_no_longer_runs_is_cleared(self, rt: Runtime, host: FakeHost) -> None:
+        """The same daemon, its job gone from the tray: the prolog stops it (issue 22) and sets up."""
+        stray = host.add_process([rt.settings.commands.nvidia_imex, "-c", str(rt.settings.paths.job(7).config)])
+        with capture_logs() as logs:
+            assert prolog(job_env(job_id=42, nodelist="gb[01-02]", node="gb01"), rt)["ok"]
+        assert stray.pid in {pid for pid, _ in host.signals}
+        (removed,) = [e for e in logs if e["event"] == "state.removed"]
+        assert "leftovers of job 7" in removed["reason"], removed
 
     def test_status_and_cleanup_know_no_job_of_them(self, rt: Runtime, host: FakeHost) -> None:
         """status lists no job, cleanup signals nobody, and known_jobs is empty."""
