@@ -9,8 +9,8 @@ address, and reports what it reached.
 
 No coordinator: every tray computes every tray's ports from the step alone.
 Tray ``i`` (its index in the step's node list) tries, in order, the
-:data:`WINDOW` candidates ``LOW + (job_id + 1 + i + k * n) % size`` (``n`` trays,
-``k = 0, 1, ...``; never the job's own IMEX port) and listens on the first it can bind; peers try the same
+:data:`WINDOW` candidates ``LOW + (job_id + size // 2 + i + k * n) % size`` (``n``
+trays, ``k = 0, 1, ...``; half a range from the job's own IMEX port and those of the jobs after it) and listens on the first it can bind; peers try the same
 candidates in the same order, so a port another program holds only moves the
 listener to the next one.  A listener greets with a banner naming the job,
 the tray and the range, so a port that some other program answers is not
@@ -77,15 +77,18 @@ class Plan:
 
 
 def candidates(job_id: int, index: int, trays: int, low: int, high: int) -> list[int]:
-    """``LOW + (job_id + 1 + index + k * trays) % size`` for ``k`` below :data:`WINDOW`: distinct trays, ports.
+    """``LOW + (job_id + size // 2 + index + k * trays) % size`` for ``k`` below :data:`WINDOW`: distinct ports.
 
-    The ``+ 1`` keeps them off ``LOW + job_id % size``, the port of the IMEX
+    Half a range away from ``LOW + job_id % size``, the port of the IMEX
     domain that imexctl's prolog may have started for the very job that runs
-    netcheck.  In a range too small for that, the ports after the first fill
+    netcheck, and from the ports of the jobs that start right after it (job
+    ``J + 1`` takes ``LOW + (J + 1) % size``: seen in the lab, a prolog of the
+    next job found its port still bound by netcheck's listener and refused
+    the tray).  In a range too small for that, the ports after the first fill
     the window.
     """
     size = high - low + 1
-    out = dict.fromkeys(low + (job_id + 1 + index + k * trays) % size for k in range(WINDOW))
+    out = dict.fromkeys(low + (job_id + size // 2 + index + k * trays) % size for k in range(WINDOW))
     port = next(iter(out))
     while len(out) < min(WINDOW, size):  # a small range the stride keeps revisiting: the next ports instead
         port = low + (port - low + 1) % size
