@@ -151,6 +151,9 @@ class _Listener:
             for port in self.plan.ports(self.plan.me, label):
                 family = socket.AF_INET6 if ":" in self.plan.own.address else socket.AF_INET
                 sock = socket.socket(family, socket.SOCK_STREAM)
+                # SO_REUSEADDR: the connections it accepted and closed first wait in TIME_WAIT for a minute;
+                # with the option they do not block a later job's daemon (or prolog) from binding the port
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 try:
                     sock.bind((self.plan.own.address, port))
                     sock.listen(64)
