@@ -10,7 +10,8 @@ address, and reports what it reached.
 No coordinator: every tray computes every tray's ports from the step alone.
 Tray ``i`` (its index in the step's node list) tries, in order, the
 :data:`WINDOW` candidates ``LOW + (job_id + size // 2 + i + k * n) % size`` (``n``
-trays, ``k = 0, 1, ...``; half a range from the job's own IMEX port and those of the jobs after it) and listens on the first it can bind; peers try the same
+trays, ``k = 0, 1, ...``; half a range from the job's own IMEX port and those of
+the jobs after it) and listens on the first it can bind; peers try the same
 candidates in the same order, so a port another program holds only moves the
 listener to the next one.  A listener greets with a banner naming the job,
 the tray and the range, so a port that some other program answers is not

@@ -199,6 +199,8 @@ class _Watch:
         self.local_ready = False
         self.seen: dict[str, str] = {}
         self.answered: Readiness | None = None
+        #: the last -N answer in which two or more peers answered: the whole domain as last seen
+        self.full_view: ctloutput.DomainStatus | None = None
 
     def __call__(self) -> Readiness:
         self.attempts += 1
@@ -207,6 +209,8 @@ class _Watch:
         self.local_ready = self.local_ready or r.local_ready
         if r.outcome is not Outcome.NO_ANSWER:
             self.answered = r
+        if r.domain is not None and sum(n.status != "UNAVAILABLE" for n in r.domain.nodes) >= 3:
+            self.full_view = r.domain
         return r
 
     def _sticky_blame(self, r: Readiness) -> Readiness:
@@ -298,7 +302,7 @@ def wait_ready(host: Host, settings: Settings, p: Probe, *, deadline: float, log
     if result.blamed and settings.readiness.blame_peers == "yes":
         return result
     culprits = f"; not ready: {', '.join(result.blamed)}" if result.blamed else ""
-    silent, isolated = _silent(host, result.domain, p, watch.seen)
+    silent, isolated = _silent(host, result.domain, p, watch.seen, watch.full_view)
     raise HealthTimeout(
         f"IMEX not ready after {waited:.1f}s ({watch.attempts} probes): {result.status}{culprits}{silent}",
         last_status=result.status,
@@ -313,7 +317,13 @@ def wait_ready(host: Host, settings: Settings, p: Probe, *, deadline: float, log
 REACH_TIMEOUT_S = 1.0
 
 
-def _silent(host: Host, dom: ctloutput.DomainStatus | None, p: Probe, seen: dict[str, str]) -> tuple[str, bool]:
+def _silent(
+    host: Host,
+    dom: ctloutput.DomainStatus | None,
+    p: Probe,
+    seen: dict[str, str],
+    full_view: ctloutput.DomainStatus | None = None,
+) -> tuple[str, bool]:
     """The peers that never answered, and whether their command port takes a TCP connection from here.
 
     Also whether this tray is cut off: two or more peers, none of which
@@ -323,7 +333,10 @@ def _silent(host: Host, dom: ctloutput.DomainStatus | None, p: Probe, seen: dict
     drops, a wrong interface) and must not exit 0 because slurmctld requeued
     the job for another tray's failure.  ``refused`` means the path works
     (a peer whose daemon is gone, or a firewall that rejects).  With one peer
-    nobody can tell which of the two is cut off.
+    nobody can tell which of the two is cut off.  Also cut off: a tray the
+    others formed the domain without, in the last answer in which they all
+    answered (``full_view``; at the deadline their daemons may already be
+    gone).
     """
     others = [a for a in p.addresses if a != p.own_address]
     no_view = dict.fromkeys(others, "no answer to the ctl")
@@ -348,4 +361,31 @@ def _silent(host: Host, dom: ctloutput.DomainStatus | None, p: Probe, seen: dict
             + (f" (port {p.cmd_port})" if p.cmd_port else "")
             + ": check its firewall and interfaces"
         )
+    elif full_view is not None and _left_out(full_view, p.own_address):
+        text += "; the other trays connected to each other but none of them to this tray: check this tray"
+        isolated = True
     return text, isolated
+
+
+def _left_out(dom: ctloutput.DomainStatus, me: str) -> bool:
+    """Whether two or more peers answered, linked up among themselves, and none of them to this tray.
+
+    Their own rows say so (the ctl asked each of them): the domain formed
+    without this tray, so the fault is most likely this tray's (it refuses
+    or cannot reach them), not theirs.
+    """
+    mine = dom.node_by_host(me)
+    if mine is None:
+        return False
+    answered = [n for n in dom.nodes if n.node_id != mine.node_id and n.status != "UNAVAILABLE"]
+    if len(answered) < 2:
+        return False
+    to_me = [n.connection_to(mine.node_id) for n in answered]
+    if any(c is not None and c.is_connected for c in to_me):
+        return False
+    return any(
+        (c := a.connection_to(b.node_id)) is not None and c.is_connected
+        for a in answered
+        for b in answered
+        if a.node_id != b.node_id
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Callable
@@ -383,3 +384,27 @@ class TestCutOffTray:
         with pytest.raises(HealthTimeout) as info:
             wait(host, s, p)
         assert not info.value.isolated
+
+
+def _without(hosts: Any, lone: str) -> tuple[int, str]:
+    """A -N answer where ``lone`` is READY alone: nobody links to it, it links to nobody, the rest connected."""
+    doc = json.loads(domain_json(hosts, status="DEGRADED"))
+    for node in doc["nodes"].values():
+        for conn in node["connections"].values():
+            if lone in (node["host"], conn["host"]):
+                conn["status"] = "NEVER_CONNECTED"
+    return (0, json.dumps(doc))
+
+
+def test_tray_the_others_formed_without_is_left_out(host: FakeHost, make_settings: Callable[..., Settings],
+                                                     root: Path) -> None:  # fmt: skip
+    """Issue 22: two peers connected to each other and neither to this tray (it refuses them): this tray is
+    the likely culprit, says so, and counts as cut off; a peer that sees the same domain is not."""
+    s = make_settings(readiness={"deadline_s": 2})
+    host.domain = lambda hosts: _without(hosts, "10.0.0.3")
+    with pytest.raises(HealthTimeout) as info:
+        wait(host, s, make_probe(root, addresses=("10.0.0.3", "10.0.0.1", "10.0.0.2")))
+    assert info.value.isolated and "none of them to this tray" in str(info.value), str(info.value)
+    with pytest.raises(HealthTimeout) as peer:
+        wait(host, s, make_probe(root, addresses=("10.0.0.1", "10.0.0.2", "10.0.0.3")))
+    assert not peer.value.isolated and "none of them to this tray" not in str(peer.value), str(peer.value)
