@@ -39,6 +39,16 @@ def _nft(lab: SlurmLab, node: str, *args: str) -> None:
     subprocess.run(["ip", "netns", "exec", lab.netns(node), nft, *args], check=True, timeout=30, capture_output=True)
 
 
+def _summaries(lab: SlurmLab, job: int) -> dict[str, dict[str, object]]:
+    """Each tray's last ``prolog.done`` of the job, once every tray has one."""
+
+    def ended() -> dict[str, dict[str, object]] | None:
+        done = {n: events(lab, n, job, "prolog.done") for n in TRAYS}
+        return {n: d[-1] for n, d in done.items()} if all(done.values()) else None
+
+    return wait_for(ended, JOB_TIMEOUT, 0.5, what=f"the prologs of job {job}")
+
+
 @pytest.fixture
 def cut_off(lab: SlurmLab) -> Iterator[str]:
     """node3 with the job port ranges dropped both ways, then as before."""
@@ -58,12 +68,7 @@ def cut_off(lab: SlurmLab) -> Iterator[str]:
 def test_tray_cut_off_by_its_firewall_is_the_one_drained(lab: SlurmLab, cut_off: str) -> None:
     """node3 never reaches its peers: its prolog fails naming that, and node3 is drained; peers name node3."""
     job = sbatch(lab, "true", TRAYS)
-
-    def ended() -> dict[str, dict[str, object]] | None:
-        done = {n: events(lab, n, job, "prolog.done") for n in TRAYS}
-        return {n: d[-1] for n, d in done.items()} if all(done.values()) else None
-
-    done = wait_for(ended, JOB_TIMEOUT, 0.5, what=f"the prologs of job {job}")
+    done = _summaries(lab, job)
     cut = done[cut_off]
     assert cut["ok"] is False and cut["error_code"] == "not_ready", cut
     assert "never reached the command service of any of its 2 peers" in str(cut["reason"]), cut
@@ -91,12 +96,7 @@ def test_peer_that_refuses_connections_is_drained_and_named(lab: SlurmLab) -> No
     (or exit 0 when slurmctld already took the job back)."""
     lab.faults.write_text("".join(f"@{lab.addr(CUT)} refuse_peer={lab.addr(n)}\n" for n in TRAYS if n != CUT))
     job = sbatch(lab, "true", TRAYS)
-
-    def ended() -> dict[str, dict[str, object]] | None:
-        done = {n: events(lab, n, job, "prolog.done") for n in TRAYS}
-        return {n: d[-1] for n, d in done.items()} if all(done.values()) else None
-
-    done = wait_for(ended, JOB_TIMEOUT, 0.5, what=f"the prologs of job {job}")
+    done = _summaries(lab, job)
     assert done[CUT]["ok"] is False and done[CUT]["error_code"] == "not_ready", done[CUT]
     # the domain formed without it: it fails even when the job went back to the queue meanwhile
     assert "the other trays connected to each other but none of them to this tray" in str(done[CUT]["reason"])
