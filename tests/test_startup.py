@@ -53,6 +53,13 @@ def lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def hook_lines(cfg: Settings, capsys: pytest.CaptureFixture[str]) -> list[dict[str, Any]]:
+    """A hook's lines: from the log file as root; else from stderr (only root writes the log file), run with -v."""
+    if os.geteuid() == 0:
+        return lines(cfg.paths.log_file)
+    return [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
+
+
 @pytest.fixture
 def skip_cfg(make_settings: Callable[..., Settings]) -> Settings:
     """Settings whose policy skips every job outside partition gpu; no NVML check."""
@@ -88,11 +95,11 @@ def test_epilog_with_state_takes_the_full_path(skip_cfg: Settings) -> None:
     assert not skip_cfg.paths.job(79).exists()
 
 
-def test_skipped_prolog_lines(skip_cfg: Settings) -> None:
+def test_skipped_prolog_lines(skip_cfg: Settings, capsys: pytest.CaptureFixture[str]) -> None:
     """The fast path's prolog lines: the summary's fields, event, hook/job_id/node, level, timestamp."""
     env = job_env(job_id=77, SLURM_JOB_PARTITION="cpu")
-    assert main(["--config", str(skip_cfg.source), "prolog"], env=env, host=FakeHost(), gpu=FakeGpu()) == 0
-    skipped, done = lines(skip_cfg.paths.log_file)
+    assert main(["--config", str(skip_cfg.source), "-v", "prolog"], env=env, host=FakeHost(), gpu=FakeGpu()) == 0
+    skipped, done = hook_lines(skip_cfg, capsys)
     reason = "partition cpu is not in [policy] partitions"
     assert list(skipped)[:2] == ["reason", "event"] and list(skipped)[-2:] == ["level", "timestamp"]
     assert list(done)[:5] == ["ok", "duration_s", "skipped", "event", "hook"]
@@ -109,10 +116,10 @@ def test_skipped_prolog_lines(skip_cfg: Settings) -> None:
     assert not structlog.is_configured()
 
 
-def test_idle_epilog_line(skip_cfg: Settings) -> None:
+def test_idle_epilog_line(skip_cfg: Settings, capsys: pytest.CaptureFixture[str]) -> None:
     """The fast path's epilog line carries ok, no actions and the duration, like the full epilog's."""
-    assert main(["--config", str(skip_cfg.source), "epilog"], env=job_env(job_id=5), host=FakeHost()) == 0
-    (done,) = lines(skip_cfg.paths.log_file)
+    assert main(["--config", str(skip_cfg.source), "-v", "epilog"], env=job_env(job_id=5), host=FakeHost()) == 0
+    (done,) = hook_lines(skip_cfg, capsys)
     assert list(done) == ["ok", "actions", "duration_s", "event", "hook", "job_id", "node", "level", "timestamp"]
     assert (done["ok"], done["actions"], done["event"], done["job_id"], done["node"]) == (
         True,
