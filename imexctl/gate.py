@@ -19,15 +19,15 @@ if TYPE_CHECKING:
 
     from imexctl.runtime import Runtime
 
-__all__ = ["policy_skip", "prolog_done", "shared_reason", "skipped_prolog", "tell_user"]
+__all__ = ["policy_skip", "prolog_done", "shared_reason", "skipped_prolog", "tell_user", "told_field"]
 
 
 def policy_skip(job: JobContext, policy: Mapping[str, Any]) -> str:
     """Why this job gets no IMEX by ``[policy]`` ('' when it does): the one place this is decided.
 
     ``policy`` holds the section's values by key (``jobs``, ``partitions``,
-    ``feature``, ``shared``), as the fast path reads them or as
-    :meth:`imexctl.settings.Policy.values` gives them.  A job that may share
+    ``feature``, ``shared``), as the fast path reads them or as ``vars()`` of
+    :class:`imexctl.settings.Policy` gives them.  A job that may share
     its trays is skipped with ``shared = skip``; with ``shared = refuse`` it is
     not skipped here, and the prolog refuses it (:func:`shared_reason`).
     """
@@ -98,9 +98,9 @@ def skipped_prolog(env: Mapping[str, str], rt: Runtime) -> dict[str, Any] | None
         told = tell_user(job, skip, str(paths.run_dir), str(paths.proc_devices))
     except OSError:
         return None  # the full prolog reports it
-    return prolog_done(rt, t0, skipped=skip, **_told(told))
+    return prolog_done(rt, t0, skipped=skip, **told_field(told))
 
 
-def _told(told: bool) -> dict[str, Any]:
+def told_field(told: bool) -> dict[str, Any]:
     """The summary's ``told_user`` field, present only when a note was left."""
     return {"told_user": True} if told else {}

@@ -21,7 +21,7 @@ from imexctl.host import Host
 from imexctl.settings import Settings
 from imexctl.topofile import BlockMap
 
-__all__ = ["check_own", "cross_check", "domain_members", "job_domain", "parse_hosts_file", "resolve_all"]
+__all__ = ["check_own", "cross_check", "domain_members", "job_domain", "load_source", "parse_hosts_file", "resolve_all"]
 
 
 def job_domain(nodes: Sequence[str], me: str, settings: Settings, nvml_key: str | None, log: Any) -> tuple[str, ...]:
@@ -36,10 +36,8 @@ def job_domain(nodes: Sequence[str], me: str, settings: Settings, nvml_key: str 
         ConfigError: a source that cannot be read or parsed, this node in no block or not in the map.
         TopologyMismatch: the source gives this tray another key than NVML.
     """
-    topo, paths = settings.topology, settings.paths
-    source = None
-    if topo.source != "none" and paths.topology_file is not None:
-        source = topofile.load(topo.source, paths.topology_file, topo.yaml_topology)
+    paths = settings.paths
+    source = load_source(settings)
     trays = domain_members(nodes, me, source)
     checks = [(source, False)] if source is not None else []
     if paths.topology_map is not None:
@@ -48,6 +46,18 @@ def job_domain(nodes: Sequence[str], me: str, settings: Settings, nvml_key: str 
     if source is not None:
         _log_split(nodes, me, source, len(trays), nvml_key, log)
     return trays
+
+
+def load_source(settings: Settings) -> BlockMap | None:
+    """The configured topology source (``[topology] source``, ``[paths] topology_file``); None without one.
+
+    Raises:
+        ConfigError: the file cannot be read or parsed.
+    """
+    topo, paths = settings.topology, settings.paths
+    if topo.source == "none" or paths.topology_file is None:
+        return None
+    return topofile.load(topo.source, paths.topology_file, topo.yaml_topology)
 
 
 def domain_members(nodes: Sequence[str], me: str, source: BlockMap | None) -> tuple[str, ...]:

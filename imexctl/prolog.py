@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
 
-from imexctl import daemon, devices, imexconf, members, peerauth, slurmconf, slurmctl, topofile
+from imexctl import daemon, devices, imexconf, members, peerauth, slurmconf, slurmctl
 from imexctl.errors import (
     ConfigError,
     DomainBusyError,
@@ -27,7 +27,7 @@ from imexctl.errors import (
     UnsafeNodeError,
 )
 from imexctl.fsutil import atomic_write, ensure_dir
-from imexctl.gate import policy_skip, shared_reason, tell_user
+from imexctl.gate import policy_skip, shared_reason, tell_user, told_field
 from imexctl.gate import prolog_done as _done
 from imexctl.gpu import fabric_key
 from imexctl.host import Host, ProcInfo
@@ -35,7 +35,7 @@ from imexctl.nodestate import JobState, mark_state, node_lock, write_state
 from imexctl.runtime import Runtime, bind, log_failed, terminations
 from imexctl.settings import JobDir, Settings
 from imexctl.slurm import JobContext
-from imexctl.teardown import known_jobs, still_runs, teardown
+from imexctl.teardown import scan_jobs, still_runs, teardown
 
 __all__ = ["prolog"]
 
@@ -192,12 +192,8 @@ def _refuse_without_fabric(job: JobContext, no_fabric: str, rt: Runtime) -> None
     one-tray job, or a tray the topology source puts in no domain (a CPU
     node in the job, say), is skipped as before.
     """
-    topo, paths = rt.settings.topology, rt.settings.paths
     try:
-        source = None
-        if topo.source != "none" and paths.topology_file is not None:
-            source = topofile.load(topo.source, paths.topology_file, topo.yaml_topology)
-        trays = members.domain_members(job.nodes, job.node, source)
+        trays = members.domain_members(job.nodes, job.node, members.load_source(rt.settings))
     except ConfigError:  # in no block of the topology: part of no IMEX domain
         return
     if len(trays) > 1:
@@ -232,7 +228,7 @@ def _tell_user(job: JobContext, skip: str, rt: Runtime) -> dict[str, Any]:
     except OSError as exc:  # the job runs all the same: no fault of the tray worth a drain
         rt.log.warning("imex.note_failed", problem=f"{exc.filename or paths.run_dir}: {exc.strerror or exc}")
         return {}
-    return {"told_user": True} if told else {}
+    return told_field(told)
 
 
 def _ask_sharing(job: JobContext, rt: Runtime) -> JobContext:
@@ -266,20 +262,15 @@ def _claim(job: JobContext, rt: Runtime) -> None:
     so the tray is not drained job after job until an admin comes.
     """
     paths = rt.settings.paths
-    held = _clear_ended_jobs(job, rt)
+    # only a daemon counts: a pager on a job's file, a ctl client, another user's process never block (issue 22)
+    jobs, strays = scan_jobs(rt)
+    held = _clear_ended_jobs(job, [j for j in jobs if j != job.job_id], rt)
     if held:
         other, why = held[0]
         raise DomainBusyError(
             f"this node's IMEX domain belongs to job {other}, which {why} "
             f"(if that job has ended: 'imexctl cleanup --job {other} --force')"
         )
-    ours = f"{paths.job(job.job_id).path}/"
-    # only a daemon counts: a pager on a job's file, a ctl client, another user's process never block (issue 22)
-    strays = [
-        p
-        for p in daemon.imex_processes(rt.host, rt.settings, f"{paths.jobs_dir}/", prefix=True)
-        if ours not in " ".join(p.cmdline)
-    ]
     if strays:
         raise DomainBusyError(f"a stray IMEX daemon runs (pid {strays[0].pid}: {' '.join(strays[0].cmdline)})")
     if paths.job(job.job_id).exists():
@@ -288,7 +279,7 @@ def _claim(job: JobContext, rt: Runtime) -> None:
         )
 
 
-def _clear_ended_jobs(job: JobContext, rt: Runtime) -> list[tuple[int, str]]:
+def _clear_ended_jobs(job: JobContext, others: list[int], rt: Runtime) -> list[tuple[int, str]]:
     """Tear down what other jobs left here if they no longer run; return those that may still run, and why.
 
     Decided on the tray (a slurmstepd or cgroup of the job; a set-up domain
@@ -297,9 +288,7 @@ def _clear_ended_jobs(job: JobContext, rt: Runtime) -> list[tuple[int, str]]:
     or pending no longer runs on this allocation.  No answer keeps the job.
     """
     held = []
-    for other in known_jobs(rt):
-        if other == job.job_id:
-            continue
+    for other in others:
         why = still_runs(other, rt)
         if why.startswith("may still run"):
             state = slurmctl.job_state(other, rt.host, rt.settings, job.slurm_conf) if job.slurm_conf else None

@@ -133,7 +133,7 @@ def _skipped_prolog(
     job: JobContext, policy: Mapping[str, Any], paths: Mapping[str, str], t0: float
 ) -> list[tuple[str, dict[str, Any]]] | None:
     """The lines of a prolog that policy skips (``gate.prolog_done``'s); None when it is not skipped."""
-    from imexctl.gate import policy_skip, tell_user
+    from imexctl.gate import policy_skip, tell_user, told_field
 
     skip = policy_skip(job, policy)
     if not skip:
@@ -142,9 +142,7 @@ def _skipped_prolog(
         told = tell_user(job, skip, paths["run_dir"], paths["proc_devices"])
     except OSError:  # the full prolog reports it
         return None
-    done = {"ok": True, "duration_s": round(time.monotonic() - t0, 3), "skipped": skip}
-    if told:
-        done["told_user"] = True
+    done = {"ok": True, "duration_s": round(time.monotonic() - t0, 3), "skipped": skip, **told_field(told)}
     return [("imex.skipped", {"reason": skip}), ("prolog.done", done)]
 
 

@@ -335,13 +335,18 @@ def find_config(explicit: str | None, env: Mapping[str, str]) -> tuple[str, bool
         return explicit, True
     if env.get("IMEXCTL_CONFIG"):
         return env["IMEXCTL_CONFIG"], True
-    slurm_conf = env.get("SLURM_CONF")
-    if slurm_conf:
-        parent = _parent(slurm_conf)
-        beside = "imexctl.conf" if parent == "." else os.path.join(parent, "imexctl.conf")
-        if os.path.isfile(beside):
-            return beside, True
+    beside = _beside(env.get("SLURM_CONF", ""))
+    if beside and os.path.isfile(beside):
+        return beside, True
     return DEFAULT_CONFIG, False
+
+
+def _beside(slurm_conf: str) -> str:
+    """``imexctl.conf`` in the directory of ``slurm_conf`` ('' without one)."""
+    if not slurm_conf:
+        return ""
+    parent = _parent(slurm_conf)
+    return "imexctl.conf" if parent == "." else os.path.join(parent, "imexctl.conf")
 
 
 #: the slurm.conf slurmd uses when it was started without ``-f``, in the order it looks: the copy a
@@ -364,13 +369,8 @@ def as_under_slurmd(env: Mapping[str, str]) -> Mapping[str, str]:
 
 def config_candidates(env: Mapping[str, str]) -> tuple[str, ...]:
     """Every config file that :func:`find_config` could choose by ``env``, in its order (for doctor)."""
-    out = [env["IMEXCTL_CONFIG"]] if env.get("IMEXCTL_CONFIG") else []
-    slurm_conf = env.get("SLURM_CONF")
-    if slurm_conf:
-        parent = _parent(slurm_conf)
-        out.append("imexctl.conf" if parent == "." else os.path.join(parent, "imexctl.conf"))
-    out.append(DEFAULT_CONFIG)
-    return tuple(dict.fromkeys(out))
+    found = (env.get("IMEXCTL_CONFIG", ""), _beside(env.get("SLURM_CONF", "")), DEFAULT_CONFIG)
+    return tuple(dict.fromkeys(path for path in found if path))
 
 
 def _parent(path: str) -> str:

@@ -16,12 +16,13 @@ from typing import Any, Callable
 from imexctl import daemon, devices, notes
 from imexctl.errors import DaemonLostError, DeviceError, ImexctlError, UnsafeNodeError
 from imexctl.fsutil import remove_tree
+from imexctl.host import ProcInfo
 from imexctl.nodestate import JobState, job_ids, mark_state, node_lock, read_state
 from imexctl.runtime import Runtime, bind, log_failed
 from imexctl.settings import JobDir
 from imexctl.slurm import JobContext
 
-__all__ = ["cleanup", "epilog", "idle_epilog", "known_jobs", "still_runs", "teardown"]
+__all__ = ["cleanup", "epilog", "idle_epilog", "known_jobs", "scan_jobs", "still_runs", "teardown"]
 
 
 class _Steps:
@@ -321,14 +322,24 @@ def still_runs(job_id: int, rt: Runtime) -> str:
 
 def known_jobs(rt: Runtime) -> list[int]:
     """Jobs with a directory or a daemon process under this node's jobs directory (a pager on a file is none)."""
+    return scan_jobs(rt)[0]
+
+
+def scan_jobs(rt: Runtime) -> tuple[list[int], list[ProcInfo]]:
+    """:func:`known_jobs`, and the IMEX daemons under the jobs directory that name no job id (strays).
+
+    One look at ``/proc`` answers both (the prolog's claim needs both).
+    """
     jobs = set(job_ids(rt.settings.paths.jobs_dir))
     prefix = f"{rt.settings.paths.jobs_dir}/"
+    strays = []
     for proc in daemon.imex_processes(rt.host, rt.settings, prefix, prefix=True):
-        for arg in proc.cmdline:
-            head = arg[len(prefix) :].split("/", 1)[0] if arg.startswith(prefix) else ""
-            if head.isdigit():
-                jobs.add(int(head))
-    return sorted(jobs)
+        heads = [arg[len(prefix) :].split("/", 1)[0] for arg in proc.cmdline if arg.startswith(prefix)]
+        ids = [int(head) for head in heads if head.isdigit()]
+        jobs.update(ids)
+        if not ids:
+            strays.append(proc)
+    return sorted(jobs), strays
 
 
 def _remove_notes(rt: Runtime, job_id: int | None, dry_run: bool, force: bool) -> list[str]:
