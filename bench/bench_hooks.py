@@ -3,7 +3,7 @@
 
 Measures, as separate processes started with an empty environment like slurmd's:
 - import time of what the hooks import,
-- ``imexctl task-prolog`` (run per task, as ``python -I -m imexctl.taskprolog``) for a
+- ``imexctl task-prolog`` (run per task, as ``python -I -m imexctl.channels.taskprolog``) for a
   job with a channel and for one without, against ``python -I -c pass``,
 - ``imexctl epilog`` for a job without IMEX on this node (the most common run),
 - ``imexctl prolog`` for a job the policy skips,
@@ -44,9 +44,7 @@ MAX_PROLOG_SUBPROCESSES = 3
 #: what the TaskProlog may add to the interpreter's own start-up, per task
 MAX_TASK_PROLOG_OVERHEAD_S = 0.025
 # -I ignores PYTHONPATH: put the checkout first by hand, then run the module as -m would
-TASK_PROLOG = (
-    f"import sys, runpy; sys.path.insert(0, {str(REPO)!r}); runpy.run_module('imexctl.taskprolog', run_name='__main__')"
-)
+TASK_PROLOG = f"import sys, runpy; sys.path.insert(0, {str(REPO)!r}); runpy.run_module('imexctl.channels.taskprolog', run_name='__main__')"
 
 
 def _run(argv: list[str], env: dict[str, str]) -> tuple[float, float, int]:
@@ -88,7 +86,11 @@ def bench_processes(root: Path) -> dict[str, tuple[float, float]]:
     out = {
         "python -c pass (floor)": _median([py, "-c", "pass"], env),
         "import hook modules": _median(
-            [py, "-c", "import imexctl.cli, imexctl.prolog, imexctl.readiness, imexctl.settings, structlog, tenacity"],
+            [
+                py,
+                "-c",
+                "import imexctl.cli, imexctl.hooks.prolog, imexctl.hooks.readiness, imexctl.config.settings, structlog, tenacity",
+            ],
             env,
         ),
     }
@@ -116,7 +118,7 @@ def bench_task_prolog(root: Path) -> dict[str, tuple[float, float]]:
 
 
 def bench_simulator() -> tuple[float, float]:
-    from imexctl.demo import SimRack
+    from imexctl.commands.demo import SimRack
 
     base = Path(tempfile.mkdtemp(prefix="imxb", dir="/tmp"))
     rack = SimRack(base, 1, deadline_s=30)
@@ -140,10 +142,10 @@ def bench_simulator() -> tuple[float, float]:
 def prolog_subprocesses(root: Path) -> int:
     import structlog
 
-    from imexctl import settings
-    from imexctl.prolog import prolog
-    from imexctl.runtime import Runtime
-    from imexctl.teardown import epilog
+    from imexctl.config import settings
+    from imexctl.hooks.prolog import prolog
+    from imexctl.hooks.runtime import Runtime
+    from imexctl.hooks.teardown import epilog
     from tests.support.fakes import FakeGpu, FakeHost, job_env
 
     (root / "proc").mkdir(exist_ok=True)

@@ -27,8 +27,8 @@ from typing import Any, NamedTuple
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from imexctl import nodelist  # noqa: E402 # after the sys.path line above
-from imexctl.demo import SimRack  # noqa: E402
+from imexctl.commands.demo import SimRack  # noqa: E402 # after the sys.path line above
+from imexctl.slurm import nodelist  # noqa: E402
 
 PY = sys.executable
 # the console script's start-up: an isolated interpreter, then main() (the checkout first on the path)

@@ -12,9 +12,9 @@ The layout (docs/install.md, "What the packages install"):
     /usr/share/imexctl/systemd/no-hardening.conf  the drop-in that turns the daemon unit's sandbox off
     /usr/share/imexctl/prometheus/imexctl.rules.yml  alert rules for the metrics (docs/operations.md)
     /etc/imexctl/imexctl.conf      pkg/imexctl.conf: sets nothing, the same text in every release
-    /usr/share/imexctl/imexctl.conf.example  every key commented out (python3 -m imexctl.reference config)
+    /usr/share/imexctl/imexctl.conf.example  every key commented out (python3 -m imexctl.cli.reference config)
     /etc/logrotate.d/imexctl       imexctl's log and the IMEX daemon's log
-    /usr/share/man/man8/imexctl.8  from the argparse definitions (python3 -m imexctl.reference man)
+    /usr/share/man/man8/imexctl.8  from the argparse definitions (python3 -m imexctl.cli.reference man)
     /usr/share/man/man5/imexctl.conf.5  every key from the schema, meanings from docs/configuration.md
     /usr/share/doc/imexctl/        README.md and docs/*.md
 
@@ -98,7 +98,7 @@ def _forget_wheel_path(site: Path) -> None:
 
 
 #: the simulator and the demo: in the wheel, left out of the node packages (docs/install.md)
-NOT_ON_NODES = ("imexctl/sim", "imexctl/demo.py")
+NOT_ON_NODES = ("imexctl/sim", "imexctl/commands/demo.py")
 SIM_SCRIPTS = ("nvidia-imex-sim", "nvidia-imex-ctl-sim")
 
 
@@ -150,7 +150,7 @@ def _put(path: Path, text: str, mode: int) -> None:
 def install_files(dest: Path, unitdir: str) -> None:
     """Hooks, units, the config and its example, logrotate, the man pages, the docs and the /usr/sbin link."""
     sys.path.insert(0, str(SRC))
-    from imexctl import reference
+    from imexctl.cli import reference
 
     for hook in ("prolog", "epilog", "task-prolog", "enroot/99-imexctl.sh"):
         _put(dest / "usr/share/imexctl/hooks" / hook, (SRC / "hooks" / hook).read_text(), 0o755)

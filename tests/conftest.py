@@ -12,8 +12,8 @@ from typing import Any, Callable
 import pytest
 import structlog
 
-from imexctl import settings
-from imexctl.runtime import Runtime
+from imexctl.config import settings
+from imexctl.hooks.runtime import Runtime
 from tests.support.fakes import FakeGpu, FakeHost
 
 PROC_DEVICES = """Character devices:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from imexctl import metrics
+from imexctl.hooks import metrics
 
 REPO = Path(__file__).resolve().parent.parent
 RULES = REPO / "pkg/prometheus/imexctl.rules.yml"
@@ -64,7 +64,7 @@ def test_promtool_test_is_able_to_fail(promtool: str, tmp_path: Path) -> None:
 
 
 def test_rules_use_only_documented_metrics() -> None:
-    """Every metric a rule reads is in docs/metrics.md and imexctl/metrics.py (a misspelt one never fires)."""
+    """Every metric a rule reads is in docs/metrics.md and imexctl/hooks/metrics.py (a misspelt one never fires)."""
     used = set(re.findall(r"\bimexctl_\w+", RULES.read_text()))
     base = {re.sub(r"_(bucket|sum|count)$", "", name) for name in used}
     documented = (REPO / "docs/metrics.md").read_text()

@@ -17,7 +17,7 @@ from typing import Callable
 import pytest
 
 from imexctl.cli import main
-from imexctl.settings import Settings
+from imexctl.config.settings import Settings
 from tests.support.fakes import FakeGpu, FakeHost, job_env
 from tests.support.privileges import needs_chown
 

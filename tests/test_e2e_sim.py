@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from imexctl.demo import HookResult, SimRack
+from imexctl.commands.demo import HookResult, SimRack
 from tests.simhelpers import wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the prolog needs root (device nodes, chown)")

@@ -44,7 +44,7 @@ BUILD_OUTPUTS = (
     "dist/imexctl-0.1.0.tar.gz",
     "sdist/imexctl-0.1.0-py3-none-any.whl",
     "imexctl-0.1.0-py3-none-any.whl",
-    "build/lib/imexctl/cli.py",
+    "build/lib/imexctl/cli/__init__.py",
     "imexctl.egg-info/PKG-INFO",
     "wheelhouse/psutil-6.0.0-cp36-abi3-manylinux_2_17_aarch64.whl",
     "imexctl_0.1.0_arm64.deb",

@@ -112,7 +112,9 @@ def test_wheel_holds_the_package_and_no_tests(dist: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/", 1)[0] for n in names}
     assert tops == {"imexctl", f"imexctl-{__version__}.dist-info"}
-    assert {"imexctl/cli.py", "imexctl/doctor.py", "imexctl/sim/daemon.py", "imexctl/py.typed"} <= set(names)
+    assert {"imexctl/cli/__init__.py", "imexctl/doctor/checks.py", "imexctl/sim/daemon.py", "imexctl/py.typed"} <= set(
+        names
+    )
     entry = zipfile.ZipFile(wheel).read(f"imexctl-{__version__}.dist-info/entry_points.txt").decode()
     assert "imexctl = imexctl.cli:console" in entry
     assert [n for n in names if n.startswith(f"imexctl-{__version__}.dist-info/") and n.endswith("/LICENSE")]
@@ -123,7 +125,13 @@ def test_sdist_holds_what_the_packages_are_built_from(dist: Path) -> None:
     with tarfile.open(dist / f"imexctl-{__version__}.tar.gz") as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
     wanted = {"debian/rules", "debian/control", "pkg/stage.py", "pkg/rpm/imexctl.spec", "pkg/logrotate"}
-    wanted |= {"hooks/prolog", "systemd/imexctl-imex@.service", "docs/operations.md", "imexctl/cli.py", "LICENSE"}
+    wanted |= {
+        "hooks/prolog",
+        "systemd/imexctl-imex@.service",
+        "docs/operations.md",
+        "imexctl/cli/__init__.py",
+        "LICENSE",
+    }
     assert wanted <= names
     assert not [n for n in names if n.startswith(("tests/", "bench/", ".ci/"))]
 
@@ -359,7 +367,7 @@ def test_deb_copyright_covers_every_bundled_distribution(deb: Path) -> None:
 
 
 def _simulator(path: str) -> bool:
-    return "/imexctl/sim/" in path or path.endswith(("/imexctl/demo.py", "-sim"))
+    return "/imexctl/sim/" in path or path.endswith(("/imexctl/commands/demo.py", "-sim"))
 
 
 def _deb_files(deb: Path) -> set[str]:
@@ -585,7 +593,7 @@ def test_rpm_metadata_files_and_configs(rpms: dict[str, Path]) -> None:
     assert "python(abi) = 3.9" in requires and "python3 >= 3.9" in requires
     files = set(_rpm(rpm, "-l").splitlines())
     wanted = {*LAYOUT, "/usr/share/man/man8/imexctl.8", "/usr/share/man/man5/imexctl.conf.5"}
-    wanted |= {"/opt/imexctl/lib/python3.9/site-packages/imexctl/cli.py"}
+    wanted |= {"/opt/imexctl/lib/python3.9/site-packages/imexctl/cli/__init__.py"}
     wanted |= {f"/usr/lib/systemd/system/{unit}" for unit in UNITS}
     assert wanted <= files
     assert not [f for f in files if f.startswith(("/usr/lib/.build-id", "/etc/systemd")) or f.endswith(".pyc")]
@@ -633,7 +641,7 @@ def test_rpm_payload_matches_its_architecture(rpms: dict[str, Path], tmp_path: P
     )
     assert out.returncode == 0 and out.stdout.strip() == f"imexctl {__version__}", out.stderr
     # --version takes the fast path: import what the hooks and doctor use, every bundled dependency among it
-    code = f"import sys; sys.path.insert(0, {str(site)!r}); import structlog, tenacity, psutil, pynvml, imexctl.prolog, imexctl.teardown, imexctl.doctor"
+    code = f"import sys; sys.path.insert(0, {str(site)!r}); import structlog, tenacity, psutil, pynvml, imexctl.hooks.prolog, imexctl.hooks.teardown, imexctl.doctor.checks"
     out = subprocess.run(
         [str(python39), "-I", "-S", "-c", code], capture_output=True, text=True, timeout=120, check=False
     )

@@ -19,20 +19,20 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 USER = "imexlab"
 MODULES = [
-    "tests/test_settings.py",
-    "tests/test_cli.py",
-    "tests/test_prolog_epilog.py",
-    "tests/test_devices.py",
-    "tests/test_daemon.py",
-    "tests/test_readiness.py",
-    "tests/test_fsutil.py",
+    "tests/config/test_settings.py",
+    "tests/cli/test_cli.py",
+    "tests/hooks/test_prolog_epilog.py",
+    "tests/channels/test_devices.py",
+    "tests/imex/test_daemon.py",
+    "tests/hooks/test_readiness.py",
+    "tests/platform/test_fsutil.py",
     "tests/test_dirs.py",
-    "tests/test_members.py",
-    "tests/test_topofile.py",
-    "tests/test_topology_prolog.py",
-    "tests/test_taskprolog.py",
-    "tests/test_enroothook.py",
-    "tests/test_containers.py",
+    "tests/hooks/test_members.py",
+    "tests/slurm/test_topofile.py",
+    "tests/hooks/test_topology_prolog.py",
+    "tests/channels/test_taskprolog.py",
+    "tests/channels/test_enroot.py",
+    "tests/doctor/test_containers.py",
 ]
 
 

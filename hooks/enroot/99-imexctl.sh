@@ -5,8 +5,8 @@
 # for a job with a channel here under [containers] on_error = closed; an
 # imexctl that cannot run at all never stops a container (docs/containers.md).
 [ -x /opt/imexctl/bin/python ] || exit 0
-/opt/imexctl/bin/python -I -m imexctl.enroothook
+/opt/imexctl/bin/python -I -m imexctl.channels.enroot
 rc=$?
 case $rc in 0 | 70 | 71) exit $rc ;; esac
-echo "imexctl enroot hook: /opt/imexctl/bin/python -m imexctl.enroothook failed (exit $rc); the container starts as enroot set it up: run 'imexctl doctor' on this tray" >&2
+echo "imexctl enroot hook: /opt/imexctl/bin/python -m imexctl.channels.enroot failed (exit $rc); the container starts as enroot set it up: run 'imexctl doctor' on this tray" >&2
 exit 0

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Callable, Optional
 
-from imexctl import settings
+from imexctl.config import settings
 
 # (root, config) -> the config path to pass instead, or None
 Prepare = Callable[[Path, Path], Optional[Path]]

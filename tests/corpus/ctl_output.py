@@ -15,7 +15,7 @@ import dataclasses
 import json
 from typing import Any, Callable
 
-from imexctl.errors import CommandError
+from imexctl.platform.errors import CommandError
 from tests.corpus._fakes import domain_json
 
 Answer = tuple[int, str]

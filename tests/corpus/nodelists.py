@@ -2,7 +2,7 @@
 
 ``VECTORS`` are the reference expansions of Slurm master's ``hostlist.c``
 (design.md source slurm-hostlist; the case numbers in the ids are those of
-``tests/test_nodelist.py``).  ``MALFORMED`` must fail with ``nodelist_invalid`` (65)
+``tests/slurm/test_nodelist.py``).  ``MALFORMED`` must fail with ``nodelist_invalid`` (65)
 naming the faulty ``part``; ``WRONG`` parse but cannot be a job's list
 (``job_env_invalid``, 65); ``ACCEPTED`` are odd but valid lists the prolog
 takes; ``HUGE`` are megabytes long or expand to millions of names and must

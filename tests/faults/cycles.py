@@ -52,7 +52,7 @@ from typing import Any
 
 import psutil
 
-from imexctl.demo import Tray
+from imexctl.commands.demo import Tray
 from tests.faults import driver
 from tests.faults.rack import FaultRack
 
@@ -84,8 +84,8 @@ SAME_MINOR = 2047
 ALLOWED_EXITS = frozenset({0, 69, 71, 75})
 #: what the hooks import lazily (cli.main imports per command)
 PRELOAD = (
-    "imexctl.cli", "imexctl.prolog", "imexctl.teardown", "imexctl.status", "imexctl.settings", "imexctl.host",
-    "imexctl.log", "imexctl.gpu", "imexctl.metrics", "imexctl.ctloutput", "imexctl.readiness", "structlog",
+    "imexctl.cli", "imexctl.hooks.prolog", "imexctl.hooks.teardown", "imexctl.commands.status", "imexctl.config.settings", "imexctl.platform.host",
+    "imexctl.platform.log", "imexctl.gpu.fabric", "imexctl.hooks.metrics", "imexctl.imex.ctl", "imexctl.hooks.readiness", "structlog",
 )  # fmt: skip
 _ITEM = re.compile(r"^(?:would )?(.*?)(?: \(.*\))?$")
 

@@ -2,7 +2,7 @@
 
 ``python -m tests.faults.driver <imexctl arguments>`` behaves like
 ``python -m imexctl`` except that ``IMEXCTL_FAULTS`` names what to do at which
-step (the names of :class:`imexctl.runtime.Runtime`), separated by ``;``:
+step (the names of :class:`imexctl.hooks.runtime.Runtime`), separated by ``;``:
 
 ``STEP[#N]=kill``
     SIGKILL this process at the N-th time (default first) STEP is reached.

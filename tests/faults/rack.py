@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from imexctl.demo import HookResult, SimRack, Tray
+from imexctl.commands.demo import HookResult, SimRack, Tray
 
 __all__ = ["FaultRack", "Run"]
 

@@ -23,7 +23,7 @@ from typing import Callable
 import psutil
 import pytest
 
-from imexctl.demo import Tray
+from imexctl.commands.demo import Tray
 from tests.faults.rack import FaultRack
 
 JOB_UID = 4242  # make_rack's job user (uid = gid = 4242); no such account is needed

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import pytest
 
-from imexctl.demo import Tray
+from imexctl.commands.demo import Tray
 from tests.faults import cycles
 from tests.faults.rack import FaultRack
 

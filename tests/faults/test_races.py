@@ -23,7 +23,7 @@ from typing import Any, Callable
 import psutil
 import pytest
 
-from imexctl.demo import HookResult, Tray
+from imexctl.commands.demo import HookResult, Tray
 from tests.faults.rack import FaultRack, Run
 
 PROLOG_STEPS = ["start", "locked", "claimed", "files_written", "daemon_started", "ready", "channel_created"]

@@ -30,14 +30,14 @@ from typing import Any, Callable
 import pytest
 import structlog
 
-from imexctl import status
-from imexctl.demo import HookResult, Tray
-from imexctl.errors import HealthTimeout
-from imexctl.host import RealHost
-from imexctl.prolog import prolog
-from imexctl.runtime import Runtime
-from imexctl.settings import Settings
-from imexctl.teardown import epilog
+from imexctl.commands import status
+from imexctl.commands.demo import HookResult, Tray
+from imexctl.config.settings import Settings
+from imexctl.hooks.prolog import prolog
+from imexctl.hooks.runtime import Runtime
+from imexctl.hooks.teardown import epilog
+from imexctl.platform.errors import HealthTimeout
+from imexctl.platform.host import RealHost
 from tests.faults.rack import REPO, FaultRack, Run
 from tests.support.fakes import FakeGpu, FakeHost, job_env
 

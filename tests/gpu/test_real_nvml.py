@@ -1,6 +1,6 @@
 """NvmlGpu against the real driver: runs only where NVML initialises (``-m gpu``).
 
-What the stand-in NVML (tests/test_nvml.py) cannot prove: that a real driver
+What the stand-in NVML (tests/gpu/test_nvml.py) cannot prove: that a real driver
 accepts our struct pointers, which layout it takes, and that what we read is
 what ``nvidia-smi`` shows (docs/nvml.md, "Confirming on hardware").
 """
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from imexctl import nvml
-from imexctl.errors import GpuError
-from imexctl.gpu import FabricInfo, NvmlGpu, clique_key
+from imexctl.gpu import nvml
+from imexctl.gpu.fabric import FabricInfo, NvmlGpu, clique_key
+from imexctl.platform.errors import GpuError
 
 pytestmark = pytest.mark.gpu
 REPO = Path(__file__).resolve().parent.parent.parent

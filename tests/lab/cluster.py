@@ -29,7 +29,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Callable
 
-from imexctl.fsutil import atomic_write
+from imexctl.platform.fsutil import atomic_write
 from tests.lab.debroot import TEST_UID, TEST_USER
 from tests.lab.procs import (
     SYS_PATH,

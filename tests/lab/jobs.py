@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from imexctl.fsutil import atomic_write
+from imexctl.platform.fsutil import atomic_write
 from tests.lab.cluster import IMEXCTL_PREFIX, TEST_UID, TEST_USER, SlurmLab
 from tests.lab.procs import proc_start_time
 from tests.simhelpers import wait_for

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from imexctl.fsutil import atomic_write
+from imexctl.platform.fsutil import atomic_write
 from tests.lab import debroot, siteinstall
 from tests.lab.cluster import (
     LabBusy,

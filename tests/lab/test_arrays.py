@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from imexctl import nodelist
+from imexctl.slurm import nodelist
 from tests.lab.cluster import SlurmLab
 from tests.lab.conftest import NODES
 from tests.lab.jobs import (

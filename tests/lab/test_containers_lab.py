@@ -4,7 +4,7 @@
   gets ``NVIDIA_IMEX_CHANNELS=<the job's minor>``; a job without a channel gets nothing; in a het job
   that srun allocates, each task gets the joint domain's minor, or its component's (``per_component``).
 - A containerised batch job, through the route docs/containers.md recommends (enroot's hook
-  ``hooks/enroot/99-imexctl.sh``, i.e. ``python -m imexctl.enroothook``): enroot and Pyxis are not
+  ``hooks/enroot/99-imexctl.sh``, i.e. ``python -m imexctl.channels.enroot``): enroot and Pyxis are not
   packaged for Debian, so the job runs the emulation of tests/support/enrootemu.py as the job's
   user (``unshare --user --map-current-user --keep-caps --mount``), not Pyxis. 22.05 only: the
   24.11 and 26.05 labs run Slurm and its jobs in a chroot, where the kernel refuses unprivileged user

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from imexctl import nodelist
+from imexctl.slurm import nodelist
 from tests.lab.cluster import SlurmLab
 from tests.lab.conftest import NODES
 from tests.lab.jobs import IMEXCTL, UID

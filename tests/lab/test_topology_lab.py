@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from imexctl import nodelist
+from imexctl.slurm import nodelist
 from tests.lab.cluster import SlurmLab
 from tests.lab.conftest import NODES
 from tests.lab.jobs import (

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from imexctl.fsutil import atomic_write
+from imexctl.platform.fsutil import atomic_write
 from tests.lab import debroot
 from tests.lab.procs import (
     SYS_PATH,

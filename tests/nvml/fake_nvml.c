@@ -73,7 +73,7 @@ typedef struct {
 #define nvmlGpuFabricInfo_v2 NVML_STRUCT_VERSION(GpuFabricInfo, 2)
 #define nvmlGpuFabricInfo_v3 NVML_STRUCT_VERSION(GpuFabricInfo, 3)
 
-/* the sizes imexctl's ctypes layouts assume (imexctl/nvml.py) */
+/* the sizes imexctl's ctypes layouts assume (imexctl/gpu/nvml.py) */
 _Static_assert(sizeof(nvmlGpuFabricInfo_t) == 28, "legacy struct size");
 _Static_assert(sizeof(nvmlGpuFabricInfo_v2_t) == 36, "v2 struct size");
 _Static_assert(sizeof(nvmlGpuFabricInfo_v3_t) == 40, "v3 struct size");

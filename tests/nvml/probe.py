@@ -1,4 +1,4 @@
-"""Child process for tests/test_nvml.py: imexctl's NVML code over the stand-in library.
+"""Child process for tests/gpu/test_nvml.py: imexctl's NVML code over the stand-in library.
 
 Run with ``LD_LIBRARY_PATH`` naming the directory of the stand-in
 ``libnvidia-ml.so.1`` (glibc reads it at process start, hence a child) and
@@ -17,8 +17,10 @@ import json
 import sys
 from typing import Any
 
-from imexctl import gpu, nvml, settings
-from imexctl.errors import GpuError
+from imexctl.config import settings
+from imexctl.gpu import fabric as gpu
+from imexctl.gpu import nvml
+from imexctl.platform.errors import GpuError
 
 
 class Clock:

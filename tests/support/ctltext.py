@@ -1,6 +1,6 @@
 """Parser of the human ``nvidia-imex-ctl -N`` text (test-only).
 
-imexctl itself parses only ``-N -j`` (:mod:`imexctl.ctloutput`).  The text form
+imexctl itself parses only ``-N -j`` (:mod:`imexctl.imex.ctl`).  The text form
 is parsed here to check the simulator's output and the public samples in
 ``tests/data/`` against one another.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from imexctl.ctloutput import CONNECTION_LETTERS, Connection, DomainStatus, NodeStatus
-from imexctl.errors import OutputError
+from imexctl.imex.ctl import CONNECTION_LETTERS, Connection, DomainStatus, NodeStatus
+from imexctl.platform.errors import OutputError
 
 __all__ = ["parse_domain_text"]
 

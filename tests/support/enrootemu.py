@@ -80,7 +80,7 @@ def emulate(
         dev: ``host``, ``restricted`` or ``nvidia`` (see the module docstring).
         user: run as this unprivileged user in a new user namespace (needs root, for runuser).
         remap_root: map ``user`` to uid 0 in the namespace (``ENROOT_REMAP_ROOT``).
-        hook: the hook's argv (default ``python -m imexctl.enroothook`` from this checkout).
+        hook: the hook's argv (default ``python -m imexctl.channels.enroot`` from this checkout).
         shared: make the container's ``/dev`` a shared mount (enroot never does; the hook must refuse).
 
     Returns:
@@ -121,7 +121,7 @@ def write_spec(
         "workdir": str(workdir),
         "dev": dev,
         "env": env,
-        "hook": hook or [sys.executable, "-m", "imexctl.enroothook"],
+        "hook": hook or [sys.executable, "-m", "imexctl.channels.enroot"],
         "shared": shared,
     }
     spec_file = workdir / "spec.json"
@@ -148,7 +148,7 @@ def user_namespace_argv(spec_file: Path, *, remap_root: bool = False) -> list[st
 
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    from imexctl.enroothook import LibcMounter
+    from imexctl.channels.enroot import LibcMounter
 
     LibcMounter().mount(source, target, fstype, flags, data)
 

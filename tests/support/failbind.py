@@ -12,7 +12,7 @@ import errno
 import os
 import sys
 
-from imexctl import enroothook
+from imexctl.channels import enroot as enroothook
 
 
 class FailingBind(enroothook.LibcMounter):

@@ -16,9 +16,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Callable
 
-from imexctl.errors import CommandError
-from imexctl.gpu import FabricInfo
-from imexctl.host import Completed, ProcInfo
+from imexctl.gpu.fabric import FabricInfo
+from imexctl.platform.errors import CommandError
+from imexctl.platform.host import Completed, ProcInfo
 
 __all__ = ["FakeGpu", "FakeHost", "domain_json", "job_env"]
 

@@ -17,9 +17,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from imexctl import settings
-from imexctl.fsutil import ensure_dir
-from imexctl.nodestate import JobState, write_state
+from imexctl.config import settings
+from imexctl.hooks.state import JobState, write_state
+from imexctl.platform.fsutil import ensure_dir
 
 #: a major no real device uses on the test machine's channel directory; /proc/devices is faked
 FAKE_MAJOR = 234

@@ -1,0 +1,1 @@
+"""The admin and user commands that are not hooks: status, netcheck, demo."""

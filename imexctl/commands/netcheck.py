@@ -1,0 +1,388 @@
+"""``imexctl netcheck``: prove that both per-job port ranges are open between the trays, before the first job.
+
+Run as one job step with one task per tray (``srun -N18 --ntasks-per-node=1
+imexctl netcheck``), as any user: no root, GPU or IMEX needed.  Every tray
+listens on one port of ``[ports] server_port_range`` and one of
+``cmd_port_range`` at its address (resolved by ``[resolve] method``, as the
+prolog resolves it), connects to every other tray's two ports from that
+address, and reports what it reached.
+
+No coordinator: every tray computes every tray's ports from the step alone.
+Tray ``i`` (its index in the step's node list) tries, in order, the
+:data:`WINDOW` candidates ``LOW + (job_id + size // 2 + i + k * n) % size`` (``n``
+trays, ``k = 0, 1, ...``; half a range from the job's own IMEX port and those of
+the jobs after it) and listens on the first it can bind; peers try the same
+candidates in the same order, so a port another program holds only moves the
+listener to the next one.  A listener greets with a banner naming the job,
+the tray and the range, so a port that some other program answers is not
+taken for open.  Peers retry for ``timeout_s`` (srun starts the tasks at
+slightly different times).  A tray keeps listening until every peer has
+reached both its ports (or, after a blocked pair, until twice ``timeout_s``).
+Each tray then sends its row to the step's first tray, which prints the
+tray-by-tray matrix; every tray prints its own line and exits 1 when
+anything it checked was blocked, so srun's exit code is non-zero then too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Final
+
+__all__ = ["BANNER", "WINDOW", "Plan", "Tray", "candidates", "plan_from_env", "render_matrix", "run"]
+
+BANNER: Final = "IMEXCTL-NETCHECK 1"
+#: candidate ports per tray and range
+WINDOW: Final = 4
+#: one connection attempt; a dropped SYN (a firewall) costs this much
+_CONNECT_TIMEOUT_S: Final = 1.0
+#: a listener's banner and a client's line must come within this
+_LINE_TIMEOUT_S: Final = 2.0
+_RETRY_PAUSE_S: Final = 0.2
+
+
+@dataclasses.dataclass(frozen=True)
+class Tray:
+    """One tray of the step: its Slurm name and the address its IMEX daemons would use."""
+
+    name: str
+    address: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What every tray of the step computes alike."""
+
+    job_id: int
+    me: int
+    trays: tuple[Tray, ...]
+    #: ``(label, low, high)``: ``("server", 61000, 61999)``, ``("cmd", 62000, 62999)``
+    ranges: tuple[tuple[str, int, int], ...]
+    timeout_s: float
+
+    def ports(self, index: int, label: str) -> list[int]:
+        """Tray ``index``'s candidate ports in range ``label``, in the order they are tried."""
+        _, lo, hi = next(r for r in self.ranges if r[0] == label)
+        return candidates(self.job_id, index, len(self.trays), lo, hi)
+
+    @property
+    def own(self) -> Tray:
+        """This tray."""
+        return self.trays[self.me]
+
+
+def candidates(job_id: int, index: int, trays: int, low: int, high: int) -> list[int]:
+    """``LOW + (job_id + size // 2 + index + k * trays) % size`` for ``k`` below :data:`WINDOW`: distinct ports.
+
+    Half a range away from ``LOW + job_id % size``, the port of the IMEX
+    domain that imexctl's prolog may have started for the very job that runs
+    netcheck, and from the ports of the jobs that start right after it (job
+    ``J + 1`` takes ``LOW + (J + 1) % size``: seen in the lab, a prolog of the
+    next job found its port still bound by netcheck's listener and refused
+    the tray).  In a range too small for that, the ports after the first fill
+    the window.
+    """
+    size = high - low + 1
+    out = dict.fromkeys(low + (job_id + size // 2 + index + k * trays) % size for k in range(WINDOW))
+    port = next(iter(out))
+    while len(out) < min(WINDOW, size):  # a small range the stride keeps revisiting: the next ports instead
+        port = low + (port - low + 1) % size
+        out.setdefault(port)
+    return list(out)
+
+
+def plan_from_env(env: Mapping[str, str], settings: Any, host: Any, timeout_s: float) -> Plan:
+    """The step's trays and addresses from srun's environment, resolved as the prolog resolves them.
+
+    Raises:
+        EnvironmentError_: not inside a job step (no job id, node name or node list), or this node not in it.
+        ResolveError, ConfigError: as the prolog's resolution.
+    """
+    from imexctl.hooks import members
+    from imexctl.platform.errors import EnvironmentError_
+    from imexctl.slurm import job as slurm
+    from imexctl.slurm import nodelist
+
+    job_id, node = env.get("SLURM_JOB_ID", ""), slurm.node_name(env)
+    listed = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
+    if not job_id.isdigit() or not node or not listed:
+        raise EnvironmentError_(
+            "netcheck runs as a job step on the trays: srun -N<trays> --ntasks-per-node=1 imexctl netcheck "
+            "(it needs SLURM_JOB_ID, SLURMD_NODENAME and SLURM_STEP_NODELIST from srun)"
+        )
+    names = tuple(nodelist.expand(listed))
+    if node not in names:
+        raise EnvironmentError_(f"this node {node} is not in the step's node list {listed}")
+    table = None
+    if settings.resolve.method == "slurm_conf":
+        from imexctl.slurm import nodeaddr
+
+        table = nodeaddr.read(nodeaddr.conf_path(env.get("SLURM_CONF", ""), settings.paths.root))
+    addrs = members.resolve_all(
+        names, method=settings.resolve.method, host=host, hosts_file=settings.paths.hosts_file, node_addrs=table
+    )
+    members.check_own(node, addrs[names.index(node)], settings.resolve.method, host)
+    p = settings.ports
+    ranges = (("server", *p.server_port_range), ("cmd", *p.cmd_port_range))
+    trays = tuple(Tray(n, a) for n, a in zip(names, addrs))
+    return Plan(int(job_id), names.index(node), trays, ranges, timeout_s)
+
+
+class _Listener:
+    """This tray's two listening sockets, served by one thread: banner, then a HELLO or a ROW line."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.socks: dict[str, socket.socket] = {}
+        self.ports: dict[str, int] = {}
+        self.problems: dict[str, str] = {}
+        self.reached_by: dict[str, set[str]] = {label: set() for label, _, _ in plan.ranges}
+        self.rows: dict[str, dict[str, Any]] = {}
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+
+    def open(self) -> None:
+        """Bind the first free candidate of each range; a range with none is a problem of this tray."""
+        for label, _, _ in self.plan.ranges:
+            tried = []
+            for port in self.plan.ports(self.plan.me, label):
+                family = socket.AF_INET6 if ":" in self.plan.own.address else socket.AF_INET
+                sock = socket.socket(family, socket.SOCK_STREAM)
+                # SO_REUSEADDR: the connections it accepted and closed first wait in TIME_WAIT for a minute;
+                # with the option they do not block a later job's daemon (or prolog) from binding the port
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    sock.bind((self.plan.own.address, port))
+                    sock.listen(64)
+                except OSError as exc:
+                    sock.close()
+                    tried.append(f"{port} ({exc.strerror or exc})")
+                    continue
+                self.socks[label], self.ports[label] = sock, port
+                break
+            else:
+                self.problems[label] = f"cannot listen on {self.plan.own.address}: " + ", ".join(tried)
+
+    def serve(self) -> None:
+        """Answer connections until :attr:`stop` is set."""
+        with selectors.DefaultSelector() as sel:
+            for label, sock in self.socks.items():
+                sel.register(sock, selectors.EVENT_READ, label)
+            while not self.stop.is_set():
+                for key, _ in sel.select(0.05):
+                    try:
+                        conn, _addr = key.fileobj.accept()  # type: ignore[union-attr]
+                    except OSError:
+                        continue
+                    with conn:
+                        self._answer(conn, key.data)
+        for sock in self.socks.values():
+            sock.close()
+
+    def _answer(self, conn: socket.socket, label: str) -> None:
+        conn.settimeout(_LINE_TIMEOUT_S)
+        try:
+            conn.sendall(f"{BANNER} {self.plan.job_id} {self.plan.own.name} {label}\n".encode())
+            line = _read_line(conn)
+        except OSError:
+            return
+        kind, _, rest = line.partition(" ")
+        with self.lock:
+            if kind == "HELLO" and rest:
+                self.reached_by[label].add(rest)
+            elif kind == "ROW":
+                try:
+                    row = json.loads(rest)
+                    self.rows[str(row["from"])] = row
+                except (ValueError, KeyError, TypeError):
+                    pass
+
+
+def _read_line(conn: socket.socket) -> str:
+    data = b""
+    while not data.endswith(b"\n") and len(data) < 65536:
+        chunk = conn.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace").strip()
+
+
+def _contact(plan: Plan, index: int, label: str, line: str, deadline: float) -> str:
+    """Reach tray ``index``'s listener in range ``label`` and send ``line``: 'ok:<port>' or why not.
+
+    Each round tries every candidate port; rounds repeat until ``deadline``.
+    """
+    while True:
+        why: dict[str, list[int]] = {}
+        for port in plan.ports(index, label):
+            problem = _try(plan, index, label, port, line)
+            if not problem:
+                return f"ok:{port}"
+            why.setdefault(problem, []).append(port)
+        if time.monotonic() >= deadline:
+            return "; ".join(f"{problem} on port {', '.join(map(str, ports))}" for problem, ports in why.items())
+        time.sleep(_RETRY_PAUSE_S)
+
+
+def _try(plan: Plan, index: int, label: str, port: int, line: str) -> str:
+    """One connection from this tray's address: '' when the right listener answered and took ``line``."""
+    peer = plan.trays[index]
+    try:
+        conn = socket.create_connection(
+            (peer.address, port), timeout=_CONNECT_TIMEOUT_S, source_address=(plan.own.address, 0)
+        )
+    except ConnectionRefusedError:
+        return "refused"
+    except socket.timeout:
+        return "timed out (dropped: a firewall?)"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    with conn:
+        try:
+            conn.settimeout(_LINE_TIMEOUT_S)
+            if _read_line(conn) != f"{BANNER} {plan.job_id} {peer.name} {label}":
+                return "another program answers"
+            conn.sendall(f"{line}\n".encode())
+        except OSError:  # socket.timeout included: connected, but no greeting
+            return "another program answers"
+    return ""
+
+
+def _check_all(plan: Plan, deadline: float) -> dict[str, dict[str, str]]:
+    """This tray's row: for every peer and range, 'ok:<port>' or why it was blocked (in parallel)."""
+    peers = [i for i in range(len(plan.trays)) if i != plan.me]
+    jobs = [(i, label) for i in peers for label, _, _ in plan.ranges]
+    if not jobs:
+        return {}
+    hello = f"HELLO {plan.own.name}"
+    with ThreadPoolExecutor(max_workers=min(64, len(jobs))) as pool:
+        found = list(pool.map(lambda job: _contact(plan, job[0], job[1], hello, deadline), jobs))
+    row: dict[str, dict[str, str]] = {}
+    for (i, label), outcome in zip(jobs, found):
+        row.setdefault(plan.trays[i].name, {})[label] = outcome
+    return row
+
+
+def run(plan: Plan) -> tuple[int, str]:
+    """Listen, check every peer, report to the first tray; ``(exit code, text to print)``."""
+    start = time.monotonic()
+    listener = _Listener(plan)
+    listener.open()
+    server = threading.Thread(target=listener.serve, daemon=True)
+    server.start()
+    try:
+        out = _check_all(plan, start + plan.timeout_s)
+        row = {"from": plan.own.name, "to": out, "listen": listener.problems}
+        if plan.me == 0:
+            with listener.lock:
+                listener.rows[plan.own.name] = row
+        else:
+            _contact(plan, 0, "server", "ROW " + json.dumps(row), time.monotonic() + plan.timeout_s)
+        # checks against a port that answers slowly or drops packets can run past the window: so may the peers'
+        _linger(plan, listener, max(start + 2 * plan.timeout_s, time.monotonic() + plan.timeout_s))
+    finally:
+        listener.stop.set()
+        server.join()
+    return _report(plan, row, listener)
+
+
+def _linger(plan: Plan, listener: _Listener, until: float) -> None:
+    """Keep listening until every peer reached both our ports (and, on the first tray, sent its row)."""
+    peers = {t.name for i, t in enumerate(plan.trays) if i != plan.me}
+    while time.monotonic() < until:
+        with listener.lock:
+            heard = all(peers <= listener.reached_by[label] for label in listener.socks)
+            rows = plan.me != 0 or set(listener.rows) >= {t.name for t in plan.trays}
+        if heard and rows:
+            return
+        time.sleep(0.05)
+
+
+def _report(plan: Plan, row: dict[str, Any], listener: _Listener) -> tuple[int, str]:
+    blocked = [(peer, label, why) for peer, r in row["to"].items() for label, why in r.items() if not _ok(why)]
+    missing = sorted(
+        f"{t.name} ({label})"
+        for label in listener.socks
+        for i, t in enumerate(plan.trays)
+        if i != plan.me and t.name not in listener.reached_by[label]
+    )
+    parts = [f"{plan.own.name} ({plan.own.address}): listening on " + _listening(plan, listener)]
+    parts += [f"BLOCKED to {peer} {label}: {why}" for peer, label, why in blocked]
+    if missing:
+        parts.append("not reached by " + ", ".join(missing))
+    if not blocked and not missing and not listener.problems:
+        parts.append(f"reached all {len(plan.trays) - 1} other trays on both ranges, and was reached by them")
+    text = "; ".join(parts) + "\n"
+    failed = bool(blocked or missing or listener.problems)
+    if plan.me == 0:
+        matrix, incomplete = render_matrix(plan, listener.rows)
+        text = matrix + text
+        failed = failed or incomplete
+    return (1 if failed else 0), text
+
+
+def _listening(plan: Plan, listener: _Listener) -> str:
+    return ", ".join(
+        f"{label} port {listener.ports[label]}" if label in listener.ports else f"NO {label} port ({why})"
+        for label, _, _ in plan.ranges
+        for why in [listener.problems.get(label, "")]
+    )
+
+
+def _ok(outcome: str) -> bool:
+    return outcome.startswith("ok:")
+
+
+def render_matrix(plan: Plan, rows: Mapping[str, Mapping[str, Any]]) -> tuple[str, bool]:
+    """The tray-by-tray matrix (rows: from, columns: to) and whether anything was blocked or unknown.
+
+    A cell is ``ok`` (both ranges reached), ``server``, ``cmd`` or ``both`` (the
+    ranges that were blocked), ``?`` (that tray's row never arrived) or ``-``.
+    """
+    names = [t.name for t in plan.trays]
+    width = max(6, *(len(n) for n in names))
+    labels = [label for label, _, _ in plan.ranges]
+    ranges = ", ".join(f"{label} ports {lo}-{hi}" for label, lo, hi in plan.ranges)
+    lines = [
+        f"netcheck job {plan.job_id}: {len(names)} trays; {ranges}",
+        " " * (width + 5) + " " + _cells(names, width),
+    ]
+    bad, details = False, []
+    for src in names:
+        row = rows.get(src)
+        if row is None:
+            details.append(f"  {src}: no report (its netcheck did not run, or cannot reach {names[0]}'s server port)")
+        cells = []
+        for dst in names:
+            cell, why = _cell(src, dst, row, labels)
+            cells.append(cell)
+            bad = bad or cell not in ("ok", "-")
+            details += [f"  {src} -> {dst} {w}" for w in why]
+        lines.append(f"from {src:<{width}} " + _cells(cells, width))
+    if details:
+        lines += ["blocked or unknown:", *details]
+    return "\n".join(lines) + "\n", bad
+
+
+def _cell(src: str, dst: str, row: Mapping[str, Any] | None, labels: list[str]) -> tuple[str, list[str]]:
+    if src == dst:
+        return "-", []
+    if row is None:
+        return "?", []
+    results = row.get("to", {}).get(dst, {})
+    blocked = [label for label in labels if not _ok(str(results.get(label, "")))]
+    if not blocked:
+        return "ok", []
+    cell = "both" if len(blocked) > 1 else blocked[0]
+    return cell, [f"{label}: {results.get(label, 'not checked')}" for label in blocked]
+
+
+def _cells(values: list[str], width: int) -> str:
+    return " ".join(f"{v:>{width}}" for v in values)

@@ -1,0 +1,577 @@
+"""The configuration's schema and its validation, light enough for a hook's fast path.
+
+Every key of imexctl.conf: its default as written in the file and the parser
+that checks and converts it, section by section in file order (``SCHEMA``),
+and the checks that span keys.  :mod:`imexctl.config.settings` builds its typed,
+frozen objects from what :func:`validate` returns; the fast path of the hooks
+(:mod:`imexctl.hooks.quick`) validates with the same functions before it decides
+that a job is skipped or left nothing behind.
+
+This module imports only ``os`` and ``stat`` at run time: ``dataclasses``,
+``pathlib``, ``configparser``, ``typing`` and ``enum`` each cost a hook 5 to
+20 ms to import (docs/performance.md).  Errors are :class:`SchemaError`;
+``settings`` raises them as ``ConfigError``.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+# typing is not imported at run time (start-up cost); mypy reads this block
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any, Callable
+
+    Parser = Callable[[str], Any]
+
+__all__ = [
+    "AUTH_FILE_KEYS",
+    "AUTH_IMEX_KEYS",
+    "DEFAULT_CONFIG",
+    "GSS_IMEX_KEYS",
+    "IMEX_KEYS",
+    "OWNED_IMEX_KEYS",
+    "SCHEMA",
+    "SchemaError",
+    "as_under_slurmd",
+    "config_candidates",
+    "find_config",
+    "node_paths",
+    "parse_ini_subset",
+    "read_config",
+    "validate",
+]
+
+DEFAULT_CONFIG = "/etc/imexctl/imexctl.conf"
+
+
+class SchemaError(Exception):
+    """An invalid or unreadable config file; the message names file, section and key."""
+
+
+# config.cfg's peer-authentication keys: imexctl writes them from [auth] (imexctl/imex/peerauth.py), which
+# checks them and their files before the daemon starts
+AUTH_IMEX_KEYS = frozenset(
+    {
+        "IMEX_ENABLE_AUTH_ENCRYPTION",
+        "IMEX_AUTH_ENCRYPTION_MODE",
+        "IMEX_AUTH_SOURCE",
+        "IMEX_SERVER_KEY",
+        "IMEX_SERVER_CERT",
+        "IMEX_SERVER_CERT_AUTH",
+        "IMEX_CLIENT_KEY",
+        "IMEX_CLIENT_CERT",
+        "IMEX_CLIENT_CERT_AUTH",
+        "IMEX_SECURITY_TARGET_OVERRIDE",
+    }
+)
+# IMEX config.cfg keys imexctl decides itself; [imex] may not override them.
+OWNED_IMEX_KEYS = frozenset(
+    {
+        *AUTH_IMEX_KEYS,
+        "SERVER_PORT",
+        "IMEX_NODE_CONFIG_FILE",
+        "BIND_INTERFACE_IP",
+        "DAEMONIZE",
+        "LOG_FILE_NAME",
+        "IMEX_CMD_ENABLED",
+        "IMEX_CMD_PORT",
+        "IMEX_CMD_BIND_INTERFACE_IP",
+        "IMEX_CMD_UNIX_DOMAIN_PATH",
+    }
+)
+# The GSSAPI tuning keys, passed through [imex]; only with [auth] mode = GSS_AUTH_ENCRYPT or GSS_AUTH_ONLY
+GSS_IMEX_KEYS = frozenset(
+    {
+        "IMEX_GSS_SERVICE_NAME",
+        "IMEX_GSS_TIMEOUT_SEC",
+        "IMEX_GSS_RETRY_INTERVAL_SEC",
+        "IMEX_GSS_SEC_CONTEXT_LIFETIME_SEC",
+        "IMEX_GSS_SHUTDOWN_ON_FAILURE",
+    }
+)
+# Keys of NVIDIA's config.cfg (design.md source imex-config) a site may set through [imex].
+IMEX_KEYS = frozenset(
+    {
+        "LOG_LEVEL",
+        "STATS_FILE_NAME",
+        "LOG_APPEND_TO_LOG",
+        "LOG_FILE_MAX_SIZE",
+        "LOG_MAX_ROTATE_COUNT",
+        "LOG_USE_SYSLOG",
+        "NETWORK_INTERFACE",
+        "IMEX_WAIT_FOR_QUORUM",
+        *GSS_IMEX_KEYS,
+        "IMEX_NODE_DISCONNECTED_GRACE_TIME",
+    }
+)
+
+
+def _abs_path(v: str) -> str:
+    if not v.startswith("/"):
+        raise ValueError("must be an absolute path")
+    return os.path.normpath(v)
+
+
+def _opt_abs_path(v: str) -> str:
+    return _abs_path(v) if v else ""
+
+
+def _choice(*options: str) -> Parser:
+    def parse(v: str) -> str:
+        if v not in options:
+            raise ValueError(f"must be one of {', '.join(options)}")
+        return v
+
+    return parse
+
+
+def _number(kind: Callable[[str], Any], lo: float, hi: float) -> Parser:
+    def parse(v: str) -> Any:
+        try:
+            n = kind(v)
+        except ValueError:
+            raise ValueError(f"must be a{'n integer' if kind is int else ' number'}") from None
+        if not lo <= n <= hi:
+            # ".15g", not "g": "g" prints the channel_count limit 1048576 as 1.04858e+06
+            raise ValueError(f"must be between {lo:.15g} and {hi:.15g}")
+        return n
+
+    return parse
+
+
+def _mode(v: str) -> int:
+    try:
+        m = int(v, 8)
+    except ValueError:
+        raise ValueError("must be an octal mode such as 0600") from None
+    if m & ~0o666:
+        raise ValueError("must be a subset of 0666 (no execute, setuid or sticky bits)")
+    return m
+
+
+def _port_range(v: str) -> tuple[int, int]:
+    lo_s, sep, hi_s = v.partition("-")
+    try:
+        lo, hi = int(lo_s), int(hi_s if sep else lo_s)
+    except ValueError:
+        raise ValueError("must be LOW-HIGH, e.g. 61000-61999") from None
+    if not 1024 <= lo <= hi <= 65535:
+        raise ValueError("must satisfy 1024 <= LOW <= HIGH <= 65535")
+    return lo, hi
+
+
+def _csv(v: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in v.split(",") if p.strip())
+
+
+def _name(v: str) -> str:
+    # a unit name goes into systemctl's argv: a NUL there would make the command impossible to run
+    if not v or not v.isprintable() or any(c in v for c in "/ \t\n@"):
+        raise ValueError("must be a plain name without '/', '@', blanks or non-printing characters")
+    return v
+
+
+def _service(v: str) -> str:
+    # systemctl show keys its output by the canonical Id ("nvidia-imex.service"); a
+    # short name would never match it and the "stock unit is running" check would pass.
+    if not _name(v).endswith(".service") or v == ".service":
+        raise ValueError("must be a full unit name ending in .service, e.g. nvidia-imex.service")
+    return v
+
+
+def _opt_name(v: str) -> str:
+    return _name(v) if v else ""
+
+
+def _cfg_path(v: str) -> str:
+    # written into config.cfg as KEY=<path>: a blank or '#' there may not mean what it says (not confirmed)
+    if v and (not v.isprintable() or any(c in v for c in " \t#")):
+        raise ValueError("must be a path without blanks, '#' or non-printing characters")
+    return _opt_abs_path(v)
+
+
+def _host_name(v: str) -> str:
+    if v and not all(c.isascii() and (c.isalnum() or c in ".-_:") for c in v):
+        raise ValueError("must be a host name (letters, digits, '.', '-', '_', ':')")
+    return v
+
+
+# section -> key -> (default as written in the file, parser), in file order.  The default goes through
+# the parser too.  settings.SECTIONS has one frozen dataclass per section with these fields
+# (tests/config/test_settings.py).
+SCHEMA: dict[str, dict[str, tuple[str, Parser]]] = {
+    "paths": {
+        "root": ("/", _abs_path),
+        "run_dir": ("/run/imexctl", _abs_path),
+        "channel_dir": ("/dev/nvidia-caps-imex-channels", _abs_path),
+        "proc_devices": ("/proc/devices", _abs_path),
+        "log_file": ("/var/log/imexctl.log", _opt_abs_path),
+        "imex_log_file": ("/var/log/nvidia-imex.log", _abs_path),
+        "hosts_file": ("/etc/imexctl/hosts", _abs_path),
+        # the NVLink-domain source chosen by [topology] source (topology.conf, topology.yaml or a NODE KEY map)
+        "topology_file": ("", _opt_abs_path),
+        # a NODE KEY map (imexctl topology blocks --map) that the prolog checks this tray's NVML key against
+        "topology_map": ("", _opt_abs_path),
+        # the driver's module parameters; ImexChannelCount bounds the channel minor
+        "nvidia_params": ("/proc/driver/nvidia/params", _abs_path),
+    },
+    "commands": {
+        "nvidia_imex": ("/usr/bin/nvidia-imex", _abs_path),
+        "nvidia_imex_ctl": ("/usr/bin/nvidia-imex-ctl", _abs_path),
+        "systemctl": ("/usr/bin/systemctl", _abs_path),
+        # asked only on a failing prolog (was the job cancelled?) and for het jobs (their other components)
+        "scontrol": ("/usr/bin/scontrol", _abs_path),
+    },
+    "daemon": {
+        "backend": ("systemd", _choice("systemd", "exec")),
+        "unit": ("imexctl-imex", _name),
+        "stock_unit": ("nvidia-imex.service", _service),
+        "start_timeout_s": ("30", _number(float, 1, 600)),
+        "stop_timeout_s": ("15", _number(float, 1, 600)),
+        "kill_grace_s": ("5", _number(float, 0.1, 120)),
+        "lock_timeout_s": ("30", _number(float, 0.1, 600)),
+    },
+    "policy": {
+        "jobs": ("all", _choice("all", "partitions", "feature")),
+        "partitions": ("", _csv),
+        "feature": ("imex", _name),
+        "shared": ("skip", _choice("skip", "refuse")),
+        "channels": ("job", _choice("job", "none")),
+        "channel_mode": ("0600", _mode),
+        "channel_count": ("2048", _number(int, 2, 1 << 20)),
+        "fabric": ("nvml", _choice("nvml", "none")),
+        # how long a GPU whose fabric registration is NOT_STARTED/IN_PROGRESS is waited for (docs/nvml.md)
+        "fabric_wait_s": ("20", _number(float, 0, 600)),
+        "fabric_limited": ("warn", _choice("warn", "refuse")),
+        # a job with one tray in this NVLink domain: a one-tray IMEX domain, only the channel, or nothing
+        "single_tray": ("domain", _choice("domain", "channel", "none")),
+        # a job's daemon that ended before the job: the epilog warns (and counts it), or also drains the tray
+        "lost_daemon": ("warn", _choice("warn", "drain")),
+    },
+    "readiness": {
+        "level": ("domain", _choice("local", "domain")),
+        "deadline_s": ("60", _number(float, 0.1, 3600)),
+        "poll_initial_s": ("0.03", _number(float, 0.001, 10)),
+        # the pauses between probes are a tenth of the time waited so far, within these two bounds
+        "poll_max_s": ("1.0", _number(float, 0.001, 60)),
+        "ctl_timeout_s": ("5", _number(float, 0.1, 120)),
+        # how -q reaches the local daemon: "config" (nvidia-imex-ctl -c <job config>) or
+        # "ip" (-i <tray address> <command port>); -N always uses -c
+        "ctl_address": ("config", _choice("config", "ip")),
+        # yes: a tray whose domain is not UP only because a live peer reports itself not
+        # ready exits 0 and leaves the failure (and the drain) to that peer; Slurm may then
+        # start the batch script once before it requeues the job (docs/design.md)
+        "blame_peers": ("no", _choice("yes", "no")),
+    },
+    "slurm": {
+        # keep the readiness deadline below slurm.conf's PrologTimeout/PrologEpilogTimeout
+        "cap_deadline": ("yes", _choice("yes", "no")),
+        "timeout_margin_s": ("10", _number(float, 0, 600)),
+        # a prolog about to fail asks slurmctld whether the job was cancelled meanwhile
+        "check_cancelled": ("yes", _choice("yes", "no")),
+        # Slurm 22.05 sets neither SLURM_JOB_OVERSUBSCRIBE nor SLURM_JOB_EXCLUSIVE: ask slurmctld once
+        "ask_sharing": ("yes", _choice("yes", "no")),
+        "query_timeout_s": ("3", _number(float, 0.1, 60)),
+        # het jobs: one IMEX domain over all components (joint) or one per component
+        "het_jobs": ("joint", _choice("joint", "per_component")),
+    },
+    "ports": {
+        "server_port_range": ("61000-61999", _port_range),
+        # the command service (nvidia-imex-ctl): reached over the network by -N from every tray
+        "cmd_port_range": ("62000-62999", _port_range),
+    },
+    "resolve": {
+        "method": ("dns", _choice("dns", "hosts_file", "slurm_conf")),
+    },
+    "topology": {
+        # auto: topology_conf when [paths] topology_file is set, none otherwise (load() resolves it)
+        "source": ("auto", _choice("auto", "topology_conf", "topology_yaml", "map", "none")),
+        # the topology of topology.yaml to read; empty: the file's only block topology
+        "yaml_topology": ("", _opt_name),
+    },
+    "log": {
+        "level": ("info", _choice("debug", "info", "warning", "error")),
+        # also send every line to syslog (the journal on systemd hosts), ident "imexctl"
+        "syslog": ("no", _choice("yes", "no")),
+    },
+    "metrics": {
+        # empty: no metrics; else a directory (taken under [paths] root) that gets imexctl.prom after each run
+        "textfile_dir": ("", _opt_abs_path),
+    },
+    "auth": {
+        "enabled": ("no", _choice("yes", "no")),
+        # IMEX_AUTH_ENCRYPTION_MODE, spelled as in config.cfg (design.md source imex-auth)
+        "mode": ("SSL_TLS", _choice("SSL_TLS", "GSS_AUTH_ENCRYPT", "GSS_AUTH_ONLY")),
+        # mode = SSL_TLS: the six files (IMEX_AUTH_SOURCE=FILE); the same file may serve server and client
+        "server_key": ("", _cfg_path),
+        "server_cert": ("", _cfg_path),
+        "server_cert_auth": ("", _cfg_path),
+        "client_key": ("", _cfg_path),
+        "client_cert": ("", _cfg_path),
+        "client_cert_auth": ("", _cfg_path),
+        "security_target_override": ("", _host_name),
+    },
+    "containers": {
+        # the enroot hook, for a job with a channel on this tray, when it cannot show the container
+        # exactly that channel: open lets the container start as enroot set it up (and warns), closed
+        # stops it (docs/containers.md#when-the-hook-fails); a job without one is never stopped
+        "on_error": ("open", _choice("open", "closed")),
+    },
+}
+
+#: [auth] keys that name the six files of mode = SSL_TLS, in config.cfg order
+AUTH_FILE_KEYS = ("server_key", "server_cert", "server_cert_auth", "client_key", "client_cert", "client_cert_auth")
+
+
+def find_config(explicit: str | None, env: Mapping[str, str]) -> tuple[str, bool]:
+    """Choose the config file: ``--config``, ``$IMEXCTL_CONFIG``, beside ``$SLURM_CONF``, default.
+
+    Returns:
+        The path and whether it must exist.
+    """
+    if explicit:
+        return explicit, True
+    if env.get("IMEXCTL_CONFIG"):
+        return env["IMEXCTL_CONFIG"], True
+    beside = _beside(env.get("SLURM_CONF", ""))
+    if beside and os.path.isfile(beside):
+        return beside, True
+    return DEFAULT_CONFIG, False
+
+
+def _beside(slurm_conf: str) -> str:
+    """``imexctl.conf`` in the directory of ``slurm_conf`` ('' without one)."""
+    if not slurm_conf:
+        return ""
+    parent = _parent(slurm_conf)
+    return "imexctl.conf" if parent == "." else os.path.join(parent, "imexctl.conf")
+
+
+#: the slurm.conf slurmd uses when it was started without ``-f``, in the order it looks: the copy a
+#: configless slurmd keeps (and names in SLURM_CONF for its hooks), then the compiled-in default
+SLURMD_CONFS = ("/run/slurm/conf/slurm.conf", "/etc/slurm/slurm.conf")
+
+
+def as_under_slurmd(env: Mapping[str, str]) -> Mapping[str, str]:
+    """``env`` with the ``SLURM_CONF`` that slurmd gives the hooks, when it has none (an admin's shell).
+
+    So ``status``, ``doctor`` and ``cleanup`` read the config file the hooks
+    read (:func:`find_config`): beside slurm.conf when one is there.  A slurmd
+    started with ``-f FILE`` elsewhere is not guessed: set ``SLURM_CONF``.
+    """
+    if env.get("SLURM_CONF"):
+        return env
+    found = next((path for path in SLURMD_CONFS if os.path.isfile(path)), "")
+    return {**env, "SLURM_CONF": found} if found else env
+
+
+def config_candidates(env: Mapping[str, str]) -> tuple[str, ...]:
+    """Every config file that :func:`find_config` could choose by ``env``, in its order (for doctor)."""
+    found = (env.get("IMEXCTL_CONFIG", ""), _beside(env.get("SLURM_CONF", "")), DEFAULT_CONFIG)
+    return tuple(dict.fromkeys(path for path in found if path))
+
+
+def _parent(path: str) -> str:
+    """``str(pathlib.PurePosixPath(path).parent)`` without importing pathlib."""
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    head = "/" if path.startswith("/") else ""
+    return head + "/".join(parts[:-1]) or "."
+
+
+def read_config(path: str, *, required: bool, euid: int) -> str | None:
+    """The config file's text; None when it is missing and not ``required``.
+
+    Raises:
+        SchemaError: not a regular file, writable by others than root (or in a
+            directory that is), unreadable, or not UTF-8.
+    """
+    try:
+        # O_NONBLOCK: a FIFO would block the open until a writer appears; checked before reading,
+        # so a FIFO or /dev/zero is refused instead of read forever
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK), "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise SchemaError(f"{path}: not a regular file")
+            if st.st_uid not in (0, euid) or st.st_mode & 0o022:
+                raise SchemaError(
+                    f"{path}: config file must be owned by root and not writable by group or others "
+                    f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})"
+                )
+            data = f.read()
+        _check_config_dirs(path, euid)
+    except FileNotFoundError:
+        if required:
+            raise SchemaError(f"{path}: config file not found") from None
+        return None
+    except OSError as exc:
+        raise SchemaError(f"{path}: cannot read config file: {exc.strerror}") from exc
+    try:
+        return data.decode()
+    except UnicodeDecodeError as exc:
+        raise SchemaError(f"{path}: not UTF-8 text") from exc
+
+
+def _check_config_dirs(path: str, euid: int) -> None:
+    """Refuse a config file in a directory that anyone but root may write: they could replace the file.
+
+    Both the directory the path names and, for a symlinked file, the directory of
+    the file it leads to; symlinks are followed and the real directory is judged and named.
+    """
+    for d in dict.fromkeys((os.path.realpath(_parent(path)), os.path.dirname(os.path.realpath(path)))):
+        st = os.stat(d)
+        if st.st_uid not in (0, euid) or st.st_mode & 0o022:
+            raise SchemaError(
+                f"{path}: config directory {d} must be owned by root and not writable by group or others "
+                f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})"
+            )
+
+
+def parse_ini_subset(text: str) -> dict[str, dict[str, str]] | None:
+    """The sections and keys of a plainly written config file; None for anything else.
+
+    Plain: every line is blank, a ``#`` or ``;`` comment, a ``[section]``
+    header or ``key = value``, none indented, no section or key twice, no
+    ``:`` in a key and no carriage return.  For such a file the answer is
+    exactly what ``configparser`` (as :mod:`imexctl.config.settings` sets it up)
+    reads (tests/test_schema.py compares the two); everything else (values
+    continued on indented lines, ``key: value``, a broken file) is None, and
+    the caller lets ``configparser`` read it and name what is wrong.
+    """
+    if "\r" in text:
+        return None
+    out: dict[str, dict[str, str]] = {}
+    section: dict[str, str] | None = None
+    for line in text.split("\n"):
+        stripped = line.strip()
+        if not stripped or stripped[0] in "#;":
+            continue
+        if line[0].isspace():
+            return None
+        if stripped[0] == "[":
+            name = stripped[1:-1]
+            if stripped[-1] != "]" or not name or name != name.strip() or "[" in name or "]" in name or name in out:
+                return None
+            if not name.isprintable():
+                return None
+            section = out[name] = {}
+            continue
+        key, sep, value = stripped.partition("=")
+        key = key.rstrip()
+        if section is None or not sep or not key or ":" in key or key in section:
+            return None
+        section[key] = value.strip()
+    return out
+
+
+def validate(path: str | None, raw: dict[str, dict[str, str]]) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """Every key of every section parsed (defaults for those not given), and the ``[imex]`` keys.
+
+    ``raw`` is emptied as it is read.  ``[topology] source = auto`` comes back resolved.
+
+    Raises:
+        SchemaError: an unknown section or key, a bad value, or keys that do not fit together.
+    """
+    sections: dict[str, dict[str, Any]] = {}
+    for name, keys in SCHEMA.items():
+        given = raw.pop(name, {})
+        sections[name] = {
+            key: _parse_value(path, name, key, given.pop(key, default), parse) for key, (default, parse) in keys.items()
+        }
+        if given:
+            _fail(path, name, min(given), "unknown key")
+    imex = _imex_section(path, raw.pop("imex", {}))
+    if raw:
+        _fail(path, min(raw), None, f"unknown section (known: {', '.join([*SCHEMA, 'imex'])})")
+    _cross_check(path, sections)
+    _auth_check(path, sections["auth"], imex)
+    sections["topology"]["source"] = _topology_source(path, sections["topology"], sections["paths"])
+    return sections, imex
+
+
+def node_paths(paths: Mapping[str, str], node: str) -> dict[str, str]:
+    """``[paths]`` for this node: ``%n`` in ``root`` replaced by the node name, every other path under root.
+
+    An optional path that is not set stays empty.
+    """
+    root = paths["root"].replace("%n", node)
+    return {key: root if key == "root" else os.path.join(root, v.lstrip("/")) if v else "" for key, v in paths.items()}
+
+
+def _parse_value(path: str | None, section: str, key: str, text: str, parse: Parser) -> Any:
+    try:
+        return parse(text.strip())
+    except ValueError as exc:
+        _fail(path, section, key, f"{text.strip()!r} {exc}")
+
+
+def _imex_section(path: str | None, given: dict[str, str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in given.items():
+        if key in AUTH_IMEX_KEYS:
+            _fail(path, "imex", key, "is set by imexctl from [auth], which checks the files first")
+        if key in OWNED_IMEX_KEYS:
+            _fail(path, "imex", key, "is set by imexctl for every job and cannot be overridden")
+        if key not in IMEX_KEYS:
+            _fail(path, "imex", key, "unknown IMEX config.cfg key (see docs/configuration.md)")
+        if "\n" in value.strip() or "#" in value:
+            _fail(path, "imex", key, "value must be one line without '#'")
+        out[key] = value.strip()
+    return out
+
+
+def _cross_check(path: str | None, sections: Mapping[str, Mapping[str, Any]]) -> None:
+    policy, readiness, ports = sections["policy"], sections["readiness"], sections["ports"]
+    if policy["jobs"] == "partitions" and not policy["partitions"]:
+        _fail(path, "policy", "partitions", "must list partitions when jobs = partitions")
+    if readiness["poll_initial_s"] > readiness["poll_max_s"]:
+        _fail(path, "readiness", "poll_initial_s", "must not exceed poll_max_s")
+    (s_lo, s_hi), (c_lo, c_hi) = ports["server_port_range"], ports["cmd_port_range"]
+    if s_lo <= c_hi and c_lo <= s_hi:
+        _fail(path, "ports", "cmd_port_range", "must not overlap server_port_range (a job needs both ports)")
+
+
+def _auth_check(path: str | None, auth: Mapping[str, str], imex: Mapping[str, str]) -> None:
+    """The [auth] keys and [imex]'s GSSAPI keys must fit ``enabled`` and ``mode`` (docs/configuration.md#auth)."""
+    tls_keys = [*AUTH_FILE_KEYS, "security_target_override"]
+    gss = [k for k in sorted(imex) if k in GSS_IMEX_KEYS]
+    if auth["enabled"] == "no":
+        for key in tls_keys:
+            if auth[key]:
+                _fail(path, "auth", key, "is set but [auth] enabled = no: set enabled = yes, or remove the key")
+        if gss:
+            _fail(path, "imex", gss[0], "is a GSSAPI setting but [auth] enabled = no")
+        return
+    if auth["mode"] == "SSL_TLS":
+        for key in AUTH_FILE_KEYS:
+            if not auth[key]:
+                _fail(path, "auth", key, "is required with mode = SSL_TLS (the daemons authenticate both ways)")
+        if gss:
+            _fail(path, "imex", gss[0], "is a GSSAPI setting, but [auth] mode = SSL_TLS")
+        return
+    for key in tls_keys:
+        if auth[key]:
+            _fail(path, "auth", key, f"is a TLS setting, but mode = {auth['mode']} (GSSAPI uses the Kerberos keytab)")
+
+
+def _topology_source(path: str | None, topo: Mapping[str, str], paths: Mapping[str, str]) -> str:
+    """Check the topology keys against ``[paths]``; the source, with ``auto`` resolved."""
+    source = topo["source"]
+    if source == "auto":
+        source = "topology_conf" if paths["topology_file"] else "none"
+    if source != "none" and not paths["topology_file"]:
+        _fail(path, "topology", "source", f"{source} needs [paths] topology_file")
+    if source == "none" and paths["topology_file"]:
+        _fail(path, "paths", "topology_file", "is set but [topology] source = none would ignore it")
+    if paths["topology_map"] and source not in ("topology_conf", "topology_yaml"):
+        _fail(path, "paths", "topology_map", f"checks a topology_conf or topology_yaml source, not {source}")
+    if topo["yaml_topology"] and source != "topology_yaml":
+        _fail(path, "topology", "yaml_topology", "needs source = topology_yaml")
+    return source
+
+
+def _fail(path: str | None, section: str, key: str | None, reason: str) -> Any:
+    where = f"{path or '<defaults>'}: [{section}]" + (f" {key}" if key else "")
+    raise SchemaError(f"{where}: {reason}")

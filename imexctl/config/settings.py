@@ -1,0 +1,381 @@
+"""imexctl configuration: an INI file validated against one schema.
+
+Every key has a built-in default; a missing default config file means "all
+defaults".  Unknown sections or keys, wrong types and a file that anyone but
+root may write are errors that name file, section and key.  Reference:
+docs/configuration.md (kept in sync with ``SCHEMA`` by tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from imexctl.config import schema
+from imexctl.config.schema import AUTH_FILE_KEYS, AUTH_IMEX_KEYS, GSS_IMEX_KEYS, IMEX_KEYS, OWNED_IMEX_KEYS
+from imexctl.platform.errors import ConfigError
+
+__all__ = [
+    "AUTH_FILE_KEYS",
+    "AUTH_IMEX_KEYS",
+    "DEFAULT_CONFIG",
+    "GSS_IMEX_KEYS",
+    "IMEX_KEYS",
+    "OWNED_IMEX_KEYS",
+    "SCHEMA",
+    "SECTIONS",
+    "Auth",
+    "Commands",
+    "Containers",
+    "Daemon",
+    "JobDir",
+    "Log",
+    "Metrics",
+    "Paths",
+    "PathsSection",
+    "Policy",
+    "Ports",
+    "Readiness",
+    "Resolve",
+    "Settings",
+    "Topology",
+    "find_config",
+    "load",
+]
+
+DEFAULT_CONFIG = Path(schema.DEFAULT_CONFIG)
+
+
+# One frozen dataclass per section: the fields are schema.SCHEMA's keys, in its order, typed as
+# parsed (tests/config/test_settings.py keeps the two equal).  SCHEMA, with the keys' defaults, parsers and
+# comments, is the one source of docs/configuration.md's key tables (tests/test_docs.py).
+
+
+@dataclasses.dataclass(frozen=True)
+class PathsSection:
+    """``[paths]`` as written: absolute paths, resolved under ``root`` into :class:`Paths`."""
+
+    root: str
+    run_dir: str
+    channel_dir: str
+    proc_devices: str
+    log_file: str
+    imex_log_file: str
+    hosts_file: str
+    topology_file: str
+    topology_map: str
+    nvidia_params: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Commands:
+    """``[commands]``: absolute paths of the programs imexctl runs."""
+
+    nvidia_imex: str
+    nvidia_imex_ctl: str
+    systemctl: str
+    scontrol: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Daemon:
+    """``[daemon]``: how the job's daemon is started and stopped."""
+
+    backend: str
+    unit: str
+    stock_unit: str
+    start_timeout_s: float
+    stop_timeout_s: float
+    kill_grace_s: float
+    lock_timeout_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """``[policy]``: which jobs get a domain, channels, the NVML fabric check."""
+
+    jobs: str
+    partitions: tuple[str, ...]
+    feature: str
+    shared: str
+    channels: str
+    channel_mode: int
+    channel_count: int
+    fabric: str
+    fabric_wait_s: float
+    fabric_limited: str
+    single_tray: str
+    lost_daemon: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Readiness:
+    """``[readiness]``: what "ready" means and how long to wait for it."""
+
+    level: str
+    deadline_s: float
+    poll_initial_s: float
+    poll_max_s: float
+    ctl_timeout_s: float
+    ctl_address: str
+    blame_peers: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Slurm:
+    """``[slurm]``: what imexctl takes from slurm.conf and asks slurmctld."""
+
+    cap_deadline: str
+    timeout_margin_s: float
+    check_cancelled: str
+    ask_sharing: str
+    query_timeout_s: float
+    het_jobs: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Ports:
+    """``[ports]``: the per-job port ranges."""
+
+    server_port_range: tuple[int, int]
+    cmd_port_range: tuple[int, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolve:
+    """``[resolve]``: how tray names become addresses."""
+
+    method: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """``[topology]``: where the NVLink domains (Slurm blocks) come from (docs/topology.md)."""
+
+    source: str
+    yaml_topology: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Log:
+    """``[log]``: imexctl's own log."""
+
+    level: str
+    syslog: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Metrics:
+    """``[metrics]``: the Prometheus text file for node_exporter's textfile collector (docs/metrics.md)."""
+
+    textfile_dir: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Auth:
+    """``[auth]``: IMEX peer authentication and encryption (docs/security.md#imex-peer-authentication).
+
+    Written into each job's config.cfg as ``IMEX_ENABLE_AUTH_ENCRYPTION`` and the keys
+    that go with it; the files are taken under ``[paths] root`` and checked before the
+    daemon starts (imexctl/imex/peerauth.py).
+    """
+
+    enabled: str
+    mode: str
+    server_key: str
+    server_cert: str
+    server_cert_auth: str
+    client_key: str
+    client_cert: str
+    client_cert_auth: str
+    security_target_override: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Containers:
+    """``[containers]``: what the enroot hook does when it fails for a job with a channel (docs/containers.md)."""
+
+    on_error: str
+
+
+SECTIONS: Mapping[str, type] = {
+    "paths": PathsSection,
+    "commands": Commands,
+    "daemon": Daemon,
+    "policy": Policy,
+    "readiness": Readiness,
+    "slurm": Slurm,
+    "ports": Ports,
+    "resolve": Resolve,
+    "topology": Topology,
+    "log": Log,
+    "metrics": Metrics,
+    "auth": Auth,
+    "containers": Containers,
+}
+
+SCHEMA = schema.SCHEMA
+
+JOB_FILES = ("config.cfg", "nodes_config.cfg", "state.json", "daemon.pid")
+
+
+@dataclasses.dataclass(frozen=True)
+class JobDir:
+    """One job's directory on a node, ``<run_dir>/jobs/<job id>/``, and every file in it."""
+
+    job_id: int
+    path: Path
+
+    @property
+    def config(self) -> Path:
+        """The daemon's complete ``config.cfg``."""
+        return self.path / "config.cfg"
+
+    @property
+    def nodes(self) -> Path:
+        """The nodes file, one address per line."""
+        return self.path / "nodes_config.cfg"
+
+    @property
+    def state(self) -> Path:
+        """What the prolog set up (``state.json``)."""
+        return self.path / "state.json"
+
+    @property
+    def pid_file(self) -> Path:
+        """The exec backend's record of the daemon (``daemon.pid``)."""
+        return self.path / "daemon.pid"
+
+    def exists(self) -> bool:
+        """Whether the directory (or anything at its path) exists."""
+        return os.path.lexists(self.path)
+
+
+@dataclasses.dataclass(frozen=True)
+class Paths:
+    """Every path imexctl reads or writes on a node, already under ``root``."""
+
+    root: Path
+    run_dir: Path
+    channel_dir: Path
+    proc_devices: Path
+    log_file: Path | None
+    imex_log_file: Path
+    hosts_file: Path
+    topology_file: Path | None
+    topology_map: Path | None
+    nvidia_params: Path
+
+    @property
+    def jobs_dir(self) -> Path:
+        """Directory holding one subdirectory per job that owns (or owned) the domain."""
+        return self.run_dir / "jobs"
+
+    @property
+    def lock_file(self) -> Path:
+        """The per-node lock serialising prologs, epilogs and cleanup."""
+        return self.run_dir / "lock"
+
+    def job(self, job_id: int) -> JobDir:
+        """The job's directory and files."""
+        return JobDir(job_id, self.jobs_dir / str(job_id))
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The validated configuration: one typed, frozen object per section."""
+
+    source: Path | None
+    paths: Paths
+    commands: Commands
+    daemon: Daemon
+    policy: Policy
+    readiness: Readiness
+    slurm: Slurm
+    ports: Ports
+    resolve: Resolve
+    topology: Topology
+    log: Log
+    metrics: Metrics
+    auth: Auth
+    containers: Containers
+    imex: Mapping[str, str]
+
+    def replace(self, **changes: Any) -> Settings:
+        """Return a copy with ``section__key=value`` overrides (values already parsed)."""
+        sections: dict[str, Any] = {}
+        for name, value in changes.items():
+            section, _, key = name.partition("__")
+            if section == "paths" or section not in SECTIONS or key not in SCHEMA[section]:
+                raise KeyError(name)
+            sections[section] = dataclasses.replace(sections.get(section, getattr(self, section)), **{key: value})
+        return dataclasses.replace(self, **sections)
+
+
+def find_config(explicit: str | None, env: Mapping[str, str]) -> tuple[Path | None, bool]:
+    """Choose the config file: ``--config``, ``$IMEXCTL_CONFIG``, beside ``$SLURM_CONF``, default.
+
+    Returns:
+        The path (or None) and whether it must exist (:func:`imexctl.config.schema.find_config`).
+    """
+    path, required = schema.find_config(explicit, env)
+    return Path(path), required
+
+
+def load(path: Path | None, *, node: str, required: bool = True, euid: int | None = None) -> Settings:
+    """Read and validate the configuration for this node.
+
+    Args:
+        path: the INI file, or None for built-in defaults.
+        node: the Slurm node name, substituted for ``%n`` in ``[paths] root``.
+        required: whether a missing file is an error (False for the default path).
+        euid: the effective uid (default: this process's); the file must be owned by root or by it.
+
+    Raises:
+        ConfigError: naming file, section and key.
+    """
+    raw: dict[str, dict[str, str]] = {}
+    source: Path | None = None
+    try:
+        if path is not None:
+            text = schema.read_config(str(path), required=required, euid=os.geteuid() if euid is None else euid)
+            if text is not None:
+                raw, source = _parse_ini(path, text), path
+        values, imex = schema.validate(None if path is None else str(path), raw)
+    except schema.SchemaError as exc:
+        raise ConfigError(str(exc)) from exc.__cause__
+    sections = {name: SECTIONS[name](**keys) for name, keys in values.items() if name != "paths"}
+    p = schema.node_paths(values["paths"], node)
+
+    def opt(key: str) -> Path | None:
+        return Path(p[key]) if p[key] else None
+
+    paths = Paths(
+        root=Path(p["root"]),
+        run_dir=Path(p["run_dir"]),
+        channel_dir=Path(p["channel_dir"]),
+        proc_devices=Path(p["proc_devices"]),
+        log_file=opt("log_file"),
+        imex_log_file=Path(p["imex_log_file"]),
+        hosts_file=Path(p["hosts_file"]),
+        topology_file=opt("topology_file"),
+        topology_map=opt("topology_map"),
+        nvidia_params=Path(p["nvidia_params"]),
+    )
+    return Settings(source=source, paths=paths, imex=imex, **sections)
+
+
+def _parse_ini(path: Path, text: str) -> dict[str, dict[str, str]]:
+    import configparser
+
+    parser = configparser.ConfigParser(interpolation=None, strict=True, default_section="\0none")
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    try:
+        parser.read_string(text, source=str(path))
+    except configparser.Error as exc:
+        # the line number and text are on the message's later lines: keep them, on one line
+        raise ConfigError(f"{path}: {' '.join(part.strip() for part in exc.message.splitlines())}") from exc
+    return {s: dict(parser.items(s)) for s in parser.sections()}

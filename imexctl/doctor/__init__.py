@@ -1,0 +1,1 @@
+"""imexctl doctor: the check framework, then one module per group of checks."""

@@ -1,0 +1,297 @@
+"""``imexctl doctor``'s checks of the tray: IMEX binaries, units, driver and channels; ports; NVML.
+
+systemd is asked through the ``Host`` seam (``[commands] systemctl``, with a
+timeout), never by a shell.  Kernel facts come from files under ``[paths]
+root``: ``/proc/devices``, ``/proc/driver/nvidia/params`` and ``version``,
+``/proc/sys/net/ipv4/ip_local_port_range``, ``ip_local_reserved_ports`` and
+``/proc/net/tcp``/``tcp6``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Final
+
+from imexctl.channels import devices
+from imexctl.doctor.checks import FAIL, OK, WARN, Check, Context, under_root
+from imexctl.hooks.state import job_ids, read_state
+from imexctl.imex import daemon
+from imexctl.platform.errors import CommandError, DeviceError
+from imexctl.platform.fsutil import read_text_nofollow
+
+__all__ = ["imex_checks", "nvml_checks", "parse_listening", "parse_port_set", "port_checks"]
+
+#: ``nvidia-imex --version`` prints ``IMEX version is: 580.105.08`` (design.md source imex-version)
+_IMEX_VERSION: Final = re.compile(r"IMEX version is:\s*(\S+)")
+#: the driver's version in ``/proc/driver/nvidia/version`` ("NVRM version: ... Kernel Module  570.124.06  ...")
+_DRIVER_VERSION: Final = re.compile(r"NVRM version:.*?\s(\d+\.\d+(?:\.\d+)*)\s")
+_FIREWALL: Final = "both [ports] ranges must be open (TCP) between the trays of a rack, and only there"
+_SYSTEMCTL_TIMEOUT_S: Final = 10.0
+
+
+# ---------------------------------------------------------------- IMEX
+
+
+def imex_checks(ctx: Context) -> list[Check]:
+    """The binaries, their version against the driver, the systemd units, the channel device."""
+    out = [_binaries(ctx), _version(ctx), *_units(ctx)]
+    if ctx.rt.settings.policy.channels == "job":
+        out += [_channel_device(ctx), _channel_count(ctx)]
+    return out
+
+
+def _binaries(ctx: Context) -> Check:
+    c = ctx.rt.settings.commands
+    missing = [path for path in (c.nvidia_imex, c.nvidia_imex_ctl) if not _executable(path)]
+    if missing:
+        fix = "install NVIDIA's nvidia-imex package of the driver's version, or set [commands] to where it is"
+        return Check("imex.binaries", FAIL, f"missing or not executable: {', '.join(missing)}", fix)
+    return Check("imex.binaries", OK, f"{c.nvidia_imex} and {c.nvidia_imex_ctl} are executable")
+
+
+def _executable(path: str) -> bool:
+    return os.path.isfile(path) and os.access(path, os.X_OK)
+
+
+def _version(ctx: Context) -> Check:
+    """``nvidia-imex --version`` must equal the loaded driver's version (the daemon aborts otherwise)."""
+    imex = ctx.rt.settings.commands.nvidia_imex
+    driver = _driver_version(ctx.rt.settings.paths.nvidia_params.parent / "version")
+    if not _executable(imex):
+        return Check("imex.version", WARN, f"not checked: {imex} is missing", "see imex.binaries")
+    try:
+        done = ctx.rt.host.run((imex, "--version"), timeout_s=_SYSTEMCTL_TIMEOUT_S)
+        found = _IMEX_VERSION.search(done.stdout + done.stderr)
+    except CommandError as exc:
+        return Check("imex.version", WARN, f"{imex} --version: {exc}", "run it by hand to see why")
+    if found is None:
+        return Check("imex.version", WARN, f"{imex} --version printed no 'IMEX version is:' line", "")
+    if driver is None:
+        why = f"nvidia-imex {found.group(1)}; the driver's version is unknown (no NVIDIA driver loaded?)"
+        return Check("imex.version", WARN, why, "load the NVIDIA driver (nvidia-smi shows its version)")
+    if found.group(1) != driver:
+        why = f"nvidia-imex {found.group(1)} but the driver is {driver}: the daemon refuses to start"
+        return Check("imex.version", FAIL, why, f"install nvidia-imex {driver} (the same version as the driver)")
+    return Check("imex.version", OK, f"nvidia-imex {driver} matches the driver")
+
+
+def _driver_version(path: Path) -> str | None:
+    try:
+        found = _DRIVER_VERSION.search(read_text_nofollow(path))
+    except OSError:
+        return None
+    return found.group(1) if found else None
+
+
+def _units(ctx: Context) -> list[Check]:
+    """The stock nvidia-imex.service off (any backend); with the systemd backend, our template unit right."""
+    s = ctx.rt.settings
+    stock, unit = s.daemon.stock_unit, f"{s.daemon.unit}@1.service"
+    argv = (s.commands.systemctl, "show", "--property=Id,LoadState,UnitFileState,ActiveState,ExecStart", "--")
+    try:
+        done = ctx.rt.host.run((*argv, stock, unit), timeout_s=_SYSTEMCTL_TIMEOUT_S)
+        problem = "" if done.returncode == 0 else f"exit {done.returncode}: {done.stderr.strip()}"
+    except CommandError as exc:
+        problem = str(exc)
+    if problem:
+        fix = "run doctor where systemd runs; without systemd use [daemon] backend = exec"
+        return [Check("imex.stock_unit", WARN, f"cannot ask systemd: {problem}", fix)]
+    shown = daemon.parse_systemctl_show(done.stdout)
+    systemd = s.daemon.backend == "systemd"
+    return [_stock(stock, shown.get(stock, {}), systemd=systemd), _template(ctx, unit, shown.get(unit, {}))]
+
+
+def _stock(stock: str, props: dict[str, str], *, systemd: bool) -> Check:
+    """The stock unit: never running nor enabled; with the systemd backend, masked.
+
+    The job units say ``Conflicts=<stock>``: whatever starts the stock unit (a
+    package script, site automation, an admin) stops every job's daemon on
+    the tray.  Only a masked unit cannot be started (issue 22).
+    """
+    active, enabled = props.get("ActiveState", "?"), props.get("UnitFileState", "")
+    fix = f"systemctl disable --now {stock} && systemctl mask {stock}"
+    if props.get("LoadState") == "not-found":
+        return Check("imex.stock_unit", OK, f"{stock} is not installed")
+    if active in ("active", "activating", "reloading"):
+        why = "it runs one domain-wide daemon, and every prolog refuses to start a job's daemon beside it"
+        return Check("imex.stock_unit", FAIL, f"{stock} is {active}: {why}", fix)
+    if enabled.startswith("enabled") or enabled in ("linked", "alias"):
+        return Check("imex.stock_unit", FAIL, f"{stock} is {enabled}: it starts at the next boot", fix)
+    masked = props.get("LoadState") == "masked" or enabled.startswith("masked")
+    if systemd and not masked:
+        why = f"starting it (a package script, site automation) stops every job's daemon here (Conflicts={stock})"
+        return Check("imex.stock_unit", FAIL, f"{stock} is {enabled or 'installed'} but not masked: {why}", fix)
+    return Check("imex.stock_unit", OK, f"{stock} is {enabled or props.get('LoadState', '?')} and {active}")
+
+
+def _template(ctx: Context, unit: str, props: dict[str, str]) -> Check:
+    s = ctx.rt.settings
+    if s.daemon.backend != "systemd":
+        return Check("imex.unit", OK, "not used: [daemon] backend = exec")
+    want = f"{s.commands.nvidia_imex} -c {s.paths.job(1).config} "
+    if props.get("LoadState") != "loaded":
+        fix = f"install systemd/{s.daemon.unit}@.service into /etc/systemd/system and systemctl daemon-reload"
+        return Check("imex.unit", FAIL, f"{unit}: {props.get('LoadState', 'not loaded')}", fix)
+    if f"argv[]={want}" not in props.get("ExecStart", "") + " ":
+        fix = "make ExecStart match [paths] run_dir and [commands] nvidia_imex (a drop-in; docs/install.md)"
+        return Check("imex.unit", FAIL, f"{unit} does not run '{want.strip()}'", fix)
+    return Check("imex.unit", OK, f"{unit} runs '{want.strip()}'")
+
+
+def _channel_device(ctx: Context) -> Check:
+    path = ctx.rt.settings.paths.proc_devices
+    try:
+        major = devices.read_major(path)
+    except DeviceError as exc:
+        fix = "load the NVIDIA driver with NVreg_ImexChannelCount > 0, or set [policy] channels = none"
+        return Check("imex.channel_device", FAIL, str(exc), fix)
+    return Check("imex.channel_device", OK, f"{devices.DEVICE_NAME} has major {major} in {path}")
+
+
+def _channel_count(ctx: Context) -> Check:
+    s = ctx.rt.settings
+    try:
+        count = devices.driver_channel_count(s.paths.nvidia_params)
+    except DeviceError as exc:
+        return Check("imex.channel_count", FAIL, str(exc), "check the NVIDIA driver")
+    wanted = s.policy.channel_count
+    if count is None:
+        why = f"{s.paths.nvidia_params} gives no ImexChannelCount; channel minors up to {wanted - 1} are not checked"
+        return Check("imex.channel_count", WARN, why, "load the NVIDIA driver")
+    if count < wanted:
+        why = (
+            f"NVreg_ImexChannelCount={count} but [policy] channel_count = {wanted}: jobs whose minor is >= {count} fail"
+        )
+        return Check("imex.channel_count", FAIL, why, f"set [policy] channel_count = {count}")
+    return Check("imex.channel_count", OK, f"NVreg_ImexChannelCount={count} covers [policy] channel_count = {wanted}")
+
+
+# ---------------------------------------------------------------- ports
+
+
+def port_checks(ctx: Context) -> list[Check]:
+    """The port ranges against the kernel's ephemeral range, and listeners in them now."""
+    return [_ephemeral(ctx), _listening(ctx)]
+
+
+def parse_port_set(text: str) -> list[tuple[int, int]]:
+    """``ip_local_reserved_ports``: ``8080,61000-61999`` (empty: none) as ``(low, high)`` pairs."""
+    out = []
+    for part in text.strip().split(","):
+        if part.strip():
+            lo, _, hi = part.strip().partition("-")
+            out.append((int(lo), int(hi or lo)))
+    return out
+
+
+def _ephemeral(ctx: Context) -> Check:
+    base = under_root(ctx, "/proc/sys/net/ipv4")
+    try:
+        lo, hi = (int(v) for v in read_text_nofollow(base / "ip_local_port_range").split())
+        reserved = parse_port_set(_read_or_empty(base / "ip_local_reserved_ports"))
+    except (OSError, ValueError) as exc:
+        return Check("ports.ephemeral", WARN, f"cannot read the kernel's port ranges: {exc}", _FIREWALL)
+    p = ctx.rt.settings.ports
+    clashes = []
+    for key, (a, b) in (("server_port_range", p.server_port_range), ("cmd_port_range", p.cmd_port_range)):
+        free = [n for n in range(max(a, lo), min(b, hi) + 1) if not any(r0 <= n <= r1 for r0, r1 in reserved)]
+        if free:
+            clashes.append(
+                f"[ports] {key} {a}-{b} overlaps the ephemeral range {lo}-{hi} ({len(free)} ports unreserved)"
+            )
+    if clashes:
+        fix = f"move the ranges out of {lo}-{hi} or add them to net.ipv4.ip_local_reserved_ports; {_FIREWALL}"
+        return Check(
+            "ports.ephemeral", FAIL, "; ".join(clashes) + ": an outgoing connection can take a job's port", fix
+        )
+    return Check("ports.ephemeral", OK, f"no [ports] range meets the ephemeral range {lo}-{hi}; {_FIREWALL}")
+
+
+def _read_or_empty(path: Path) -> str:
+    try:
+        return read_text_nofollow(path)
+    except FileNotFoundError:
+        return ""
+
+
+def parse_listening(text: str) -> set[int]:
+    """Local ports in state LISTEN (``0A``) of a ``/proc/net/tcp`` or ``tcp6`` table."""
+    ports = set()
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) > 3 and fields[3] == "0A":
+            ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def _listening(ctx: Context) -> Check:
+    listening: set[int] = set()
+    for name in ("tcp", "tcp6"):
+        try:
+            listening |= parse_listening(read_text_nofollow(under_root(ctx, f"/proc/net/{name}")))
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            return Check("ports.listening", WARN, f"cannot read /proc/net/{name}: {exc}", "run doctor as root")
+    paths, p = ctx.rt.settings.paths, ctx.rt.settings.ports
+    ours = {
+        port for j in job_ids(paths.jobs_dir) if (st := read_state(paths.job(j))) for port in (st.port, st.cmd_port)
+    }
+    found = sorted(
+        port for port in listening - ours if any(a <= port <= b for a, b in (p.server_port_range, p.cmd_port_range))
+    )
+    if found:
+        shown = ", ".join(str(n) for n in found[:10])
+        why = f"ports in the [ports] ranges have a listener that is no job's daemon: {shown}; jobs mapped there fail"
+        return Check("ports.listening", FAIL, why, "find it with 'ss -ltnp' and stop it, or move the [ports] ranges")
+    return Check("ports.listening", OK, "nothing but the jobs' own daemons listens in the [ports] ranges")
+
+
+# ---------------------------------------------------------------- NVML
+
+
+def nvml_checks(ctx: Context) -> list[Check]:
+    """The tray's NVLink fabric: its key, or why it has none; per GPU its state and health."""
+    s = ctx.rt.settings
+    if s.policy.fabric != "nvml":
+        return [Check("nvml.fabric", OK, "not checked: [policy] fabric = none")]
+    tray = read_fabric(ctx.rt.gpu, ctx.node)
+    out = [_fabric(tray)]
+    out += [_gpu(g, s.policy.fabric_limited) for g in tray.gpus if g["status"] is not None]
+    return out
+
+
+def read_fabric(gpu: Any, node: str) -> Any:
+    """The tray's fabric as ``imexctl topology`` reports it: the one place doctor reads NVML."""
+    from imexctl.gpu.topology import read_tray
+
+    return read_tray(gpu, node)
+
+
+def _fabric(tray: Any) -> Check:
+    if tray.error:
+        fix = "check the driver and the NVLink fabric (nvidia-smi -q); on trays without one, set [policy] fabric = none"
+        return Check("nvml.fabric", FAIL, f"NVML: {tray.error}; every prolog here fails (exit 69)", fix)
+    if not tray.key:
+        fix = "install imexctl's hooks only on NVLink trays (docs/install.md)"
+        return Check("nvml.fabric", WARN, f"no multi-node NVLink fabric ({tray.reason}): every job is skipped", fix)
+    return Check("nvml.fabric", OK, f"NVLink domain {tray.key}, fabric health {tray.health}")
+
+
+def _gpu(g: dict[str, Any], limited: str) -> Check:
+    name = f"nvml.gpu{g['gpu']}"
+    what = f"state {g['state']}, {str(g['status']).split(' (')[0]}, health {g['health'] or '-'}"
+    if g["state"] in ("NOT_STARTED", "IN_PROGRESS"):
+        return Check(name, WARN, f"{what}: registration pending", "wait, then check nvidia-fabricmanager/NVLink")
+    if (
+        g["state"] != "COMPLETED"
+        or not str(g["status"]).startswith("NVML_SUCCESS")
+        or g["health_summary"] == "UNHEALTHY"
+    ):
+        return Check(name, FAIL, what, "check the GPU's NVLink fabric (nvidia-smi -q -d FABRIC)")
+    if g["health_summary"] == "LIMITED_CAPACITY":
+        status = FAIL if limited == "refuse" else WARN
+        return Check(name, status, f"{what} ([policy] fabric_limited = {limited})", "check the NVLink fabric")
+    return Check(name, OK, what)

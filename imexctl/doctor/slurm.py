@@ -1,0 +1,366 @@
+"""``imexctl doctor``'s slurm.conf checks: the Slurm version, hooks, flags, timeouts, partitions, topology.
+
+slurm.conf is judged by the Slurm release this tray runs (``scontrol version``):
+DeferBatch implies Alloc from 26.05, PrologTimeout/EpilogTimeout exist from 25.05.
+
+slurm.conf is read by :mod:`imexctl.slurm.conf` (Include, continuation lines,
+case-insensitive keys), from ``--slurm-conf``, ``$SLURM_CONF``, or the first
+of ``/etc/slurm/slurm.conf`` and ``/run/slurm/conf/slurm.conf`` (where slurmd
+keeps the files it fetched in configless mode) under ``[paths] root``.  Every
+absolute path slurm.conf names is taken under ``[paths] root`` too.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Final
+
+from imexctl.config.settings import Settings
+from imexctl.doctor.checks import FAIL, OK, WARN, Check, Context, under_root
+from imexctl.platform.errors import ConfigError, ImexctlError
+from imexctl.platform.fsutil import read_text_nofollow
+from imexctl.slurm import conf as slurmconf
+from imexctl.slurm import nodelist
+
+__all__ = ["CANDIDATES", "checks", "epilog_worst_case_s", "prolog_worst_case_s"]
+
+#: where doctor looks for slurm.conf without --slurm-conf or $SLURM_CONF (under [paths] root);
+#: the second is configless slurmd's copy (design.md source slurm-configless)
+CANDIDATES: Final = ("/etc/slurm/slurm.conf", "/run/slurm/conf/slurm.conf")
+#: flags that imply Alloc (design.md source slurm-prologflags)
+_ALLOC_FLAGS: Final = frozenset({"alloc", "contain", "nohold", "runinjob", "x11"})
+_HOOK_LINE: Final = re.compile(r"^\s*(?:exec\s+)?(/\S*/imexctl)\s+(prolog|epilog)\b", re.MULTILINE)
+_MAX_LINKS: Final = 8
+#: the partition keys that say whether its jobs get whole nodes, as a warning names them
+_SHARING_KEYS: Final = ("OverSubscribe", "Exclusive", "ExclusiveUser", "ExclusiveTopo")
+#: "slurm 24.11.5", "slurm-wlm 26.05.5" (Debian's build)
+_VERSION: Final = re.compile(r"\b(\d+)\.(\d+)\.\d+")
+
+
+def prolog_worst_case_s(s: Settings) -> float:
+    """The longest a prolog can take with these settings (docs/install.md's sum): lock, start, probes, roll-back."""
+    d, r = s.daemon, s.readiness
+    wait = max(r.deadline_s, d.lock_timeout_s + 10 + d.start_timeout_s) + 2 * r.ctl_timeout_s
+    return wait + epilog_worst_case_s(s) - d.lock_timeout_s
+
+
+def epilog_worst_case_s(s: Settings) -> float:
+    """The longest an epilog can take: the lock, ``systemctl stop`` and ``reset-failed``, SIGTERM, SIGKILL."""
+    d = s.daemon
+    return d.lock_timeout_s + d.stop_timeout_s + 5 + 10 + d.kill_grace_s + 2
+
+
+def checks(ctx: Context) -> list[Check]:
+    """Read slurm.conf and check what imexctl needs from it."""
+    path = _find(ctx)
+    if path is None:
+        where = ", ".join(str(under_root(ctx, c)) for c in CANDIDATES)
+        fix = "run doctor with --slurm-conf FILE or SLURM_CONF=FILE"
+        return [Check("slurm.conf", WARN, f"no slurm.conf found (looked at {where}); not checked", fix)]
+    try:
+        conf = slurmconf.read(path, root=ctx.rt.settings.paths.root)
+    except ConfigError as exc:
+        return [Check("slurm.conf", FAIL, str(exc), "correct slurm.conf: slurmd would not read it either")]
+    version_check, version = _version(ctx)
+    out = [Check("slurm.conf", OK, f"read {path}" + _included(conf)), version_check]
+    out += [_hook(conf, "prolog", ctx), _hook(conf, "epilog", ctx), _flags(conf, version)]
+    out += [_prolog_timeout(conf, ctx.rt.settings), _epilog_timeout(conf, ctx.rt.settings)]
+    out += [*_timeout_keys(conf, version), *_partitions(conf, ctx, version)]
+    out += [_switch(conf, ctx.rt.settings), *_topology(conf, ctx)]
+    return out
+
+
+# ---------------------------------------------------------------- the Slurm version, partitions
+
+
+def _version(ctx: Context) -> tuple[Check, tuple[int, int] | None]:
+    """This tray's Slurm release (``scontrol version``, local: no slurmctld asked), by which slurm.conf is judged."""
+    argv = (ctx.rt.settings.commands.scontrol, "version")
+    fix = f"install Slurm's client commands, or set [commands] scontrol to {argv[0]}'s real path"
+    try:
+        done = ctx.rt.host.run(argv, timeout_s=ctx.rt.settings.slurm.query_timeout_s)
+    except ImexctlError as exc:
+        return Check(
+            "slurm.version", WARN, f"{' '.join(argv)}: {exc}; slurm.conf judged as the newest Slurm", fix
+        ), None
+    m = _VERSION.search(done.stdout)
+    if done.returncode != 0 or m is None:
+        said = (done.stdout or done.stderr).strip()[:200]
+        return Check("slurm.version", WARN, f"{' '.join(argv)} said {said!r}; judged as the newest Slurm", fix), None
+    return Check("slurm.version", OK, f"Slurm {m.group(0)} ({' '.join(argv)})"), (int(m.group(1)), int(m.group(2)))
+
+
+def _timeout_keys(conf: slurmconf.SlurmConf, version: tuple[int, int] | None) -> list[Check]:
+    """``PrologTimeout``/``EpilogTimeout`` came in Slurm 25.05: an older slurmd refuses the file."""
+    keys = [k for k in ("PrologTimeout", "EpilogTimeout") if conf.get(k) is not None]
+    if not keys:
+        return [Check("slurm.timeout_keys", OK, "no PrologTimeout or EpilogTimeout (Slurm 25.05+ keys)")]
+    if version is None or version >= (25, 5):
+        return [Check("slurm.timeout_keys", OK, f"{' and '.join(keys)} (Slurm 25.05+) known to this Slurm")]
+    why = (
+        f"{' and '.join(keys)} need Slurm 25.05 or later; Slurm {version[0]}.{version[1]:02d} does not read slurm.conf"
+    )
+    return [Check("slurm.timeout_keys", FAIL, why, "use PrologEpilogTimeout until every daemon runs 25.05")]
+
+
+def _partitions(conf: slurmconf.SlurmConf, ctx: Context, version: tuple[int, int] | None) -> list[Check]:
+    """WARN for each partition holding this tray whose jobs may share their trays (they run without IMEX)."""
+    policy = ctx.rt.settings.policy
+    default: dict[str, str] = {}
+    shared = []
+    for kind, record in conf.records:
+        if kind != "partitionname":
+            continue
+        values = {k.lower(): v for k, v in record.items()}
+        name = next(iter(record.values()), "")
+        if name.upper() == "DEFAULT":
+            default.update(values)
+            continue
+        values = {**default, **values}
+        if not _holds(values.get("nodes", ""), ctx.node) or (
+            policy.jobs == "partitions" and name not in policy.partitions
+        ):
+            continue
+        if not _whole_nodes(values):
+            said = " ".join(f"{k}={values[k.lower()]}" for k in _SHARING_KEYS if k.lower() in values)
+            shared.append(f"{name} ({said or 'OverSubscribe=NO by default'})")
+    if not shared:
+        return [Check("slurm.partitions", OK, f"every partition holding {ctx.node} gives its jobs whole trays")]
+    then = "fail their prologs and drain the tray" if policy.shared == "refuse" else "run without IMEX"
+    why = f"partition {', '.join(shared)} holds {ctx.node}: its jobs without --exclusive {then}"
+    key = (
+        "Exclusive=NODE (Slurm 26.05+) or OverSubscribe=EXCLUSIVE"
+        if version and version >= (26, 5)
+        else ("OverSubscribe=EXCLUSIVE")
+    )
+    fix = f"set {key} on the partition (docs/install.md), or have users submit with --exclusive"
+    return [Check("slurm.partitions", WARN, why, fix)]
+
+
+def _whole_nodes(values: Mapping[str, str]) -> bool:
+    """Whether a partition gives every job whole nodes (slurm.conf(5); ``read_config.c``).
+
+    ``Exclusive=NODE|TOPO`` (26.05, which wins when set), ``OverSubscribe=EXCLUSIVE``, or ``ExclusiveTopo=YES``.
+    """
+    exclusive = values.get("exclusive", "").upper()
+    if exclusive:
+        return exclusive in ("NODE", "TOPO")
+    if values.get("oversubscribe", "NO").split(":", 1)[0].upper() == "EXCLUSIVE":
+        return True
+    return values.get("exclusivetopo", "NO").upper() in ("YES", "TRUE", "1")
+
+
+def _holds(nodes: str, node: str) -> bool:
+    """Whether a partition's ``Nodes=`` value names ``node`` (``ALL``, or a host list; node sets are not known)."""
+    if nodes.strip().upper() == "ALL":
+        return True
+    try:
+        return node in nodelist.expand(nodes)
+    except ImexctlError:
+        return False
+
+
+def _find(ctx: Context) -> Path | None:
+    if ctx.slurm_conf is not None:
+        return ctx.slurm_conf
+    if ctx.env.get("SLURM_CONF"):
+        return Path(ctx.env["SLURM_CONF"])
+    for candidate in CANDIDATES:
+        path = under_root(ctx, candidate)
+        if path.is_file():
+            return path
+    return None
+
+
+def _included(conf: slurmconf.SlurmConf) -> str:
+    more = len(conf.files) - 1
+    return f" and {more} included file(s)" if more else ""
+
+
+# ---------------------------------------------------------------- Prolog= and Epilog=
+
+
+def _hook(conf: slurmconf.SlurmConf, hook: str, ctx: Context) -> Check:
+    """``Prolog=``/``Epilog=`` (globs, several lines) must run a script that execs ``imexctl <hook>``."""
+    key, name = hook.capitalize(), f"slurm.{hook}"
+    install = f"install {'hooks/' + hook} as /etc/slurm/{hook}.d/{'00' if hook == 'prolog' else '99'}-imexctl"
+    fix = f"{install} and set {key}=/etc/slurm/{hook}.d/* (docs/install.md)"
+    values = conf.get_all(key)
+    if not values:
+        return Check(name, FAIL, f"{key} is not set: imexctl's {hook} never runs", fix)
+    scripts = [s for value in values for s in _expand(value, conf.path, ctx)]
+    found = [(script, target) for script in scripts if (target := _imexctl_of(script, hook, ctx))]
+    if not found:
+        shown = ", ".join(values)
+        return Check(name, FAIL, f"{key}={shown} runs no script that execs 'imexctl {hook}'", fix)
+    script, target = found[0]
+    problem = _hook_problem(script, target, ctx)
+    if problem:
+        return Check(name, FAIL, problem, f"make the hook an executable file of root's, and {target} exist")
+    return _hook_order(name, hook, scripts, script, target)
+
+
+def _hook_order(name: str, hook: str, scripts: list[Path], script: Path, target: str) -> Check:
+    # slurmd runs a glob's matches in reverse alphabetical order and stops at the first failure
+    # (slurm.conf(5) "Prolog"; docs/install.md explains the names)
+    order = sorted(scripts, reverse=True)
+    runs = order.index(script)
+    late = hook == "prolog" and runs != len(order) - 1
+    early = hook == "epilog" and runs != 0
+    msg = f"{script} runs {target} {hook} (script {runs + 1} of {len(order)})"
+    if late or early:
+        when = "last (sort first)" if late else "first (sort last)"
+        return Check(name, WARN, msg, f"rename it so that it runs {when}: docs/install.md explains the order")
+    return Check(name, OK, msg)
+
+
+def _expand(value: str, conf_path: Path, ctx: Context) -> list[Path]:
+    """The scripts one ``Prolog=`` value names: relative to slurm.conf's directory, globs expanded."""
+    base = conf_path.parent
+    pattern = str(under_root(ctx, value)) if value.startswith("/") else str(base / value)
+    if glob.has_magic(pattern):
+        return [Path(p) for p in sorted(glob.glob(pattern))]
+    return [Path(pattern)] if os.path.lexists(pattern) else []
+
+
+def _imexctl_of(script: Path, hook: str, ctx: Context) -> str:
+    """The imexctl a hook script execs for ``hook`` ('' when it does not)."""
+    real = _resolve(script, ctx)
+    try:
+        text = read_text_nofollow(real) if real else ""
+    except OSError:
+        return ""
+    for match in _HOOK_LINE.finditer(text):
+        if match.group(2) == hook:
+            return match.group(1)
+    return ""
+
+
+def _resolve(path: Path, ctx: Context) -> Path | None:
+    """Follow symbolic links as slurmd would, absolute targets taken under ``[paths] root``."""
+    for _ in range(_MAX_LINKS):
+        try:
+            target = os.readlink(path)
+        except OSError:
+            return path if os.path.lexists(path) else None
+        path = under_root(ctx, target) if target.startswith("/") else path.parent / target
+    return None
+
+
+def _hook_problem(script: Path, target: str, ctx: Context) -> str:
+    real = _resolve(script, ctx)
+    st = os.stat(real) if real else None
+    if st is None or not st.st_mode & 0o100:
+        return f"{script} is not executable: slurmd cannot run it"
+    if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+        mode = stat.S_IMODE(st.st_mode)
+        return f"{script} can be changed by others (uid {st.st_uid}, mode {mode:04o}); slurmd runs it as root"
+    exe = _resolve(under_root(ctx, target), ctx)
+    if exe is None or not os.access(exe, os.X_OK):
+        return f"{script} execs {target}, which does not exist or is not executable"
+    return ""
+
+
+# ---------------------------------------------------------------- flags, timeouts, switch, topology
+
+
+def _flags(conf: slurmconf.SlurmConf, version: tuple[int, int] | None) -> Check:
+    text = conf.get("PrologFlags") or ""
+    flags = {f.strip().lower() for f in text.split(",") if f.strip()}
+    shown = f"PrologFlags={text}" if text else "PrologFlags is not set"
+    if "deferbatch" in flags and (version is None or version >= (26, 5)):
+        flags.add("alloc")  # Slurm 26.05: DeferBatch implies Alloc (read_config.c)
+    if not flags & _ALLOC_FLAGS:
+        why = "the prolog runs on a tray only when a step starts there, so other trays' prologs wait in vain"
+        return Check("slurm.prolog_flags", FAIL, f"{shown}: {why}", "set PrologFlags=Alloc,DeferBatch")
+    if "deferbatch" not in flags:
+        why = "the batch script may start before every tray's prolog has finished"
+        return Check("slurm.prolog_flags", WARN, f"{shown}: {why}", "add DeferBatch: PrologFlags=Alloc,DeferBatch")
+    return Check("slurm.prolog_flags", OK, f"{shown}: every tray runs the prolog at allocation")
+
+
+def _prolog_timeout(conf: slurmconf.SlurmConf, s: Settings) -> Check:
+    worst = prolog_worst_case_s(s)
+    found = slurmconf.hook_timeout(conf, "prolog")
+    fix = f"set PrologEpilogTimeout={_round_up(worst)} (docs/install.md adds up the prolog's worst case)"
+    if found is None:
+        return Check("slurm.prolog_timeout", WARN, "no prolog timeout: slurmd waits for a hung prolog forever", fix)
+    seconds, key = found
+    need = s.readiness.deadline_s + s.slurm.timeout_margin_s
+    if seconds <= need:
+        why = f"{key}={seconds} is not above [readiness] deadline_s + [slurm] timeout_margin_s = {need:g} s"
+        if s.slurm.cap_deadline != "yes":
+            return Check("slurm.prolog_timeout", FAIL, f"{why}: slurmd kills a prolog still waiting", fix)
+        cap = max(seconds / 2, seconds - s.slurm.timeout_margin_s)
+        return Check("slurm.prolog_timeout", WARN, f"{why}: the prolog cuts its deadline to {cap:g} s", fix)
+    if seconds < worst:
+        why = f"{key}={seconds} is below the prolog's worst case {worst:g} s: a slow roll-back may be killed"
+        return Check("slurm.prolog_timeout", WARN, why, fix)
+    return Check("slurm.prolog_timeout", OK, f"{key}={seconds} covers the prolog's worst case {worst:g} s")
+
+
+def _epilog_timeout(conf: slurmconf.SlurmConf, s: Settings) -> Check:
+    worst = epilog_worst_case_s(s)
+    found = slurmconf.hook_timeout(conf, "epilog")
+    fix = f"set PrologEpilogTimeout (or EpilogTimeout) to at least {_round_up(worst)}"
+    if found is None:
+        return Check("slurm.epilog_timeout", WARN, "no epilog timeout: slurmd waits for a hung epilog forever", fix)
+    seconds, key = found
+    if seconds < worst:
+        why = f"{key}={seconds} is below the epilog's worst case {worst:g} s: slurmd may kill it mid-teardown"
+        return Check("slurm.epilog_timeout", WARN, why, fix)
+    return Check("slurm.epilog_timeout", OK, f"{key}={seconds} covers the epilog's worst case {worst:g} s")
+
+
+def _round_up(seconds: float) -> int:
+    return int(-(-seconds // 10) * 10)
+
+
+def _switch(conf: slurmconf.SlurmConf, s: Settings) -> Check:
+    switch = (conf.get("SwitchType") or "").strip()
+    plugin = switch == "switch/nvidia_imex"
+    channels = s.policy.channels
+    if plugin and channels == "job":
+        why = "Slurm's switch/nvidia_imex gives each step its channel; the prolog detects it and makes none"
+        fix = "set [policy] channels = none to say so (events: imex.channels.slurm)"
+        return Check("slurm.switch", WARN, f"SwitchType={switch} and [policy] channels = job: {why}", fix)
+    if not plugin and channels == "none":
+        why = "neither Slurm nor imexctl creates a channel: jobs can use only a channel0 the driver made"
+        fix = "set [policy] channels = job, or SwitchType=switch/nvidia_imex (Slurm 24.05+)"
+        return Check("slurm.switch", WARN, f"SwitchType={switch or '(unset)'} and [policy] channels = none: {why}", fix)
+    who = "Slurm's switch/nvidia_imex" if plugin else "imexctl ([policy] channels = job)"
+    return Check("slurm.switch", OK, f"SwitchType={switch or '(unset)'}: the job's channel comes from {who}")
+
+
+def _topology(conf: slurmconf.SlurmConf, ctx: Context) -> list[Check]:
+    from imexctl.slurm import topofile
+
+    s = ctx.rt.settings
+    if s.topology.source == "none":
+        plugin = (conf.get("TopologyPlugin") or "").strip()
+        if plugin == "topology/block":
+            why = "Slurm places jobs by blocks, but imexctl makes one domain of all a job's trays"
+            fix = "set [paths] topology_file to the blocks' topology.conf (docs/topology.md)"
+            return [Check("slurm.topology", WARN, f"TopologyPlugin={plugin} and no [paths] topology_file: {why}", fix)]
+        return [Check("slurm.topology", OK, "no topology source: all trays of a job form one domain")]
+    out = []
+    for kind, path in ((s.topology.source, s.paths.topology_file), ("map", s.paths.topology_map)):
+        if path is None:
+            continue
+        try:
+            blocks = topofile.load(kind, path, s.topology.yaml_topology)
+        except ConfigError as exc:
+            out.append(Check("slurm.topology", FAIL, str(exc), "regenerate it: imexctl topology blocks"))
+            continue
+        if ctx.node not in blocks.block_of:
+            why = f"{path}: this node {ctx.node} is in no {blocks.unit}; its prologs exit 78"
+            out.append(Check("slurm.topology", FAIL, why, "add the node (imexctl topology blocks) or fix its name"))
+        else:
+            where = f"{blocks.unit} {blocks.block_of[ctx.node]}"
+            out.append(Check("slurm.topology", OK, f"{path} ({kind}) parses; {ctx.node} is in {where}"))
+    return out

@@ -1,0 +1,1 @@
+"""NVML and the NVLink fabric: this tray's clique and its NVLink domain."""

@@ -1,0 +1,267 @@
+"""Which trays form this job's IMEX domain on this node, and their addresses.
+
+Every tray of the job computes the same list from the same inputs: the job's
+node list order, the optional NVLink-domain source (``[topology] source``:
+Slurm blocks or a ``NODE KEY`` map, :mod:`imexctl.slurm.topofile`), and one
+resolution rule.  Nothing here depends on which tray runs it, except choosing
+the tray's own block and checking the tray's own NVML key against the source.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from imexctl.config.settings import Settings
+from imexctl.platform.errors import CommandError, ConfigError, ResolveError, TopologyMismatch
+from imexctl.platform.fsutil import read_text_nofollow
+from imexctl.platform.host import Host
+from imexctl.slurm import nodelist, topofile
+from imexctl.slurm.topofile import BlockMap
+
+__all__ = ["check_own", "cross_check", "domain_members", "job_domain", "load_source", "parse_hosts_file", "resolve_all"]
+
+
+def job_domain(nodes: Sequence[str], me: str, settings: Settings, nvml_key: str | None, log: Any) -> tuple[str, ...]:
+    """This tray's domain members, after checking its NVML key against the configured source.
+
+    Reads ``[topology] source`` (``[paths] topology_file``) and ``[paths]
+    topology_map``; touches nothing else, so a failure here happens before the
+    prolog takes the lock or writes a file.  A job over several NVLink domains
+    logs ``imex.domain.split`` with the domain this tray joined.
+
+    Raises:
+        ConfigError: a source that cannot be read or parsed, this node in no block or not in the map.
+        TopologyMismatch: the source gives this tray another key than NVML.
+    """
+    paths = settings.paths
+    source = load_source(settings)
+    trays = domain_members(nodes, me, source)
+    checks = [(source, False)] if source is not None else []
+    if paths.topology_map is not None:
+        checks.append((topofile.load("map", paths.topology_map), True))
+    cross_check(me, nvml_key, checks)
+    if source is not None:
+        _log_split(nodes, me, source, len(trays), nvml_key, log)
+    return trays
+
+
+def load_source(settings: Settings) -> BlockMap | None:
+    """The configured topology source (``[topology] source``, ``[paths] topology_file``); None without one.
+
+    Raises:
+        ConfigError: the file cannot be read or parsed.
+    """
+    topo, paths = settings.topology, settings.paths
+    if topo.source == "none" or paths.topology_file is None:
+        return None
+    return topofile.load(topo.source, paths.topology_file, topo.yaml_topology)
+
+
+def domain_members(nodes: Sequence[str], me: str, source: BlockMap | None) -> tuple[str, ...]:
+    """The job's trays that share this tray's NVLink domain, in node-list order.
+
+    Without a source every tray of the job is in one domain.  Job nodes in no
+    block are in no domain (their own prologs fail).
+
+    Raises:
+        ConfigError: this node is in no block of the source.
+    """
+    if source is None:
+        return tuple(nodes)
+    mine = source.block_of.get(me)
+    if mine is None:
+        raise ConfigError(f"{source.source}: this node {me} is in no {source.unit} (in no NVLink domain)")
+    return tuple(n for n in nodes if source.block_of.get(n) == mine)
+
+
+def cross_check(me: str, nvml_key: str | None, sources: Sequence[tuple[BlockMap, bool]]) -> None:
+    """Refuse a tray whose NVML key differs from the key a source gives it.
+
+    Args:
+        me: this node.
+        nvml_key: this tray's key from NVML; None (no NVML check) skips the check.
+        sources: each source, and whether it must name this node (a map given only for the check).
+
+    Raises:
+        TopologyMismatch: naming both keys and the source.
+        ConfigError: a source that must name this node does not.
+    """
+    if nvml_key is None:
+        return
+    for source, required in sources:
+        expected = source.key_of(me)
+        if expected is None and required:
+            raise ConfigError(f"{source.source}: this node {me} is not in the NVLink domain map")
+        if expected is not None and expected != nvml_key:
+            raise TopologyMismatch(
+                f"this tray ({me}) is in NVLink domain {nvml_key} (NVML), but {source.source} puts it in "
+                f"{expected} (block {source.block_of[me]}); refusing IMEX before starting anything: "
+                f"regenerate the topology file (imexctl topology blocks) or check the tray"
+            )
+
+
+def _log_split(nodes: Sequence[str], me: str, source: BlockMap, trays: int, key: str | None, log: Any) -> None:
+    """One line per tray when the job spans several domains (or has nodes in none)."""
+    domains = {source.block_of[n] for n in nodes if n in source.block_of}
+    outside = [n for n in nodes if n not in source.block_of]
+    if len(domains) > 1 or outside:
+        log.info(
+            "imex.domain.split",
+            domain=source.block_of[me],
+            key=key or source.key_of(me),
+            trays=trays,
+            domains=len(domains),
+            outside=nodelist.fold(outside),
+        )
+
+
+def parse_hosts_file(text: str, source: str) -> dict[str, str]:
+    """``/etc/hosts``-style map: ``ADDRESS NAME [NAME...]`` -> {name: address}.
+
+    Raises:
+        ConfigError: a bad address, or one name given two addresses.
+    """
+    out: dict[str, str] = {}
+    for lineno, line in enumerate(text.splitlines(), 1):
+        fields = line.split("#", 1)[0].split()
+        if not fields:
+            continue
+        if len(fields) < 2 or not _is_ip(fields[0]):
+            raise ConfigError(f"{source}:{lineno}: expected 'ADDRESS NAME...', got {line.strip()!r}")
+        for name in fields[1:]:
+            if out.setdefault(name, fields[0]) != fields[0]:
+                raise ConfigError(f"{source}:{lineno}: {name} has two addresses ({out[name]}, {fields[0]})")
+    return out
+
+
+def resolve_all(
+    names: Sequence[str],
+    *,
+    method: str,
+    host: Host,
+    hosts_file: Path,
+    node_addrs: Mapping[str, str] | None = None,
+) -> tuple[str, ...]:
+    """Resolve every tray to exactly one address; all must resolve, no two alike.
+
+    ``dns``: the system resolver (NSS: /etc/hosts, DNS); the one IPv4 address
+    that is not loopback, else an error (ambiguity would make trays disagree).
+    ``hosts_file``: a static map, exactly as written.
+    ``slurm_conf``: ``node_addrs`` (:mod:`imexctl.slurm.nodeaddr`), each tray's
+    ``NodeAddr``: an IPv4 address as written, refused when it is loopback or
+    otherwise unusable; a name (or a tray without NodeAddr) resolved as ``dns``.
+
+    Raises:
+        ResolveError: naming each tray that failed and why.
+    """
+    table = _hosts_table(hosts_file) if method == "hosts_file" else None
+    addresses: list[str] = []
+    problems: list[str] = []
+    for name in names:
+        try:
+            if table is not None:
+                addresses.append(table[name])
+            elif method == "slurm_conf":
+                addresses.append(_node_addr(host, name, (node_addrs or {}).get(name, name)))
+            else:
+                addresses.append(_dns_one(host, name))
+        except KeyError:
+            problems.append(f"{name}: not in {hosts_file}")
+        except ResolveError as exc:
+            problems.append(str(exc))
+    if problems:
+        more = f"; and {len(problems) - 5} others" if len(problems) > 5 else ""
+        raise ResolveError("cannot resolve trays: " + "; ".join(problems[:5]) + more)
+    seen: dict[str, str] = {}
+    for name, addr in zip(names, addresses):
+        if addr in seen:
+            raise ResolveError(f"{seen[addr]} and {name} resolve to the same address {addr}")
+        seen[addr] = name
+    return tuple(addresses)
+
+
+def _hosts_table(path: Path) -> dict[str, str]:
+    try:
+        text = read_text_nofollow(path, trusted=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot read hosts file {path}: {exc.strerror}") from exc
+    return parse_hosts_file(text, str(path))
+
+
+#: how to fix this tray's address, by ``[resolve] method``
+_OWN_FIX: Final = {
+    "dns": "fix its DNS or /etc/hosts entry (DGX OS/Ubuntu map the host's own name to 127.0.1.1), "
+    "or use [resolve] method = slurm_conf",
+    "hosts_file": "fix its line in [paths] hosts_file",
+    "slurm_conf": "fix its NodeAddr= in slurm.conf",
+}
+
+
+def check_own(node: str, address: str, method: str, host: Host) -> None:
+    """Refuse this tray's address when it is on none of its interfaces: its daemon could not bind it.
+
+    Checked before anything starts; otherwise the port check passes
+    (``EADDRNOTAVAIL`` is no port in use) and the daemon fails to start.
+
+    Raises:
+        ResolveError: with the fix for ``method``.
+    """
+    try:
+        local = host.is_local_address(address)
+    except CommandError as exc:
+        raise ResolveError(f"this tray {node}: cannot check its address {address}: {exc}") from exc
+    if not local:
+        raise ResolveError(
+            f"this tray {node} resolves to {address} ([resolve] method = {method}), which is on none of its "
+            f"interfaces: {_OWN_FIX.get(method, 'fix its address')}"
+        )
+
+
+def _node_addr(host: Host, name: str, addr: str) -> str:
+    """A tray's slurm.conf ``NodeAddr``: an address as written (if a daemon can use it), or a name as ``dns``."""
+    if not _is_ip(addr):
+        return _dns_one(host, addr)
+    if not _usable(addr):
+        raise ResolveError(
+            f"{name}: NodeAddr {addr} in slurm.conf is not a usable IPv4 address (loopback, 0.0.0.0, multicast, "
+            "reserved or IPv6); set NodeAddr to the tray's address on the rack network"
+        )
+    return addr
+
+
+def _dns_one(host: Host, name: str) -> str:
+    try:
+        found = host.resolve(name)
+    except CommandError as exc:
+        raise ResolveError(f"{name}: {exc.reason}") from exc
+    usable = [a for a in found if _usable(a)]
+    if len(usable) == 1:
+        return usable[0]
+    if not usable:
+        hint = ""
+        if any(a.startswith("127.") for a in found):
+            hint = ("; DGX OS/Ubuntu images map the host's own name to 127.0.1.1 in /etc/hosts: "
+                    "give it its rack address there, or use [resolve] method = slurm_conf")  # fmt: skip
+        raise ResolveError(f"{name}: no non-loopback IPv4 address (0.0.0.0, multicast and reserved ones do not "
+                           f"count; resolver gave {found or 'nothing'}){hint}")  # fmt: skip
+    raise ResolveError(f"{name}: ambiguous, several IPv4 addresses {usable}; use [resolve] method = hosts_file")
+
+
+def _usable(text: str) -> bool:
+    """An IPv4 address a daemon can bind and its peers can reach (a DNS sink's 0.0.0.0 is not one)."""
+    try:
+        addr = ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return addr.version == 4 and not (addr.is_loopback or addr.is_unspecified or addr.is_multicast or addr.is_reserved)
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,333 @@
+"""Prometheus metrics for node_exporter's textfile collector, written by hand (docs/metrics.md).
+
+After each prolog, epilog and cleanup (``[metrics] textfile_dir`` set), the
+totals kept in ``<run_dir>/metrics.json`` are updated under a lock of their
+own and ``<textfile_dir>/imexctl.prom`` is replaced atomically.  The text
+exposition format is written here rather than by ``prometheus_client``: that
+library adds 50-90 ms of imports to every prolog, which is on every job's
+critical path, and it has no way to carry counters from one short-lived
+process to the next (docs/design.md).  The counters restart at zero after a
+reboot (``run_dir`` is a tmpfs), which Prometheus' ``rate()`` handles.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, Final
+
+from imexctl import __version__
+from imexctl.config.settings import Settings
+from imexctl.platform.fsutil import atomic_write, read_text_nofollow
+
+__all__ = [
+    "BUCKETS",
+    "FILE_NAME",
+    "METRICS",
+    "STATES",
+    "Domain",
+    "Run",
+    "domain_of_status",
+    "record",
+    "render",
+    "render_gauges",
+    "run_of",
+    "textfile",
+]
+
+FILE_NAME: Final = "imexctl.prom"
+STATE_FILE: Final = "metrics.json"
+#: upper bounds (seconds) of the duration histograms: a skipped prolog takes tens of ms, a domain a few s
+BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+#: values of the ``state`` label of imexctl_domain_state
+STATES: Final = ("none", "up", "degraded", "down", "not_ready", "unknown")
+_LOCK_WAIT_S: Final = 2.0
+
+#: name -> (type, help); docs/metrics.md lists exactly these (tests/hooks/test_metrics.py)
+METRICS: Final[dict[str, tuple[str, str]]] = {
+    "imexctl_hook_runs_total": ("counter", "Prolog and epilog runs by hook, outcome and error code."),
+    "imexctl_cleanup_runs_total": ("counter", "imexctl cleanup runs (not --dry-run) by outcome."),
+    "imexctl_cleanup_actions_total": ("counter", "What imexctl cleanup did, by action."),
+    "imexctl_daemon_lost_total": ("counter", "Jobs whose IMEX daemon ended before the job, found by the epilog."),
+    "imexctl_hook_duration_seconds": ("histogram", "Run time of the prolog and the epilog, by hook."),
+    "imexctl_time_to_ready_seconds": ("histogram", "From the prolog's start until the job's domain was ready."),
+    "imexctl_domain_state": ("gauge", "This tray's IMEX domain: 1 for its current state, 0 for the others."),
+    "imexctl_domain_peers": ("gauge", "Other trays in this tray's IMEX domain (0 without a domain)."),
+    "imexctl_domain_peers_connected": ("gauge", "Peers this tray's daemon is connected to, where known."),
+    "imexctl_domain_owner_job": ("gauge", "The job whose domain this tray runs (0: none)."),
+    "imexctl_last_run_timestamp_seconds": ("gauge", "When imexctl last ran a hook or cleanup, by command."),
+    "imexctl_build_info": ("gauge", "imexctl's version, as a label; always 1."),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Domain:
+    """What the gauges say about this tray's domain."""
+
+    owner_job: int = 0
+    state: str = "none"
+    peers: int = 0
+    #: None where nobody asked the daemon (the sample is then left out)
+    connected: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One finished prolog, epilog or cleanup, as the metrics count it."""
+
+    command: str
+    outcome: str
+    error_code: str = "none"
+    duration_s: float = 0.0
+    #: a prolog that made a domain ready: its time from start to ready
+    ready_s: float | None = None
+    #: what this run learned about the domain (a prolog that made one); None: see the job directory
+    domain: Domain | None = None
+    actions: tuple[str, ...] = ()
+    #: an epilog: domains whose daemon had ended before the job
+    lost: int = 0
+
+
+_ACTIONS: Final = (
+    ("remove stray channel", "remove_stray_channel"),
+    ("remove channel", "remove_channel"),
+    ("stop daemon", "stop_daemon"),
+    ("could not remove", "failed"),
+    ("remove ", "remove_job_dir"),
+)
+
+
+def run_of(
+    command: str, result: Mapping[str, Any] | None, error: BaseException | None, duration_s: float, level: str
+) -> Run:
+    """What one command's result (or error) counts as; ``level`` is ``[readiness] level``."""
+    if error is not None:
+        return Run(command, "failed", getattr(error, "code", "crashed"), duration_s, lost=getattr(error, "lost", 0))
+    result = result or {}
+    if command == "cleanup":
+        return Run(command, "ok", actions=tuple(kind for a in result.get("actions", ()) for kind in _action(a)))
+    if command != "prolog":
+        return Run(command, "ok", duration_s=duration_s, lost=len(result.get("lost_daemon", ())))
+    if result.get("skipped") or result.get("job_ended"):
+        return Run(command, "skipped" if result.get("skipped") else "job_ended", duration_s=duration_s)
+    if not result.get("port"):  # one tray, channel only: no daemon, no domain to be ready
+        return Run(command, "ok", duration_s=duration_s)
+    peers, blamed = int(result.get("trays", 1)) - 1, len(result.get("blamed", ()))
+    domain = Domain(
+        0, "up" if result.get("ready") else "not_ready", peers, peers - blamed if level == "domain" else None
+    )
+    return Run(command, "ok", duration_s=duration_s, ready_s=duration_s if result.get("ready") else None, domain=domain)
+
+
+def _action(text: str) -> tuple[str, ...]:
+    """The action labels of one teardown item: a stop that needed SIGKILL counts as ``kill_daemon`` too."""
+    name = next((name for prefix, name in _ACTIONS if text.startswith(prefix)), "other")
+    return (name, "kill_daemon") if name == "stop_daemon" and "SIGKILL" in text else (name,)
+
+
+def domain_of_status(data: Mapping[str, Any]) -> Domain:
+    """The gauges from ``imexctl status``'s data: the owner job's ``-N`` view from this tray."""
+    jobs = data.get("jobs") or []
+    if data.get("owner_job") is None or not jobs:
+        return Domain() if not jobs else Domain(0, "unknown")
+    job = jobs[0]
+    peers = max(len(job.get("trays", ())) - 1, 0)
+    dom = job.get("domain") or {}
+    if "status" not in dom:
+        return Domain(job["job_id"], "unknown" if job.get("daemon") else "none", peers)
+    own = _own_address(job, data.get("node", ""))
+    me = next((n for n in dom["nodes"] if n["host"] == own), None)
+    connected = None
+    if me is not None:
+        connected = sum(v == "CONNECTED" for k, v in me["connections"].items() if k != str(me["id"]))
+    return Domain(job["job_id"], str(dom["status"]).lower(), peers, connected)
+
+
+def _own_address(job: Mapping[str, Any], node: str) -> str:
+    trays, addresses = list(job.get("trays", ())), list(job.get("addresses", ()))
+    return addresses[trays.index(node)] if node in trays and len(addresses) == len(trays) else ""
+
+
+def textfile(settings: Settings) -> Path | None:
+    """``<textfile_dir>/imexctl.prom`` under ``[paths] root``, or None when metrics are off."""
+    directory = settings.metrics.textfile_dir
+    return settings.paths.root / directory.lstrip("/") / FILE_NAME if directory else None
+
+
+def record(settings: Settings, run: Run, now: float) -> bool:
+    """Add ``run`` to the totals and rewrite the text file; False when metrics are off.
+
+    Raises:
+        OSError: the state or the text file could not be written (the caller logs it; a hook never fails for it).
+    """
+    target = textfile(settings)
+    if target is None:
+        return False
+    run_dir = settings.paths.run_dir
+    with _locked(run_dir / "metrics.lock"):
+        totals = _load(run_dir / STATE_FILE)
+        _count(totals, run, now)
+        totals["domain"] = dataclasses.asdict(_domain_after(settings, run, totals.get("domain")))
+        atomic_write(run_dir / STATE_FILE, json.dumps(totals, sort_keys=True) + "\n", mode=0o644)
+        atomic_write(target, render(totals), mode=0o644)
+    return True
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """A short lock of its own: concurrent hooks of different jobs update the same totals."""
+    import fcntl
+    import time
+
+    from imexctl.platform.fsutil import ensure_dir
+
+    ensure_dir(path.parent, 0o755)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        deadline = time.monotonic() + _LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise OSError(f"{path} stayed locked for {_LOCK_WAIT_S:g}s") from None
+                time.sleep(0.01)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _load(path: Path) -> dict[str, Any]:
+    """The totals so far; a missing or unreadable file starts them again (counters may reset)."""
+    try:
+        data = json.loads(read_text_nofollow(path))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _count(totals: dict[str, Any], run: Run, now: float) -> None:
+    def bump(section: str, key: str, by: float = 1) -> None:
+        table = totals.setdefault(section, {})
+        table[key] = table.get(key, 0) + by
+
+    if run.command == "cleanup":
+        bump("cleanup_runs", run.outcome)
+        for action in run.actions:
+            bump("cleanup_actions", action)
+    else:
+        bump("hook_runs", f"{run.command}\t{run.outcome}\t{run.error_code}")
+        _observe(totals.setdefault("durations", {}), run.command, run.duration_s)
+        if run.ready_s is not None:
+            _observe(totals.setdefault("ready", {}), "prolog", run.ready_s)
+        totals["daemon_lost"] = totals.get("daemon_lost", 0) + run.lost
+    totals.setdefault("last_run", {})[run.command] = now
+
+
+def _observe(histograms: dict[str, Any], key: str, value: float) -> None:
+    h = histograms.setdefault(key, {"buckets": [0] * len(BUCKETS), "sum": 0.0, "count": 0})
+    for i, bound in enumerate(BUCKETS):
+        if value <= bound:
+            h["buckets"][i] += 1
+    h["sum"] += value
+    h["count"] += 1
+
+
+def _domain_after(settings: Settings, run: Run, before: Mapping[str, Any] | None) -> Domain:
+    """The domain after ``run``: what it learned, else the last known one while the same job owns the tray."""
+    from imexctl.hooks.state import job_ids, read_state
+
+    owners = job_ids(settings.paths.jobs_dir)
+    owner = owners[0] if len(owners) == 1 else 0
+    if run.domain is not None and owner:  # the prolog that just made the domain of this tray's one job
+        return dataclasses.replace(run.domain, owner_job=owner)
+    if owner == 0:
+        return Domain()
+    if before and before.get("owner_job") == owner:
+        return Domain(**before)
+    state = read_state(settings.paths.job(owner))
+    return Domain(owner, "unknown", max(len(state.nodes) - 1, 0) if state else 0)
+
+
+# ---------------------------------------------------------------- the text format
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _labels(**labels: str) -> str:
+    inner = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+    return f"{{{inner}}}" if inner else ""
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def _head(name: str) -> list[str]:
+    kind, text = METRICS[name]
+    return [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
+
+
+def render(totals: Mapping[str, Any]) -> str:
+    """The whole text file: every metric of :data:`METRICS`, each with its HELP and TYPE lines."""
+    lines = _head("imexctl_hook_runs_total")
+    for key, n in sorted(totals.get("hook_runs", {}).items()):
+        hook, outcome, code = key.split("\t")
+        lines.append(f"imexctl_hook_runs_total{_labels(hook=hook, outcome=outcome, error_code=code)} {_number(n)}")
+    lines += _head("imexctl_cleanup_runs_total")
+    lines += [
+        f"imexctl_cleanup_runs_total{_labels(outcome=k)} {_number(n)}"
+        for k, n in sorted(totals.get("cleanup_runs", {}).items())
+    ]
+    lines += _head("imexctl_cleanup_actions_total")
+    lines += [
+        f"imexctl_cleanup_actions_total{_labels(action=k)} {_number(n)}"
+        for k, n in sorted(totals.get("cleanup_actions", {}).items())
+    ]
+    lines += [*_head("imexctl_daemon_lost_total"), f"imexctl_daemon_lost_total {_number(totals.get('daemon_lost', 0))}"]
+    lines += _histogram("imexctl_hook_duration_seconds", "hook", totals.get("durations", {}))
+    lines += _histogram("imexctl_time_to_ready_seconds", "hook", totals.get("ready", {}))
+    domain = Domain(**totals["domain"]) if totals.get("domain") else Domain()
+    lines += _gauge_lines(domain)
+    lines += _head("imexctl_last_run_timestamp_seconds")
+    lines += [
+        f"imexctl_last_run_timestamp_seconds{_labels(command=k)} {_number(round(t, 3))}"
+        for k, t in sorted(totals.get("last_run", {}).items())
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _histogram(name: str, label: str, histograms: Mapping[str, Any]) -> list[str]:
+    lines = _head(name)
+    for key, h in sorted(histograms.items()):
+        for bound, n in zip(BUCKETS, h["buckets"]):
+            lines.append(f"{name}_bucket{_labels(**{label: key, 'le': repr(float(bound))})} {_number(n)}")
+        lines.append(f"{name}_bucket{_labels(**{label: key, 'le': '+Inf'})} {_number(h['count'])}")
+        lines.append(f"{name}_sum{_labels(**{label: key})} {_number(round(h['sum'], 6))}")
+        lines.append(f"{name}_count{_labels(**{label: key})} {_number(h['count'])}")
+    return lines
+
+
+def _gauge_lines(domain: Domain) -> list[str]:
+    state = domain.state if domain.state in STATES else "unknown"
+    lines = _head("imexctl_domain_state")
+    lines += [f"imexctl_domain_state{_labels(state=s)} {int(s == state)}" for s in STATES]
+    lines += [*_head("imexctl_domain_peers"), f"imexctl_domain_peers {domain.peers}"]
+    lines += _head("imexctl_domain_peers_connected")
+    if domain.connected is not None:
+        lines.append(f"imexctl_domain_peers_connected {domain.connected}")
+    lines += [*_head("imexctl_domain_owner_job"), f"imexctl_domain_owner_job {domain.owner_job}"]
+    lines += [*_head("imexctl_build_info"), f"imexctl_build_info{_labels(version=__version__)} 1"]
+    return lines
+
+
+def render_gauges(domain: Domain) -> str:
+    """The gauges alone: what ``imexctl status --prometheus`` prints."""
+    return "\n".join(_gauge_lines(domain)) + "\n"

@@ -1,0 +1,515 @@
+"""The prolog: set up this tray's part of the job's IMEX domain, or undo all of it.
+
+Steps, in order (docs/design.md "The prolog, step by step"): read the job;
+policy, shared-node and fabric gates (a skipped job touches nothing); the
+tray's domain members; then, under the node lock, claim the node, resolve,
+write the files, start the daemon, wait for readiness and create the channel.
+Any failure after the claim rolls back everything through ``teardown``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Callable
+
+from imexctl.channels import devices
+from imexctl.config.settings import JobDir, Settings
+from imexctl.gpu.fabric import fabric_key
+from imexctl.hooks import members
+from imexctl.hooks.gate import policy_skip, shared_reason, tell_user, told_field
+from imexctl.hooks.gate import prolog_done as _done
+from imexctl.hooks.runtime import Runtime, bind, log_failed, terminations
+from imexctl.hooks.state import JobState, mark_state, node_lock, write_state
+from imexctl.hooks.teardown import scan_jobs, still_runs, teardown
+from imexctl.imex import config as imexconf
+from imexctl.imex import daemon, peerauth
+from imexctl.platform.errors import (
+    ConfigError,
+    DomainBusyError,
+    FileError,
+    GpuError,
+    HealthTimeout,
+    ImexctlError,
+    SlurmQueryError,
+    Terminated,
+    UnsafeNodeError,
+)
+from imexctl.platform.fsutil import atomic_write, ensure_dir
+from imexctl.platform.host import Host, ProcInfo
+from imexctl.slurm import conf as slurmconf
+from imexctl.slurm import scontrol as slurmctl
+from imexctl.slurm.job import JobContext
+
+__all__ = ["prolog"]
+
+
+@dataclasses.dataclass
+class _Run:
+    """What one prolog run has learned so far, for its summary and its failure path."""
+
+    t0: float
+    job: JobContext | None = None
+    deadline_s: float = 0.0
+    #: which slurm.conf setting bounds this hook, e.g. ``PrologEpilogTimeout=30s``
+    hook_timeout: str = ""
+    #: slurm.conf sets SwitchType=switch/nvidia_imex: Slurm's plugin owns the channels
+    slurm_channels: bool = False
+
+
+def prolog(env: Mapping[str, str], rt: Runtime) -> dict[str, Any]:
+    """Set up the job's IMEX domain on this tray, or roll back and raise.
+
+    A failure that only comes from the job having been cancelled meanwhile
+    (slurmctld says so when asked) is no failure: the roll-back is done and
+    the prolog exits 0, so no healthy node is drained for it.
+
+    Returns:
+        The summary logged as ``prolog.done`` (one line per run, also on failure).
+    """
+    run = _Run(rt.host.monotonic(), deadline_s=rt.settings.readiness.deadline_s)
+    with terminations(lambda exc: _on_signal(exc, run, rt)):
+        try:
+            return _prolog(env, rt, run)
+        except ImexctlError as exc:
+            return _failed(exc, run, rt)
+
+
+def _on_signal(exc: Terminated, run: _Run, rt: Runtime) -> None:
+    """Write the summary line at once: SIGKILL follows SIGTERM within 10 ms."""
+    elapsed = rt.host.monotonic() - run.t0
+    why = f"{exc} after {elapsed:.1f}s"
+    if run.hook_timeout:
+        why += f" (slurm.conf {run.hook_timeout}; readiness deadline {run.deadline_s:g}s)"
+    else:
+        why += f"; is the hook timeout in slurm.conf shorter than [readiness] deadline_s={run.deadline_s:g}s?"
+    exc.args = (why,)
+    log_failed("prolog.done", exc, rt, run.t0)
+
+
+def _failed(exc: ImexctlError, run: _Run, rt: Runtime) -> dict[str, Any]:
+    """Exit 0 for a job that will not run here any more, if this tray did its part; else fail.
+
+    Only a tray whose own daemon got READY, and which waited for its peers in
+    vain, asks slurmctld (once).  A tray whose own daemon never got ready is
+    broken whatever became of the job, and is drained.
+    """
+    # a tray that reached none of its peers is likely the broken one: it fails even if the job was requeued
+    timed_out = isinstance(exc, HealthTimeout) and exc.local_ready and not exc.isolated
+    if timed_out and run.job is not None and rt.settings.slurm.check_cancelled == "yes":
+        state = slurmctl.job_state(run.job.job_id, rt.host, rt.settings, run.job.slurm_conf)
+        if state is not None and not slurmctl.wants_to_start(state):
+            rt.log.info("prolog.job_ended", job_state=state, reason=str(exc))
+            return _done(rt, run.t0, job_ended=state)
+    if not exc.logged:
+        log_failed("prolog.done", exc, rt, run.t0)
+    raise exc
+
+
+def _prolog(env: Mapping[str, str], rt: Runtime, run: _Run) -> dict[str, Any]:
+    job = run.job = JobContext.from_env(env, need_nodes=True)
+    bind(rt, job_id=job.job_id, node=job.node)
+    skip = policy_skip(job, vars(rt.settings.policy))
+    if not skip and job.is_shared is None:
+        job = run.job = _ask_sharing(job, rt)
+        skip = policy_skip(job, vars(rt.settings.policy))
+    if not skip and (job.qos or job.sluid):  # Slurm 26.05's QOS and 25.11's SLUID: in every line of a set-up
+        bind(rt, **{k: v for k, v in (("qos", job.qos), ("sluid", job.sluid)) if v})
+    if skip:
+        return _done(rt, run.t0, skipped=skip, **_tell_user(job, skip, rt))
+    _refuse_shared(job, rt)
+    deadline = run.t0 + _read_slurm_conf(job, rt, run)
+    no_fabric, key = _no_fabric(rt, deadline)
+    if no_fabric:
+        _refuse_without_fabric(job, no_fabric, rt)
+        return _done(rt, run.t0, skipped=no_fabric)
+    job = _het_domain(job, rt)
+    trays = members.job_domain(job.nodes, job.node, rt.settings, key, rt.log)  # cross-checks the NVML key
+    single = rt.settings.policy.single_tray if len(trays) == 1 else "domain"
+    if single == "none":
+        return _done(rt, run.t0, skipped="the job has one tray in this NVLink domain ([policy] single_tray = none)")
+    if single == "domain":
+        peerauth.check(rt.settings)  # the daemon's key files, before anything is created (design.md step 5)
+    with node_lock(rt.settings.paths.lock_file, rt.host, rt.settings.daemon.lock_timeout_s):
+        rt.step("locked")
+        _claim(job, rt)
+        rt.step("claimed")
+        try:
+            summary = _setup(
+                job, trays, rt, deadline, with_daemon=single == "domain", slurm_channels=run.slurm_channels
+            )
+            _mark_set_up(job, rt)
+        except BaseException as exc:
+            _rollback(job.job_id, rt, exc)
+            raise
+    return _done(rt, run.t0, deadline_s=run.deadline_s, **summary)
+
+
+def _read_slurm_conf(job: JobContext, rt: Runtime, run: _Run) -> float:
+    """Read the job's slurm.conf once: whether Slurm owns the channels, and the deadline in effect."""
+    if not job.slurm_conf:
+        return run.deadline_s
+    try:
+        conf = slurmconf.read(Path(job.slurm_conf))
+        found = slurmconf.hook_timeout(conf, "prolog")
+    except ConfigError as exc:
+        rt.log.warning("prolog.deadline", deadline_s=run.deadline_s, problem=str(exc))
+        return run.deadline_s
+    run.slurm_channels = (conf.get("SwitchType") or "").strip() == "switch/nvidia_imex"
+    return _capped_deadline(found, rt, run)
+
+
+def _capped_deadline(found: tuple[int, str] | None, rt: Runtime, run: _Run) -> float:
+    """``[readiness] deadline_s``, capped below slurm.conf's hook timeout with a margin for the roll-back.
+
+    Without the cap slurmd would kill a prolog that waits longer than its
+    timeout (SIGTERM, then SIGKILL), and the reason would be lost.
+    """
+    s = rt.settings.slurm
+    if found is None:
+        return run.deadline_s
+    timeout, key = found
+    # named in the reason of a prolog slurmd kills, also when the cap is off
+    run.hook_timeout = f"{key}={timeout}s"
+    if s.cap_deadline != "yes":
+        return run.deadline_s
+    cap = max(timeout / 2, timeout - s.timeout_margin_s)
+    if cap < run.deadline_s:
+        rt.log.info("prolog.deadline", deadline_s=cap, configured_s=run.deadline_s, hook_timeout=run.hook_timeout)
+        run.deadline_s = cap
+    return run.deadline_s
+
+
+def _no_fabric(rt: Runtime, deadline: float) -> tuple[str, str | None]:
+    """Why NVML says this tray takes no part ('' when it does, or when the check is off), and its key."""
+    if rt.settings.policy.fabric != "nvml":
+        return "", None
+    key = fabric_key(rt.gpu, rt.host, rt.settings, deadline=deadline, log=rt.log)
+    return ("" if key else "this tray has no multi-node NVLink fabric (NVML)"), key
+
+
+def _refuse_without_fabric(job: JobContext, no_fabric: str, rt: Runtime) -> None:
+    """Fail a tray without a fabric that the job's domain counts among its trays: the fault is this tray's.
+
+    Skipping it would leave its peers waiting for a daemon that never
+    starts, and the first of them to time out would be drained instead.  A
+    one-tray job, or a tray the topology source puts in no domain (a CPU
+    node in the job, say), is skipped as before.
+    """
+    try:
+        trays = members.domain_members(job.nodes, job.node, members.load_source(rt.settings))
+    except ConfigError:  # in no block of the topology: part of no IMEX domain
+        return
+    if len(trays) > 1:
+        raise GpuError(
+            f"{no_fabric}, yet job {job.job_id}'s IMEX domain counts this tray among its {len(trays)} trays "
+            f"and its peers would wait for it: check the tray's fabric (imexctl topology), or keep it out of "
+            "IMEX partitions"
+        )
+
+
+def _het_domain(job: JobContext, rt: Runtime) -> JobContext:
+    """A het job's components share one IMEX domain, keyed by the het job id (``[slurm] het_jobs``)."""
+    if job.het_job_id is None:
+        return job
+    if rt.settings.slurm.het_jobs == "per_component":
+        rt.log.info("imex.het_job", het_job_id=job.het_job_id, mode="per_component", trays=len(job.nodes))
+        return job
+    found = slurmctl.het_nodes(job.het_job_id, rt.host, rt.settings, job.slurm_conf)
+    nodes = tuple(dict.fromkeys(node for _, node in found))
+    if job.node not in nodes:
+        raise SlurmQueryError(f"slurmctld does not list this node {job.node} in het job {job.het_job_id}")
+    components = len({offset for offset, _ in found})
+    rt.log.info("imex.het_job", het_job_id=job.het_job_id, mode="joint", components=components, trays=len(nodes))
+    return job.replace(job_id=job.het_job_id, nodes=nodes)
+
+
+def _tell_user(job: JobContext, skip: str, rt: Runtime) -> dict[str, Any]:
+    """Leave the job's user a note that IMEX was not set up (``gate.tell_user``); the summary's field."""
+    paths = rt.settings.paths
+    try:
+        told = tell_user(job, skip, str(paths.run_dir), str(paths.proc_devices))
+    except OSError as exc:  # the job runs all the same: no fault of the tray worth a drain
+        rt.log.warning("imex.note_failed", problem=f"{exc.filename or paths.run_dir}: {exc.strerror or exc}")
+        return {}
+    return told_field(told)
+
+
+def _ask_sharing(job: JobContext, rt: Runtime) -> JobContext:
+    """Slurm 22.05 does not tell the prolog whether the job may share its trays: ask slurmctld, once.
+
+    Only under slurmd (``SLURM_CONF`` set) and with ``[slurm] ask_sharing =
+    yes``.  No answer: the job counts as exclusive, as it always did, and a
+    warning says so; a prolog never fails for a question it could not ask.
+    """
+    if rt.settings.slurm.ask_sharing != "yes" or not job.slurm_conf:
+        return job
+    found = slurmctl.job_oversubscribe(job.job_id, rt.host, rt.settings, job.slurm_conf)
+    if found is None:
+        rt.log.warning("imex.sharing_unknown", reason="slurmctld did not say (scontrol show job): counted as exclusive")
+        return job
+    return job.replace(oversubscribe=found, sharing_from="slurmctld")
+
+
+def _refuse_shared(job: JobContext, rt: Runtime) -> None:
+    """``[policy] shared = refuse``: fail the prolog of a job that may share its trays (Slurm drains them)."""
+    why = shared_reason(job)
+    if why and rt.settings.policy.shared == "refuse":
+        raise DomainBusyError(f"{why} ([policy] shared = refuse)")
+
+
+def _claim(job: JobContext, rt: Runtime) -> None:
+    """Refuse a node whose domain is held by a job that still runs here or a stray daemon; clear leftovers.
+
+    Leftovers of jobs that no longer run on this tray (a daemon that died and
+    an epilog killed at its timeout, say) are torn down as ``cleanup`` would,
+    so the tray is not drained job after job until an admin comes.
+    """
+    paths = rt.settings.paths
+    # only a daemon counts: a pager on a job's file, a ctl client, another user's process never block (issue 22)
+    jobs, strays = scan_jobs(rt)
+    held = _clear_ended_jobs(job, [j for j in jobs if j != job.job_id], rt)
+    if held:
+        other, why = held[0]
+        raise DomainBusyError(
+            f"this node's IMEX domain belongs to job {other}, which {why} "
+            f"(if that job has ended: 'imexctl cleanup --job {other} --force')"
+        )
+    if strays:
+        raise DomainBusyError(f"a stray IMEX daemon runs (pid {strays[0].pid}: {' '.join(strays[0].cmdline)})")
+    if paths.job(job.job_id).exists():
+        rt.log.warning(
+            "state.removed", reason="leftovers of an earlier run of this job", actions=teardown(job.job_id, rt)
+        )
+
+
+def _clear_ended_jobs(job: JobContext, others: list[int], rt: Runtime) -> list[tuple[int, str]]:
+    """Tear down what other jobs left here if they no longer run; return those that may still run, and why.
+
+    Decided on the tray (a slurmstepd or cgroup of the job; a set-up domain
+    whose epilog has not run, see ``teardown.still_runs``); only in that
+    doubt is slurmctld asked, once per job: a job it reports ended, requeued
+    or pending no longer runs on this allocation.  No answer keeps the job.
+    """
+    held = []
+    for other in others:
+        why = still_runs(other, rt)
+        if why.startswith("may still run"):
+            state = slurmctl.job_state(other, rt.host, rt.settings, job.slurm_conf) if job.slurm_conf else None
+            if state is not None and not slurmctl.wants_to_start(state):
+                why = ""
+        if why:
+            held.append((other, why))
+            continue
+        rt.log.warning(
+            "state.removed", reason=f"leftovers of job {other}, which no longer runs here", actions=teardown(other, rt)
+        )
+    return held
+
+
+def _setup(
+    job: JobContext, trays: tuple[str, ...], rt: Runtime, deadline: float, *, with_daemon: bool, slurm_channels: bool
+) -> dict[str, Any]:
+    """Resolve, write the files, start the daemon, wait for readiness, create the channel."""
+    if not with_daemon:
+        return _setup_channel_only(job, trays, rt)
+    try:
+        addresses = _resolve(job, trays, rt)
+        own = addresses[trays.index(job.node)]
+        channel = _plan_channel(job, rt, slurm_channels=slurm_channels)
+        ports = _ports(job, rt)
+        jd = _write_files(job, trays, addresses, ports, channel, rt)
+        rt.step("files_written")
+        _start(jd, own, ports, rt)
+        rt.step("daemon_started")
+        ready = _wait_ready(jd, own, addresses, ports[1], rt, deadline)
+        rt.step("ready")
+        if channel is not None:
+            _create_channel(job, *channel, rt)
+            rt.step("channel_created")
+    except OSError as exc:  # our own files: a full or read-only /run, a symlink where a directory belongs
+        raise FileError(f"{exc.filename or 'file'}: {exc.strerror or exc}") from exc
+    return {
+        "trays": len(trays),
+        "port": ports[0],
+        "cmd_port": ports[1],
+        "channel": str(channel[2]) if channel else "",
+        "ready": ready.ready,
+        "blamed": list(ready.blamed),
+    }
+
+
+def _setup_channel_only(job: JobContext, trays: tuple[str, ...], rt: Runtime) -> dict[str, Any]:
+    """``[policy] single_tray = channel``: the job's channel and its state, no daemon."""
+    channel = _plan_channel(job, rt)
+    jd = rt.settings.paths.job(job.job_id)
+    try:
+        ensure_dir(jd.path, 0o755, private_from=rt.settings.paths.run_dir)
+        minor, chan = (channel[1], str(channel[2])) if channel else (None, "")
+        state = JobState(job.job_id, job.node, *job.owner, job.user, trays, (), 0, "none", minor, chan, rt.host.time())
+        write_state(jd, state)
+        if channel is not None:
+            _create_channel(job, *channel, rt)
+            rt.step("channel_created")
+    except OSError as exc:
+        raise FileError(f"{exc.filename or 'file'}: {exc.strerror or exc}") from exc
+    return {"trays": 1, "channel": str(channel[2]) if channel else "", "daemon": False}
+
+
+def _resolve(job: JobContext, trays: tuple[str, ...], rt: Runtime) -> tuple[str, ...]:
+    """Every tray's address by ``[resolve] method``; this tray's must be on one of its interfaces."""
+    s = rt.settings
+    table = None
+    if s.resolve.method == "slurm_conf":
+        from imexctl.slurm import nodeaddr
+
+        table = nodeaddr.read(nodeaddr.conf_path(job.slurm_conf, s.paths.root))
+    addresses = members.resolve_all(
+        trays, method=s.resolve.method, host=rt.host, hosts_file=s.paths.hosts_file, node_addrs=table
+    )
+    rt.log.info(
+        "imex.nodes.resolved", trays=list(trays), addresses=list(addresses), nodes_hash=imexconf.nodes_hash(addresses)
+    )
+    members.check_own(job.node, addresses[trays.index(job.node)], s.resolve.method, rt.host)
+    return addresses
+
+
+def _ports(job: JobContext, rt: Runtime) -> tuple[int, int]:
+    """The job's ``SERVER_PORT`` and ``IMEX_CMD_PORT``, the same on every tray."""
+    ports = rt.settings.ports
+    return (imexconf.job_port(job.job_id, ports.server_port_range), imexconf.job_port(job.job_id, ports.cmd_port_range))
+
+
+def _plan_channel(job: JobContext, rt: Runtime, *, slurm_channels: bool = False) -> tuple[int, int, Path] | None:
+    """``(major, minor, path)`` of the job's channel, or None with ``channels = none``.
+
+    None too when slurm.conf has ``SwitchType=switch/nvidia_imex``: that plugin
+    gives each step its own channel in a private mount namespace and removes
+    host channel nodes when slurmd starts, so a channel of imexctl's would be
+    invisible to the job (design.md source slurm-switch-imex).  Checked before
+    anything starts: the driver must have channels, and the minor must lie
+    below the driver's ``NVreg_ImexChannelCount``.
+    """
+    s, paths = rt.settings, rt.settings.paths
+    if s.policy.channels != "job":
+        return None
+    if slurm_channels:
+        rt.log.info("imex.channels.slurm", reason="slurm.conf: SwitchType=switch/nvidia_imex owns the channels")
+        return None
+    major = devices.read_major(paths.proc_devices)
+    minor = devices.channel_minor(job.job_id, s.policy.channel_count)
+    devices.check_minor(minor, devices.driver_channel_count(paths.nvidia_params), s.policy.channel_count)
+    return major, minor, devices.channel_path(paths.channel_dir, minor)
+
+
+def _write_files(
+    job: JobContext,
+    trays: tuple[str, ...],
+    addresses: tuple[str, ...],
+    ports: tuple[int, int],
+    channel: tuple[int, int, Path] | None,
+    rt: Runtime,
+) -> JobDir:
+    """The nodes file, the complete config.cfg, then state.json (so teardown finds the channel)."""
+    s, jd = rt.settings, rt.settings.paths.job(job.job_id)
+    own = addresses[trays.index(job.node)]
+    ensure_dir(jd.path, 0o755, private_from=s.paths.run_dir)
+    atomic_write(jd.nodes, imexconf.render_nodes(addresses), mode=0o644)
+    ensure_dir(s.paths.imex_log_file.parent)
+    text = imexconf.render_config(
+        job_id=job.job_id,
+        port=ports[0],
+        cmd_port=ports[1],
+        bind_ip=own,
+        nodes_path=jd.nodes,
+        log_file=s.paths.imex_log_file,
+        overrides=s.imex,
+        auth=peerauth.config_values(s.auth, s.paths.root),
+    )
+    atomic_write(jd.config, text, mode=0o644)
+    rt.log.info("imex.config.written", config=str(jd.config), nodes=str(jd.nodes))
+    minor, chan = (channel[1], str(channel[2])) if channel else (None, "")
+    write_state(
+        jd,
+        JobState(
+            job.job_id,
+            job.node,
+            *job.owner,
+            job.user,
+            trays,
+            addresses,
+            ports[0],
+            s.daemon.backend,
+            minor,
+            chan,
+            rt.host.time(),
+            ports[1],
+        ),
+    )
+    return jd
+
+
+def _start(jd: JobDir, own: str, ports: tuple[int, int], rt: Runtime) -> None:
+    """Refuse ports that are taken (a stale daemon?), then start the daemon through the backend."""
+    for key, port in zip(("SERVER_PORT", "IMEX_CMD_PORT"), ports):
+        if rt.host.port_in_use(own, port):
+            raise DomainBusyError(f"{key} {own}:{port} is in use (a stale IMEX daemon?)")
+    daemon.make_backend(rt.host, rt.settings).start(jd)
+    rt.log.info("imex.daemon.started", backend=rt.settings.daemon.backend, port=ports[0], cmd_port=ports[1])
+
+
+def _wait_ready(jd: JobDir, own: str, addresses: tuple[str, ...], cmd_port: int, rt: Runtime, deadline: float) -> Any:
+    from imexctl.hooks import readiness
+
+    probe = readiness.Probe(
+        jd.config, own, addresses, rt.settings.readiness.level, _alive_check(rt.host, rt.settings, jd.config), cmd_port
+    )
+    ready = readiness.wait_ready(rt.host, rt.settings, probe, deadline=deadline, log=rt.log)
+    if ready.blamed:
+        rt.log.warning("imex.peer_blamed", peers=list(ready.blamed), status=ready.status)
+    return ready
+
+
+def _alive_check(host: Host, settings: Settings, config: Path) -> Callable[[], bool]:
+    """Whether the job's daemon still runs: one process-table scan, then cheap pid checks per probe."""
+    known: list[ProcInfo] = []
+
+    def alive() -> bool:
+        if not known:
+            known.extend(daemon.job_processes(host, settings, config))
+            return bool(known)
+        return any(host.is_alive(p) for p in known)
+
+    return alive
+
+
+def _create_channel(job: JobContext, major: int, minor: int, path: Path, rt: Runtime) -> None:
+    devices.ensure_channel_dir(path.parent)
+    if devices.remove_channel(path, minor):
+        rt.log.warning("device.channel.removed", path=str(path), reason="stale node of an earlier job")
+    mode = rt.settings.policy.channel_mode
+    uid, gid = job.owner
+    rt.host.mknod_char(path, major, minor, mode=mode, uid=uid, gid=gid)
+    rt.log.info("device.channel.created", path=str(path), major=major, minor=minor, uid=uid, mode=f"{mode:04o}")
+    others = [str(c.path) for c in devices.list_channels(path.parent) if c.minor != minor]
+    if others:
+        rt.log.warning("device.channel.foreign", channels=others)
+
+
+def _mark_set_up(job: JobContext, rt: Runtime) -> None:
+    """Record that the domain is set up: from now on ``cleanup`` treats the job as running (teardown.py)."""
+    try:
+        mark_state(rt.settings.paths.job(job.job_id), set_up=rt.host.time())
+    except OSError as exc:
+        raise FileError(f"{exc.filename or 'state.json'}: {exc.strerror or exc}") from exc
+
+
+def _rollback(job_id: int, rt: Runtime, exc: BaseException) -> None:
+    """Undo this prolog; if that fails too the node is unsafe and says so (exit 70)."""
+    try:
+        actions = teardown(job_id, rt)
+    except ImexctlError as again:
+        rt.log.error("prolog.rolled_back", ok=False, error=str(again))
+        raise UnsafeNodeError(f"{exc}; rollback failed too: {again}") from exc
+    rt.log.warning("prolog.rolled_back", actions=actions)

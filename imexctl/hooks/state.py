@@ -1,0 +1,139 @@
+"""Node-local state: the per-node lock and the record of which job owns the domain."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import json
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from imexctl.config.settings import JobDir
+from imexctl.platform.errors import FileError, LockTimeout
+from imexctl.platform.fsutil import atomic_write, ensure_dir, read_text_nofollow
+from imexctl.platform.host import Host
+
+__all__ = ["JobState", "job_ids", "mark_state", "node_lock", "read_state", "write_state"]
+
+
+@dataclasses.dataclass(frozen=True)
+class JobState:
+    """What a prolog set up for one job on this node (``<job dir>/state.json``)."""
+
+    job_id: int
+    node: str
+    uid: int
+    gid: int
+    user: str
+    nodes: tuple[str, ...]
+    addresses: tuple[str, ...]
+    port: int
+    backend: str
+    channel_minor: int | None
+    channel_path: str
+    created: float
+    cmd_port: int = 0
+    #: when the prolog finished setting up (0: it did not, or not yet): the domain may be in use
+    set_up: float = 0.0
+    #: when the job's epilog started tearing it down here (0: it did not): the job has ended on this node
+    ended: float = 0.0
+
+
+def write_state(jd: JobDir, state: JobState) -> None:
+    """Record the job's state atomically."""
+    data = dataclasses.asdict(state)
+    atomic_write(jd.state, json.dumps(data, indent=1) + "\n", mode=0o644)
+
+
+def mark_state(jd: JobDir, *, set_up: float = 0.0, ended: float = 0.0) -> bool:
+    """Record when the prolog finished setting up or the epilog began, in the job's state; False without one.
+
+    Raises:
+        OSError: the state cannot be written.
+    """
+    state = read_state(jd)
+    if state is None:
+        return False
+    write_state(jd, dataclasses.replace(state, set_up=set_up or state.set_up, ended=ended or state.ended))
+    return True
+
+
+def read_state(jd: JobDir) -> JobState | None:
+    """The recorded state, or None when absent or unreadable (the epilog must cope)."""
+    try:
+        data: dict[str, Any] = json.loads(read_text_nofollow(jd.state))
+        data["nodes"], data["addresses"] = tuple(data["nodes"]), tuple(data["addresses"])
+        return JobState(**data)
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def job_ids(jobs_dir: Path) -> list[int]:
+    """Job ids that have a per-job directory on this node."""
+    try:
+        return sorted(int(e.name) for e in os.scandir(jobs_dir) if e.name.isdigit())
+    except FileNotFoundError:
+        return []
+
+
+@contextlib.contextmanager
+def node_lock(path: Path, host: Host, timeout_s: float) -> Iterator[None]:
+    """Hold the per-node lock (``flock``) for prologs, epilogs and cleanup.
+
+    The descriptor is close-on-exec, so the daemon never inherits the lock.
+    The kernel releases a ``flock`` when its holder dies, so a lock file left
+    by a killed hook is no obstacle.
+    """
+    import fcntl
+
+    fd = _open_lock(path)
+    try:
+        deadline = host.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if host.monotonic() >= deadline:
+                    raise LockTimeout(f"another imexctl holds {path} for more than {timeout_s:g}s") from None
+                host.sleep(0.02)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _open_lock(path: Path) -> int:
+    """Open (or create) the lock file; refuse a symlink and a file that others could open.
+
+    Anyone who can open the file can ``flock`` it and hold every hook of the
+    node back, so it must be a regular file of ours with no access for group
+    or others (we create it 0600).
+
+    Raises:
+        FileError: it cannot be opened, or is not such a file.
+    """
+    try:
+        # the run directory holds the lock and every job's state: root's alone, or refused
+        ensure_dir(path.parent, 0o755, private_from=path.parent)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+    except OSError as exc:
+        why = "is a symbolic link (not followed)" if exc.errno == errno.ELOOP else exc.strerror
+        where = f"{exc.filename}: " if exc.filename and exc.filename != str(path) else ""
+        raise FileError(f"cannot open the node lock {path}: {where}{why}") from exc
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        os.close(fd)
+        raise FileError(
+            f"the node lock {path} must be a regular file owned by uid {os.geteuid()} with mode 0600, not "
+            f"{_kind(st.st_mode)} of uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):04o}: "
+            "others could hold the lock; remove it"
+        )
+    return fd
+
+
+def _kind(mode: int) -> str:
+    return "a regular file" if stat.S_ISREG(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a special file"

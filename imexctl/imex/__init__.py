@@ -1,0 +1,1 @@
+"""The IMEX daemon: its config files, its service backends, its processes, nvidia-imex-ctl's output, peer TLS."""

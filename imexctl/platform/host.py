@@ -1,0 +1,503 @@
+"""Every effect imexctl has on the machine except plain files: the ``Host`` seam.
+
+``RealHost`` is thin and makes no decisions; ``tests.support.fakes.FakeHost``
+records calls and refuses what it does not know.  Foreign exceptions
+(``OSError``, ``subprocess.TimeoutExpired``, ``psutil.Error``) do not leave
+this module except as :class:`~imexctl.platform.errors.CommandError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import stat
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import subprocess
+
+from imexctl.platform.errors import CommandError, DeviceError
+from imexctl.platform.procscan import cmdlines
+
+__all__ = ["MAX_OUTPUT", "SAFE_ENV", "Completed", "Host", "ProcInfo", "RealHost", "split_cmdline"]
+
+# The environment of every child: slurmd gives hooks none worth passing on.
+SAFE_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+# Most bytes kept from one command (stdout and stderr together).  `nvidia-imex-ctl -N -j`
+# for a full rack prints about 20 KB; a command that never stops printing must not fill memory.
+MAX_OUTPUT = 4 * 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Completed:
+    """A finished command."""
+
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcInfo:
+    """A live process, identified by ``(pid, create_time)`` against pid reuse.
+
+    ``create_time`` is when the process started, in seconds since boot (the clock of
+    :meth:`Host.since_boot`), not a wall-clock time: it never changes while the process
+    lives, whatever happens to the wall clock.
+    """
+
+    pid: int
+    create_time: float
+    cmdline: tuple[str, ...]
+    pgid: int = 0
+    sid: int = 0
+    #: real user id (``/proc/<pid>/status``); -1 where not read.  Not part of the identity (==)
+    uid: int = dataclasses.field(default=-1, compare=False)
+    #: the executable as the kernel shows it (``/proc/<pid>/exe``); '' where not read or not shown
+    exe: str = dataclasses.field(default="", compare=False)
+
+
+class Host(Protocol):
+    """Every effect imexctl has on the machine, except plain files under ``Paths``."""
+
+    def run(self, argv: Sequence[str], *, timeout_s: float, env: Mapping[str, str] | None = None) -> Completed:
+        """Run a command to completion: no shell, bounded, ``env`` added to :data:`SAFE_ENV`.
+
+        Raises CommandError if it cannot run or times out.
+        """
+
+    def spawn_detached(self, argv: Sequence[str], *, log_path: Path, env: Mapping[str, str] | None = None) -> ProcInfo:
+        """Start a daemon in a new session, stdio on ``log_path``, ``env`` added to :data:`SAFE_ENV`."""
+
+    def resolve(self, name: str) -> list[str]:
+        """Every address of a host name, in resolver order."""
+
+    def mknod_char(self, path: Path, major: int, minor: int, *, mode: int, uid: int, gid: int) -> None:
+        """Create a character device node with exactly this owner and mode."""
+
+    def processes_with_arg(self, arg: str, *, prefix: bool = False) -> list[ProcInfo]:
+        """Live processes with an argv element equal to (or starting with) ``arg``, with their uid and exe."""
+
+    def is_alive(self, proc: ProcInfo) -> bool:
+        """Whether that very process (pid and start time) still runs."""
+
+    def send_signal(self, proc: ProcInfo, signum: int) -> None:
+        """Signal the process if it is still the same one."""
+
+    def job_is_running(self, job_id: int) -> bool:
+        """Whether the Slurm job still has anything on this node."""
+
+    def port_in_use(self, address: str, port: int) -> bool:
+        """Whether a TCP listener could not bind ``address:port`` now."""
+
+    def tcp_reach(self, addresses: Sequence[str], port: int, timeout_s: float) -> dict[str, str]:
+        """Try a TCP connection to ``port`` on every address at once: ``open``, ``refused``, ``timeout`` or why."""
+
+    def is_local_address(self, address: str) -> bool:
+        """Whether ``address`` is on one of this machine's interfaces (a daemon can bind it)."""
+
+    def monotonic(self) -> float:
+        """Monotonic clock, seconds."""
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep."""
+
+    def time(self) -> float:
+        """Wall clock, seconds since the epoch."""
+
+    def since_boot(self) -> float:
+        """Seconds since boot, suspend included: the clock of ``ProcInfo.create_time``."""
+
+    def euid(self) -> int:
+        """Effective user id."""
+
+
+class RealHost:
+    """The production Host: every subprocess bounded, no shell, absolute argv[0]."""
+
+    def run(self, argv: Sequence[str], *, timeout_s: float, env: Mapping[str, str] | None = None) -> Completed:
+        """Run a command to completion with a timeout; never raises for a non-zero exit.
+
+        Raises:
+            CommandError: it cannot be started, does not finish within ``timeout_s``,
+                or prints more than :data:`MAX_OUTPUT` bytes (it is killed then).
+        """
+        import subprocess
+
+        argv = tuple(argv)
+        try:
+            p = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env={**SAFE_ENV, **(env or {})},
+                close_fds=True,
+            )
+        except (OSError, ValueError) as exc:  # ValueError: a NUL byte in argv
+            raise CommandError(argv, f"cannot run: {getattr(exc, 'strerror', None) or exc}") from exc
+        try:
+            out, err, problem = _collect(p, timeout_s)
+        finally:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        if problem:
+            raise CommandError(argv, problem, output=out)
+        return Completed(argv, p.returncode, out, err)
+
+    def spawn_detached(self, argv: Sequence[str], *, log_path: Path, env: Mapping[str, str] | None = None) -> ProcInfo:
+        """Start a daemon outside our session and process group, stdio on a log file.
+
+        slurmd kills the hook's process group and reads its pipe until EOF
+        (design.md source slurm-pgroup): the child gets a new session, ``/dev/null`` as stdin
+        and the log file as stdout/stderr, and inherits no other descriptor.
+        """
+        import subprocess
+
+        argv = tuple(argv)
+        try:
+            fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+            try:
+                p = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=fd,
+                    stderr=fd,
+                    start_new_session=True,
+                    close_fds=True,
+                    env={**SAFE_ENV, **(env or {})},
+                    cwd="/",
+                )
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise CommandError(argv, f"cannot start: {exc.strerror} ({exc.filename or argv[0]})") from exc
+        return self._once_visible(p.pid, argv)
+
+    def _once_visible(self, pid: int, argv: tuple[str, ...]) -> ProcInfo:
+        """The new process once ``/proc`` shows its command line (at most 1 s; at once if it already exited).
+
+        Popen returns when the exec has begun, and the kernel sets the command
+        line only once it has loaded the program: until then
+        ``/proc/<pid>/cmdline`` is empty (3 reads in 4 right after Popen on
+        this loaded 2-core machine).  Every later search for the daemon by its
+        command line (the roll-back, the readiness probe's liveness check,
+        status) would miss it.
+        """
+        deadline = time.monotonic() + 1.0
+        while True:
+            info = self._info(pid)
+            if info is None or info.cmdline or time.monotonic() >= deadline:
+                return info or ProcInfo(pid, 0.0, argv)
+            time.sleep(0.001)
+
+    def resolve(self, name: str) -> list[str]:
+        """All addresses of ``name`` (IPv4 and IPv6), in resolver order, without repeats."""
+        import socket
+
+        try:
+            infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+        except (socket.gaierror, UnicodeError) as exc:
+            raise CommandError(("getaddrinfo", name), f"cannot resolve {name!r}: {exc}") from exc
+        out: list[str] = []
+        for info in infos:
+            addr = str(info[4][0]).split("%", 1)[0]
+            if addr not in out:
+                out.append(addr)
+        return out
+
+    def mknod_char(self, path: Path, major: int, minor: int, *, mode: int, uid: int, gid: int) -> None:
+        """Create a character device node with exactly this owner and mode."""
+        old = os.umask(0)
+        try:
+            # root-owned with the final mode first, then handed to the job's owner
+            os.mknod(path, stat.S_IFCHR | mode, os.makedev(major, minor))
+            os.chown(path, uid, gid, follow_symlinks=False)
+        except OSError as exc:
+            raise DeviceError(f"mknod {path} c {major} {minor}: {exc.strerror}") from exc
+        finally:
+            os.umask(old)
+
+    def processes_with_arg(self, arg: str, *, prefix: bool = False) -> list[ProcInfo]:
+        """Live (non-zombie) processes with an argv element equal to (or starting with) ``arg``.
+
+        Read from ``/proc`` as psutil reads it (see :func:`split_cmdline`), without
+        importing psutil: that import alone is about 13 ms of a hook (docs/performance.md).
+        """
+        needle = os.fsencode(arg)
+        found = []
+        try:
+            every = cmdlines()
+        except OSError as exc:
+            raise CommandError(("listdir", "/proc"), exc.strerror or str(exc)) from exc
+        for pid, raw in every:
+            if needle not in raw:  # a cheap superset of the matches: an element always is a substring
+                continue
+            cmd = split_cmdline(os.fsdecode(raw))
+            hit = any(a.startswith(arg) for a in cmd) if prefix else arg in cmd
+            info = self._info(pid, identity=True) if hit else None
+            if info is not None:  # None: a zombie, or it exited meanwhile
+                found.append(info)
+        return found
+
+    def is_alive(self, proc: ProcInfo) -> bool:
+        """True while the same process (pid and start time) runs and is not a zombie."""
+        info = self._info(proc.pid)
+        return info is not None and (not proc.create_time or info.create_time == proc.create_time)
+
+    def send_signal(self, proc: ProcInfo, signum: int) -> None:
+        """Signal the process if it is still the same one; a vanished process is fine."""
+        if self.is_alive(proc):
+            try:
+                os.kill(proc.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def job_is_running(self, job_id: int) -> bool:
+        """Whether job ``job_id`` still has anything on this node (slurmstepd or cgroup)."""
+        import glob
+
+        import psutil
+
+        tag = f"[{job_id}."
+        for p in psutil.process_iter(["name", "cmdline"]):
+            name = p.info.get("name") or ""
+            if name.startswith("slurmstepd") and tag in " ".join(p.info.get("cmdline") or []):
+                return True
+        # cgroup v2 (slurmstepd.scope) and v1 (<controller>/slurm*/uid_*/job_N) layouts
+        patterns = (
+            f"/sys/fs/cgroup/system.slice/slurmstepd.scope/job_{job_id}",
+            f"/sys/fs/cgroup/*/slurm*/uid_*/job_{job_id}",
+        )
+        return any(glob.glob(pattern) for pattern in patterns)
+
+    def port_in_use(self, address: str, port: int) -> bool:
+        """Whether a TCP listener could not bind ``address:port`` now."""
+        import errno
+        import socket
+
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((address, port))
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    return True
+                if exc.errno == errno.EADDRNOTAVAIL:
+                    return False
+                raise CommandError(("bind", f"{address}:{port}"), exc.strerror or str(exc)) from exc
+        return False
+
+    def tcp_reach(self, addresses: Sequence[str], port: int, timeout_s: float) -> dict[str, str]:
+        """Try a TCP connection to ``port`` on every address at once (non-blocking, one ``select``).
+
+        ``refused`` means an RST came back (the path works, nothing listens,
+        or a firewall that rejects); ``timeout`` that nothing came back (a
+        firewall that drops, or a tray that is gone).
+        """
+        import errno
+        import selectors
+        import socket
+
+        out: dict[str, str] = {}
+        pending: dict[socket.socket, str] = {}
+        sel = selectors.DefaultSelector()
+        try:
+            for addr in addresses:
+                s = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM)
+                s.setblocking(False)
+                rc = s.connect_ex((addr, port))
+                if rc in (0, errno.EINPROGRESS):
+                    pending[s] = addr
+                    sel.register(s, selectors.EVENT_WRITE)
+                else:
+                    out[addr] = _reach_word(rc)
+                    s.close()
+            deadline = time.monotonic() + timeout_s
+            while pending and (left := deadline - time.monotonic()) > 0:
+                for key, _ in sel.select(left):
+                    sock = key.fileobj
+                    assert isinstance(sock, socket.socket)
+                    out[pending.pop(sock)] = _reach_word(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR))
+                    sel.unregister(sock)
+                    sock.close()
+        finally:
+            for sock, addr in pending.items():
+                out.setdefault(addr, "timeout")
+                sock.close()
+            sel.close()
+        return out
+
+    def is_local_address(self, address: str) -> bool:
+        """Whether binding ``address`` (any port) works: the kernel refuses an address of no interface.
+
+        Only a bind, no psutil (about 13 ms to import on the prolog's path).
+        With ``net.ipv4.ip_nonlocal_bind = 1`` every address binds, and this says yes.
+        """
+        import errno
+        import socket
+
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((address, 0))
+            except OSError as exc:
+                if exc.errno == errno.EADDRNOTAVAIL:
+                    return False
+                raise CommandError(("bind", f"{address}:0"), exc.strerror or str(exc)) from exc
+        return True
+
+    def monotonic(self) -> float:
+        """Monotonic clock, seconds."""
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep."""
+        time.sleep(max(0.0, seconds))
+
+    def time(self) -> float:
+        """Wall clock, seconds since the epoch."""
+        return time.time()
+
+    def since_boot(self) -> float:
+        """``CLOCK_BOOTTIME``: the clock of the kernel's process start times."""
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+    def euid(self) -> int:
+        """Effective user id."""
+        return os.geteuid()
+
+    @staticmethod
+    def _info(pid: int, *, identity: bool = False) -> ProcInfo | None:
+        """The live process ``pid`` from ``/proc``; None when it is gone or a zombie.
+
+        Read directly, as psutil reads the same files: importing psutil costs
+        about 13 ms, and every epilog that stops a daemon calls this through
+        :meth:`send_signal` (docs/performance.md).  With ``identity``, also its
+        uid and executable (:mod:`imexctl.imex.procs` decides from them whether
+        it is a daemon).
+        """
+        try:
+            state, start = _stat(pid)
+            if state in (b"Z", b"X"):  # zombie or dead: proc(5), field 3
+                return None
+            info = ProcInfo(pid, start, _cmdline(pid), os.getpgid(pid), os.getsid(pid))
+            return dataclasses.replace(info, uid=_uid(pid), exe=_exe(pid)) if identity else info
+        except (OSError, ValueError, IndexError):  # ProcessLookupError, /proc/<pid> gone, or unreadable
+            return None
+
+
+def _stat(pid: int) -> tuple[bytes, float]:
+    """Process ``pid``'s state letter (field 3 of ``/proc/<pid>/stat``) and start in seconds since boot.
+
+    The start is ``starttime``, field 22; proc(5): "The time the process
+    started after system boot", in clock ticks.  It never changes.  psutil's
+    ``create_time()`` adds the boot time of ``/proc/stat``, which the kernel
+    recomputes from the wall clock on every read, so it moves when the clock
+    is stepped (and can flip by a second under NTP): the same process would
+    look like another one (giampaolo/psutil issues #2526 and #2541).
+    """
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        data = f.read()
+    # the command name (field 2) is in parentheses and may hold blanks or ')': split after the last ')'
+    fields = data[data.rindex(b")") + 2 :].split()
+    return fields[0], int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def _uid(pid: int) -> int:
+    """Process ``pid``'s real user id: the first number of the ``Uid:`` line of ``/proc/<pid>/status``."""
+    with open(f"/proc/{pid}/status", "rb") as f:
+        for line in f:
+            if line.startswith(b"Uid:"):
+                return int(line.split()[1])
+    raise ValueError(f"/proc/{pid}/status has no Uid line")
+
+
+def _exe(pid: int) -> str:
+    """Process ``pid``'s executable, or '' where the kernel does not show it (another user's, to non-root)."""
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return ""
+
+
+def _cmdline(pid: int) -> tuple[str, ...]:
+    """Process ``pid``'s argv from ``/proc/<pid>/cmdline``, split as psutil splits it.
+
+    Elements end with NUL bytes.  A process that rewrote its title
+    (setproctitle) may leave blanks between the words instead and no final
+    NUL, or one final NUL after them all: then the words are split at blanks.
+    Empty for a kernel thread.
+    """
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return split_cmdline(os.fsdecode(f.read()))
+
+
+def split_cmdline(data: str) -> tuple[str, ...]:
+    """The argv in the text of a ``/proc/<pid>/cmdline`` (see :func:`_cmdline`)."""
+    if not data:
+        return ()
+    sep = "\0" if data.endswith("\0") else " "
+    args = data[:-1].split(sep) if data.endswith(sep) else data.split(sep)
+    if sep == "\0" and len(args) == 1 and " " in args[0]:
+        args = args[0].split(" ")
+    return tuple(args)
+
+
+def _collect(p: subprocess.Popen[bytes], timeout_s: float) -> tuple[str, str, str]:
+    """Read a child's stdout and stderr until it exits: ``(stdout, stderr, problem)``.
+
+    ``problem`` is '' on success, else why reading stopped: the deadline passed or the
+    output exceeded :data:`MAX_OUTPUT` (what was read so far is returned with it).
+    """
+    import selectors
+    import subprocess
+
+    assert p.stdout is not None
+    assert p.stderr is not None
+    deadline = time.monotonic() + timeout_s
+    fds = (p.stdout.fileno(), p.stderr.fileno())
+    bufs = {fd: bytearray() for fd in fds}
+    problem = ""
+    with selectors.DefaultSelector() as sel:
+        for fd in fds:
+            sel.register(fd, selectors.EVENT_READ)
+        while sel.get_map() and not problem:
+            left = deadline - time.monotonic()
+            ready = sel.select(left) if left > 0 else []
+            if not ready:
+                problem = f"no answer within {timeout_s:.3g}s"
+            for key, _ in ready:
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    sel.unregister(key.fd)
+                bufs[key.fd] += chunk
+                if sum(map(len, bufs.values())) > MAX_OUTPUT:
+                    problem = f"printed more than {MAX_OUTPUT} bytes"
+    if not problem:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            problem = f"no answer within {timeout_s:.3g}s"
+    out, err = (bytes(bufs[fd]).decode(errors="replace") for fd in fds)
+    return out, err, problem
+
+
+def _reach_word(err: int) -> str:
+    """``open`` for 0, else the connection error in a word or two (``refused``, ``no route to host``, ...)."""
+    import errno
+    import os
+
+    if err == 0:
+        return "open"
+    if err == errno.ECONNREFUSED:
+        return "refused"
+    if err == errno.ETIMEDOUT:
+        return "timeout"
+    return os.strerror(err).lower()

@@ -1,0 +1,294 @@
+"""structlog set-up (called once from ``cli.main``) and the event catalogue.
+
+Event names are an interface: docs/events.md lists each one and a test keeps
+the two in sync.  Every line carries ``hook``, ``job_id`` and ``node`` once
+they are bound with ``structlog.contextvars.bind_contextvars``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# typing and pathlib are not imported at run time (start-up cost of the hooks' fast path); mypy reads this block
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import IO, Any
+
+__all__ = [
+    "EVENTS",
+    "LineLogger",
+    "SinkLogger",
+    "configure_logging",
+    "configure_structlog",
+    "open_log_file",
+    "open_sink",
+    "render_json",
+]
+
+# name -> one-line meaning (docs/events.md is checked against this table)
+EVENTS: dict[str, str] = {
+    "prolog.done": "summary of one prolog run: ok, reason, timings, port, channel",
+    "epilog.done": "summary of one epilog run: ok, what was removed",
+    "cleanup.done": "summary of one cleanup run",
+    "imex.skipped": "the job gets no IMEX domain on this node (policy, fabric, shared node)",
+    "imex.sharing_unknown": "Slurm 22.05: slurmctld did not say whether the job may share its trays",
+    "imex.note_failed": "the note telling the job's user why it runs without IMEX could not be written",
+    "prolog.deadline": "the readiness deadline was capped below slurm.conf's hook timeout (or it was unreadable)",
+    "prolog.job_ended": "the job was cancelled while its prolog waited: rolled back, exit 0, no drain",
+    "imex.channels.slurm": "slurm.conf sets SwitchType=switch/nvidia_imex: Slurm owns the channels, imexctl makes none",
+    "imex.het_job": "a het job: one domain over its components (joint) or one per component",
+    "imex.domain.split": "the job spans several NVLink domains: the one this tray joined and its tray count",
+    "imex.nodes.resolved": "the job's trays in this NVLink domain, their addresses and the list's hash",
+    "imex.config.written": "config.cfg and nodes_config.cfg written for the job",
+    "imex.daemon.started": "the IMEX daemon was started for the job",
+    "imex.daemon.stopped": "the job's IMEX daemon stopped",
+    "imex.daemon.killed": "the job's IMEX daemon ignored SIGTERM and was killed",
+    "imex.daemon.lost": "the epilog found that the job's IMEX daemon had ended before the job",
+    "imex.health.poll": "one readiness probe (debug)",
+    "imex.ready": "the local daemon is READY and (level domain) the domain is UP",
+    "imex.not_ready": "readiness deadline passed; carries the last connection table",
+    "imex.peer_blamed": "the domain is not UP because a peer daemon reports itself not ready",
+    "gpu.fabric.waiting": "a GPU's NVLink fabric registration is still pending; NVML is asked again every second",
+    "gpu.fabric.degraded": "GPUs of the clique report fabric health problems that the prolog lets pass",
+    "gpu.fabric.read": "the tray's fabric facts per GPU, its clique key and the time waited (debug)",
+    "device.channel.created": "the job's IMEX channel device node was created",
+    "device.channel.removed": "the job's IMEX channel device node was removed",
+    "device.channel.foreign": "other channel nodes are visible next to the job's channel",
+    "state.removed": "the job's per-job directory and state were removed",
+    "prolog.rolled_back": "a failed prolog undid what it had done",
+    "metrics.failed": "the Prometheus text file could not be updated; the run itself is not affected",
+    "imexctl.failed": "a command failed with an expected error (error_code, exit_code)",
+    "imexctl.crashed": "a command failed with an unexpected exception (a bug)",
+}
+
+_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
+
+
+class SinkLogger:
+    """The one structlog logger: writes each rendered line to the log file, stderr and syslog.
+
+    structlog calls the method named after the level (``info``, ``error``,
+    ``exception``...) with the line the last processor (the JSON renderer)
+    made; the level decides whether stderr and syslog get it too.
+    """
+
+    def __init__(self, file: IO[str] | None, stderr: IO[str] | None, stderr_level: int, syslog: bool) -> None:
+        self._file, self._stderr, self._stderr_level, self._syslog = file, stderr, stderr_level, syslog
+        if syslog:
+            import syslog as _syslog
+
+            _syslog.openlog("imexctl", _syslog.LOG_PID, _syslog.LOG_DAEMON)
+
+    def write(self, line: str, level: int) -> None:
+        """Send one rendered line to every sink that takes its level."""
+        if self._file is not None:
+            self._file.write(line + "\n")
+            self._file.flush()
+        if self._stderr is not None and level >= self._stderr_level:
+            self._stderr.write(line + "\n")
+            self._stderr.flush()
+        if self._syslog:
+            import syslog
+
+            syslog.syslog(
+                syslog.LOG_ERR if level >= 40 else syslog.LOG_WARNING if level >= 30 else syslog.LOG_INFO, line
+            )
+
+    def debug(self, line: str) -> None:
+        """A debug line."""
+        self.write(line, 10)
+
+    def info(self, line: str) -> None:
+        """An info line."""
+        self.write(line, 20)
+
+    msg = info
+
+    def warning(self, line: str) -> None:
+        """A warning line."""
+        self.write(line, 30)
+
+    def error(self, line: str) -> None:
+        """An error line."""
+        self.write(line, 40)
+
+    exception = error
+
+    def critical(self, line: str) -> None:
+        """A critical line."""
+        self.write(line, 50)
+
+
+def configure_logging(
+    *, level: str = "info", log_file: Path | None = None, stderr_level: str = "warning", syslog: bool = False
+) -> str | None:
+    """Configure structlog once: JSON lines to ``log_file``, ``stderr`` and optionally syslog.
+
+    Returns:
+        A warning text if the log file could not be opened (logging then goes to stderr only).
+    """
+    sink, problem = open_sink(log_file=log_file, stderr_level=stderr_level, syslog=syslog)
+    configure_structlog(sink, level)
+    return problem
+
+
+def open_sink(
+    *, log_file: Path | None = None, stderr_level: str = "warning", syslog: bool = False
+) -> tuple[SinkLogger, str | None]:
+    """The one sink of this run, and a warning text if the log file could not be opened (then stderr only)."""
+    problem = None
+    file = None
+    if log_file is not None:
+        try:
+            file = open_log_file(log_file)
+        except OSError as exc:
+            problem = f"cannot open log file {log_file}: {exc.strerror}"
+    return SinkLogger(file, sys.stderr, _LEVELS[stderr_level], syslog), problem
+
+
+def configure_structlog(sink: SinkLogger, level: str) -> None:
+    """Render every structlog line to ``sink``: JSON, with the bound context, the level and a UTC timestamp."""
+    import structlog
+
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(sort_keys=False),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
+        logger_factory=lambda *_: sink,
+        cache_logger_on_first_use=False,
+    )
+
+
+class LineLogger:
+    """The lines of :func:`configure_structlog`, rendered without importing structlog.
+
+    ``import structlog`` costs about 60 ms (``structlog.stdlib`` pulls in
+    ``asyncio`` and ``ssl``; docs/performance.md), three times what the
+    interpreter needs to start.  A prolog that policy skips and an epilog
+    with nothing to do write only their summary lines, on every tray for
+    every job: they use this logger instead.  It renders what structlog's
+    processors render, field for field: the call's fields, ``event``, the
+    bound context (``hook``, ``job_id``, ``node``), ``level``, ``timestamp``
+    (tests/platform/test_log.py compares the two).  It knows ``debug``, ``info``,
+    ``warning`` and ``error``; exceptions are left to structlog.
+    """
+
+    def __init__(self, sink: SinkLogger, level: str, context: dict[str, Any]) -> None:
+        self._sink, self._level, self.context = sink, _LEVELS[level], dict(context)
+
+    def bind_context(self, **kw: Any) -> None:
+        """Add fields to every later line (what ``structlog.contextvars.bind_contextvars`` does)."""
+        self.context.update(kw)
+
+    def debug(self, event: str, **kw: Any) -> None:
+        """A debug line."""
+        self._emit("debug", event, kw)
+
+    def info(self, event: str, **kw: Any) -> None:
+        """An info line."""
+        self._emit("info", event, kw)
+
+    def warning(self, event: str, **kw: Any) -> None:
+        """A warning line."""
+        self._emit("warning", event, kw)
+
+    def error(self, event: str, **kw: Any) -> None:
+        """An error line."""
+        self._emit("error", event, kw)
+
+    def _emit(self, method: str, event: str, kw: dict[str, Any]) -> None:
+        import datetime as dt
+
+        if _LEVELS[method] < self._level:
+            return
+        line = {**kw, "event": event}
+        for key, value in self.context.items():  # merge_contextvars: the call's own fields win
+            line.setdefault(key, value)
+        line["level"] = method
+        # what TimeStamper does with fmt "iso" and utc
+        line["timestamp"] = dt.datetime.now(tz=dt.timezone.utc).isoformat().replace("+00:00", "Z")
+        getattr(self._sink, method)(render_json(line))
+
+
+def render_json(value: Any) -> str:
+    """``json.dumps(value)`` as structlog's JSONRenderer calls it, without importing ``json`` for plain lines.
+
+    ``import json`` costs a hook's fast path about 10 ms (it imports ``re``).
+    Lines of ASCII strings, ints, finite floats, booleans, None, lists,
+    tuples and dicts with string keys are rendered here, byte for byte as
+    ``json.dumps`` renders them (tests/platform/test_log.py); anything else goes to
+    ``json.dumps``.
+    """
+    try:
+        return _render(value)
+    except _NotPlain:
+        import json
+
+        return json.dumps(value, default=_json_fallback)
+
+
+class _NotPlain(Exception):
+    """A value that :func:`render_json` leaves to ``json.dumps``."""
+
+
+# json.dumps's ensure_ascii escapes: the short forms, then \u00XX for every other control character and DEL
+_ESCAPES = {
+    **{i: f"\\u{i:04x}" for i in (*range(0x20), 0x7F)},
+    **{ord(c): e for c, e in zip('"\\\n\r\t\b\f', ('\\"', "\\\\", "\\n", "\\r", "\\t", "\\b", "\\f"))},
+}
+
+
+_INF = float("inf")
+
+
+def _render(value: Any) -> str:
+    kind = type(value)
+    if kind is str:
+        text: str = value
+        if not text.isascii():
+            raise _NotPlain
+        return '"' + text.translate(_ESCAPES) + '"'
+    if value is None:
+        return "null"
+    if kind is bool:
+        return "true" if value else "false"
+    if kind is int:
+        return int.__repr__(value)
+    if kind is float:
+        if not -_INF < value < _INF:  # also NaN: json.dumps writes NaN, Infinity, -Infinity
+            raise _NotPlain
+        return float.__repr__(value)
+    if kind is list or kind is tuple:
+        return "[" + ", ".join(_render(v) for v in value) + "]"
+    if kind is dict:
+        if not all(type(k) is str for k in value):
+            raise _NotPlain
+        return "{" + ", ".join(f"{_render(k)}: {_render(v)}" for k, v in value.items()) + "}"
+    raise _NotPlain
+
+
+def _json_fallback(obj: Any) -> Any:
+    """What structlog's JSONRenderer writes for a value json cannot: ``__structlog__()``, else ``repr``."""
+    try:
+        return obj.__structlog__()
+    except AttributeError:
+        return repr(obj)
+
+
+def open_log_file(path: str | Path, *, make_dir: bool = True) -> IO[str]:
+    """Open the log file for appending (mode 0640, never through a symlink); ``make_dir``: create its directory."""
+    if make_dir:
+        from pathlib import Path
+
+        from imexctl.platform.fsutil import ensure_dir
+
+        ensure_dir(Path(path).parent)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+    return os.fdopen(fd, "a", encoding="utf-8")

@@ -1,0 +1,279 @@
+"""``imexctl topology blocks``: Slurm block configuration from the trays' own NVLink reports.
+
+Input, one report per line: ``NODE KEY`` (``NODE -`` for a node without
+multi-node NVLink fabric), or the one-line JSON that ``imexctl topology
+--json`` prints, optionally behind a ``host: `` prefix as clush and pdsh add.
+Output: one block per NVLink domain, as topology.conf lines (Slurm 23.11+,
+topology.conf(5)), as topology.yaml (Slurm 25.05+, topology.yaml(5)), or as a
+``NODE KEY`` map.  Block names come from the key, node lists are folded with
+:mod:`imexctl.slurm.nodelist`, and everything is sorted, so the same reports give the
+same bytes whatever their order.  BlockSizes rules (design.md source
+slurm-topology, from SchedMD/slurm ``src/plugins/topology/block/block_record.c``):
+each size a power-of-two multiple of the first, at most 2**15 times it; before
+25.05 slurmctld refuses a block smaller than the base size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from imexctl.gpu.topology import NO_FABRIC, parse_key
+from imexctl.platform.errors import NodeListError, ReportError
+from imexctl.slurm import nodelist
+from imexctl.slurm.topofile import KEY_COMMENT
+
+__all__ = [
+    "Block",
+    "Collected",
+    "Report",
+    "block_names",
+    "collect",
+    "fold_names",
+    "group",
+    "natural",
+    "parse_block_sizes",
+    "parse_line",
+    "render_conf",
+    "render_map",
+    "render_yaml",
+    "size_warnings",
+]
+
+_MAX_LEVEL = 15  # block_record.c: a block level above 15 is an invalid BlockSizes value
+_SHORT_UUID = 8  # hex digits of the cluster UUID in a block name
+_YAML_WORDS = frozenset({"y", "n", "yes", "no", "on", "off", "true", "false", "null", "~"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """One node's answer: its key, or None with the reason (no fabric) or the error (NVML failed)."""
+
+    node: str
+    key: str | None
+    reason: str
+    error: str
+    where: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """One NVLink domain: its block name, key and nodes (natural order)."""
+
+    name: str
+    key: str
+    nodes: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Collected:
+    """Every node once: in a domain, without fabric, or without an answer."""
+
+    keys: dict[str, str]
+    no_fabric: dict[str, str]
+    failed: dict[str, str]
+
+
+def parse_line(text: str, where: str) -> Report | None:
+    """One input line as a report; None for blank and ``#`` lines.
+
+    Raises:
+        ReportError: a line that is neither form, a bad node name or key, naming the node.
+    """
+    line = text.strip()
+    if not line or line.startswith("#"):
+        return None
+    brace = line.find("{")
+    prefix = line[:brace].rstrip() if brace >= 0 else ""
+    if brace >= 0 and (not prefix or (prefix.endswith(":") and " " not in prefix)):
+        return _json_report(line[brace:], where)
+    fields = line.split()
+    if len(fields) != 2:
+        raise ReportError(f"{where}: malformed line (expected 'NODE KEY' or 'imexctl topology --json'): {line!r}")
+    node = _node_name(fields[0], where)
+    if fields[1] == "-":
+        return Report(node, None, "reported as '-'", "", where)
+    return Report(node, _key(fields[1], node, where), "", "", where)
+
+
+def _json_report(text: str, where: str) -> Report:
+    try:
+        obj = json.loads(text)
+        data = obj["data"]
+        node, fabric = data["node"], data["fabric"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ReportError(f"{where}: not an 'imexctl topology --json' object ({type(exc).__name__}: {exc})") from exc
+    node = _node_name(str(node), where)
+    if fabric == "nvlink":
+        return Report(node, _key(str(data.get("key")), node, where), "", "", where)
+    if fabric == "none":
+        return Report(node, None, str(data.get("reason") or NO_FABRIC), "", where)
+    if fabric == "error":
+        return Report(node, None, "", str(data.get("error") or "error"), where)
+    raise ReportError(f"{where}: node {node}: unknown fabric {fabric!r} (expected nvlink, none or error)")
+
+
+def _node_name(name: str, where: str) -> str:
+    try:
+        nodelist.fold([name])
+    except NodeListError as exc:
+        raise ReportError(f"{where}: bad node name {name!r}: {exc.reason}") from exc
+    return name
+
+
+def _key(text: str, node: str, where: str) -> str:
+    try:
+        return parse_key(text)
+    except ValueError as exc:
+        raise ReportError(f"{where}: node {node}: bad NVLink domain key: {exc}") from exc
+
+
+def collect(reports: Iterable[Report]) -> Collected:
+    """Every node once; the same node twice with one answer is fine.
+
+    Raises:
+        ReportError: a node reported twice with different answers, naming both places; no report at all.
+    """
+    first: dict[str, Report] = {}
+    for report in reports:
+        seen = first.setdefault(report.node, report)
+        if (seen.key, bool(seen.error)) != (report.key, bool(report.error)):
+            raise ReportError(
+                f"{report.where}: node {report.node} reported twice with different keys: "
+                f"{_answer(seen)} ({seen.where}) and {_answer(report)} ({report.where})"
+            )
+    if not first:
+        raise ReportError("no reports in the input (expected 'NODE KEY' lines or 'imexctl topology --json' output)")
+    return Collected(
+        keys={n: r.key for n, r in first.items() if r.key},
+        no_fabric={n: r.reason for n, r in first.items() if not r.key and not r.error},
+        failed={n: r.error for n, r in first.items() if r.error},
+    )
+
+
+def _answer(report: Report) -> str:
+    return report.key or ("no answer" if report.error else "no fabric")
+
+
+def natural(name: str) -> tuple[tuple[tuple[bool, Any], ...], str]:
+    """Sort key: runs of ASCII digits compare as numbers (``gb9`` before ``gb10``)."""
+    from itertools import groupby
+
+    runs = ("".join(run) for _, run in groupby(name, key=lambda c: c in "0123456789"))
+    return tuple((r[0] in "0123456789", int(r) if r[0] in "0123456789" else r) for r in runs), name
+
+
+def block_names(keys: Iterable[str]) -> dict[str, str]:
+    """Key -> block name: ``nvl-<first 8 hex of the UUID>-<cliqueId>``, the whole UUID where two would clash."""
+    keys = set(keys)
+    short = {k: f"nvl-{k[:_SHORT_UUID]}-{k.rpartition('.')[2]}" for k in keys}
+    clashes = {name for name in short.values() if list(short.values()).count(name) > 1}
+    return {
+        k: (f"nvl-{k.partition('.')[0].replace('-', '')}-{k.rpartition('.')[2]}" if short[k] in clashes else short[k])
+        for k in keys
+    }
+
+
+def group(collected: Collected) -> list[Block]:
+    """One block per key, nodes in natural order, blocks ordered by their first node."""
+    members: dict[str, list[str]] = {}
+    for node, key in collected.keys.items():
+        members.setdefault(key, []).append(node)
+    names = block_names(members)
+    blocks = [Block(names[k], k, tuple(sorted(nodes, key=natural))) for k, nodes in members.items()]
+    return sorted(blocks, key=lambda b: natural(b.nodes[0]))
+
+
+def parse_block_sizes(text: str) -> tuple[int, ...]:
+    """``--block-sizes 18,36``: positive, increasing, each a power-of-two multiple (up to 2**15) of the first.
+
+    Raises:
+        ValueError: saying which value breaks which rule.
+    """
+    try:
+        sizes = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"{text!r} is not a comma-separated list of numbers") from None
+    base = sizes[0]
+    for prior, size in zip((0, *sizes), sizes):
+        level = size // base if base > 0 else 0
+        if size <= prior or size % base or level & (level - 1) or level > 1 << _MAX_LEVEL:
+            raise ValueError(
+                f"{size}: block sizes must be increasing, each a power-of-two multiple of the first "
+                f"({base}) and at most {1 << _MAX_LEVEL} times it"
+            )
+    return sizes
+
+
+def size_warnings(blocks: Sequence[Block], sizes: Sequence[int]) -> list[str]:
+    """No block at all, or blocks smaller than the base block size (fatal for slurmctld before 25.05)."""
+    if not blocks:
+        return ["no node reported a multi-node NVLink fabric: the output has no block, which slurmctld refuses"]
+    base = sizes[0] if sizes else len(blocks[0].nodes)
+    what = "the first BlockSizes value" if sizes else f"the first block ({blocks[0].name})"
+    return [
+        f"block {b.name} has {len(b.nodes)} node(s), fewer than {what}, {base}: "
+        f"Slurm 25.05 and later accept this, slurmctld before 25.05 refuses to start"
+        for b in blocks
+        if len(b.nodes) < base
+    ]
+
+
+def _others(collected: Collected) -> list[str]:
+    """Comment lines for the nodes in no block."""
+    lines = []
+    if collected.no_fabric:
+        lines.append(f"# {NO_FABRIC} (in no block): {fold_names(collected.no_fabric)}")
+    if collected.failed:
+        lines.append(f"# no answer (NVML failed; in no block): {fold_names(collected.failed)}")
+    return lines
+
+
+def fold_names(nodes: Iterable[str]) -> str:
+    """The names in natural order, folded into one host list."""
+    return nodelist.fold(sorted(nodes, key=natural))
+
+
+def _summary(blocks: Sequence[Block]) -> str:
+    nodes = sum(len(b.nodes) for b in blocks)
+    return f"# {len(blocks)} NVLink domain(s), {nodes} node(s); generated by imexctl topology blocks"
+
+
+def render_conf(blocks: Sequence[Block], collected: Collected, sizes: Sequence[int] = ()) -> str:
+    """topology.conf lines for ``TopologyPlugin=topology/block``, each block with its key as a comment."""
+    lines = [_summary(blocks)]
+    lines += [f"BlockName={b.name} Nodes={fold_names(b.nodes)}  # {KEY_COMMENT} {b.key}" for b in blocks]
+    if sizes:
+        lines.append("BlockSizes=" + ",".join(str(s) for s in sizes))
+    return "\n".join(lines + _others(collected)) + "\n"
+
+
+def render_yaml(blocks: Sequence[Block], collected: Collected, sizes: Sequence[int] = (), name: str = "nvlink") -> str:
+    """topology.yaml (Slurm 25.05+) with one block topology, the cluster default."""
+    lines = [_summary(blocks), f"- topology: {_yaml(name)}", "  cluster_default: true", "  block:"]
+    if sizes:
+        lines.append("    block_sizes: [" + ", ".join(str(s) for s in sizes) + "]")
+    lines.append("    blocks:")
+    for b in blocks:
+        lines += [
+            f"      - block: {_yaml(b.name)}  # {KEY_COMMENT} {b.key}",
+            f"        nodes: {_yaml(fold_names(b.nodes))}",
+        ]
+    return "\n".join(lines + _others(collected)) + "\n"
+
+
+def _yaml(text: str) -> str:
+    """A plain scalar where YAML reads it as that string, else a double-quoted one (JSON's escapes)."""
+    plain = (text[:1].isalpha() or text[:1] == "_") and all(c.isalnum() or c in "_.-[]," for c in text)
+    if plain and text.isascii() and text.lower() not in _YAML_WORDS:
+        return text
+    return json.dumps(text)
+
+
+def render_map(collected: Collected) -> str:
+    """``NODE KEY`` lines in natural node order, for ``[topology] source = map`` or ``[paths] topology_map``."""
+    lines = ["# NODE KEY: each tray's NVLink domain; generated by imexctl topology blocks --map"]
+    lines += [f"{node} {collected.keys[node]}" for node in sorted(collected.keys, key=natural)]
+    return "\n".join(lines + _others(collected)) + "\n"

@@ -1,0 +1,275 @@
+"""The job as slurmd describes it to Prolog/Epilog, read from the environment (pure).
+
+Light enough for the hooks' fast path (:mod:`imexctl.hooks.quick`): at run time it
+imports only :mod:`imexctl.slurm.nodelist`, and :mod:`imexctl.platform.errors` (which imports
+``enum``) only to raise.
+"""
+
+from __future__ import annotations
+
+from imexctl.slurm import nodelist
+
+# typing is not imported at run time (start-up cost); mypy reads this block
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any
+
+    from imexctl.platform.errors import EnvironmentError_
+
+__all__ = ["JobContext", "constraint_features", "node_name"]
+
+# slurmd sets SLURM_JOB_NODELIST from 23.02 on; 22.05 only SLURM_NODELIST (design.md source slurm-env).
+_NODELIST_VARS = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
+# Who owns the job's nodes, as each Slurm release writes it (docs/configuration.md "Exclusive jobs";
+# tests/slurm/test_job.py holds one table per release, read from SchedMD/slurm):
+# - 26.05+: SLURM_JOB_EXCLUSIVE is NO, NODE, USER, MCS or TOPO, and only NODE and TOPO give the job
+#   whole nodes; SLURM_JOB_OVERSUBSCRIBE is NO, YES or OK, and YES or OK lets other jobs in.
+# - 23.02 to 25.11: SLURM_JOB_OVERSUBSCRIBE alone, NO (whole nodes), TOPO, USER, MCS, YES or OK.
+# - 22.05: neither variable.
+_OWNS_NODES = frozenset({"NODE", "TOPO"})
+_OWNS_NODES_BEFORE_26 = frozenset({"NO", "TOPO"})
+_LETS_OTHERS_IN = frozenset({"YES", "OK"})
+# Slurm job ids are uint32_t, federated ones up to 0xfffffffd (SchedMD/slurm slurm/slurm.h, SLURM_ID_HASH,
+# MAX_FED_JOB_ID).  uid_t/gid_t are 32 bits and (uid_t)-1 means "leave unchanged" to chown(2).
+_MAX_JOB_ID = 2**32 - 1
+_MAX_OWNER_ID = 2**32 - 2
+
+
+class JobContext:
+    """One job on one node.  ``nodes`` keeps Slurm's order; empty when not needed.
+
+    A frozen record (what ``dataclasses.dataclass(frozen=True)`` would make, without its import cost).
+    """
+
+    __slots__ = _FIELDS = (
+        "job_id",
+        "node",
+        "nodes",
+        "uid",
+        "gid",
+        "user",
+        "partition",
+        "constraints",
+        "oversubscribe",
+        "het_job_id",
+        "slurm_conf",
+        "exclusive",
+        "qos",
+        "sluid",
+        "sharing_from",
+    )
+
+    job_id: int
+    node: str
+    nodes: tuple[str, ...]
+    uid: int | None
+    gid: int | None
+    user: str
+    partition: str
+    constraints: str
+    oversubscribe: str
+    #: the het job's leader id (SLURM_HET_JOB_ID, or the old SLURM_PACK_JOB_ID); None for other jobs
+    het_job_id: int | None
+    #: the slurm.conf slurmd uses (SLURM_CONF), for the hook timeout and slurmctld queries
+    slurm_conf: str
+    #: SLURM_JOB_EXCLUSIVE (Slurm 26.05+), upper case; '' when slurmd does not set it
+    exclusive: str
+    #: SLURM_JOB_QOS (26.05+) and SLURM_JOB_SLUID (25.11+), for the log only; '' when unset
+    qos: str
+    sluid: str
+    #: where ``oversubscribe`` came from when not from the environment: "slurmctld" (asked under Slurm 22.05)
+    sharing_from: str
+
+    def __init__(
+        self,
+        job_id: int,
+        node: str,
+        nodes: tuple[str, ...] = (),
+        uid: int | None = None,
+        gid: int | None = None,
+        user: str = "",
+        partition: str = "",
+        constraints: str = "",
+        oversubscribe: str = "",
+        het_job_id: int | None = None,
+        slurm_conf: str = "",
+        exclusive: str = "",
+        qos: str = "",
+        sluid: str = "",
+        sharing_from: str = "",
+    ) -> None:
+        values = (
+            *(job_id, node, nodes, uid, gid, user, partition, constraints, oversubscribe, het_job_id, slurm_conf),
+            *(exclusive, qos, sluid, sharing_from),
+        )
+        for name, value in zip(self._FIELDS, values):
+            object.__setattr__(self, name, value)
+
+    def _values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in self._FIELDS)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"JobContext is frozen: cannot set {name}")
+
+    def __eq__(self, other: object) -> bool:
+        return other.__class__ is self.__class__ and self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        return f"JobContext({', '.join(f'{n}={getattr(self, n)!r}' for n in self._FIELDS)})"
+
+    def replace(self, **changes: Any) -> JobContext:
+        """A copy with some fields changed."""
+        return JobContext(**{**{name: getattr(self, name) for name in self._FIELDS}, **changes})
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], *, need_nodes: bool) -> JobContext:
+        """Build the context from slurmd's environment.
+
+        Args:
+            env: the process environment (a plain mapping).
+            need_nodes: the prolog needs the node list and the job owner; the epilog does not.
+
+        Raises:
+            EnvironmentError_: a variable is missing or malformed (named in the message).
+        """
+        job_id = _int(env, "SLURM_JOB_ID", fallback="SLURM_JOBID", required=True, minimum=1, maximum=_MAX_JOB_ID)
+        node = node_name(env)
+        if not node:
+            raise _env_error("SLURMD_NODENAME is not set: imexctl must run as slurmd's Prolog/Epilog")
+        nodes: tuple[str, ...] = ()
+        if need_nodes:
+            nodes = _nodes(env, node)
+        uid = _int(env, "SLURM_JOB_UID", fallback="SLURM_UID", required=need_nodes, minimum=0, maximum=_MAX_OWNER_ID)
+        gid = _int(env, "SLURM_JOB_GID", required=False, minimum=0, maximum=_MAX_OWNER_ID)
+        user = env.get("SLURM_JOB_USER", "")
+        if need_nodes and not user.isprintable():  # the epilog never uses it
+            raise _env_error(f"SLURM_JOB_USER={shorten(user)} holds a non-printing character")
+        assert job_id is not None
+        return cls(
+            job_id=job_id,
+            node=node,
+            nodes=nodes,
+            uid=uid,
+            gid=gid,
+            user=user,
+            partition=env.get("SLURM_JOB_PARTITION", ""),
+            constraints=env.get("SLURM_JOB_CONSTRAINTS", ""),
+            oversubscribe=env.get("SLURM_JOB_OVERSUBSCRIBE", "").strip().upper(),
+            het_job_id=_int(
+                env, "SLURM_HET_JOB_ID", fallback="SLURM_PACK_JOB_ID", required=False, minimum=1, maximum=_MAX_JOB_ID
+            ),
+            slurm_conf=env.get("SLURM_CONF", "").strip(),
+            exclusive=env.get("SLURM_JOB_EXCLUSIVE", "").strip().upper(),
+            qos=_printable(env.get("SLURM_JOB_QOS", "")),
+            sluid=_printable(env.get("SLURM_JOB_SLUID", "")),
+        )
+
+    @property
+    def owner(self) -> tuple[int, int]:
+        """``(uid, gid)`` that own the job's channel and socket (root for what slurmd did not say)."""
+        return (self.uid or 0, self.gid if self.gid is not None else 0)
+
+    @property
+    def is_shared(self) -> bool | None:
+        """True if other jobs may run on the job's nodes; None when Slurm (22.05) does not say.
+
+        Slurm 26.05 and later say it with ``SLURM_JOB_EXCLUSIVE`` (whole nodes: ``NODE`` or ``TOPO``)
+        and ``SLURM_JOB_OVERSUBSCRIBE`` (``YES``/``OK`` let others in); 23.02 to 25.11 with
+        ``SLURM_JOB_OVERSUBSCRIBE`` alone (whole nodes: ``NO`` or ``TOPO``).
+        """
+        if self.exclusive:
+            return self.exclusive not in _OWNS_NODES or self.oversubscribe in _LETS_OTHERS_IN
+        if not self.oversubscribe:
+            return None
+        return self.oversubscribe not in _OWNS_NODES_BEFORE_26
+
+    @property
+    def sharing(self) -> str:
+        """The variables :attr:`is_shared` was decided from, as ``NAME=value`` words (for reasons and logs)."""
+        if self.sharing_from:
+            return f"OverSubscribe={self.oversubscribe} from {self.sharing_from}"
+        found = (("SLURM_JOB_EXCLUSIVE", self.exclusive), ("SLURM_JOB_OVERSUBSCRIBE", self.oversubscribe))
+        said = " ".join(f"{name}={value}" for name, value in found if value)
+        return said or "neither SLURM_JOB_EXCLUSIVE nor SLURM_JOB_OVERSUBSCRIBE set"
+
+
+def node_name(env: Mapping[str, str]) -> str:
+    """``SLURMD_NODENAME`` ('' when unset), checked to be usable in a path (``[paths] root`` ``%n``).
+
+    Raises:
+        EnvironmentError_: the name holds a path separator, a blank, a host-list
+            character or a non-printing character, or is ``.`` or ``..``.
+    """
+    name = env.get("SLURMD_NODENAME", "").strip()
+    if name in (".", "..") or not name.isprintable() or any(c in name for c in "/ ,[]"):
+        raise _env_error(f"SLURMD_NODENAME={shorten(name)} is not a node name")
+    return name
+
+
+def constraint_features(constraints: str) -> frozenset[str]:
+    """Feature names in a ``--constraint`` expression (operators and counts dropped)."""
+    text = constraints
+    for op in "&|,[]()":
+        text = text.replace(op, " ")
+    return frozenset(tok.split("*", 1)[0] for tok in text.split() if tok.split("*", 1)[0])
+
+
+def _nodes(env: Mapping[str, str], node: str) -> tuple[str, ...]:
+    var = next((v for v in _NODELIST_VARS if env.get(v, "").strip()), None)
+    if var is None:
+        raise _env_error("neither SLURM_JOB_NODELIST nor SLURM_NODELIST is set")
+    nodes = tuple(nodelist.expand(env[var]))
+    if not nodes:
+        raise _env_error(f"{var}={shorten(env[var])} names no node")
+    seen: set[str] = set()
+    repeated: set[str] = set()
+    for n in nodes:
+        (repeated if n in seen else seen).add(n)
+    dupes = sorted(repeated)
+    if dupes:
+        raise _env_error(f"{var}={shorten(env[var])} names {_few(dupes)} more than once")
+    if node not in nodes:
+        raise _env_error(f"this node {node!r} (SLURMD_NODENAME) is not in {var}={shorten(env[var])}")
+    return nodes
+
+
+def _few(names: Sequence[str], shown: int = 5) -> str:
+    more = f" and {len(names) - shown} others" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def _int(
+    env: Mapping[str, str], name: str, *, fallback: str = "", required: bool, minimum: int, maximum: int
+) -> int | None:
+    key = name if env.get(name, "").strip() or not fallback else fallback
+    text = env.get(key, "").strip()
+    if not text:
+        if required:
+            raise _env_error(f"{name} is not set")
+        return None
+    # the length check first: int() of thousands of digits is slow, and refused above 4300
+    if not (text.isascii() and text.isdigit() and len(text) <= 20) or not minimum <= int(text) <= maximum:
+        raise _env_error(f"{key}={shorten(text)} is not a valid number ({minimum} to {maximum})")
+    return int(text)
+
+
+def _printable(text: str, limit: int = 64) -> str:
+    """A variable kept for the log only: stripped, cut, non-printing characters as '?'."""
+    return "".join(c if c.isprintable() else "?" for c in text.strip()[:limit])
+
+
+def _env_error(message: str) -> EnvironmentError_:
+    from imexctl.platform.errors import EnvironmentError_
+
+    return EnvironmentError_(message)
+
+
+def shorten(text: str, limit: int = 200) -> str:
+    """:func:`imexctl.platform.errors.shorten`, imported only when a message needs it."""
+    from imexctl.platform import errors
+
+    return errors.shorten(text, limit)

@@ -1,0 +1,691 @@
+"""imexctl doctor: every check on a fake tray (``/proc``, ``/etc/slurm``, binaries under a root) and fakes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import structlog
+
+from imexctl import cli
+from imexctl.config import settings
+from imexctl.doctor import checks as doctor
+from imexctl.gpu.fabric import FabricInfo
+from imexctl.hooks.runtime import Runtime
+from imexctl.platform.errors import GpuError
+from tests.support.fakes import FakeGpu, FakeHost
+
+REPO = Path(__file__).resolve().parents[2]
+DATA = Path(__file__).parents[1] / "data" / "doctor"
+DRIVER_VERSION = (
+    "NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  580.95.05  Release Build  "
+    "(dvs-builder@U22-I3-AF03-09-1)  Thu Sep 25 04:02:25 UTC 2025\nGCC version:  gcc version 13.3.0\n"
+)
+TCP_HEADER = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+
+
+def _listen(port: int) -> str:
+    return f"   0: 00000000:{port:04X} 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1\n"
+
+
+@pytest.fixture
+def tray(root: Path, host: FakeHost) -> Path:
+    """A tray under ``root``: the good /etc/slurm, imexctl's hooks and binaries, the driver's /proc files."""
+    shutil.copytree(DATA / "etc", root / "etc", symlinks=True)
+    hooks = root / "usr/share/imexctl/hooks"
+    hooks.mkdir(parents=True)
+    shutil.copy2(REPO / "hooks/epilog", hooks / "epilog")
+    for exe in ("opt/imexctl/bin/imexctl", "usr/bin/nvidia-imex", "usr/bin/nvidia-imex-ctl"):
+        (root / exe).parent.mkdir(parents=True, exist_ok=True)
+        (root / exe).write_text("#!/bin/sh\nexit 0\n")
+        (root / exe).chmod(0o755)
+    nv = root / "proc/driver/nvidia"
+    nv.mkdir(parents=True)
+    (nv / "params").write_text("ResmanDebugLevel: 4294967295\nImexChannelCount: 2048\n")
+    (nv / "version").write_text(DRIVER_VERSION)
+    ipv4 = root / "proc/sys/net/ipv4"
+    ipv4.mkdir(parents=True)
+    (ipv4 / "ip_local_port_range").write_text("32768\t60999\n")
+    (ipv4 / "ip_local_reserved_ports").write_text("\n")
+    (root / "proc/net").mkdir()
+    (root / "proc/net/tcp").write_text(TCP_HEADER + _listen(22))
+    (root / "proc/net/tcp6").write_text(TCP_HEADER)
+    host.unit_exec = f"{root}/usr/bin/nvidia-imex -c {root}/run/imexctl/jobs/{{job}}/config.cfg"
+    return root
+
+
+@pytest.fixture
+def make_rt(tray: Path, host: FakeHost, gpu: FakeGpu, make_settings: Callable[..., settings.Settings]) -> Any:
+    """A Runtime for the tray: systemd backend, the tray's binaries; keyword sections override."""
+
+    def make(**sections: dict[str, Any]) -> Runtime:
+        base: dict[str, dict[str, Any]] = {
+            # the shipped defaults (conftest's test settings shorten them): the timeout checks add them up
+            "daemon": {"backend": "systemd", "kill_grace_s": 5, "stop_timeout_s": 15},
+            "readiness": {"deadline_s": 60},
+            "commands": {
+                "nvidia_imex": f"{tray}/usr/bin/nvidia-imex",
+                "nvidia_imex_ctl": f"{tray}/usr/bin/nvidia-imex-ctl",
+            },
+        }
+        for name, kv in sections.items():
+            base.setdefault(name, {}).update(kv)
+        return Runtime(host, gpu, make_settings(**base), structlog.get_logger())
+
+    return make
+
+
+def _checks(rt: Runtime, env: dict[str, str] | None = None, **kw: Any) -> dict[str, doctor.Check]:
+    ctx = doctor.Context(rt, env or {}, "gb01", **kw)
+    return {c.name: c for c in doctor.run(ctx)}
+
+
+def _statuses(checks: dict[str, doctor.Check], prefix: str = "") -> dict[str, str]:
+    return {name: c.status for name, c in checks.items() if name.startswith(prefix)}
+
+
+def _use_conf(tray: Path, name: str) -> None:
+    shutil.copy(DATA / "broken" / name, tray / "etc/slurm/slurm.conf")
+
+
+# ---------------------------------------------------------------- the whole tray
+
+
+def test_good_tray_passes_every_check(make_rt: Any) -> None:
+    """On a tray set up as docs/install.md says, every check is OK and the exit code is 0."""
+    checks = _checks(make_rt())
+    assert {name for name, st in _statuses(checks).items() if st != doctor.OK} == set(), [
+        c for c in checks.values() if c.status != doctor.OK
+    ]
+    assert {"slurm.prolog", "imex.version", "ports.ephemeral", "nvml.gpu3"} <= set(checks)
+    assert doctor.exit_code(list(checks.values())) == 0
+
+
+def test_every_check_name_is_in_the_catalogue(make_rt: Any, gpu: FakeGpu) -> None:
+    """Every name doctor reports is in doctor.CHECK_NAMES (docs/operations.md's table), in its order.
+
+    Without a container toolkit or enroot on the tray, their detail checks are not reported;
+    without --nodes, resolve.nodes is not.
+    """
+    names = [c.name for c in doctor.run(doctor.Context(make_rt(), {}, "gb01"))]
+    general = list(dict.fromkeys("nvml.gpu<N>" if n.startswith("nvml.gpu") else n for n in names))
+    absent = {n for n in doctor.CHECK_NAMES if n.startswith(("containers.toolkit.", "containers.enroot."))}
+    absent.add("resolve.nodes")
+    assert general == [n for n in doctor.CHECK_NAMES if n not in absent]
+
+
+def test_container_toolkit_is_checked_with_its_version(make_rt: Any, tray: Path, host: FakeHost) -> None:
+    """With the toolkit installed, doctor runs the tray's nvidia-ctk --version and reports its IMEX settings."""
+    ctk = tray / "usr/bin/nvidia-ctk"
+    ctk.write_text("#!/bin/sh\n")
+    ctk.chmod(0o755)
+    conf = tray / "etc/nvidia-container-runtime/config.toml"
+    conf.parent.mkdir(parents=True)
+    shutil.copy(DATA.parent / "containers/toolkit/risky-default.toml", conf)
+    checks = _checks(make_rt())
+    assert (str(ctk), "--version") in host.calls
+    # 1.16.2 honours IMEX requests and has no flag to refuse them; the config does not refuse them either
+    assert checks["containers.toolkit.version"].status == doctor.WARN
+    assert "1.16.2" in checks["containers.toolkit.version"].message
+    assert checks["containers.toolkit.imex_requests"].status == doctor.WARN
+    assert doctor.exit_code(list(checks.values())) == 0
+
+
+def test_cli_json_lists_name_status_message_fix(tray: Path, host: FakeHost, gpu: FakeGpu, capsys: Any) -> None:
+    """``doctor --json`` prints the envelope with one {name, status, message, fix} per check; exit 1 on a FAIL."""
+    cfg = tray / "imexctl.conf"
+    cfg.write_text(f"[paths]\nroot = {tray}\n[commands]\nnvidia_imex = {tray}/usr/bin/nope\n")
+    cfg.chmod(0o644)
+    code = cli.main(["--config", str(cfg), "doctor", "--json"], env={"SLURMD_NODENAME": "gb01"}, host=host, gpu=gpu)
+    out = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert out["exit_code"] == 1 and out["errors"][0]["code"] == "doctor_failed"
+    assert all(set(c) == {"name", "status", "message", "fix"} for c in out["data"])
+    assert {c["name"]: c["status"] for c in out["data"]}["imex.binaries"] == "FAIL"
+    assert "imex.binaries" in out["errors"][0]["message"]
+
+
+def test_cli_text_exits_0_with_warnings_only(tray: Path, host: FakeHost, gpu: FakeGpu, capsys: Any) -> None:
+    """The text form shows each WARN with its fix, and WARNs alone leave the exit code 0 (a health check passes)."""
+    _use_conf(tray, "no-deferbatch.conf")
+    cfg = tray / "imexctl.conf"
+    cfg.write_text(
+        f"[paths]\nroot = {tray}\n[daemon]\nbackend = exec\n[commands]\n"
+        f"nvidia_imex = {tray}/usr/bin/nvidia-imex\nnvidia_imex_ctl = {tray}/usr/bin/nvidia-imex-ctl\n"
+    )
+    cfg.chmod(0o644)
+    code = cli.main(["--config", str(cfg), "doctor"], env={"SLURMD_NODENAME": "gb01"}, host=host, gpu=gpu)
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "WARN  slurm.prolog_flags: PrologFlags=alloc" in out
+    assert "      fix: add DeferBatch" in out
+    assert out.splitlines()[-1].endswith("1 warnings, 0 failed")
+
+
+def test_broken_config_is_a_fail_and_the_other_checks_still_run(
+    tray: Path, host: FakeHost, gpu: FakeGpu, capsys: Any
+) -> None:
+    """A config that does not load is one FAIL naming the key; the rest runs with the defaults."""
+    cfg = tray / "imexctl.conf"
+    cfg.write_text("[readiness]\ndeadline_s = soon\n")
+    cfg.chmod(0o644)
+    code = cli.main(["--config", str(cfg), "doctor", "--json"], env={"SLURMD_NODENAME": "gb01"}, host=host, gpu=gpu)
+    data = {c["name"]: c for c in json.loads(capsys.readouterr().out)["data"]}
+    assert code == 1
+    assert data["imexctl.config"]["status"] == "FAIL" and "deadline_s" in data["imexctl.config"]["message"]
+    assert "nvml.fabric" in data and "ports.ephemeral" in data
+
+
+def test_every_message_is_one_line(make_rt: Any, host: FakeHost) -> None:
+    """A command's multi-line stderr becomes one line of the check's message."""
+    host.fail_verbs = {"show"}
+    checks = _checks(make_rt())
+    assert checks["imex.stock_unit"].status == doctor.WARN
+    assert all("\n" not in c.message for c in checks.values())
+
+
+# ---------------------------------------------------------------- slurm.conf
+
+
+SLURM_CHECKS = (
+    "slurm.conf",
+    "slurm.version",
+    "slurm.prolog",
+    "slurm.epilog",
+    "slurm.prolog_flags",
+    "slurm.prolog_timeout",
+    "slurm.epilog_timeout",
+    "slurm.timeout_keys",
+    "slurm.partitions",
+    "slurm.switch",
+    "slurm.topology",
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "flagged"),
+    [
+        ("no-prolog.conf", {"slurm.prolog": "FAIL"}),
+        ("prolog-elsewhere.conf", {"slurm.prolog": "FAIL"}),
+        ("no-epilog.conf", {"slurm.epilog": "FAIL"}),
+        ("no-alloc.conf", {"slurm.prolog_flags": "FAIL"}),
+        ("no-deferbatch.conf", {"slurm.prolog_flags": "WARN"}),
+        ("no-timeout.conf", {"slurm.prolog_timeout": "WARN", "slurm.epilog_timeout": "WARN"}),
+        ("short-timeout.conf", {"slurm.prolog_timeout": "WARN", "slurm.epilog_timeout": "WARN"}),
+        ("short-prolog-timeout.conf", {"slurm.prolog_timeout": "WARN"}),
+        ("switch-imex.conf", {"slurm.switch": "WARN"}),
+        ("block-no-topology.conf", {"slurm.topology": "WARN"}),
+    ],
+)
+def test_each_broken_slurm_conf_is_flagged_and_nothing_else(
+    tray: Path, make_rt: Any, name: str, flagged: dict[str, str]
+) -> None:
+    """Each broken slurm.conf in tests/data/doctor/broken is flagged by its check, and only by it."""
+    _use_conf(tray, name)
+    found = _statuses(_checks(make_rt()), "slurm.")
+    assert found == {**dict.fromkeys(SLURM_CHECKS, "OK"), **flagged}
+
+
+@pytest.mark.parametrize(
+    ("version", "status"), [("slurm 25.11.7", "FAIL"), ("slurm-wlm 26.05.5", "OK"), ("garbage", "FAIL")]
+)
+def test_deferbatch_implies_alloc_from_slurm_26_05(
+    tray: Path, make_rt: Any, host: FakeHost, version: str, status: str
+) -> None:
+    """PrologFlags=DeferBatch alone: enough on 26.05 (it implies Alloc), a FAIL before; an unknown release is judged as the newest."""
+    conf = tray / "etc/slurm/slurm.conf"
+    conf.write_text(conf.read_text().replace("prologflags=Alloc,\\\nDeferBatch", "PrologFlags=DeferBatch"))
+    assert "PrologFlags=DeferBatch\n" in conf.read_text()
+    host.slurm_version_output = version + "\n"
+    checks = _checks(make_rt())
+    want = status if version != "garbage" else "OK"  # an unknown release is judged as the newest
+    assert checks["slurm.prolog_flags"].status == want, checks["slurm.prolog_flags"]
+    assert checks["slurm.version"].status == ("WARN" if version == "garbage" else "OK"), checks["slurm.version"]
+    if version != "garbage":
+        assert version.split()[1] in checks["slurm.version"].message
+
+
+@pytest.mark.parametrize(("version", "status"), [("slurm 24.11.5", "FAIL"), ("slurm 25.05.0", "OK")])
+def test_prolog_timeout_key_needs_slurm_25_05(
+    tray: Path, make_rt: Any, host: FakeHost, version: str, status: str
+) -> None:
+    """PrologTimeout in slurm.conf under a Slurm older than 25.05 is a FAIL: its daemons refuse the file."""
+    _use_conf(tray, "short-prolog-timeout.conf")
+    host.slurm_version_output = version + "\n"
+    check = _checks(make_rt())["slurm.timeout_keys"]
+    assert check.status == status and "PrologTimeout" in check.message, check
+
+
+@pytest.mark.parametrize(
+    ("line", "warned"),
+    [
+        ("PartitionName=nvl72 Nodes=gb[01-18] Default=YES OverSubscribe=EXCLUSIVE", False),
+        ("PartitionName=nvl72 Nodes=gb[01-18] Default=YES", True),
+        ("PartitionName=nvl72 Nodes=ALL OverSubscribe=YES:4", True),
+        ("PartitionName=nvl72 Nodes=gb[01-18] Exclusive=NODE", False),
+        ("PartitionName=nvl72 Nodes=gb[01-18] Exclusive=TOPO", False),
+        ("PartitionName=nvl72 Nodes=gb[01-18] OverSubscribe=EXCLUSIVE Exclusive=NO", True),
+        ("PartitionName=nvl72 Nodes=gb[01-18] Exclusive=USER", True),
+        ("PartitionName=nvl72 Nodes=gb[01-18] ExclusiveTopo=YES", False),
+        ("PartitionName=DEFAULT OverSubscribe=EXCLUSIVE\nPartitionName=nvl72 Nodes=gb[01-18]", False),
+        ("PartitionName=cpu Nodes=cn[01-04]\nPartitionName=nvl72 Nodes=gb[01-18] OverSubscribe=EXCLUSIVE", False),
+    ],
+)
+def test_partition_that_lets_jobs_share_this_tray_warns(tray: Path, make_rt: Any, line: str, warned: bool) -> None:
+    """A partition holding this tray whose jobs may share it is named in a WARN; others are not."""
+    nodes = tray / "etc/slurm/nodes.conf"
+    nodes.write_text(re.sub(r"(?m)^PartitionName=.*$", line, nodes.read_text()))
+    check = _checks(make_rt())["slurm.partitions"]
+    assert (check.status == "WARN") is warned, check
+    if warned:
+        assert "partition nvl72 (" in check.message and "run without IMEX" in check.message, check
+        assert "cpu" not in check.message, check
+
+
+def test_partition_warning_says_the_drain_with_shared_refuse(tray: Path, make_rt: Any) -> None:
+    """With [policy] shared = refuse the warning says such jobs drain the tray."""
+    nodes = tray / "etc/slurm/nodes.conf"
+    nodes.write_text(nodes.read_text().replace(" OverSubscribe=EXCLUSIVE", ""))
+    check = _checks(make_rt(policy={"shared": "refuse"}))["slurm.partitions"]
+    assert check.status == "WARN" and "drain the tray" in check.message, check
+
+
+@pytest.mark.parametrize(("name", "words"), [("missing-include.conf", "no such file"), ("malformed.conf", "not a")])
+def test_unreadable_slurm_conf_is_one_fail(tray: Path, make_rt: Any, name: str, words: str) -> None:
+    """A slurm.conf that slurmd could not read either is one FAIL with file and reason."""
+    _use_conf(tray, name)
+    checks = _checks(make_rt())
+    assert _statuses(checks, "slurm.") == {"slurm.conf": "FAIL"}
+    assert words in checks["slurm.conf"].message
+
+
+def test_good_conf_reports_includes_and_hook_positions(tray: Path, make_rt: Any) -> None:
+    """The good file: its includes are counted, the prolog hook runs last and the epilog hook (a symlink) first."""
+    checks = _checks(make_rt())
+    assert "and 2 included file(s)" in checks["slurm.conf"].message
+    assert "00-imexctl runs /opt/imexctl/bin/imexctl prolog (script 2 of 2)" in checks["slurm.prolog"].message
+    assert "99-imexctl runs /opt/imexctl/bin/imexctl epilog (script 1 of 2)" in checks["slurm.epilog"].message
+
+
+def test_short_timeout_fails_without_the_deadline_cap(tray: Path, make_rt: Any) -> None:
+    """With [slurm] cap_deadline = no, a timeout below deadline plus margin is a FAIL (slurmd kills the prolog)."""
+    _use_conf(tray, "short-timeout.conf")
+    check = _checks(make_rt(slurm={"cap_deadline": "no"}))["slurm.prolog_timeout"]
+    assert check.status == doctor.FAIL
+    assert "PrologEpilogTimeout=30 is not above" in check.message and "70 s" in check.message
+
+
+def test_timeout_below_the_worst_case_warns(tray: Path, make_rt: Any) -> None:
+    """A timeout above deadline plus margin but below the prolog's worst case (117 s by default) is a WARN."""
+    conf = tray / "etc/slurm/slurm.conf"
+    conf.write_text(conf.read_text().replace("PrologEpilogTimeout=120", "PrologEpilogTimeout=100"))
+    check = _checks(make_rt())["slurm.prolog_timeout"]
+    assert check.status == doctor.WARN and "worst case 117 s" in check.message
+    assert check.fix.startswith("set PrologEpilogTimeout=120")
+
+
+def test_switch_plugin_with_channels_none_is_ok(tray: Path, make_rt: Any) -> None:
+    """switch/nvidia_imex with [policy] channels = none: Slurm makes the channel, as configured."""
+    _use_conf(tray, "switch-imex.conf")
+    check = _checks(make_rt(policy={"channels": "none"}))["slurm.switch"]
+    assert check.status == doctor.OK and "switch/nvidia_imex" in check.message
+
+
+def test_channels_none_without_the_plugin_warns(make_rt: Any) -> None:
+    """[policy] channels = none without Slurm's plugin: nobody makes a channel."""
+    check = _checks(make_rt(policy={"channels": "none"}))["slurm.switch"]
+    assert check.status == doctor.WARN and "neither Slurm nor imexctl" in check.message
+
+
+def test_hook_that_is_not_executable_fails(tray: Path, make_rt: Any) -> None:
+    """slurmd cannot run a hook without the execute bit."""
+    (tray / "etc/slurm/prolog.d/00-imexctl").chmod(0o644)
+    check = _checks(make_rt())["slurm.prolog"]
+    assert check.status == doctor.FAIL and "not executable" in check.message
+
+
+def test_hook_whose_imexctl_is_missing_fails(tray: Path, make_rt: Any) -> None:
+    """A hook that execs an imexctl that is not installed fails."""
+    (tray / "opt/imexctl/bin/imexctl").unlink()
+    checks = _checks(make_rt())
+    assert checks["slurm.prolog"].status == doctor.FAIL
+    assert "execs /opt/imexctl/bin/imexctl, which does not exist" in checks["slurm.prolog"].message
+
+
+def test_hook_that_others_can_change_fails(tray: Path, make_rt: Any) -> None:
+    """A group-writable hook script, which slurmd runs as root, fails."""
+    (tray / "etc/slurm/prolog.d/00-imexctl").chmod(0o775)
+    assert _checks(make_rt())["slurm.prolog"].status == doctor.FAIL
+
+
+def test_prolog_hook_that_does_not_run_last_warns(tray: Path, make_rt: Any) -> None:
+    """A prolog hook that sorts after the site's scripts runs first (reverse order): a WARN."""
+    d = tray / "etc/slurm/prolog.d"
+    (d / "00-imexctl").rename(d / "90-imexctl")
+    check = _checks(make_rt())["slurm.prolog"]
+    assert check.status == doctor.WARN and "(script 1 of 2)" in check.message
+
+
+def test_slurm_conf_from_the_environment_and_the_option(tray: Path, make_rt: Any) -> None:
+    """$SLURM_CONF is read when set, and --slurm-conf wins over it."""
+    rt = make_rt()
+    broken = tray / "etc/slurm/test.conf"
+    shutil.copy(DATA / "broken/no-alloc.conf", broken)
+    env_checks = _checks(rt, {"SLURM_CONF": str(broken)})
+    assert env_checks["slurm.prolog_flags"].status == doctor.FAIL
+    assert str(broken) in env_checks["slurm.conf"].message
+    chosen = _checks(rt, {"SLURM_CONF": str(broken)}, slurm_conf=tray / "etc/slurm/slurm.conf")
+    assert chosen["slurm.prolog_flags"].status == doctor.OK
+
+
+def test_configless_copy_is_found(tray: Path, make_rt: Any) -> None:
+    """Without /etc/slurm/slurm.conf, the configless copy in /run/slurm/conf is read."""
+    shutil.move(str(tray / "etc/slurm/slurm.conf"), tray / "etc/slurm/x")
+    (tray / "run/slurm/conf").mkdir(parents=True)
+    shutil.copy(DATA / "broken/no-deferbatch.conf", tray / "run/slurm/conf/slurm.conf")
+    shutil.copy(DATA / "etc/slurm/nodes.conf", tray / "run/slurm/conf/nodes.conf")
+    checks = _checks(make_rt())
+    assert str(tray / "run/slurm/conf/slurm.conf") in checks["slurm.conf"].message
+    assert checks["slurm.prolog_flags"].status == doctor.WARN
+
+
+def test_no_slurm_conf_is_a_warning(tray: Path, make_rt: Any) -> None:
+    """No slurm.conf anywhere: one WARN that says where doctor looked."""
+    (tray / "etc/slurm/slurm.conf").unlink()
+    checks = _checks(make_rt())
+    assert _statuses(checks, "slurm.") == {"slurm.conf": "WARN"}
+    assert "/etc/slurm/slurm.conf" in checks["slurm.conf"].message
+
+
+def _topology(tray: Path, text: str) -> Path:
+    path = tray / "etc/slurm/topology.conf"
+    path.write_text(text)
+    path.chmod(0o644)
+    return path
+
+
+def test_topology_file_that_parses_and_lists_the_node_is_ok(tray: Path, make_rt: Any) -> None:
+    """The topology file imexctl reads parses and puts this node in a block."""
+    _topology(tray, "BlockName=r1 Nodes=gb[01-18]\nBlockSizes=18\n")
+    check = _checks(make_rt(paths={"topology_file": "/etc/slurm/topology.conf"}))["slurm.topology"]
+    assert check.status == doctor.OK and "gb01 is in BlockName= block r1" in check.message
+
+
+def test_topology_file_without_this_node_fails(tray: Path, make_rt: Any) -> None:
+    """A topology file that does not list this node fails: every prolog here exits 78."""
+    _topology(tray, "BlockName=r2 Nodes=gb[19-36]\n")
+    check = _checks(make_rt(paths={"topology_file": "/etc/slurm/topology.conf"}))["slurm.topology"]
+    assert check.status == doctor.FAIL and "in no BlockName= block" in check.message
+
+
+def test_topology_file_that_does_not_parse_fails(tray: Path, make_rt: Any) -> None:
+    """A malformed topology file is a FAIL naming the file."""
+    _topology(tray, "BlockName=r1\n")
+    check = _checks(make_rt(paths={"topology_file": "/etc/slurm/topology.conf"}))["slurm.topology"]
+    assert check.status == doctor.FAIL and "topology.conf" in check.message
+
+
+def test_missing_topology_file_fails(tray: Path, make_rt: Any) -> None:
+    """A configured topology file that does not exist fails."""
+    check = _checks(make_rt(paths={"topology_file": "/etc/slurm/topology.conf"}))["slurm.topology"]
+    assert check.status == doctor.FAIL and "cannot read topology file" in check.message
+
+
+# ---------------------------------------------------------------- IMEX
+
+
+def test_missing_binaries_fail(make_rt: Any, tray: Path) -> None:
+    """A missing nvidia-imex-ctl fails imex.binaries; the version is then not checked."""
+    (tray / "usr/bin/nvidia-imex-ctl").unlink()
+    checks = _checks(make_rt())
+    assert checks["imex.binaries"].status == doctor.FAIL and "nvidia-imex-ctl" in checks["imex.binaries"].message
+    assert checks["imex.version"].status == doctor.OK
+
+
+def test_imex_version_other_than_the_driver_fails(make_rt: Any, host: FakeHost, tray: Path) -> None:
+    """nvidia-imex of another version than the loaded driver fails (the daemon aborts)."""
+    host.imex_version_output = "IMEX version is: 580.82.07\n"
+    check = _checks(make_rt())["imex.version"]
+    assert check.status == doctor.FAIL
+    assert "580.82.07 but the driver is 580.95.05" in check.message
+    assert (f"{tray}/usr/bin/nvidia-imex", "--version") in host.calls
+
+
+def test_imex_version_without_a_driver_warns(make_rt: Any, tray: Path) -> None:
+    """No /proc/driver/nvidia/version: the version is a WARN, not a FAIL."""
+    (tray / "proc/driver/nvidia/version").unlink()
+    check = _checks(make_rt())["imex.version"]
+    assert check.status == doctor.WARN and "unknown" in check.message
+
+
+@pytest.mark.parametrize(
+    ("props", "status", "words"),
+    [
+        ({"LoadState": "loaded", "ActiveState": "active", "UnitFileState": "enabled"}, "FAIL", "is active"),
+        ({"LoadState": "loaded", "ActiveState": "inactive", "UnitFileState": "enabled"}, "FAIL", "next boot"),
+        ({"LoadState": "masked", "ActiveState": "inactive", "UnitFileState": "masked"}, "OK", "masked"),
+        ({"LoadState": "loaded", "ActiveState": "inactive", "UnitFileState": "disabled"}, "FAIL", "not masked"),
+        ({"LoadState": "not-found", "ActiveState": "inactive"}, "OK", "not installed"),
+    ],
+)
+def test_stock_unit(make_rt: Any, host: FakeHost, props: dict[str, str], status: str, words: str) -> None:
+    """With the systemd backend the stock nvidia-imex.service must be masked (or not installed)."""
+    host.units["nvidia-imex.service"] = props
+    check = _checks(make_rt())["imex.stock_unit"]
+    assert check.status == status and words in check.message
+    if status == "FAIL":
+        assert check.fix == "systemctl disable --now nvidia-imex.service && systemctl mask nvidia-imex.service"
+    show = [c for c in host.calls if c[:2] == ("/usr/bin/systemctl", "show")]
+    assert show and show[0][-2:] == ("nvidia-imex.service", "imexctl-imex@1.service")
+
+
+def test_stock_unit_disabled_is_enough_with_the_exec_backend(make_rt: Any, host: FakeHost) -> None:
+    """The exec backend's daemons have no Conflicts= on the stock unit: disabled (not running) is OK."""
+    host.units["nvidia-imex.service"] = {"LoadState": "loaded", "ActiveState": "inactive", "UnitFileState": "disabled"}
+    check = _checks(make_rt(daemon={"backend": "exec"}))["imex.stock_unit"]
+    assert check.status == "OK" and "disabled" in check.message
+
+
+def test_template_unit_not_installed_fails(make_rt: Any, host: FakeHost) -> None:
+    """With the systemd backend, a template unit that is not loaded fails."""
+    host.units["imexctl-imex@1.service"] = {"LoadState": "not-found"}
+    check = _checks(make_rt())["imex.unit"]
+    assert check.status == doctor.FAIL and "not-found" in check.message
+
+
+def test_template_unit_running_another_config_fails(make_rt: Any, host: FakeHost) -> None:
+    """A unit whose ExecStart does not run imexctl's config path fails."""
+    host.unit_exec = "/usr/bin/nvidia-imex -c /run/imexctl/jobs/{job}/config.cfg"
+    check = _checks(make_rt())["imex.unit"]
+    assert check.status == doctor.FAIL and "does not run" in check.message
+
+
+def test_exec_backend_needs_no_unit(make_rt: Any, host: FakeHost) -> None:
+    """With [daemon] backend = exec the template unit is not checked."""
+    host.units["imexctl-imex@1.service"] = {"LoadState": "not-found"}
+    assert _checks(make_rt(daemon={"backend": "exec"}))["imex.unit"].status == doctor.OK
+
+
+def test_channel_device_missing_fails(make_rt: Any, tray: Path) -> None:
+    """No nvidia-caps-imex-channels in /proc/devices fails with channels = job, and is not checked with none."""
+    (tray / "proc/devices").write_text("Character devices:\n195 nvidia\nBlock devices:\n")
+    assert _checks(make_rt())["imex.channel_device"].status == doctor.FAIL
+    assert "imex.channel_device" not in _checks(make_rt(policy={"channels": "none"}))
+
+
+def test_driver_channel_count_below_the_config_fails(make_rt: Any, tray: Path) -> None:
+    """NVreg_ImexChannelCount smaller than [policy] channel_count fails and says which value to set."""
+    (tray / "proc/driver/nvidia/params").write_text("ImexChannelCount: 128\n")
+    check = _checks(make_rt())["imex.channel_count"]
+    assert check.status == doctor.FAIL and check.fix == "set [policy] channel_count = 128"
+
+
+# ---------------------------------------------------------------- ports
+
+
+def test_port_range_in_the_ephemeral_range_fails(make_rt: Any) -> None:
+    """A [ports] range inside the kernel's ephemeral range fails; the fix says the ranges must be open in the rack."""
+    check = _checks(make_rt(ports={"server_port_range": "50000-50999"}))["ports.ephemeral"]
+    assert check.status == doctor.FAIL
+    assert "server_port_range 50000-50999 overlaps the ephemeral range 32768-60999 (1000 ports" in check.message
+    assert "open (TCP) between the trays of a rack" in check.fix
+
+
+def test_reserved_ports_do_not_clash(make_rt: Any, tray: Path) -> None:
+    """A range inside the ephemeral range but in ip_local_reserved_ports is fine."""
+    (tray / "proc/sys/net/ipv4/ip_local_reserved_ports").write_text("8080,50000-50999\n")
+    assert _checks(make_rt(ports={"server_port_range": "50000-50999"}))["ports.ephemeral"].status == doctor.OK
+
+
+def test_listener_in_the_ranges_fails(make_rt: Any, tray: Path) -> None:
+    """A program listening on a port of the ranges fails, with the port named."""
+    (tray / "proc/net/tcp6").write_text(TCP_HEADER + _listen(62007))
+    check = _checks(make_rt())["ports.listening"]
+    assert check.status == doctor.FAIL and "62007" in check.message
+
+
+def test_a_jobs_own_daemon_port_is_no_finding(make_rt: Any, tray: Path, host: FakeHost) -> None:
+    """The running job's daemon listening on its ports is not reported."""
+    rt = make_rt()
+    jd = rt.settings.paths.job(7)
+    jd.path.mkdir(parents=True)
+    state = {"job_id": 7, "node": "gb01", "uid": 1000, "gid": 1000, "user": "u", "nodes": ["gb01"]}
+    state |= {"addresses": ["10.0.0.1"], "port": 61007, "backend": "exec", "channel_minor": None}
+    state |= {"channel_path": "", "created": 0.0, "cmd_port": 62007}
+    jd.state.write_text(json.dumps(state))
+    host.running_jobs.add(7)
+    (tray / "proc/net/tcp").write_text(TCP_HEADER + _listen(61007) + _listen(62007))
+    assert _checks(rt)["ports.listening"].status == doctor.OK
+
+
+# ---------------------------------------------------------------- NVML
+
+
+def test_nvml_error_fails(make_rt: Any, gpu: FakeGpu) -> None:
+    """NVML failing is a FAIL: with fabric = nvml every prolog would exit 69."""
+    gpu.error = GpuError("NVML init failed: driver not loaded")
+    check = _checks(make_rt())["nvml.fabric"]
+    assert check.status == doctor.FAIL and "NVML init failed" in check.message
+
+
+def test_no_fabric_warns(make_rt: Any, gpu: FakeGpu) -> None:
+    """A tray without a multi-node NVLink fabric warns: every job is skipped here."""
+    gpu.infos = [None, None]
+    checks = _checks(make_rt())
+    assert checks["nvml.fabric"].status == doctor.WARN
+    assert not [n for n in checks if n.startswith("nvml.gpu")]
+
+
+@pytest.mark.parametrize(
+    ("summary", "limited", "status"),
+    [(2, "warn", "FAIL"), (3, "warn", "WARN"), (3, "refuse", "FAIL"), (1, "warn", "OK")],
+    ids=["unhealthy", "limited-warn", "limited-refuse", "healthy"],
+)
+def test_gpu_health(make_rt: Any, gpu: FakeGpu, summary: int, limited: str, status: str) -> None:
+    """Each GPU's fabric health: UNHEALTHY fails, LIMITED_CAPACITY follows [policy] fabric_limited."""
+    gpu.infos = [FabricInfo(i, b"\x11" * 16, 7, 3, 0, 0, summary if i == 2 else 1) for i in range(4)]
+    checks = _checks(make_rt(policy={"fabric_limited": limited}))
+    assert checks["nvml.gpu2"].status == status
+    assert checks["nvml.gpu1"].status == doctor.OK
+
+
+def test_pending_registration_warns(make_rt: Any, gpu: FakeGpu) -> None:
+    """A GPU whose fabric registration is still IN_PROGRESS is a WARN for that GPU."""
+    gpu.infos = [FabricInfo(0, b"\x11" * 16, 7, 2, 0), FabricInfo(1, b"\x11" * 16, 7, 3, 0)]
+    checks = _checks(make_rt())
+    assert checks["nvml.gpu0"].status == doctor.WARN and "pending" in checks["nvml.gpu0"].message
+    assert checks["nvml.fabric"].status == doctor.FAIL
+
+
+def test_fabric_none_is_not_checked(make_rt: Any, gpu: FakeGpu) -> None:
+    """[policy] fabric = none: NVML is never asked."""
+    gpu.error = AssertionError("NVML must not be asked")
+    checks = _checks(make_rt(policy={"fabric": "none"}))
+    assert checks["nvml.fabric"].status == doctor.OK and gpu.calls == 0
+
+
+# ---------------------------------------------------------------- imexctl itself
+
+
+def test_world_writable_run_dir_fails(make_rt: Any, tray: Path) -> None:
+    """A run_dir others can write fails imexctl.dirs."""
+    (tray / "run/imexctl").mkdir(parents=True)
+    (tray / "run/imexctl").chmod(0o777)
+    check = _checks(make_rt())["imexctl.dirs"]
+    assert check.status == doctor.FAIL and "mode 0777" in check.message
+
+
+def test_symlinked_jobs_dir_fails(make_rt: Any, tray: Path) -> None:
+    """A symlink where the jobs directory belongs fails imexctl.dirs."""
+    (tray / "run/imexctl").mkdir(parents=True)
+    (tray / "run/imexctl/jobs").symlink_to("/tmp")
+    check = _checks(make_rt())["imexctl.dirs"]
+    assert check.status == doctor.FAIL and "symbolic link" in check.message
+
+
+def test_sticky_world_writable_log_dir_is_fine(make_rt: Any, tray: Path) -> None:
+    """A log directory like /tmp (world-writable with the sticky bit) is not a finding."""
+    (tray / "var/log").mkdir(parents=True)
+    (tray / "var/log").chmod(0o1777)
+    assert _checks(make_rt())["imexctl.dirs"].status == doctor.OK
+
+
+def test_job_that_is_gone_is_stale(make_rt: Any, host: FakeHost) -> None:
+    """A job directory of a job that no longer runs here fails, and the fix is imexctl cleanup."""
+    rt = make_rt()
+    rt.settings.paths.job(41).path.mkdir(parents=True)
+    check = _checks(rt)["imexctl.stale"]
+    assert check.status == doctor.FAIL and "job 41 (directory)" in check.message
+    assert check.fix.startswith("imexctl cleanup")
+    host.running_jobs.add(41)
+    assert _checks(rt)["imexctl.stale"].status == doctor.OK
+
+
+def test_set_up_domain_without_a_step_is_not_stale(make_rt: Any, host: FakeHost) -> None:
+    """A job whose prolog set up its domain (daemon running) and whose epilog has not run may still run: not stale."""
+    rt = make_rt()
+    jd = rt.settings.paths.job(42)
+    jd.path.mkdir(parents=True)
+    state = {"job_id": 42, "node": "gb01", "uid": 1000, "gid": 1000, "user": "u", "nodes": ["gb01"]}
+    state |= {"addresses": ["10.0.0.1"], "port": 61042, "backend": "exec", "channel_minor": None}
+    state |= {"channel_path": "", "created": 0.0, "cmd_port": 62042, "set_up": 5.0}
+    jd.state.write_text(json.dumps(state))
+    host.spawn_detached([rt.settings.commands.nvidia_imex, "-c", str(jd.config)], log_path=Path("/dev/null"))
+    assert _checks(rt)["imexctl.stale"].status == doctor.OK
+    state["ended"] = 9.0  # its epilog began here: the job has ended
+    jd.state.write_text(json.dumps(state))
+    check = _checks(rt)["imexctl.stale"]
+    assert check.status == doctor.FAIL and "job 42 (directory, daemon pid" in check.message
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: a real character device node")
+def test_stray_channel_warns(make_rt: Any) -> None:
+    """A channel node that no job claims is a WARN naming its owner."""
+    rt = make_rt()
+    chan = rt.settings.paths.channel_dir
+    chan.mkdir(parents=True)
+    os.mknod(chan / "channel9", stat.S_IFCHR | 0o600, os.makedev(234, 9))
+    os.chown(chan / "channel9", 1234, 1234)
+    check = _checks(rt)["imexctl.channels"]
+    assert check.status == doctor.WARN and "channel9 (uid 1234, mode 0600)" in check.message
+
+
+def test_a_check_that_crashes_is_reported_not_raised(make_rt: Any, host: FakeHost) -> None:
+    """An unexpected error inside a check group becomes one FAIL; the other groups still report."""
+
+    def boom(_job_id: int) -> bool:
+        raise RuntimeError("psutil exploded")
+
+    host.job_is_running = boom  # type: ignore[method-assign]
+    host.running_jobs.add(1)
+    rt = make_rt()
+    rt.settings.paths.job(3).path.mkdir(parents=True)
+    checks = _checks(rt)
+    assert checks["imexctl.stale"].status == doctor.FAIL and "psutil exploded" in checks["imexctl.stale"].message
+    assert "nvml.fabric" in checks

@@ -1,0 +1,231 @@
+"""metrics: the Prometheus text file after each hook and cleanup, read back with prometheus_client's own parser."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from imexctl.cli import main
+from imexctl.config.settings import Settings
+from imexctl.hooks import metrics
+from tests.support.fakes import FakeGpu, FakeHost, domain_json, job_env
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+@pytest.fixture
+def prom_dir(root: Path) -> Path:
+    path = root / "var/lib/node_exporter"
+    path.mkdir(parents=True)
+    return path
+
+
+@pytest.fixture
+def cfg(make_settings: Callable[..., Settings], prom_dir: Path) -> str:
+    """A config with metrics on: [metrics] textfile_dir (under [paths] root)."""
+    return str(make_settings(metrics={"textfile_dir": "/var/lib/node_exporter"}).source)
+
+
+def run(cfg: str, *argv: str, host: FakeHost, env: dict[str, str] | None = None, gpu: Any = None) -> int:
+    return main(["--config", cfg, *argv], env=job_env() if env is None else env, host=host, gpu=gpu or FakeGpu())
+
+
+def families(prom_dir: Path) -> dict[str, Any]:
+    """The text file as prometheus_client parses it: family name -> family."""
+    text = (prom_dir / metrics.FILE_NAME).read_text()
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def sample(fams: dict[str, Any], name: str, **labels: str) -> float:
+    """The value of the one sample ``name`` with exactly these labels (family of name without suffixes)."""
+    for fam in fams.values():
+        for s in fam.samples:
+            if s.name == name and s.labels == labels:
+                return float(s.value)
+    raise AssertionError(f"no sample {name}{labels}")
+
+
+def test_prolog_writes_a_file_that_prometheus_client_parses(cfg: str, host: FakeHost, prom_dir: Path) -> None:
+    """After a prolog the file parses, counts one ok run, observes its duration and shows the domain up."""
+    host.now = 1000.0
+    assert run(cfg, "prolog", host=host) == 0
+    fams = families(prom_dir)
+    assert {f.name: f.type for f in fams.values()} == {
+        name.removesuffix("_total"): kind for name, (kind, _help) in metrics.METRICS.items()
+    }
+    assert sample(fams, "imexctl_hook_runs_total", hook="prolog", outcome="ok", error_code="none") == 1
+    assert sample(fams, "imexctl_hook_duration_seconds_count", hook="prolog") == 1
+    assert sample(fams, "imexctl_time_to_ready_seconds_count", hook="prolog") == 1
+    assert sample(fams, "imexctl_domain_state", state="up") == 1
+    assert sample(fams, "imexctl_domain_state", state="none") == 0
+    assert sample(fams, "imexctl_domain_peers") == 1
+    assert sample(fams, "imexctl_domain_peers_connected") == 1
+    assert sample(fams, "imexctl_domain_owner_job") == 42
+
+
+def test_counters_survive_across_runs(cfg: str, host: FakeHost, prom_dir: Path, root: Path) -> None:
+    """Each run adds to the totals kept in run_dir, and the epilog resets the gauges."""
+    for job in (42, 43):
+        assert run(cfg, "prolog", host=host, env=job_env(job_id=job)) == 0
+        assert run(cfg, "epilog", host=host, env=job_env(job_id=job)) == 0
+    host.ready_after = 10**6
+    assert run(cfg, "prolog", host=host, env=job_env(job_id=44)) == 75
+    fams = families(prom_dir)
+    assert sample(fams, "imexctl_hook_runs_total", hook="prolog", outcome="ok", error_code="none") == 2
+    assert sample(fams, "imexctl_hook_runs_total", hook="prolog", outcome="failed", error_code="not_ready") == 1
+    assert sample(fams, "imexctl_hook_runs_total", hook="epilog", outcome="ok", error_code="none") == 2
+    assert sample(fams, "imexctl_hook_duration_seconds_count", hook="prolog") == 3
+    assert sample(fams, "imexctl_hook_duration_seconds_bucket", hook="prolog", le="+Inf") == 3
+    assert sample(fams, "imexctl_time_to_ready_seconds_count", hook="prolog") == 2
+    assert sample(fams, "imexctl_domain_state", state="none") == 1
+    assert sample(fams, "imexctl_domain_owner_job") == 0
+    assert json.loads((root / "run/imexctl/metrics.json").read_text())["hook_runs"]
+
+
+def test_histogram_buckets_are_cumulative(cfg: str, host: FakeHost, prom_dir: Path) -> None:
+    """Each bucket counts the runs up to its bound; the sum is the total time."""
+    host.ready_after = 3  # two pauses of poll_initial_s and its double: about 0.09 s of fake time
+    assert run(cfg, "prolog", host=host) == 0
+    fams = families(prom_dir)
+    total = sample(fams, "imexctl_hook_duration_seconds_sum", hook="prolog")
+    counts = [sample(fams, "imexctl_hook_duration_seconds_bucket", hook="prolog", le=str(b)) for b in metrics.BUCKETS]
+    assert counts == [float(total <= b) for b in metrics.BUCKETS]
+    assert 0.05 < total < 1
+
+
+def test_skipped_job_counts_as_skipped(cfg: str, host: FakeHost, prom_dir: Path) -> None:
+    """A prolog that skips the job (a one-tray job, no NVLink fabric) counts as skipped, with no time to ready."""
+    assert run(cfg, "prolog", host=host, env=job_env(nodelist="gb01"), gpu=FakeGpu(infos=[None])) == 0
+    fams = families(prom_dir)
+    assert sample(fams, "imexctl_hook_runs_total", hook="prolog", outcome="skipped", error_code="none") == 1
+    assert not list(fams["imexctl_time_to_ready_seconds"].samples)
+
+
+def test_cleanup_counts_its_actions(cfg: str, host: FakeHost, prom_dir: Path, root: Path) -> None:
+    """cleanup counts one run and each action by kind; --dry-run counts nothing."""
+    assert run(cfg, "prolog", host=host) == 0
+    # --force: without a step or an epilog the set-up job may still run, and plain cleanup would leave it
+    assert run(cfg, "cleanup", "--dry-run", "--force", host=host, env={}) == 0
+    assert "imexctl_cleanup_runs_total{" not in (prom_dir / metrics.FILE_NAME).read_text()
+    assert run(cfg, "cleanup", "--force", host=host, env={}) == 0
+    fams = families(prom_dir)
+    assert sample(fams, "imexctl_cleanup_runs_total", outcome="ok") == 1
+    assert sample(fams, "imexctl_cleanup_actions_total", action="stop_daemon") == 1
+    assert sample(fams, "imexctl_cleanup_actions_total", action="remove_job_dir") == 1
+    assert sample(fams, "imexctl_last_run_timestamp_seconds", command="cleanup") > 1e9
+
+
+KILLED = ("stop_daemon", "kill_daemon")
+
+
+@pytest.mark.parametrize(
+    ("text", "action"),
+    [
+        ("stop daemon of job 4", ("stop_daemon",)),
+        ("stop daemon of job 4 (SIGKILL to pid 77)", KILLED),
+        ("stop daemon of job 4 (imexctl-imex@4.service: systemd sent SIGKILL after the stop timeout)", KILLED),
+        ("remove channel /dev/nvidia-caps-imex-channels/channel4", ("remove_channel",)),
+        ("remove stray channel /dev/nvidia-caps-imex-channels/channel9", ("remove_stray_channel",)),
+        ("remove /run/imexctl/jobs/4", ("remove_job_dir",)),
+        ("could not remove /dev/x: busy", ("failed",)),
+        ("something new", ("other",)),
+    ],
+)
+def test_cleanup_action_kinds(text: str, action: tuple[str, ...]) -> None:
+    """Each of teardown's action lines counts under its action label; a stop that needed SIGKILL under two."""
+    assert metrics.run_of("cleanup", {"actions": [text]}, None, 0.0, "domain").actions == action
+
+
+def test_metrics_failure_never_fails_the_hook(
+    make_settings: Callable[..., Settings], host: FakeHost, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A textfile_dir that does not exist is a warning (metrics.failed); the prolog still exits 0."""
+    cfg = str(make_settings(metrics={"textfile_dir": "/no/such/dir"}).source)
+    assert run(cfg, "prolog", host=host, env=job_env()) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
+    failed = [line for line in lines if line["event"] == "metrics.failed"]
+    assert failed and "No such file or directory" in failed[0]["reason"]
+
+
+def test_metrics_off_writes_nothing(make_settings: Callable[..., Settings], host: FakeHost, root: Path) -> None:
+    """With the default (empty) textfile_dir no state or text file is written."""
+    cfg = str(make_settings().source)
+    assert run(cfg, "prolog", host=host) == 0
+    assert not (root / "run/imexctl/metrics.json").exists()
+    assert not list(root.rglob("*.prom"))
+
+
+def test_corrupt_state_restarts_the_counters(cfg: str, host: FakeHost, prom_dir: Path, root: Path) -> None:
+    """An unreadable metrics.json starts the totals again instead of failing."""
+    (root / "run/imexctl").mkdir(parents=True)
+    (root / "run/imexctl/metrics.json").write_text("{not json")
+    assert run(cfg, "epilog", host=host) == 0
+    assert sample(families(prom_dir), "imexctl_hook_runs_total", hook="epilog", outcome="ok", error_code="none") == 1
+
+
+def test_label_values_are_escaped() -> None:
+    """Quotes, backslashes and newlines in a label value survive the parser."""
+    totals = {"hook_runs": {'prolog\tfailed\tod"d\\\ncode': 1}}
+    fams = {f.name: f for f in text_string_to_metric_families(metrics.render(totals))}
+    assert fams["imexctl_hook_runs"].samples[0].labels["error_code"] == 'od"d\\\ncode'
+
+
+def test_status_prometheus_prints_the_same_gauges(
+    cfg: str, host: FakeHost, prom_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``status --prometheus`` prints the gauges of the file, from a live -N query."""
+    assert run(cfg, "prolog", host=host) == 0
+    capsys.readouterr()
+    host.running_jobs.add(42)
+    host.domain = lambda hosts: (
+        0,
+        domain_json(hosts, status="DEGRADED", node_status={1: "UNAVAILABLE"}, conn_status="INVALID"),
+    )
+    assert run(cfg, "status", "--prometheus", host=host, env={"SLURMD_NODENAME": "gb01"}) == 0
+    out = capsys.readouterr().out
+    fams = {f.name: f for f in text_string_to_metric_families(out)}
+    gauges = {n for n, (kind, _help) in metrics.METRICS.items() if kind == "gauge"} - {
+        "imexctl_last_run_timestamp_seconds"
+    }
+    assert set(fams) == gauges
+    assert sample(fams, "imexctl_domain_state", state="degraded") == 1
+    assert sample(fams, "imexctl_domain_owner_job") == 42
+    assert sample(fams, "imexctl_domain_peers") == 1
+    assert sample(fams, "imexctl_domain_peers_connected") == 0
+
+
+def test_status_prometheus_without_a_domain(cfg: str, host: FakeHost, capsys: pytest.CaptureFixture[str]) -> None:
+    """No domain on the tray: state none, owner 0."""
+    assert run(cfg, "status", "--prometheus", host=host, env={"SLURMD_NODENAME": "gb01"}) == 0
+    fams = {f.name: f for f in text_string_to_metric_families(capsys.readouterr().out)}
+    assert sample(fams, "imexctl_domain_state", state="none") == 1
+    assert sample(fams, "imexctl_domain_owner_job") == 0
+
+
+def test_docs_metrics_page_lists_every_metric_with_its_type() -> None:
+    """docs/metrics.md has one table row per metric: name, type; and names no other metric."""
+    text = (DOCS / "metrics.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `(imexctl_[a-z_]+)` \| (\w+) \|", text, flags=re.MULTILINE)
+    assert dict(rows) == {name: kind for name, (kind, _help) in metrics.METRICS.items()}
+    assert len(rows) == len(metrics.METRICS)
+    mentioned = set(re.findall(r"\bimexctl_[a-z_]+[a-z]\b", text)) - {"imexctl_result_version"}
+    known = set(metrics.METRICS) | {f"{n}_{s}" for n in metrics.METRICS for s in ("bucket", "sum", "count")}
+    assert mentioned <= known, sorted(mentioned - known)
+
+
+def test_hooks_do_not_import_metrics_when_off() -> None:
+    """The hook path imports neither imexctl.hooks.metrics nor prometheus_client nor doctor code at start-up."""
+    code = (
+        "import sys, imexctl.cli, imexctl.hooks.prolog, imexctl.hooks.teardown;"
+        "print(sorted(m for m in sys.modules if m.startswith(('imexctl.hooks.metrics', 'prometheus_client',"
+        " 'imexctl.doctor.checks', 'imexctl.doctor.slurm', 'imexctl.doctor.host', 'imexctl.cli.reference'))))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert done.stdout.strip() == "[]"

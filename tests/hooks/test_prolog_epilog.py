@@ -1,0 +1,355 @@
+"""Prolog, epilog and cleanup end to end over FakeHost, with real files under a temporary root."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+from structlog.testing import capture_logs
+
+from imexctl.gpu.fabric import FabricInfo
+from imexctl.hooks.prolog import prolog
+from imexctl.hooks.runtime import Runtime
+from imexctl.hooks.teardown import cleanup, epilog
+from imexctl.platform.errors import (
+    CommandError,
+    DaemonError,
+    DeviceError,
+    DomainBusyError,
+    EnvironmentError_,
+    FileError,
+    GpuError,
+    HealthTimeout,
+    ResolveError,
+    UnsafeNodeError,
+)
+from tests.support.fakes import FakeHost, domain_json, job_env
+
+
+def events(logs: list[dict], level: str = "info") -> list[str]:
+    return [e["event"] for e in logs if e["log_level"] == level]
+
+
+def leftovers(root: Path) -> list[str]:
+    """Everything a job may leave: job dirs and channel nodes."""
+    found = [str(p) for p in (root / "run/imexctl/jobs").glob("*")]
+    found += [str(p) for p in (root / "dev/nvidia-caps-imex-channels").glob("*")]
+    return found
+
+
+def live(host: FakeHost) -> list[int]:
+    return [pid for pid, p in host.procs.items() if p.alive]
+
+
+class TestProlog:
+    def test_writes_config_starts_daemon_waits_and_creates_channel(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """A 2-tray prolog writes both files, spawns the daemon, waits for UP and creates the channel."""
+        host.ready_after = 3
+        with capture_logs() as logs:
+            out = prolog(job_env(job_id=42, nodelist="gb[01-02]", node="gb01", uid=1234), rt)
+
+        job_dir = root / "run/imexctl/jobs/42"
+        assert (job_dir / "nodes_config.cfg").read_text() == "10.0.0.1\n10.0.0.2\n"
+        cfg = (job_dir / "config.cfg").read_text().splitlines()
+        assert "SERVER_PORT=61042" in cfg and "BIND_INTERFACE_IP=10.0.0.1" in cfg and "DAEMONIZE=0" in cfg
+        assert "IMEX_CMD_BIND_INTERFACE_IP=10.0.0.1" in cfg and "IMEX_CMD_PORT=62042" in cfg
+        assert "IMEX_CMD_UNIX_DOMAIN_PATH=" in cfg
+        assert ("spawn", "/usr/bin/nvidia-imex", "-c", f"{job_dir}/config.cfg") in host.calls
+        chan = root / "dev/nvidia-caps-imex-channels/channel43"
+        assert host.mknods == [(str(chan), 234, 43, 0o600, 1234, 1234)]
+        assert host.slept == [0.03, 0.03]  # a tenth of the time waited is less than poll_initial_s
+        assert out["ok"] and (out["port"], out["cmd_port"]) == (61042, 62042) and out["ready"]
+        assert json.loads((job_dir / "state.json").read_text())["cmd_port"] == 62042
+        assert events(logs) == [
+            "imex.nodes.resolved",
+            "imex.config.written",
+            "imex.daemon.started",
+            "imex.ready",
+            "device.channel.created",
+            "prolog.done",
+        ]
+
+    def test_health_timeout_rolls_back_everything(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """A daemon that never gets READY fails the prolog within the deadline and leaves nothing."""
+        host.ready_after = 10**6
+        with pytest.raises(HealthTimeout, match="WAITING_FOR_PEERS"):
+            prolog(job_env(), rt)
+        assert leftovers(root) == [] and live(host) == []
+        assert host.now - 1000.0 <= 5.0 + 0.5
+
+    def test_missing_proc_devices_entry_fails_before_start(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """Without the IMEX entry in /proc/devices the daemon is never started and nothing is left."""
+        (root / "proc/devices").write_text("Character devices:\n195 nvidia\nBlock devices:\n")
+        with pytest.raises(DeviceError, match="nvidia-caps-imex-channels"):
+            prolog(job_env(), rt)
+        assert not any(c[0] == "spawn" for c in host.calls) and leftovers(root) == []
+
+    def test_unresolvable_tray_is_named(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """A tray without an address fails the prolog with that tray's name."""
+        with pytest.raises(ResolveError, match="nope"):
+            prolog(job_env(nodelist="gb01,nope"), rt)
+        assert leftovers(root) == [] and host.calls == []
+
+    def test_daemon_that_dies_fails_fast(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """A daemon that exits during start-up fails the prolog at once, not at the deadline."""
+        host.daemon_dies = True
+        with pytest.raises(DaemonError, match="exited"):
+            prolog(job_env(), rt)
+        assert host.slept == [] and leftovers(root) == []
+
+    def test_not_ready_peer_fails_every_tray_and_is_named(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """By default a domain that is not UP fails this tray too, naming the peer that says it is not ready."""
+        host.domain = lambda hosts: (0, domain_json(hosts, status="DEGRADED", node_status={1: "WAITING_FOR_PEERS"}))
+        with pytest.raises(HealthTimeout, match=r"not ready: 10\.0\.0\.2"):
+            prolog(job_env(), rt)
+        assert leftovers(root) == [] and live(host) == []
+
+    def test_timeout_reports_what_the_daemon_last_said(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """When the final probe gets no answer, the error still names the peer the daemon last reported."""
+
+        def domain(hosts: list[str]) -> Any:
+            if host.now > 1003.0:
+                raise CommandError(("nvidia-imex-ctl",), "no answer within 0.05s")
+            return 0, domain_json(hosts, status="DEGRADED", node_status={1: "WAITING_FOR_PEERS"})
+
+        host.domain = domain
+        with pytest.raises(HealthTimeout, match=r"domain DEGRADED \(then ctl -N -j: .*not ready: 10\.0\.0\.2"):
+            prolog(job_env(), rt)
+
+    def test_blamed_peer_leaves_failure_to_that_tray(
+        self, host: FakeHost, gpu: Any, root: Path, make_settings: Callable[..., Any]
+    ) -> None:
+        """With blame_peers = yes, a live peer reporting itself not ready lets this tray exit 0."""
+        rt = Runtime(host, gpu, make_settings(readiness={"blame_peers": "yes"}), __import__("structlog").get_logger())
+        host.domain = lambda hosts: (0, domain_json(hosts, status="DEGRADED", node_status={1: "WAITING_FOR_PEERS"}))
+        with capture_logs() as logs:
+            out = prolog(job_env(), rt)
+        assert out["blamed"] == ["10.0.0.2"] and not out["ready"]
+        assert "imex.peer_blamed" in events(logs, "warning")
+        assert host.now - 1000.0 < 5.0  # decided before the deadline, while the culprit still runs
+
+    def test_unavailable_peer_is_not_blamed(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """An UNAVAILABLE peer may be our own network's fault: the prolog fails."""
+        host.domain = lambda hosts: (0, domain_json(hosts, status="DEGRADED", node_status={1: "UNAVAILABLE"}))
+        with pytest.raises(HealthTimeout):
+            prolog(job_env(), rt)
+        assert leftovers(root) == []
+
+    def test_other_jobs_domain_is_refused_and_untouched(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """A prolog on a node whose domain belongs to another job fails without touching it."""
+        prolog(job_env(job_id=7), rt)
+        before = leftovers(root)
+        with pytest.raises(DomainBusyError, match="job 7"):
+            prolog(job_env(job_id=8), rt)
+        assert leftovers(root) == before and len(live(host)) == 1
+
+    def test_port_in_use_is_refused(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """A stale process on the job's SERVER_PORT fails the prolog before starting a daemon."""
+        host.ports_in_use.add(("10.0.0.1", 61042))
+        with pytest.raises(DomainBusyError, match="SERVER_PORT 10.0.0.1:61042"):
+            prolog(job_env(job_id=42), rt)
+        assert leftovers(root) == [] and not any(c[0] == "spawn" for c in host.calls)
+
+    def test_command_port_in_use_is_refused(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """A stale listener on the job's IMEX_CMD_PORT (on the tray's address) is refused the same way."""
+        host.ports_in_use.add(("10.0.0.1", 62042))
+        with pytest.raises(DomainBusyError, match="IMEX_CMD_PORT 10.0.0.1:62042"):
+            prolog(job_env(job_id=42), rt)
+        assert leftovers(root) == [] and not any(c[0] == "spawn" for c in host.calls)
+
+    @pytest.mark.parametrize(("count", "ok"), [(44, True), (43, False), (8, False)])
+    def test_channel_minor_checked_against_the_driver(
+        self, rt: Any, host: FakeHost, root: Path, count: int, ok: bool
+    ) -> None:
+        """Job 42's minor 43 must lie below the driver's NVreg_ImexChannelCount: a clear error, before any
+        daemon starts or file is written, not a failed mknod."""
+        params = root / "proc/driver/nvidia/params"
+        params.parent.mkdir(parents=True)
+        params.write_text(f"ResmanDebugLevel: 4294967295\nImexChannelCount: {count}\nCreateImexChannel0: 0\n")
+        if ok:
+            assert prolog(job_env(job_id=42), rt)["channel"].endswith("channel43")
+            return
+        with pytest.raises(DeviceError, match=rf"minor 43 is out of range.*NVreg_ImexChannelCount={count}"):
+            prolog(job_env(job_id=42), rt)
+        assert leftovers(root) == [] and host.calls == []
+
+    def test_ctl_address_ip_queries_the_trays_endpoint(
+        self, host: FakeHost, gpu: Any, root: Path, make_settings: Callable[..., Any]
+    ) -> None:
+        """[readiness] ctl_address = ip: -q goes to -i <tray address> <command port>; -N keeps -c."""
+        rt = Runtime(host, gpu, make_settings(readiness={"ctl_address": "ip"}), __import__("structlog").get_logger())
+        prolog(job_env(job_id=42), rt)
+        ctl = [c for c in host.calls if c[0].endswith("nvidia-imex-ctl")]
+        assert ctl[0] == ("/usr/bin/nvidia-imex-ctl", "-i", "10.0.0.1", "62042", "-q")
+        assert ctl[-1][1] == "-c" and ctl[-1][-2:] == ("-N", "-j")
+
+    def test_policy_gate_skips_without_touching_anything(
+        self, host: FakeHost, gpu: Any, root: Path, make_settings: Callable[..., Any]
+    ) -> None:
+        """A job outside the configured partitions exits 0 and touches nothing."""
+        rt = Runtime(
+            host,
+            gpu,
+            make_settings(policy={"jobs": "partitions", "partitions": "nvl72"}),
+            __import__("structlog").get_logger(),
+        )
+        with capture_logs() as logs:
+            out = prolog(job_env(SLURM_JOB_PARTITION="cpu"), rt)
+        assert "cpu" in out["skipped"] and host.calls == [] and gpu.calls == 0
+        assert events(logs) == ["imex.skipped", "prolog.done"]
+
+    def test_unregistered_fabric_fails(self, rt: Any, gpu: Any, host: FakeHost) -> None:
+        """A GPU whose NVLink fabric is still registering fails the prolog before any change."""
+        gpu.infos = [FabricInfo(0, b"\x11" * 16, 7, 2, 0)]
+        with pytest.raises(GpuError, match="not attached"):
+            prolog(job_env(), rt)
+        assert host.calls == []
+
+    def test_unwritable_job_directory_is_a_clear_error(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """A symlink where the jobs directory belongs fails the prolog with file_failed, before any daemon."""
+        (root / "run/imexctl").mkdir(parents=True)
+        (root / "elsewhere").mkdir()
+        (root / "run/imexctl/jobs").symlink_to(root / "elsewhere")
+        with pytest.raises(FileError, match="jobs"):
+            prolog(job_env(), rt)
+        assert list((root / "elsewhere").iterdir()) == [] and not any(c[0] == "spawn" for c in host.calls)
+
+    def test_bad_environment_is_named(self, rt: Any) -> None:
+        """A job id that is not a number is reported with its variable name."""
+        with pytest.raises(EnvironmentError_, match="SLURM_JOB_ID"):
+            prolog(job_env(SLURM_JOB_ID="4x2"), rt)
+
+
+class TestEpilog:
+    def test_removes_everything_and_is_idempotent(self, rt: Any, real_nodes: FakeHost, root: Path) -> None:
+        """The epilog stops the daemon, removes channel and files, and a second run is a no-op."""
+        host = real_nodes
+        prolog(job_env(job_id=42), rt)
+        out = epilog(job_env(job_id=42), rt)
+        assert leftovers(root) == [] and live(host) == []
+        assert any("channel" in a for a in out["actions"])
+        assert epilog(job_env(job_id=42), rt)["actions"] == []
+
+    def test_never_touches_another_job(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """The epilog of a job that never ran here leaves the owner's domain alone."""
+        prolog(job_env(job_id=7), rt)
+        before = leftovers(root)
+        assert epilog(job_env(job_id=8), rt)["actions"] == []
+        assert leftovers(root) == before and len(live(host)) == 1
+
+    def test_sigkill_after_grace(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """A daemon ignoring SIGTERM is killed after the grace period."""
+        host.daemon_ignores_sigterm = True
+        prolog(job_env(job_id=42), rt)
+        epilog(job_env(job_id=42), rt)
+        assert [s for _, s in host.signals][-1] == signal.SIGKILL and live(host) == []
+
+    def test_unkillable_daemon_fails_the_epilog(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """A daemon that survives SIGKILL makes the epilog fail (the node is unsafe)."""
+        host.daemon_ignores_sigterm = host.daemon_unkillable = True
+        prolog(job_env(job_id=42), rt)
+        with pytest.raises(UnsafeNodeError, match="survives"):
+            epilog(job_env(job_id=42), rt)
+
+
+class Killed(BaseException):
+    """SIGKILL, simulated at a step boundary."""
+
+
+def epilog_killed(rt: Any, job_id: int) -> None:
+    """Set a job up, then kill its epilog right after it took the node lock (the job has ended)."""
+    prolog(job_env(job_id=job_id), rt)
+
+    def kill(step: str) -> None:
+        if step == "locked":
+            raise Killed(step)
+
+    with pytest.raises(Killed):
+        epilog(job_env(job_id=job_id), dataclasses.replace(rt, on_step=kill))
+
+
+class TestCleanup:
+    def test_set_up_job_without_a_step_counts_as_running(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """No slurmstepd, no cgroup, but a set-up domain and no epilog yet: cleanup leaves it, --force removes it."""
+        prolog(job_env(job_id=42), rt)
+        before = leftovers(root)
+        for report in (cleanup(rt), cleanup(rt, job_id=42), cleanup(rt, dry_run=True)):
+            assert report["actions"] == [] and report["errors"] == []
+            assert report["skipped"] == [
+                (
+                    "job 42 may still run on this node: its domain is set up and its epilog has not run here, and "
+                    "a job has no slurmstepd or cgroup on a node before its first step there (use --force)"
+                )
+            ]
+        assert leftovers(root) == before and len(live(host)) == 1
+        cleanup(rt, force=True)
+        assert leftovers(root) == [] and live(host) == []
+
+    def test_job_whose_epilog_ran_is_torn_down(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """The epilog marks the job ended as soon as it holds the lock: cleanup finishes what it began."""
+        epilog_killed(rt, 42)
+        assert json.loads((root / "run/imexctl/jobs/42/state.json").read_text())["ended"] > 0
+        assert live(host) and leftovers(root)
+        report = cleanup(rt)
+        assert report["skipped"] == [] and report["actions"] and leftovers(root) == [] and live(host) == []
+
+    def test_set_up_job_whose_daemon_died_is_torn_down(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """A set-up domain whose daemon is gone is no domain to protect: cleanup removes the rest."""
+        prolog(job_env(job_id=42), rt)
+        for proc in host.procs.values():
+            proc.alive = False
+        report = cleanup(rt)
+        assert report["skipped"] == [] and report["actions"] and leftovers(root) == []
+
+    def test_skips_running_jobs_unless_forced(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """Cleanup leaves a job that still runs here, and removes it with --force."""
+        prolog(job_env(job_id=42), rt)
+        host.running_jobs.add(42)
+        assert cleanup(rt)["skipped"] and leftovers(root)
+        cleanup(rt, force=True)
+        assert leftovers(root) == [] and live(host) == []
+
+    def test_dry_run_names_one_item_per_object_and_the_run_does_exactly_those(
+        self, rt: Any, real_nodes: FakeHost, root: Path
+    ) -> None:
+        """Daemon, channel, directory: one item each, the dry run's ``would`` list is what cleanup then does."""
+        epilog_killed(rt, 42)
+        jd, chan = root / "run/imexctl/jobs/42", root / "dev/nvidia-caps-imex-channels/channel43"
+        named = ["stop daemon of job 42", f"remove channel {chan}", f"remove {jd}"]
+        assert cleanup(rt, dry_run=True)["actions"] == [f"would {a}" for a in named]
+        assert cleanup(rt)["actions"] == named and leftovers(root) == [] and live(real_nodes) == []
+
+    def test_a_stop_that_needed_sigkill_is_one_item_saying_so(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """A daemon that ignores SIGTERM: still one daemon item, its detail names the SIGKILL."""
+        host.daemon_ignores_sigterm = True
+        epilog_killed(rt, 42)
+        (pid,) = live(host)
+        assert cleanup(rt)["actions"][0] == f"stop daemon of job 42 (SIGKILL to pid {pid})"
+
+    def test_dry_run_names_no_channel_that_is_not_there(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """The state names a channel that was never made (or is gone): neither run lists it."""
+        epilog_killed(rt, 42)
+        assert json.loads((root / "run/imexctl/jobs/42/state.json").read_text())["channel_minor"] == 43
+        for dry in (True, False):
+            assert not any("channel" in a for a in cleanup(rt, dry_run=dry)["actions"])
+
+    def test_dry_run_names_a_stateless_jobs_channel_once(self, rt: Any, real_nodes: FakeHost, root: Path) -> None:
+        """A job directory without state.json and the job's channel: the channel is the job's item, not also stray."""
+        epilog_killed(rt, 42)
+        (root / "run/imexctl/jobs/42/state.json").unlink()
+        chan = root / "dev/nvidia-caps-imex-channels/channel43"
+        dry = cleanup(rt, dry_run=True)["actions"]
+        assert [a for a in dry if "channel" in a] == [f"would remove channel {chan}"]
+        assert cleanup(rt)["actions"] == [a.removeprefix("would ") for a in dry] and leftovers(root) == []
+
+    def test_dry_run_changes_nothing(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """A dry run reports the teardown of a dead job and performs none of it."""
+        epilog_killed(rt, 42)
+        before = leftovers(root)
+        report = cleanup(rt, dry_run=True)
+        assert report["actions"] and all(a.startswith("would ") for a in report["actions"])
+        assert leftovers(root) == before and len(live(host)) == 1

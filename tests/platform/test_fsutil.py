@@ -1,0 +1,317 @@
+"""fsutil: atomic writes, directory creation and tree removal that never follow symlinks."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import stat
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from imexctl.platform.fsutil import (
+    atomic_write,
+    check_private_dir,
+    ensure_dir,
+    read_text_nofollow,
+    remove_file,
+    remove_tree,
+)
+from tests.support.privileges import needs_chown
+
+
+@pytest.fixture
+def alarm() -> Iterator[None]:
+    """Turn a blocking call into a test failure after 5 s instead of a hung suite."""
+
+    def fail(signum: int, frame: object) -> None:
+        raise AssertionError("call blocked")
+
+    old = signal.signal(signal.SIGALRM, fail)
+    signal.alarm(5)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+class TestAtomicWrite:
+    def test_creates_file_with_content(self, tmp_path: Path) -> None:
+        """A new file gets exactly the given text and reports a change."""
+        path = tmp_path / "f.cfg"
+        assert atomic_write(path, "A=1\n") is True
+        assert path.read_text() == "A=1\n"
+
+    def test_applies_mode_regardless_of_umask(self, tmp_path: Path) -> None:
+        """The file gets the requested mode even under a restrictive umask."""
+        old = os.umask(0o077)
+        try:
+            atomic_write(tmp_path / "f", "x", mode=0o644)
+        finally:
+            os.umask(old)
+        assert stat.S_IMODE(os.stat(tmp_path / "f").st_mode) == 0o644
+
+    def test_unchanged_content_reports_no_change(self, tmp_path: Path) -> None:
+        """Writing identical content and mode again returns False and keeps the inode."""
+        path = tmp_path / "f"
+        atomic_write(path, "same\n", mode=0o600)
+        inode = os.stat(path).st_ino
+        assert atomic_write(path, "same\n", mode=0o600) is False
+        assert os.stat(path).st_ino == inode
+
+    def test_mode_change_alone_rewrites(self, tmp_path: Path) -> None:
+        """Same content with a different mode counts as a change and applies the mode."""
+        path = tmp_path / "f"
+        atomic_write(path, "same\n", mode=0o600)
+        assert atomic_write(path, "same\n", mode=0o644) is True
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
+
+    def test_replaces_symlink_without_following_it(self, tmp_path: Path) -> None:
+        """A symlink at the path is replaced by a regular file and its target is untouched."""
+        target = tmp_path / "target"
+        target.write_text("precious\n")
+        link = tmp_path / "link"
+        link.symlink_to(target)
+        assert atomic_write(link, "new\n") is True
+        assert not link.is_symlink() and link.read_text() == "new\n"
+        assert target.read_text() == "precious\n"
+
+    def test_replaces_symlink_even_when_target_has_same_content(self, tmp_path: Path) -> None:
+        """A symlink to a file with identical content is still replaced, never reported unchanged."""
+        target = tmp_path / "target"
+        target.write_text("same\n")
+        os.chmod(target, 0o644)
+        link = tmp_path / "link"
+        link.symlink_to(target)
+        assert atomic_write(link, "same\n", mode=0o644) is True
+        assert not link.is_symlink()
+
+    def test_replaces_file_that_is_not_utf8(self, tmp_path: Path) -> None:
+        """An existing file with non-UTF-8 bytes is overwritten, not a crash."""
+        path = tmp_path / "f"
+        path.write_bytes(b"\xff\xfe garbage")
+        assert atomic_write(path, "ok\n") is True
+        assert path.read_text() == "ok\n"
+
+    def test_leaves_no_temporary_files(self, tmp_path: Path) -> None:
+        """After two writes only the target file is in the directory."""
+        atomic_write(tmp_path / "f", "1")
+        atomic_write(tmp_path / "f", "2")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]
+
+    def test_refuses_directory_and_cleans_up(self, tmp_path: Path) -> None:
+        """A directory at the path makes the write fail and leaves no temporary file."""
+        (tmp_path / "d").mkdir()
+        with pytest.raises(OSError):
+            atomic_write(tmp_path / "d", "x")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
+
+    @pytest.mark.parametrize("err", [errno.ENOSPC, errno.EROFS, errno.EIO])
+    def test_a_failed_write_names_the_target_and_leaves_nothing(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, err: int
+    ) -> None:
+        """A full, read-only or failing file system: the error names the file being written, not a
+        temporary name (or nothing: ENOSPC from write() carries no file name), and no file is left."""
+
+        def fail(fd: int) -> None:
+            raise OSError(err, os.strerror(err))
+
+        monkeypatch.setattr(os, "fsync", fail)
+        with pytest.raises(OSError) as info:
+            atomic_write(tmp_path / "config.cfg", "A=1\n")
+        assert (info.value.errno, info.value.filename) == (err, str(tmp_path / "config.cfg"))
+        assert info.value.strerror == os.strerror(err)
+        assert list(tmp_path.iterdir()) == []
+
+    def test_a_temporary_file_that_cannot_be_made_names_the_target(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """mkstemp's own error would name the random temporary name: the target is named instead."""
+
+        def fail(**kw: object) -> tuple[int, str]:
+            raise OSError(errno.EROFS, "Read-only file system", str(tmp_path / ".state.json.x1y2z3"))
+
+        monkeypatch.setattr(tempfile, "mkstemp", fail)
+        with pytest.raises(OSError) as info:
+            atomic_write(tmp_path / "state.json", "{}")
+        assert info.value.filename == str(tmp_path / "state.json") and info.value.errno == errno.EROFS
+
+    def test_temporary_names_are_random_and_made_exclusively(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """No predictable temporary name: each write gets a fresh mkstemp name beside the target
+        (O_EXCL: an existing file or symlink of that name would make it pick another)."""
+        names: list[str] = []
+        real = os.replace
+
+        def record(src: str, dst: Path) -> None:
+            names.append(os.path.basename(src))
+            real(src, dst)
+
+        monkeypatch.setattr(os, "replace", record)
+        for i in range(3):
+            atomic_write(tmp_path / "f", str(i))
+        assert len(set(names)) == 3 and all(n.startswith(".f.") and len(n) > len(".f.") + 4 for n in names)
+
+
+class TestReadTextNofollow:
+    def test_reads_regular_file(self, tmp_path: Path) -> None:
+        """A regular UTF-8 file is returned as text."""
+        (tmp_path / "f").write_text("héllo\n")
+        assert read_text_nofollow(tmp_path / "f") == "héllo\n"
+
+    def test_refuses_symlink(self, tmp_path: Path) -> None:
+        """A symlink is refused even when its target is a readable file."""
+        (tmp_path / "t").write_text("x")
+        (tmp_path / "l").symlink_to(tmp_path / "t")
+        with pytest.raises(OSError):
+            read_text_nofollow(tmp_path / "l")
+
+    def test_refuses_fifo_without_blocking(self, tmp_path: Path, alarm: None) -> None:
+        """A FIFO is refused at once instead of blocking until a writer appears."""
+        os.mkfifo(tmp_path / "fifo")
+        with pytest.raises(OSError, match="not a regular file"):
+            read_text_nofollow(tmp_path / "fifo")
+
+    def test_non_utf8_is_an_oserror(self, tmp_path: Path) -> None:
+        """Bytes that are not UTF-8 raise OSError, which callers already handle."""
+        (tmp_path / "f").write_bytes(b"\xff")
+        with pytest.raises(OSError, match="not UTF-8"):
+            read_text_nofollow(tmp_path / "f")
+
+
+class TestEnsureDir:
+    def test_creates_parents_and_reports_creation(self, tmp_path: Path) -> None:
+        """Missing parents are created and True means the last component is new."""
+        assert ensure_dir(tmp_path / "a" / "b" / "c", 0o750) is True
+        assert (tmp_path / "a/b/c").is_dir()
+        assert stat.S_IMODE(os.stat(tmp_path / "a/b/c").st_mode) & 0o777 == 0o750 & ~_umask()
+
+    def test_existing_directory_is_not_created(self, tmp_path: Path) -> None:
+        """An existing directory is accepted and reported as not created."""
+        (tmp_path / "d").mkdir()
+        assert ensure_dir(tmp_path / "d") is False
+
+    def test_refuses_symlinked_component(self, tmp_path: Path) -> None:
+        """A symlink anywhere on the way is refused and nothing is created behind it."""
+        (tmp_path / "elsewhere").mkdir()
+        (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+        with pytest.raises(OSError, match="not a directory"):
+            ensure_dir(tmp_path / "link" / "sub")
+        assert list((tmp_path / "elsewhere").iterdir()) == []
+
+    def test_refuses_symlink_as_last_component(self, tmp_path: Path) -> None:
+        """A symlink to a directory at the path itself is refused."""
+        (tmp_path / "real").mkdir()
+        (tmp_path / "link").symlink_to(tmp_path / "real")
+        with pytest.raises(OSError):
+            ensure_dir(tmp_path / "link")
+
+    def test_refuses_regular_file(self, tmp_path: Path) -> None:
+        """A regular file in place of a directory is refused."""
+        (tmp_path / "f").write_text("")
+        with pytest.raises(OSError):
+            ensure_dir(tmp_path / "f" / "sub")
+
+
+class TestPrivateDirectories:
+    """``ensure_dir(private_from=...)`` and ``check_private_dir``: the state and lock directories are root's alone."""
+
+    def test_accepts_own_directories_and_creates_them(self, tmp_path: Path) -> None:
+        """Directories created now are ours and pass; parents above ``private_from`` are not judged."""
+        run = tmp_path / "run" / "imexctl"
+        assert ensure_dir(run / "jobs" / "7", 0o755, private_from=run) is True
+        check_private_dir(run / "jobs")
+
+    @pytest.mark.parametrize(
+        "mode",
+        [
+            pytest.param(0o777, id="0777"),
+            pytest.param(0o775, id="0775"),
+            pytest.param(0o1777, id="sticky-1777"),
+            pytest.param(0o757, id="0757"),
+        ],
+    )
+    @pytest.mark.parametrize("where", ["run", "jobs"])
+    def test_writable_by_others_is_refused_before_anything_is_made_in_it(
+        self, tmp_path: Path, mode: int, where: str
+    ) -> None:
+        """A run or jobs directory that group or others may write: refused, named with owner and mode,
+        and nothing is created inside it."""
+        run = tmp_path / "run"
+        (run / "jobs").mkdir(parents=True)
+        bad = run if where == "run" else run / "jobs"
+        os.chmod(bad, mode)
+        with pytest.raises(OSError) as info:
+            ensure_dir(run / "jobs" / "7", private_from=run)
+        assert info.value.errno == errno.EPERM and info.value.filename == str(bad)
+        assert f"mode {mode & 0o7777:04o}" in str(info.value) and "not writable by group or others" in str(info.value)
+        assert not (run / "jobs" / "7").exists()
+
+    @needs_chown
+    def test_owned_by_another_uid_is_refused(self, tmp_path: Path) -> None:
+        """A 0755 run directory that another uid owns (it could chmod it any time) is refused."""
+        run = tmp_path / "run"
+        run.mkdir(mode=0o755)
+        os.chown(run, 1501, 1501)
+        with pytest.raises(OSError, match="must be owned by root") as info:
+            ensure_dir(run / "jobs", private_from=run)
+        assert "owner uid 1501, mode 0755" in str(info.value) and not (run / "jobs").exists()
+
+    def test_symlink_in_place_of_the_directory_is_refused(self, tmp_path: Path) -> None:
+        """A symlink where the run directory belongs is refused even to a good directory; nothing is made there."""
+        (tmp_path / "elsewhere").mkdir(mode=0o755)
+        (tmp_path / "run").symlink_to(tmp_path / "elsewhere")
+        with pytest.raises(OSError, match="is a symbolic link") as info:
+            ensure_dir(tmp_path / "run" / "jobs", private_from=tmp_path / "run")
+        assert info.value.errno == errno.ENOTDIR and info.value.filename == str(tmp_path / "run")
+        assert list((tmp_path / "elsewhere").iterdir()) == []
+
+    def test_a_file_in_place_of_the_directory_is_refused(self, tmp_path: Path) -> None:
+        """A regular file where a private directory belongs is named as not a directory."""
+        (tmp_path / "run").write_text("")
+        with pytest.raises(OSError, match="is not a directory"):
+            check_private_dir(tmp_path / "run")
+
+
+class TestRemove:
+    def test_remove_tree_does_not_follow_symlinks(self, tmp_path: Path) -> None:
+        """Symlinks inside the tree are unlinked; what they point to survives."""
+        outside = tmp_path / "outside"
+        outside.mkdir()
+        (outside / "keep").write_text("keep")
+        tree = tmp_path / "tree"
+        (tree / "sub").mkdir(parents=True)
+        (tree / "sub" / "file").write_text("x")
+        (tree / "dirlink").symlink_to(outside)
+        (tree / "sub" / "filelink").symlink_to(outside / "keep")
+        assert remove_tree(tree) is True
+        assert not tree.exists()
+        assert (outside / "keep").read_text() == "keep"
+
+    def test_remove_tree_on_symlink_removes_only_the_link(self, tmp_path: Path) -> None:
+        """A symlink given as the tree itself is removed, its target directory is kept."""
+        (tmp_path / "real").mkdir()
+        (tmp_path / "real" / "f").write_text("x")
+        (tmp_path / "link").symlink_to(tmp_path / "real")
+        assert remove_tree(tmp_path / "link") is True
+        assert not os.path.lexists(tmp_path / "link") and (tmp_path / "real" / "f").exists()
+
+    def test_remove_tree_missing_is_false(self, tmp_path: Path) -> None:
+        """Removing a tree that does not exist reports that nothing was removed."""
+        assert remove_tree(tmp_path / "nope") is False
+
+    def test_remove_file_removes_symlink_not_target(self, tmp_path: Path) -> None:
+        """remove_file unlinks a symlink and leaves its target."""
+        (tmp_path / "t").write_text("x")
+        (tmp_path / "l").symlink_to(tmp_path / "t")
+        assert remove_file(tmp_path / "l") is True
+        assert (tmp_path / "t").exists() and remove_file(tmp_path / "l") is False
+
+
+def _umask() -> int:
+    old = os.umask(0)
+    os.umask(old)
+    return old

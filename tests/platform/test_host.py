@@ -1,0 +1,151 @@
+"""RealHost's view of a process, read from /proc without psutil, against psutil's own."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from imexctl.platform.host import RealHost, split_cmdline
+
+
+@pytest.mark.parametrize(
+    ("data", "argv"),
+    [
+        pytest.param("/usr/bin/nvidia-imex\0-c\0/run/j.cfg\0", ("/usr/bin/nvidia-imex", "-c", "/run/j.cfg"), id="nul"),
+        pytest.param("a\0\0b\0", ("a", "", "b"), id="empty-arg"),
+        pytest.param("worker: idle job 7", ("worker:", "idle", "job", "7"), id="retitled-blanks"),
+        pytest.param("worker: idle job 7\0", ("worker:", "idle", "job", "7"), id="retitled-final-nul"),
+        pytest.param("one\0", ("one",), id="one-arg"),
+        pytest.param("", (), id="kernel-thread"),
+    ],
+)
+def test_split_cmdline_like_psutil(data: str, argv: tuple[str, ...]) -> None:
+    """The argv is split at NUL bytes, or at blanks for a process that rewrote its title (psutil issue #1179)."""
+    assert split_cmdline(data) == argv
+
+
+def test_info_matches_psutil() -> None:
+    """pid, argv, process group and session of a live child are what psutil reports."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "two words"])
+    try:
+        info = RealHost._info(child.pid)
+        p = psutil.Process(child.pid)
+        assert info is not None
+        want = (child.pid, tuple(p.cmdline()), os.getpgid(0), os.getsid(0))
+        assert (info.pid, info.cmdline, info.pgid, info.sid) == want
+        assert 0 <= time.clock_gettime(time.CLOCK_BOOTTIME) - info.create_time < 30
+        assert RealHost().is_alive(info)
+    finally:
+        child.kill()
+        child.wait()
+    assert RealHost._info(child.pid) is None and not RealHost().is_alive(info)
+
+
+def test_zombie_is_not_alive() -> None:
+    """A child that exited but was not reaped yet is no live process (psutil's STATUS_ZOMBIE)."""
+    child = subprocess.Popen(["/bin/true"])
+    try:
+        deadline = time.monotonic() + 10
+        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE
+        assert RealHost._info(child.pid) is None
+    finally:
+        child.wait()
+
+
+def test_another_process_with_the_same_pid_is_not_alive() -> None:
+    """A process is known by pid and start time: a different start time means another process."""
+    info = RealHost._info(os.getpid())
+    assert info is not None and RealHost().is_alive(info)
+    assert not RealHost().is_alive(dataclasses.replace(info, create_time=info.create_time + 1))
+
+
+def test_processes_with_arg_finds_what_psutil_finds(tmp_path: Path) -> None:
+    """Exact and prefix matches of one argv element, as psutil's cmdline() splits it; substrings are no match."""
+    arg = str(tmp_path / "run/imexctl/jobs/7/config.cfg")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "-c", arg])
+    try:
+        deadline = time.monotonic() + 10
+        while arg not in psutil.Process(child.pid).cmdline() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        host = RealHost()
+        assert [p.pid for p in host.processes_with_arg(arg)] == [child.pid]
+        assert [p.pid for p in host.processes_with_arg(str(tmp_path / "run/imexctl/jobs/"), prefix=True)] == [child.pid]
+        assert host.processes_with_arg(str(tmp_path / "run/imexctl/jobs/")) == []  # not an element
+        assert host.processes_with_arg("jobs/7/config.cfg", prefix=True) == []  # inside an element, not its start
+        (found,) = host.processes_with_arg(arg)
+        assert found.cmdline == tuple(psutil.Process(child.pid).cmdline())
+    finally:
+        child.kill()
+        child.wait()
+    assert RealHost().processes_with_arg(arg) == []
+
+
+def test_processes_with_arg_leaves_out_zombies(tmp_path: Path) -> None:
+    """A child that exited but was not reaped yet is not listed."""
+    arg = str(tmp_path / "zombie-marker")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.2)", arg])
+    try:
+        deadline = time.monotonic() + 10
+        while arg.encode() not in Path(f"/proc/{child.pid}/cmdline").read_bytes():  # the exec is still loading
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        assert [p.pid for p in RealHost().processes_with_arg(arg)] == [child.pid]
+        deadline = time.monotonic() + 10
+        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert RealHost().processes_with_arg(arg) == []
+    finally:
+        child.wait()
+
+
+def test_spawn_detached_returns_once_the_command_line_shows(tmp_path: Path) -> None:
+    """Right after spawn the daemon is found by its command line: the roll-back and the liveness check rely on it.
+
+    Popen returns before the kernel shows the new command line (an empty
+    /proc/<pid>/cmdline for a moment); spawn_detached waits for it.  The
+    window is widest on a busy machine: three busy processes run meanwhile
+    (without the wait, 52 of 200 spawns here came back without it).
+    """
+    host, marker = RealHost(), str(tmp_path / "spawn-marker")
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
+    seen: list[tuple[str, ...]] = []
+    try:
+        for _ in range(60):
+            argv = [sys.executable, "-c", "import time; time.sleep(30)", marker]
+            info = host.spawn_detached(argv, log_path=tmp_path / "log")
+            seen.append(info.cmdline)
+            os.kill(info.pid, signal.SIGKILL)  # not waited for: the next spawn runs while it goes
+    finally:
+        for b in busy:
+            b.kill()
+            b.wait()
+    assert [c for c in seen if marker not in c] == []
+    deadline = time.monotonic() + 10
+    while host.processes_with_arg(marker) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_tcp_reach_tells_open_from_refused() -> None:
+    """A listening port is ``open``, a closed one ``refused``; both answered within the timeout."""
+    import socket
+
+    from imexctl.platform.host import RealHost
+
+    with socket.socket() as listening, socket.socket() as closed:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(1)
+        closed.bind(("127.0.0.2", 0))  # bound, never listening: the port refuses
+        port = listening.getsockname()[1]
+        closed_port = closed.getsockname()[1]
+        assert RealHost().tcp_reach(["127.0.0.1"], port, 2.0) == {"127.0.0.1": "open"}
+        assert RealHost().tcp_reach(["127.0.0.2"], closed_port, 2.0) == {"127.0.0.2": "refused"}

@@ -1,0 +1,79 @@
+"""log: one structlog configuration, JSON lines to the log file, stderr (by level) and syslog."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+
+from imexctl.platform import log
+
+
+def lines(text: str) -> list[dict]:  # type: ignore[type-arg]
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def test_file_gets_every_line_and_stderr_only_warnings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The file takes every line from the configured level up; stderr only warnings and errors."""
+    assert log.configure_logging(level="debug", log_file=tmp_path / "sub" / "imexctl.log") is None
+    structlog.contextvars.bind_contextvars(job_id=7, node="gb01", hook="prolog")
+    logger = structlog.get_logger()
+    logger.debug("imex.health.poll", attempt=1)
+    logger.info("prolog.done", ok=True)
+    logger.error("prolog.done", ok=False, reason="x")
+    in_file = lines((tmp_path / "sub" / "imexctl.log").read_text())
+    assert [(r["event"], r["level"]) for r in in_file] == [
+        ("imex.health.poll", "debug"),
+        ("prolog.done", "info"),
+        ("prolog.done", "error"),
+    ]
+    # field order: the call's fields, the event, the bound context, level, timestamp
+    keys = list(in_file[1])
+    assert keys[:2] == ["ok", "event"] and set(keys[2:5]) == {"job_id", "node", "hook"}
+    assert keys[5:] == ["level", "timestamp"]
+    assert [r["level"] for r in lines(capsys.readouterr().err)] == ["error"]
+    assert os.stat(tmp_path / "sub" / "imexctl.log").st_mode & 0o777 == 0o640
+
+
+def test_level_filters_every_sink(capsys: pytest.CaptureFixture[str]) -> None:
+    """[log] level = warning drops info lines everywhere; -v (stderr_level info) shows info on stderr."""
+    log.configure_logging(level="warning", stderr_level="info")
+    structlog.get_logger().info("prolog.done", ok=True)
+    structlog.get_logger().warning("imex.not_ready", status="x")
+    assert [r["event"] for r in lines(capsys.readouterr().err)] == ["imex.not_ready"]
+
+
+def test_unopenable_file_is_reported_and_stderr_still_works(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A log file that cannot be opened (a symlink there) gives a warning text; logging goes to stderr."""
+    (tmp_path / "imexctl.log").symlink_to(tmp_path / "elsewhere")
+    problem = log.configure_logging(log_file=tmp_path / "imexctl.log")
+    assert problem is not None and "cannot open log file" in problem
+    structlog.get_logger().error("imexctl.failed", reason="r")
+    assert lines(capsys.readouterr().err)[0]["event"] == "imexctl.failed"
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_syslog_opened_once_with_priorities(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With syslog, openlog runs once at set-up (ident imexctl, daemon facility) and each line gets its priority."""
+    import syslog
+
+    calls: list[tuple[str, Any]] = []
+    monkeypatch.setattr(syslog, "openlog", lambda *a: calls.append(("openlog", a)))
+    monkeypatch.setattr(
+        syslog, "syslog", lambda prio, line: calls.append(("syslog", (prio, json.loads(line)["event"])))
+    )
+    sink = log.SinkLogger(None, io.StringIO(), 30, syslog=True)
+    for method in ("info", "warning", "error", "exception"):
+        getattr(sink, method)(json.dumps({"event": method}))
+    assert calls == [
+        ("openlog", ("imexctl", syslog.LOG_PID, syslog.LOG_DAEMON)),
+        ("syslog", (syslog.LOG_INFO, "info")),
+        ("syslog", (syslog.LOG_WARNING, "warning")),
+        ("syslog", (syslog.LOG_ERR, "error")),
+        ("syslog", (syslog.LOG_ERR, "exception")),
+    ]
