@@ -1,4 +1,6 @@
-"""Fakes shipped with the package (like ``structlog.testing``): they record and refuse.
+"""The tests' fakes of the two seams, ``Host`` and ``Gpu``: they record and refuse.
+
+They live in tests/, never in the package: the .deb and the .rpm ship no test code.
 
 ``FakeHost`` answers only ``systemctl`` (show/start/stop/reset-failed) and
 ``nvidia-imex-ctl`` (``-q``, ``-N -j``); any other command raises
