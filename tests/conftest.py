@@ -15,6 +15,7 @@ import structlog
 from imexctl.config import settings
 from imexctl.hooks.runtime import Runtime
 from tests.support.fakes import FakeGpu, FakeHost
+from tests.support.racks import RACK_ADDRESSES
 
 PROC_DEVICES = """Character devices:
   1 mem
@@ -74,7 +75,7 @@ def make_settings(root: Path) -> Callable[..., settings.Settings]:
 @pytest.fixture
 def host() -> FakeHost:
     """A FakeHost that resolves gb01..gb18 to 10.0.0.1..18."""
-    return FakeHost(addresses={f"gb{i:02d}": [f"10.0.0.{i}"] for i in range(1, 19)})
+    return FakeHost(addresses=RACK_ADDRESSES)
 
 
 @pytest.fixture

@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import json
 import os
-import random
-import shutil
 import signal
 import stat
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +20,7 @@ import pytest
 
 from imexctl.commands.demo import HookResult, SimRack
 from tests.simhelpers import wait_for
+from tests.support.racks import sim_racks
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the prolog needs root (device nodes, chown)")
 
@@ -30,24 +28,8 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the prolog needs root
 @pytest.fixture
 def make_rack() -> Iterator[Any]:
     """Build racks under short temporary directories; kill and remove everything afterwards."""
-    racks: list[SimRack] = []
-
-    def make(trays: int, deadline_s: float = 20) -> SimRack:
-        # a random 127.0.0.x base, so test runs sharing the machine do not collide on addresses and ports
-        rack = SimRack(
-            Path(tempfile.mkdtemp(prefix="imxe", dir="/tmp")),
-            trays,
-            deadline_s=deadline_s,
-            uid=4242,
-            first_address=random.randrange(20, 250 - trays),
-        )
-        racks.append(rack)
-        return rack
-
-    yield make
-    for rack in racks:
-        rack.kill_all()
-        shutil.rmtree(rack.base, ignore_errors=True)
+    with sim_racks(SimRack, "imxe") as make:
+        yield make
 
 
 def codes(results: list[HookResult]) -> list[int]:

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import os
-import random
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Callable
@@ -13,6 +10,7 @@ from typing import Callable
 import pytest
 
 from tests.faults.rack import FaultRack
+from tests.support.racks import sim_racks
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -28,20 +26,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture
 def make_rack() -> Iterator[Callable[..., FaultRack]]:
     """Build fault racks; every process started under them is killed at the end."""
-    racks: list[FaultRack] = []
-
-    def make(trays: int = 2, deadline_s: float = 10) -> FaultRack:
-        rack = FaultRack(
-            Path(tempfile.mkdtemp(prefix="imxf", dir="/tmp")),
-            trays,
-            deadline_s=deadline_s,
-            uid=4242,
-            first_address=random.randrange(20, 250 - trays),
-        )
-        racks.append(rack)
-        return rack
-
-    yield make
-    for rack in racks:
-        rack.kill_all()
-        shutil.rmtree(rack.base, ignore_errors=True)
+    with sim_racks(FaultRack, "imxf", deadline_s=10) as make:
+        yield make

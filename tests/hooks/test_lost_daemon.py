@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import random
-import shutil
 import signal
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -142,12 +139,11 @@ def test_metrics_count_lost_daemons(make_settings: Callable[..., Settings], host
 def test_a_killed_simulated_daemon_is_reported_then_drains(tmp_path: Path) -> None:
     """Real processes: SIGKILL the simulator's daemon mid-job; the epilog warns (0), and with drain fails (69)."""
     from imexctl.commands.demo import SimRack
+    from tests.support.racks import sim_racks
 
-    rack = SimRack(
-        Path(tempfile.mkdtemp(prefix="imxl", dir="/tmp")), 1, uid=4242, first_address=random.randrange(20, 240)
-    )
-    t = rack.trays[0]
-    try:
+    with sim_racks(SimRack, "imxl") as make:
+        rack = make(1)
+        t = rack.trays[0]
         for job, policy, code in ((530, "warn", 0), (531, "drain", 69)):
             t.config.write_text(t.config.read_text().replace("[policy]\n", f"[policy]\nlost_daemon = {policy}\n"))
             assert rack.run_hooks("prolog", job)[0].returncode == 0
@@ -161,6 +157,3 @@ def test_a_killed_simulated_daemon_is_reported_then_drains(tmp_path: Path) -> No
             assert lost[-1]["job_id"] == job and lost[-1]["how"] == "not running"
             assert rack.leftovers() == []
             t.config.write_text(t.config.read_text().replace(f"lost_daemon = {policy}\n", ""))
-    finally:
-        rack.kill_all()
-        shutil.rmtree(rack.base, ignore_errors=True)
