@@ -166,15 +166,7 @@ class GpuFabricInfoV2(ctypes.Structure):
 class GpuFabricInfoV3(ctypes.Structure):
     """``nvmlGpuFabricInfo_v3_t`` (= ``nvmlGpuFabricInfoV_t``): v2 plus healthSummary; 40 bytes."""
 
-    _fields_ = [
-        ("version", ctypes.c_uint),
-        ("clusterUuid", ctypes.c_uint8 * FABRIC_UUID_LEN),
-        ("status", ctypes.c_int),
-        ("cliqueId", ctypes.c_uint),
-        ("state", ctypes.c_uint8),
-        ("healthMask", ctypes.c_uint),
-        ("healthSummary", ctypes.c_uint8),
-    ]
+    _fields_ = [*GpuFabricInfoV2._fields_, ("healthSummary", ctypes.c_uint8)]
 
 
 def struct_version(struct: type, ver: int) -> int:
