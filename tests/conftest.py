@@ -15,7 +15,7 @@ import structlog
 from imexctl.config import settings
 from imexctl.hooks.runtime import Runtime
 from tests.support.fakes import FakeGpu, FakeHost
-from tests.support.racks import RACK_ADDRESSES
+from tests.support.racks import rack_addresses
 
 PROC_DEVICES = """Character devices:
   1 mem
@@ -75,7 +75,7 @@ def make_settings(root: Path) -> Callable[..., settings.Settings]:
 @pytest.fixture
 def host() -> FakeHost:
     """A FakeHost that resolves gb01..gb18 to 10.0.0.1..18."""
-    return FakeHost(addresses=RACK_ADDRESSES)
+    return FakeHost(addresses=rack_addresses())
 
 
 @pytest.fixture

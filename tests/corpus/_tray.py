@@ -27,14 +27,14 @@ import pytest
 
 from imexctl import cli
 from tests.corpus._fakes import FakeGpu, FakeHost
-from tests.support.racks import RACK_ADDRESSES
+from tests.support.racks import rack_addresses
 
 __all__ = ["DOCUMENTED", "INFRASTRUCTURE", "ROOT_ONLY", "TRAYS", "Outcome", "Tray", "ids"]
 
 ROOT = Path(__file__).resolve().parents[2]
 
 #: gb01..gb18 -> 10.0.0.1..18, one NVL72 rack.
-TRAYS: dict[str, list[str]] = RACK_ADDRESSES
+TRAYS: dict[str, list[str]] = rack_addresses()
 
 #: What any run may leave on a clean tray (relative to the root): the shared
 #: directories, the node lock (which must not be held) and imexctl's own log.
