@@ -19,6 +19,7 @@ def rack_addresses() -> dict[str, list[str]]:
     """gb01..gb18 -> 10.0.0.1..18: one NVL72 rack, as a FakeHost resolves it (a fresh copy: tests change it)."""
     return {f"gb{i:02d}": [f"10.0.0.{i}"] for i in range(1, 19)}
 
+
 R = TypeVar("R", bound=SimRack)
 
 
