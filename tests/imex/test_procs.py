@@ -37,15 +37,19 @@ NOBODY = 65534
 
 @pytest.fixture
 def started() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
-    """Start real processes (killed at the end); each call waits until /proc shows its argv."""
+    """Start real processes (killed at the end); each call waits until /proc shows its argv.
+
+    ``runs``: also wait until the process runs that executable (a shell wrapper
+    exec's its program: for an instant during that exec /proc shows neither).
+    """
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start(argv: list[str], **kw: Any) -> subprocess.Popen[bytes]:
+    def start(argv: list[str], runs: str | None = None, **kw: Any) -> subprocess.Popen[bytes]:
         p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, **kw)
         procs.append(p)
         deadline = time.monotonic() + 10
-        while argv[-1].encode() not in Path(f"/proc/{p.pid}/cmdline").read_bytes():  # the exec is loading
-            assert time.monotonic() < deadline, f"{argv} never showed its command line"
+        while argv[-1].encode() not in Path(f"/proc/{p.pid}/cmdline").read_bytes() or runs not in (None, _exe(p.pid)):
+            assert time.monotonic() < deadline, f"{argv} never showed its command line (or never ran {runs})"
             time.sleep(0.01)
         return p
 
@@ -114,7 +118,7 @@ class TestRealProcesses:
         sim = _script(tmp_path / "nvidia-imex-sim", f"#!{sys.executable}\nimport time\ntime.sleep(60)\n")
         wrapper = _script(tmp_path / "nvidia-imex", f'#!/bin/sh\necho hi >&2\nFAULTS=/x exec {sim} "$@"\n')
         cfg = str(tmp_path / "config.cfg")
-        daemon = started([wrapper, "-c", cfg])
+        daemon = started([wrapper, "-c", cfg], runs=os.path.realpath(sys.executable))
         assert _pids(cfg, wrapper) == [daemon.pid]
         assert os.path.realpath(sim) in dict(imexproc.programs(wrapper).scripts)
 
@@ -223,8 +227,15 @@ def test_pips_shell_trampoline_counts(tmp_path: Path, started: Any) -> None:
         f"#!/bin/sh\n'''exec' \"{sys.executable}\" \"$0\" \"$@\"\n' '''\nimport time\ntime.sleep(60)\n",
     )
     cfg = str(tmp_path / "config.cfg")
-    daemon = started([imex, "-c", cfg])
+    daemon = started([imex, "-c", cfg], runs=os.path.realpath(sys.executable))
     assert _pids(cfg, imex) == [daemon.pid]
+
+
+def _exe(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return ""
 
 
 def test_a_wrapper_through_env_names_the_program_not_env(tmp_path: Path) -> None:
