@@ -20,9 +20,10 @@ from imexctl.gpu.fabric import fabric_key
 from imexctl.hooks import members
 from imexctl.hooks.gate import policy_skip, shared_reason, tell_user, told_field
 from imexctl.hooks.gate import prolog_done as _done
+from imexctl.hooks.jobs import scan_jobs, still_runs
 from imexctl.hooks.runtime import Runtime, bind, log_failed, terminations
 from imexctl.hooks.state import JobState, mark_state, node_lock, write_state
-from imexctl.hooks.teardown import scan_jobs, still_runs, teardown
+from imexctl.hooks.teardown import teardown
 from imexctl.imex import config as imexconf
 from imexctl.imex import daemon, peerauth
 from imexctl.platform.errors import (
@@ -288,7 +289,7 @@ def _clear_ended_jobs(job: JobContext, others: list[int], rt: Runtime) -> list[t
     """Tear down what other jobs left here if they no longer run; return those that may still run, and why.
 
     Decided on the tray (a slurmstepd or cgroup of the job; a set-up domain
-    whose epilog has not run, see ``teardown.still_runs``); only in that
+    whose epilog has not run, see ``jobs.still_runs``); only in that
     doubt is slurmctld asked, once per job: a job it reports ended, requeued
     or pending no longer runs on this allocation.  No answer keeps the job.
     """
@@ -498,7 +499,7 @@ def _create_channel(job: JobContext, major: int, minor: int, path: Path, rt: Run
 
 
 def _mark_set_up(job: JobContext, rt: Runtime) -> None:
-    """Record that the domain is set up: from now on ``cleanup`` treats the job as running (teardown.py)."""
+    """Record that the domain is set up: from now on ``cleanup`` treats the job as running (``jobs.still_runs``)."""
     try:
         mark_state(rt.settings.paths.job(job.job_id), set_up=rt.host.time())
     except OSError as exc:

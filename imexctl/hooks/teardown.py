@@ -15,15 +15,15 @@ from typing import Any, Callable
 
 from imexctl.channels import devices, notes
 from imexctl.config.settings import JobDir
+from imexctl.hooks.jobs import known_jobs, still_runs
 from imexctl.hooks.runtime import Runtime, bind, log_failed
 from imexctl.hooks.state import JobState, job_ids, mark_state, node_lock, read_state
 from imexctl.imex import daemon
 from imexctl.platform.errors import DaemonLostError, DeviceError, ImexctlError, UnsafeNodeError
 from imexctl.platform.fsutil import remove_tree
-from imexctl.platform.host import ProcInfo
 from imexctl.slurm.job import JobContext
 
-__all__ = ["cleanup", "epilog", "idle_epilog", "known_jobs", "scan_jobs", "still_runs", "teardown"]
+__all__ = ["cleanup", "epilog", "idle_epilog", "teardown"]
 
 
 class _Steps:
@@ -265,7 +265,7 @@ def cleanup(rt: Runtime, *, job_id: int | None = None, dry_run: bool = False, fo
     """Reset the node after failed jobs: tear down every job no longer running here.
 
     Which jobs may still run is decided locally (slurmctld is never asked), see
-    :func:`still_runs`.  ``force`` tears down running jobs too.  Stray channels
+    ``jobs.still_runs``.  ``force`` tears down running jobs too.  Stray channels
     (not channel0) are removed when imexctl owns channels.
     """
     report: dict[str, Any] = {"dry_run": dry_run, "actions": [], "skipped": [], "errors": []}
@@ -290,57 +290,6 @@ def cleanup(rt: Runtime, *, job_id: int | None = None, dry_run: bool = False, fo
     if report["errors"]:
         raise UnsafeNodeError("; ".join(report["errors"]))
     return report
-
-
-def still_runs(job_id: int, rt: Runtime) -> str:
-    """Why job ``job_id`` may still run on this node ('' when it surely does not).
-
-    A slurmstepd or a cgroup of the job proves it runs.  Their absence does not
-    prove the opposite: a job has neither on a node before its first step
-    there, which with ``PrologFlags=Alloc`` (without ``Contain``) can be the
-    whole job, and even ``Contain`` starts the extern step only after the
-    prolog (design.md source slurm-prolog-order).  So a job whose prolog set up
-    its domain, which is still there, and whose epilog has not run here, counts
-    as running too: when in doubt, leave it.
-    """
-    if rt.host.job_is_running(job_id):
-        return "still runs on this node"
-    jd = rt.settings.paths.job(job_id)
-    state = read_state(jd)
-    if state is None or not state.set_up or state.ended:
-        return ""
-    if state.backend == "none":
-        live = bool(state.channel_path) and os.path.lexists(state.channel_path)
-    else:
-        live = bool(daemon.job_processes(rt.host, rt.settings, jd.config))
-    if not live:
-        return ""
-    return (
-        "may still run on this node: its domain is set up and its epilog has not run here, "
-        "and a job has no slurmstepd or cgroup on a node before its first step there"
-    )
-
-
-def known_jobs(rt: Runtime) -> list[int]:
-    """Jobs with a directory or a daemon process under this node's jobs directory (a pager on a file is none)."""
-    return scan_jobs(rt)[0]
-
-
-def scan_jobs(rt: Runtime) -> tuple[list[int], list[ProcInfo]]:
-    """:func:`known_jobs`, and the IMEX daemons under the jobs directory that name no job id (strays).
-
-    One look at ``/proc`` answers both (the prolog's claim needs both).
-    """
-    jobs = set(job_ids(rt.settings.paths.jobs_dir))
-    prefix = f"{rt.settings.paths.jobs_dir}/"
-    strays = []
-    for proc in daemon.imex_processes(rt.host, rt.settings, prefix, prefix=True):
-        heads = [arg[len(prefix) :].split("/", 1)[0] for arg in proc.cmdline if arg.startswith(prefix)]
-        ids = [int(head) for head in heads if head.isdigit()]
-        jobs.update(ids)
-        if not ids:
-            strays.append(proc)
-    return sorted(jobs), strays
 
 
 def _remove_notes(rt: Runtime, job_id: int | None, dry_run: bool, force: bool) -> list[str]:

@@ -23,9 +23,10 @@ from structlog.testing import capture_logs
 
 from imexctl.commands.status import collect
 from imexctl.config.settings import Settings
+from imexctl.hooks.jobs import known_jobs
 from imexctl.hooks.prolog import prolog
 from imexctl.hooks.runtime import Runtime
-from imexctl.hooks.teardown import cleanup, epilog, known_jobs
+from imexctl.hooks.teardown import cleanup, epilog
 from imexctl.imex import procs as imexproc
 from imexctl.imex.daemon import imex_processes, job_processes
 from imexctl.platform.errors import DomainBusyError
