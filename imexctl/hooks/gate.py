@@ -64,15 +64,14 @@ class Skip:
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"Skip is frozen: cannot set {name}")
 
+    def _values(self) -> tuple[str, bool, str]:
+        return (self.reason, self.told, self.problem)
+
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Skip) and (self.reason, self.told, self.problem) == (
-            other.reason,
-            other.told,
-            other.problem,
-        )
+        return isinstance(other, Skip) and self._values() == other._values()
 
     def __hash__(self) -> int:
-        return hash((self.reason, self.told, self.problem))
+        return hash(self._values())
 
     def __repr__(self) -> str:
         return f"Skip(reason={self.reason!r}, told={self.told!r}, problem={self.problem!r})"
