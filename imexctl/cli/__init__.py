@@ -182,13 +182,14 @@ def main(
     Tests call this directly, with fakes for ``host`` and ``gpu``, and
     ``on_step`` to act at each step boundary of a hook (fault injection).
     """
+    read = None
     if host is None and gpu is None and on_step is None:
         from imexctl.hooks import quick
 
         try:
-            done = quick.run(sys.argv[1:] if argv is None else argv, os.environ if env is None else env)
+            done, read = quick.start(sys.argv[1:] if argv is None else argv, os.environ if env is None else env)
         except Exception:  # a bug there must not fail a hook: the full command decides (tests call quick.run)
-            done = None
+            done, read = None, None
         if done is not None:
             return done
     from imexctl.platform.errors import ExitCode, ImexctlError
@@ -208,7 +209,7 @@ def main(
             return _cmd_netcheck(args, env, host)
         if args.command == "demo":
             return _cmd_demo(args)
-        return _with_runtime(args, env, host, gpu, on_step)
+        return _with_runtime(args, env, host, gpu, on_step, read)
     except ImexctlError as exc:
         if not exc.logged:
             _log_failure(exc)
@@ -240,30 +241,33 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _with_runtime(
-    args: argparse.Namespace, env: dict[str, str], host: Any, gpu: Any, on_step: Callable[[str], None] | None
+    args: argparse.Namespace,
+    env: dict[str, str],
+    host: Any,
+    gpu: Any,
+    on_step: Callable[[str], None] | None,
+    read: Any = None,
 ) -> int:
-    from imexctl.config import schema, settings
+    """Run a command that needs the settings: a hook, ``status`` or ``cleanup``.
+
+    ``read`` is what the hooks' fast path read before it declined
+    (``quick.Read``): the settings are then built from its validated sections
+    and the job is its job, neither read again.
+    """
     from imexctl.hooks.runtime import Runtime
-    from imexctl.platform.errors import ImexctlError, NotPrivilegedError
+    from imexctl.platform.errors import NotPrivilegedError
     from imexctl.platform.host import RealHost
     from imexctl.slurm import job as slurm
 
     host = host if host is not None else RealHost()
     # checked before it reaches a path: [paths] root may hold %n
     node = slurm.node_name(env) or _short_hostname()
-    # an admin's command reads the file the hooks read under slurmd (issue 23)
-    lookup = env if args.command in ("prolog", "epilog") else schema.as_under_slurmd(env)
-    path, required = settings.find_config(args.config, lookup)
-    try:
-        cfg = settings.load(path, node=node, required=required)
-    except ImexctlError:
-        _configure_logging(None, args, env)  # no log file known: the error goes to stderr
-        raise
+    cfg = _settings(args, env, node, read)
     sink, problem = _open_sink(cfg, args)
-    if args.command in ("prolog", "epilog") and not problem and host.euid() == 0:
-        done = _quick_hook(args, env, Runtime(host, gpu, cfg, _line_logger(sink, cfg, args, env)))
-        if done:
-            return 0
+    job = _hook_job(args, env, read)
+    early = job is not None and not problem and host.euid() == 0
+    if early and _quick_hook(args, job, Runtime(host, gpu, cfg, _line_logger(sink, cfg, args, env))):
+        return 0
     _configure_logging(cfg, args, env, (sink, problem))
     if args.command in ("prolog", "epilog", "cleanup") and host.euid() != 0:
         raise NotPrivilegedError(f"imexctl {args.command} must run as root")
@@ -276,32 +280,75 @@ def _with_runtime(
     rt = Runtime(host, gpu, cfg, structlog.get_logger(), **({"on_step": on_step} if on_step else {}))
     if args.command == "status":
         return _cmd_status(args, rt, node)
-    return _run_hook(args, env, rt)
+    return _run_hook(args, env, rt, job)
 
 
-def _quick_hook(args: argparse.Namespace, env: Mapping[str, str], rt: Any) -> bool:
+def _settings(args: argparse.Namespace, env: Mapping[str, str], node: str, read: Any) -> Any:
+    """The settings: from what the fast path read (``quick.Read``), else read and validated here."""
+    from pathlib import Path
+
+    from imexctl.config import schema, settings
+    from imexctl.platform.errors import ImexctlError
+
+    if read is not None:
+        source = Path(read.config) if read.found else None
+        return settings.from_values(read.values, read.imex, node=node, source=source)
+    # an admin's command reads the file the hooks read under slurmd (issue 23)
+    lookup = env if args.command in ("prolog", "epilog") else schema.as_under_slurmd(env)
+    path, required = settings.find_config(args.config, lookup)
+    try:
+        return settings.load(path, node=node, required=required)
+    except ImexctlError:
+        _configure_logging(None, args, env)  # no log file known: the error goes to stderr
+        raise
+
+
+def _hook_job(args: argparse.Namespace, env: Mapping[str, str], read: Any) -> Any:
+    """The hook's job, read once for the whole run: the fast path's, else from ``env``.
+
+    None for a command that is no hook, or when the environment is invalid:
+    the hook then reads it again and reports the problem, as it always does.
+    """
+    if args.command not in ("prolog", "epilog"):
+        return None
+    if read is not None:
+        return read.job
+    from imexctl.platform.errors import ImexctlError
+    from imexctl.slurm.job import JobContext
+
+    try:
+        return JobContext.from_env(env, need_nodes=args.command == "prolog")
+    except ImexctlError:
+        return None
+
+
+def _quick_hook(args: argparse.Namespace, job: Any, rt: Any) -> bool:
     """Finish a prolog that policy skips, or an epilog with nothing to do, before structlog is imported.
 
+    The decisions are the fast path's own (``gate``), here with the settings
+    and the given host: a site with metrics, a log directory still to make, a
+    config file that configparser reads, or a test's fake host comes here.
     ``rt`` carries a ``log.LineLogger`` and, when none was given, no GPU:
     these paths never ask NVML.  False (nothing logged) when the full hook
     must run (docs/performance.md).
     """
     t0 = rt.host.monotonic()
+    result: Any
     if args.command == "prolog":
-        from imexctl.hooks.gate import skipped_prolog
+        from imexctl.hooks.gate import idle_prolog
 
-        result = skipped_prolog(env, rt)
+        result = idle_prolog(job, rt)
     else:
         from imexctl.hooks.teardown import idle_epilog
 
-        result = idle_epilog(env, rt)
+        result = idle_epilog(job, rt)
     if result is None:
         return False
     _record_metrics(rt, args.command, result, None, rt.host.monotonic() - t0)
     return True
 
 
-def _run_hook(args: argparse.Namespace, env: Mapping[str, str], rt: Any) -> int:
+def _run_hook(args: argparse.Namespace, env: Mapping[str, str], rt: Any, job: Any = None) -> int:
     """Run the prolog, the epilog or cleanup, then count it in the metrics (the one place that does)."""
     t0 = rt.host.monotonic()
     result: Any = None
@@ -310,16 +357,16 @@ def _run_hook(args: argparse.Namespace, env: Mapping[str, str], rt: Any) -> int:
         if args.command == "prolog":
             from imexctl.hooks.prolog import prolog
 
-            result = prolog(env, rt)
+            result = prolog(env, rt, job)
         elif args.command == "epilog":
             from imexctl.hooks.teardown import epilog
 
-            result = epilog(env, rt)
+            result = epilog(env, rt, job)
         else:
             from imexctl.hooks.teardown import cleanup
 
             result = cleanup(rt, job_id=args.job, dry_run=args.dry_run, force=args.force)
-            _print_json(result) if args.json else _print_cleanup(result)
+            _print_json(result.data()) if args.json else _print_cleanup(result)
     except BaseException as exc:
         error = exc
         raise
@@ -506,11 +553,9 @@ def _read_reports(files: Sequence[str]) -> Iterator[Any]:
                 yield report
 
 
-def _print_cleanup(report: dict[str, Any]) -> None:
-    for line in report["actions"] or ["nothing to clean up"]:
-        print(line)
-    for line in report["skipped"]:
-        print(f"skipped: {line}")
+def _print_cleanup(report: Any) -> None:
+    """``cleanup``'s text (``results.CleanupResult.text``) on stdout."""
+    sys.stdout.write(report.text())
 
 
 def _print_json(data: Any, errors: Sequence[ImexctlError] = (), indent: int | None = 2) -> None:

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from imexctl.channels import devices
+from imexctl.hooks.jobs import known_jobs, still_runs
 from imexctl.hooks.runtime import Runtime
 from imexctl.hooks.state import read_state
-from imexctl.hooks.teardown import known_jobs, still_runs
 from imexctl.imex import daemon
 from imexctl.platform.errors import CommandError, ImexctlError
 from imexctl.platform.fsutil import read_text_nofollow

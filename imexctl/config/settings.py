@@ -43,6 +43,7 @@ __all__ = [
     "Settings",
     "Topology",
     "find_config",
+    "from_values",
     "load",
 ]
 
@@ -347,6 +348,18 @@ def load(path: Path | None, *, node: str, required: bool = True, euid: int | Non
         values, imex = schema.validate(None if path is None else str(path), raw)
     except schema.SchemaError as exc:
         raise ConfigError(str(exc)) from exc.__cause__
+    return from_values(values, imex, node=node, source=source)
+
+
+def from_values(
+    values: Mapping[str, Mapping[str, Any]], imex: Mapping[str, str], *, node: str, source: Path | None
+) -> Settings:
+    """The settings from :func:`imexctl.config.schema.validate`'s answer, as :func:`load` builds them.
+
+    The hooks' fast path validates a plain config file before it decides; when
+    it leaves the run to the full command, the full command builds its
+    settings from that answer instead of reading the file again.
+    """
     sections = {name: SECTIONS[name](**keys) for name, keys in values.items() if name != "paths"}
     p = schema.node_paths(values["paths"], node)
 

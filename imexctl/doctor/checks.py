@@ -282,7 +282,7 @@ def _unsafe_dir(path: Path, forbidden: int) -> str:
 
 def _stale(ctx: Context) -> list[Check]:
     """Jobs that left a directory or a daemon but no longer run here, and channel nodes no job claims."""
-    from imexctl.hooks.teardown import known_jobs, still_runs
+    from imexctl.hooks.jobs import known_jobs, still_runs
 
     rt = ctx.rt
     gone = [jid for jid in known_jobs(rt) if not still_runs(jid, rt)]  # cleanup's rule: what cleanup would remove

@@ -1,29 +1,124 @@
-"""The prolog's policy gate and summary line: light enough to run before anything heavy is imported.
+"""The hooks' gates: whether a prolog is skipped, whether an epilog has anything to do, and their summary lines.
 
-Most prologs on a shared cluster are for jobs the policy skips, and each one
-sits on the job's start.  ``cli`` runs :func:`skipped_prolog` first, with a
-``log.LineLogger``: when the policy skips the job, the prolog ends here
-without importing structlog, tenacity, psutil or pynvml (docs/performance.md).
-The full prolog (``prolog.py``) uses the same gate and the same summary.
+Each decision is written once, here, and light enough to run before anything
+heavy is imported: the fast path (``quick``) calls these functions with what
+it read from the plain config file, the full commands (``cli``'s early hook,
+``prolog``, ``teardown``) with their settings and their host.  Most prologs
+on a shared cluster are for jobs the policy skips, most epilogs for jobs that
+left nothing on the tray; each sits on a job's start or end
+(docs/performance.md).  The summary lines of those runs are rendered here too,
+for the fast path and for the records of :mod:`imexctl.hooks.results`.
 """
 
 from __future__ import annotations
 
+import os
+
 from imexctl.slurm.job import JobContext, constraint_features
 
-# typing is not imported at run time: imexctl.hooks.quick imports policy_skip (docs/performance.md)
+# typing is not imported at run time: imexctl.hooks.quick imports this module (docs/performance.md)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-    from typing import Any
+    from collections.abc import Mapping, Sequence
+    from typing import Any, Callable
 
+    from imexctl.hooks.results import PrologResult
     from imexctl.hooks.runtime import Runtime
 
-__all__ = ["policy_skip", "prolog_done", "shared_reason", "skipped_prolog", "tell_user", "told_field"]
+    #: one log line: its event and its fields, in order
+    Line = tuple[str, dict[str, Any]]
+
+__all__ = [
+    "Skip",
+    "domains",
+    "epilog_fields",
+    "idle_prolog",
+    "left_anything",
+    "nothing_left",
+    "policy_skip",
+    "prolog_fields",
+    "shared_reason",
+    "skipped_lines",
+    "skipped_prolog",
+    "tell_user",
+]
+
+
+class Skip:
+    """Why ``[policy]`` skips a job, whether its user was told (``told``), and why the note failed ('' when not).
+
+    A frozen record, without ``dataclasses`` (start-up cost), like :class:`imexctl.slurm.job.JobContext`.
+    """
+
+    __slots__ = ("problem", "reason", "told")
+
+    reason: str
+    told: bool
+    problem: str
+
+    def __init__(self, reason: str, told: bool = False, problem: str = "") -> None:
+        object.__setattr__(self, "reason", reason)
+        object.__setattr__(self, "told", told)
+        object.__setattr__(self, "problem", problem)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Skip is frozen: cannot set {name}")
+
+    def _values(self) -> tuple[str, bool, str]:
+        return (self.reason, self.told, self.problem)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Skip) and self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        return f"Skip(reason={self.reason!r}, told={self.told!r}, problem={self.problem!r})"
+
+
+def skipped_prolog(job: JobContext, policy: Mapping[str, Any], run_dir: str, proc_devices: str) -> Skip | None:
+    """Whether ``[policy]`` skips this job (None when it does not): the one place the prolog decides it.
+
+    A skipped job that could have had IMEX by asking is left its note first
+    (:func:`tell_user`); a note that cannot be written is no reason to fail,
+    and comes back as ``problem`` (the fast path then leaves the run to the
+    full prolog, which logs ``imex.note_failed``).
+    """
+    reason = policy_skip(job, policy)
+    if not reason:
+        return None
+    try:
+        told = tell_user(job, reason, run_dir, proc_devices)
+    except OSError as exc:
+        return Skip(reason, problem=f"{exc.filename or run_dir}: {exc.strerror or exc}")
+    return Skip(reason, told)
+
+
+def idle_prolog(job: JobContext, rt: Runtime) -> PrologResult | None:
+    """The whole prolog of a job that the policy skips, with the settings; None (nothing logged) otherwise.
+
+    ``cli`` runs this before structlog is imported, with a ``log.LineLogger``,
+    when the fast path could not answer (metrics to record, a config file
+    that configparser reads, a test's fake host).  None too when the note
+    failed: the full prolog logs that.
+    """
+    from imexctl.hooks.results import PrologResult
+    from imexctl.hooks.runtime import bind
+
+    t0 = rt.host.monotonic()
+    paths = rt.settings.paths
+    skip = skipped_prolog(job, vars(rt.settings.policy), str(paths.run_dir), str(paths.proc_devices))
+    if skip is None or skip.problem:
+        return None
+    bind(rt, job_id=job.job_id, node=job.node)
+    result = PrologResult(round(rt.host.monotonic() - t0, 3), skipped=skip.reason, told_user=skip.told)
+    result.log(rt.log)
+    return result
 
 
 def policy_skip(job: JobContext, policy: Mapping[str, Any]) -> str:
-    """Why this job gets no IMEX by ``[policy]`` ('' when it does): the one place this is decided.
+    """Why this job gets no IMEX by ``[policy]`` ('' when it does).
 
     ``policy`` holds the section's values by key (``jobs``, ``partitions``,
     ``feature``, ``shared``), as the fast path reads them or as ``vars()`` of
@@ -65,42 +160,58 @@ def tell_user(job: JobContext, reason: str, run_dir: str, proc_devices: str) -> 
     return notes.leave(run_dir, proc_devices, job.job_id, f"IMEX was not set up for job {job.job_id}: {reason}")
 
 
-def prolog_done(rt: Runtime, t0: float, *, skipped: str = "", **summary: Any) -> dict[str, Any]:
-    """Log the prolog's summary (``imex.skipped`` first for a skipped job) and return it."""
-    out = {"ok": True, **summary, "duration_s": round(rt.host.monotonic() - t0, 3)}
+def domains(job: JobContext) -> list[int]:
+    """The job ids whose domain this job's epilog tears down: its own, and its het job's (keyed by the het job id)."""
+    return list(dict.fromkeys([job.job_id, *([job.het_job_id] if job.het_job_id else [])]))
+
+
+def left_anything(
+    job_dir: str, config: str, *, has_process: Callable[[str], bool], channel_left: Callable[[], bool]
+) -> bool:
+    """Whether a job left anything on this tray: its directory, a process naming its config, or its channel node.
+
+    The one rule, for the fast path and the full epilog; each looks its own
+    way: the fast path reads ``/proc`` without psutil and counts any channel
+    node of the job's minor (a superset: when unsure, the full epilog runs),
+    the full epilog asks its host for IMEX processes and leaves out a minor
+    that another job's state claims.
+    """
+    return os.path.lexists(job_dir) or has_process(config) or channel_left()
+
+
+def nothing_left(job: JobContext, run_dir: str, left: Callable[[int], bool]) -> bool:
+    """Remove the job's note (``notes``), then whether neither the job nor its het job left anything here.
+
+    ``left(job_id)`` is :func:`left_anything` for one domain.  Most jobs never
+    had a domain on a tray: their epilog takes no lock, so it never waits for
+    another job's prolog.
+    """
+    from imexctl.channels import notes
+
+    notes.forget(run_dir, job.job_id)  # before anything else, as the full epilog does
+    return not any(left(jid) for jid in domains(job))
+
+
+def prolog_fields(duration_s: float, *, skipped: str = "", told_user: bool = False, **summary: Any) -> dict[str, Any]:
+    """The fields of ``prolog.done``, in their order: ``ok``, the summary, ``duration_s``, then ``skipped``."""
+    out: dict[str, Any] = {"ok": True, **({"told_user": True} if told_user else {}), **summary}
+    out["duration_s"] = duration_s
     if skipped:
-        rt.log.info("imex.skipped", reason=skipped)
         out["skipped"] = skipped
-    rt.log.info("prolog.done", **out)
     return out
 
 
-def skipped_prolog(env: Mapping[str, str], rt: Runtime) -> dict[str, Any] | None:
-    """The whole prolog of a job that the policy skips; None (nothing logged) when the full prolog must run.
-
-    The full prolog also runs when the job's environment is invalid: it
-    reports that, as it always does.
-    """
-    from imexctl.hooks.runtime import bind
-    from imexctl.platform.errors import ImexctlError
-
-    t0 = rt.host.monotonic()
-    try:
-        job = JobContext.from_env(env, need_nodes=True)
-    except ImexctlError:
-        return None
-    skip = policy_skip(job, vars(rt.settings.policy))
-    if not skip:
-        return None
-    bind(rt, job_id=job.job_id, node=job.node)
-    paths = rt.settings.paths
-    try:
-        told = tell_user(job, skip, str(paths.run_dir), str(paths.proc_devices))
-    except OSError:
-        return None  # the full prolog reports it
-    return prolog_done(rt, t0, skipped=skip, **told_field(told))
+def skipped_lines(reason: str, told: bool, duration_s: float) -> list[Line]:
+    """The lines of a prolog that skips its job: ``imex.skipped``, then ``prolog.done``."""
+    return [
+        ("imex.skipped", {"reason": reason}),
+        ("prolog.done", prolog_fields(duration_s, skipped=reason, told_user=told)),
+    ]
 
 
-def told_field(told: bool) -> dict[str, Any]:
-    """The summary's ``told_user`` field, present only when a note was left."""
-    return {"told_user": True} if told else {}
+def epilog_fields(actions: Sequence[str], duration_s: float, lost: Sequence[str] = ()) -> dict[str, Any]:
+    """The fields of ``epilog.done``: ``ok``, ``actions``, ``duration_s``, then ``lost_daemon`` when one was lost."""
+    out: dict[str, Any] = {"ok": True, "actions": list(actions), "duration_s": duration_s}
+    if lost:
+        out["lost_daemon"] = list(lost)
+    return out

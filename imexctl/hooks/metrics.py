@@ -18,10 +18,11 @@ import json
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Union
 
 from imexctl import __version__
 from imexctl.config.settings import Settings
+from imexctl.hooks.results import Action, CleanupResult, EpilogResult, PrologResult
 from imexctl.platform.fsutil import atomic_write, read_text_nofollow
 
 __all__ = [
@@ -46,6 +47,8 @@ BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 #: values of the ``state`` label of imexctl_domain_state
 STATES: Final = ("none", "up", "degraded", "down", "not_ready", "unknown")
 _LOCK_WAIT_S: Final = 2.0
+#: what a prolog, an epilog or cleanup returns
+Result = Union[PrologResult, EpilogResult, CleanupResult]
 
 #: name -> (type, help); docs/metrics.md lists exactly these (tests/hooks/test_metrics.py)
 METRICS: Final[dict[str, tuple[str, str]]] = {
@@ -92,41 +95,42 @@ class Run:
     lost: int = 0
 
 
-_ACTIONS: Final = (
-    ("remove stray channel", "remove_stray_channel"),
-    ("remove channel", "remove_channel"),
-    ("stop daemon", "stop_daemon"),
-    ("could not remove", "failed"),
-    ("remove ", "remove_job_dir"),
-)
+#: the ``action`` label of each kind of teardown action (docs/metrics.md); a note counts as the job's files
+_LABELS: Final = {
+    "stop_daemon": "stop_daemon",
+    "remove_channel": "remove_channel",
+    "remove_job_dir": "remove_job_dir",
+    "remove_note": "remove_job_dir",
+    "remove_stray_channel": "remove_stray_channel",
+    "failed": "failed",
+}
 
 
-def run_of(
-    command: str, result: Mapping[str, Any] | None, error: BaseException | None, duration_s: float, level: str
-) -> Run:
+def run_of(command: str, result: Result | None, error: BaseException | None, duration_s: float, level: str) -> Run:
     """What one command's result (or error) counts as; ``level`` is ``[readiness] level``."""
     if error is not None:
         return Run(command, "failed", getattr(error, "code", "crashed"), duration_s, lost=getattr(error, "lost", 0))
-    result = result or {}
-    if command == "cleanup":
-        return Run(command, "ok", actions=tuple(kind for a in result.get("actions", ()) for kind in _action(a)))
-    if command != "prolog":
-        return Run(command, "ok", duration_s=duration_s, lost=len(result.get("lost_daemon", ())))
-    if result.get("skipped") or result.get("job_ended"):
-        return Run(command, "skipped" if result.get("skipped") else "job_ended", duration_s=duration_s)
-    if not result.get("port"):  # one tray, channel only: no daemon, no domain to be ready
+    if isinstance(result, CleanupResult):
+        return Run(command, "ok", actions=tuple(label for a in result.actions for label in _action_labels(a)))
+    if isinstance(result, EpilogResult):
+        return Run(command, "ok", duration_s=duration_s, lost=len(result.lost_daemon))
+    if not isinstance(result, PrologResult):
         return Run(command, "ok", duration_s=duration_s)
-    peers, blamed = int(result.get("trays", 1)) - 1, len(result.get("blamed", ()))
-    domain = Domain(
-        0, "up" if result.get("ready") else "not_ready", peers, peers - blamed if level == "domain" else None
-    )
-    return Run(command, "ok", duration_s=duration_s, ready_s=duration_s if result.get("ready") else None, domain=domain)
+    if result.skipped or result.job_ended:
+        return Run(command, "skipped" if result.skipped else "job_ended", duration_s=duration_s)
+    setup = result.setup
+    if setup is None or not setup.daemon:  # one tray, channel only: no daemon, no domain to be ready
+        return Run(command, "ok", duration_s=duration_s)
+    peers = setup.trays - 1
+    connected = peers - len(setup.blamed) if level == "domain" else None
+    domain = Domain(0, "up" if setup.ready else "not_ready", peers, connected)
+    return Run(command, "ok", duration_s=duration_s, ready_s=duration_s if setup.ready else None, domain=domain)
 
 
-def _action(text: str) -> tuple[str, ...]:
-    """The action labels of one teardown item: a stop that needed SIGKILL counts as ``kill_daemon`` too."""
-    name = next((name for prefix, name in _ACTIONS if text.startswith(prefix)), "other")
-    return (name, "kill_daemon") if name == "stop_daemon" and "SIGKILL" in text else (name,)
+def _action_labels(action: Action) -> tuple[str, ...]:
+    """The action labels of one teardown action: a stop that needed SIGKILL counts as ``kill_daemon`` too."""
+    label = _LABELS.get(action.kind, "other")
+    return (label, "kill_daemon") if action.kind == "stop_daemon" and action.killed else (label,)
 
 
 def domain_of_status(data: Mapping[str, Any]) -> Domain:

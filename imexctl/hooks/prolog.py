@@ -18,11 +18,12 @@ from imexctl.channels import devices
 from imexctl.config.settings import JobDir, Settings
 from imexctl.gpu.fabric import fabric_key
 from imexctl.hooks import members
-from imexctl.hooks.gate import policy_skip, shared_reason, tell_user, told_field
-from imexctl.hooks.gate import prolog_done as _done
+from imexctl.hooks.gate import Skip, shared_reason, skipped_prolog
+from imexctl.hooks.jobs import scan_jobs, still_runs
+from imexctl.hooks.results import PrologResult, Setup, texts
 from imexctl.hooks.runtime import Runtime, bind, log_failed, terminations
 from imexctl.hooks.state import JobState, mark_state, node_lock, write_state
-from imexctl.hooks.teardown import scan_jobs, still_runs, teardown
+from imexctl.hooks.teardown import teardown
 from imexctl.imex import config as imexconf
 from imexctl.imex import daemon, peerauth
 from imexctl.platform.errors import (
@@ -58,17 +59,18 @@ class _Run:
     slurm_channels: bool = False
 
 
-def prolog(env: Mapping[str, str], rt: Runtime) -> dict[str, Any]:
+def prolog(env: Mapping[str, str], rt: Runtime, job: JobContext | None = None) -> PrologResult:
     """Set up the job's IMEX domain on this tray, or roll back and raise.
 
-    A failure that only comes from the job having been cancelled meanwhile
-    (slurmctld says so when asked) is no failure: the roll-back is done and
-    the prolog exits 0, so no healthy node is drained for it.
+    ``job`` is the job as the caller already read it from ``env`` (None: read
+    here).  A failure that only comes from the job having been cancelled
+    meanwhile (slurmctld says so when asked) is no failure: the roll-back is
+    done and the prolog exits 0, so no healthy node is drained for it.
 
     Returns:
         The summary logged as ``prolog.done`` (one line per run, also on failure).
     """
-    run = _Run(rt.host.monotonic(), deadline_s=rt.settings.readiness.deadline_s)
+    run = _Run(rt.host.monotonic(), job, deadline_s=rt.settings.readiness.deadline_s)
     with terminations(lambda exc: _on_signal(exc, run, rt)):
         try:
             return _prolog(env, rt, run)
@@ -88,7 +90,7 @@ def _on_signal(exc: Terminated, run: _Run, rt: Runtime) -> None:
     log_failed("prolog.done", exc, rt, run.t0)
 
 
-def _failed(exc: ImexctlError, run: _Run, rt: Runtime) -> dict[str, Any]:
+def _failed(exc: ImexctlError, run: _Run, rt: Runtime) -> PrologResult:
     """Exit 0 for a job that will not run here any more, if this tray did its part; else fail.
 
     Only a tray whose own daemon got READY, and which waited for its peers in
@@ -107,17 +109,17 @@ def _failed(exc: ImexctlError, run: _Run, rt: Runtime) -> dict[str, Any]:
     raise exc
 
 
-def _prolog(env: Mapping[str, str], rt: Runtime, run: _Run) -> dict[str, Any]:
-    job = run.job = JobContext.from_env(env, need_nodes=True)
+def _prolog(env: Mapping[str, str], rt: Runtime, run: _Run) -> PrologResult:
+    job = run.job = run.job or JobContext.from_env(env, need_nodes=True)
     bind(rt, job_id=job.job_id, node=job.node)
-    skip = policy_skip(job, vars(rt.settings.policy))
-    if not skip and job.is_shared is None:
+    skip = _skip(job, rt)
+    if skip is None and job.is_shared is None:
         job = run.job = _ask_sharing(job, rt)
-        skip = policy_skip(job, vars(rt.settings.policy))
-    if not skip and (job.qos or job.sluid):  # Slurm 26.05's QOS and 25.11's SLUID: in every line of a set-up
+        skip = _skip(job, rt)
+    if skip is not None:
+        return _done(rt, run.t0, skipped=skip.reason, told_user=skip.told)
+    if job.qos or job.sluid:  # Slurm 26.05's QOS and 25.11's SLUID: in every line of a set-up
         bind(rt, **{k: v for k, v in (("qos", job.qos), ("sluid", job.sluid)) if v})
-    if skip:
-        return _done(rt, run.t0, skipped=skip, **_tell_user(job, skip, rt))
     _refuse_shared(job, rt)
     deadline = run.t0 + _read_slurm_conf(job, rt, run)
     no_fabric, key = _no_fabric(rt, deadline)
@@ -136,14 +138,19 @@ def _prolog(env: Mapping[str, str], rt: Runtime, run: _Run) -> dict[str, Any]:
         _claim(job, rt)
         rt.step("claimed")
         try:
-            summary = _setup(
-                job, trays, rt, deadline, with_daemon=single == "domain", slurm_channels=run.slurm_channels
-            )
+            setup = _setup(job, trays, rt, deadline, with_daemon=single == "domain", slurm_channels=run.slurm_channels)
             _mark_set_up(job, rt)
         except BaseException as exc:
             _rollback(job.job_id, rt, exc)
             raise
-    return _done(rt, run.t0, deadline_s=run.deadline_s, **summary)
+    return _done(rt, run.t0, deadline_s=run.deadline_s, setup=setup)
+
+
+def _done(rt: Runtime, t0: float, **summary: Any) -> PrologResult:
+    """Log the prolog's summary (``imex.skipped`` first for a skipped job) and return it."""
+    result = PrologResult(round(rt.host.monotonic() - t0, 3), **summary)
+    result.log(rt.log)
+    return result
 
 
 def _read_slurm_conf(job: JobContext, rt: Runtime, run: _Run) -> float:
@@ -225,15 +232,13 @@ def _het_domain(job: JobContext, rt: Runtime) -> JobContext:
     return job.replace(job_id=job.het_job_id, nodes=nodes)
 
 
-def _tell_user(job: JobContext, skip: str, rt: Runtime) -> dict[str, Any]:
-    """Leave the job's user a note that IMEX was not set up (``gate.tell_user``); the summary's field."""
+def _skip(job: JobContext, rt: Runtime) -> Skip | None:
+    """``gate.skipped_prolog`` with the settings; a note that could not be left is a warning, never a failure."""
     paths = rt.settings.paths
-    try:
-        told = tell_user(job, skip, str(paths.run_dir), str(paths.proc_devices))
-    except OSError as exc:  # the job runs all the same: no fault of the tray worth a drain
-        rt.log.warning("imex.note_failed", problem=f"{exc.filename or paths.run_dir}: {exc.strerror or exc}")
-        return {}
-    return told_field(told)
+    skip = skipped_prolog(job, vars(rt.settings.policy), str(paths.run_dir), str(paths.proc_devices))
+    if skip is not None and skip.problem:  # the job runs all the same: no fault of the tray worth a drain
+        rt.log.warning("imex.note_failed", problem=skip.problem)
+    return skip
 
 
 def _ask_sharing(job: JobContext, rt: Runtime) -> JobContext:
@@ -280,7 +285,7 @@ def _claim(job: JobContext, rt: Runtime) -> None:
         raise DomainBusyError(f"a stray IMEX daemon runs (pid {strays[0].pid}: {' '.join(strays[0].cmdline)})")
     if paths.job(job.job_id).exists():
         rt.log.warning(
-            "state.removed", reason="leftovers of an earlier run of this job", actions=teardown(job.job_id, rt)
+            "state.removed", reason="leftovers of an earlier run of this job", actions=texts(teardown(job.job_id, rt))
         )
 
 
@@ -288,7 +293,7 @@ def _clear_ended_jobs(job: JobContext, others: list[int], rt: Runtime) -> list[t
     """Tear down what other jobs left here if they no longer run; return those that may still run, and why.
 
     Decided on the tray (a slurmstepd or cgroup of the job; a set-up domain
-    whose epilog has not run, see ``teardown.still_runs``); only in that
+    whose epilog has not run, see ``jobs.still_runs``); only in that
     doubt is slurmctld asked, once per job: a job it reports ended, requeued
     or pending no longer runs on this allocation.  No answer keeps the job.
     """
@@ -303,14 +308,16 @@ def _clear_ended_jobs(job: JobContext, others: list[int], rt: Runtime) -> list[t
             held.append((other, why))
             continue
         rt.log.warning(
-            "state.removed", reason=f"leftovers of job {other}, which no longer runs here", actions=teardown(other, rt)
+            "state.removed",
+            reason=f"leftovers of job {other}, which no longer runs here",
+            actions=texts(teardown(other, rt)),
         )
     return held
 
 
 def _setup(
     job: JobContext, trays: tuple[str, ...], rt: Runtime, deadline: float, *, with_daemon: bool, slurm_channels: bool
-) -> dict[str, Any]:
+) -> Setup:
     """Resolve, write the files, start the daemon, wait for readiness, create the channel."""
     if not with_daemon:
         return _setup_channel_only(job, trays, rt)
@@ -330,17 +337,11 @@ def _setup(
             rt.step("channel_created")
     except OSError as exc:  # our own files: a full or read-only /run, a symlink where a directory belongs
         raise FileError(f"{exc.filename or 'file'}: {exc.strerror or exc}") from exc
-    return {
-        "trays": len(trays),
-        "port": ports[0],
-        "cmd_port": ports[1],
-        "channel": str(channel[2]) if channel else "",
-        "ready": ready.ready,
-        "blamed": list(ready.blamed),
-    }
+    chan = str(channel[2]) if channel else ""
+    return Setup(len(trays), chan, port=ports[0], cmd_port=ports[1], ready=ready.ready, blamed=tuple(ready.blamed))
 
 
-def _setup_channel_only(job: JobContext, trays: tuple[str, ...], rt: Runtime) -> dict[str, Any]:
+def _setup_channel_only(job: JobContext, trays: tuple[str, ...], rt: Runtime) -> Setup:
     """``[policy] single_tray = channel``: the job's channel and its state, no daemon."""
     channel = _plan_channel(job, rt)
     jd = rt.settings.paths.job(job.job_id)
@@ -354,7 +355,7 @@ def _setup_channel_only(job: JobContext, trays: tuple[str, ...], rt: Runtime) ->
             rt.step("channel_created")
     except OSError as exc:
         raise FileError(f"{exc.filename or 'file'}: {exc.strerror or exc}") from exc
-    return {"trays": 1, "channel": str(channel[2]) if channel else "", "daemon": False}
+    return Setup(1, str(channel[2]) if channel else "", daemon=False)
 
 
 def _resolve(job: JobContext, trays: tuple[str, ...], rt: Runtime) -> tuple[str, ...]:
@@ -498,7 +499,7 @@ def _create_channel(job: JobContext, major: int, minor: int, path: Path, rt: Run
 
 
 def _mark_set_up(job: JobContext, rt: Runtime) -> None:
-    """Record that the domain is set up: from now on ``cleanup`` treats the job as running (teardown.py)."""
+    """Record that the domain is set up: from now on ``cleanup`` treats the job as running (``jobs.still_runs``)."""
     try:
         mark_state(rt.settings.paths.job(job.job_id), set_up=rt.host.time())
     except OSError as exc:
@@ -512,4 +513,4 @@ def _rollback(job_id: int, rt: Runtime, exc: BaseException) -> None:
     except ImexctlError as again:
         rt.log.error("prolog.rolled_back", ok=False, error=str(again))
         raise UnsafeNodeError(f"{exc}; rollback failed too: {again}") from exc
-    rt.log.warning("prolog.rolled_back", actions=actions)
+    rt.log.warning("prolog.rolled_back", actions=texts(actions))

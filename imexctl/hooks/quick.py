@@ -10,6 +10,8 @@ cost little more than the interpreter's own start (docs/performance.md).
 which imports ``dataclasses``, ``pathlib``, ``argparse``, ``configparser``,
 ``json``, ``typing`` or ``enum``, let alone structlog or psutil.
 
+It is a way of calling the same code early, not a second copy of it: the
+decisions are :mod:`imexctl.hooks.gate`'s, which the full commands call too.
 It answers only when it is sure, with the same checks, lines and exit code as
 the full command; in every other case it returns None and ``cli`` runs the
 full command, which reports what is wrong:
@@ -21,12 +23,16 @@ full command, which reports what is wrong:
   ``[metrics] textfile_dir`` is not set (recording metrics needs the settings);
 - slurmd's environment is valid (``slurm.JobContext.from_env``);
 - the log file opens without creating its directory;
-- prolog: ``gate.policy_skip`` skips the job;
-- epilog: the job's note for its TaskProlog (``notes``) is removed, and
-  neither the job (nor its het job) left a directory, a process
-  naming its config, or its channel node here (the full epilog's
-  ``teardown._left_anything``, answered conservatively: a channel node of the
-  job's minor is left to the full epilog to judge).
+- prolog: ``gate.skipped_prolog`` skips the job (and its note, if any, was left);
+- epilog: ``gate.nothing_left``: the job's note for its TaskProlog
+  (``notes``) is removed, and neither the job (nor its het job) left a
+  directory, a process naming its config, or its channel node here
+  (``gate.left_anything``, looked at conservatively: any process naming the
+  config, any channel node of the job's minor, is left to the full epilog to judge).
+
+What it read before it declined, the config file's validated sections and the
+job, goes to the full command (:func:`start`, :class:`Read`), which then reads
+neither again.
 """
 
 from __future__ import annotations
@@ -44,10 +50,11 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
 
+    from imexctl.hooks.gate import Line
     from imexctl.platform.log import SinkLogger
     from imexctl.slurm.job import JobContext
 
-__all__ = ["hook_args", "run"]
+__all__ = ["Read", "hook_args", "run", "start"]
 
 
 def hook_args(argv: Sequence[str]) -> tuple[str, str | None, bool] | None:
@@ -76,24 +83,79 @@ def hook_args(argv: Sequence[str]) -> tuple[str, str | None, bool] | None:
     return None
 
 
+class Read:
+    """What the fast path read for a hook it did not finish, handed to the full command so it reads nothing twice.
+
+    ``config`` is the file :func:`imexctl.config.schema.find_config` chose and
+    ``found`` whether it was there; ``values`` and ``imex`` are
+    :func:`imexctl.config.schema.validate`'s answer; ``job`` is the job from
+    slurmd's environment (None when that is invalid: the full command reads it
+    again and names the problem).  A frozen record, without ``dataclasses``.
+    """
+
+    __slots__ = ("config", "found", "imex", "job", "values")
+
+    config: str
+    found: bool
+    values: dict[str, dict[str, Any]]
+    imex: dict[str, str]
+    job: JobContext | None
+
+    def __init__(
+        self, config: str, found: bool, values: dict[str, dict[str, Any]], imex: dict[str, str], job: JobContext | None
+    ) -> None:
+        for name, value in (("config", config), ("found", found), ("values", values), ("imex", imex), ("job", job)):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Read is frozen: cannot set {name}")
+
+
 def run(argv: Sequence[str], env: Mapping[str, str]) -> int | None:
     """Run a hook that has nothing to do, or ``--version``: the exit code; None when the full command must run."""
+    return start(argv, env)[0]
+
+
+def start(argv: Sequence[str], env: Mapping[str, str]) -> tuple[int | None, Read | None]:
+    """:func:`run`, and for a hook it leaves to the full command what it read (None: nothing, or not sure of it)."""
     if list(argv) == ["--version"]:
         sys.stdout.write(f"imexctl {__version__}\n")
-        return 0
+        return 0, None
     parsed = hook_args(argv)
     if parsed is None or os.geteuid() != 0:
-        return None
+        return None, None
     command, explicit, verbose = parsed
     t0 = time.monotonic()
-    values = _settings(explicit, env)
-    if values is None:
+    read = _read(command, explicit, env)
+    if read is None:
+        return None, None
+    return _answer(command, verbose, read, t0), read
+
+
+def _read(command: str, explicit: str | None, env: Mapping[str, str]) -> Read | None:
+    """The validated sections of a plainly written config file, and the job; None for files the full command reads."""
+    try:
+        path, required = schema.find_config(explicit, env)
+        text = schema.read_config(path, required=required, euid=0)
+        raw = {} if text is None else schema.parse_ini_subset(text)
+        if raw is None:
+            return None
+        values, imex = schema.validate(path, raw)
+    except schema.SchemaError:
         return None
     from imexctl.slurm.job import JobContext
 
     try:
-        job = JobContext.from_env(env, need_nodes=command == "prolog")
+        job: JobContext | None = JobContext.from_env(env, need_nodes=command == "prolog")
     except Exception:  # any problem with the environment: the full command names it
+        job = None
+    return Read(path, text is not None, values, imex, job)
+
+
+def _answer(command: str, verbose: bool, read: Read, t0: float) -> int | None:
+    """Finish a hook with nothing to do (0); None when the full command must run (it reports what is wrong)."""
+    job, values = read.job, read.values
+    if job is None or values["metrics"]["textfile_dir"]:  # recording metrics needs the settings
         return None
     paths = schema.node_paths(values["paths"], job.node)
     if command == "prolog":
@@ -116,56 +178,44 @@ def run(argv: Sequence[str], env: Mapping[str, str]) -> int | None:
     return 0
 
 
-def _settings(explicit: str | None, env: Mapping[str, str]) -> dict[str, dict[str, Any]] | None:
-    """The validated sections of a plainly written config file; None for anything the full command must see."""
-    try:
-        path, required = schema.find_config(explicit, env)
-        text = schema.read_config(path, required=required, euid=0)
-        raw = {} if text is None else schema.parse_ini_subset(text)
-        if raw is None:
-            return None
-        values, _ = schema.validate(path, raw)
-    except schema.SchemaError:
-        return None
-    return None if values["metrics"]["textfile_dir"] else values
-
-
 def _skipped_prolog(
     job: JobContext, policy: Mapping[str, Any], paths: Mapping[str, str], t0: float
-) -> list[tuple[str, dict[str, Any]]] | None:
-    """The lines of a prolog that policy skips (``gate.prolog_done``'s); None when it is not skipped."""
-    from imexctl.hooks.gate import policy_skip, tell_user, told_field
+) -> list[Line] | None:
+    """The lines of a prolog that policy skips (``gate.skipped_prolog``); None when it is not, or the note failed."""
+    from imexctl.hooks import gate
 
-    skip = policy_skip(job, policy)
-    if not skip:
+    skip = gate.skipped_prolog(job, policy, paths["run_dir"], paths["proc_devices"])
+    if skip is None or skip.problem:  # the full prolog logs why the note failed
         return None
-    try:
-        told = tell_user(job, skip, paths["run_dir"], paths["proc_devices"])
-    except OSError:  # the full prolog reports it
-        return None
-    done = {"ok": True, "duration_s": round(time.monotonic() - t0, 3), "skipped": skip, **told_field(told)}
-    return [("imex.skipped", {"reason": skip}), ("prolog.done", done)]
+    return gate.skipped_lines(skip.reason, skip.told, round(time.monotonic() - t0, 3))
 
 
-def _idle_epilog(
-    job: JobContext, policy: Mapping[str, Any], paths: Mapping[str, str], t0: float
-) -> list[tuple[str, dict[str, Any]]] | None:
-    """The line of an epilog whose job left nothing here (``teardown._epilog_done``'s); None when it may have."""
-    from imexctl.channels import notes
-    from imexctl.channels.job import channel_minor
+def _idle_epilog(job: JobContext, policy: Mapping[str, Any], paths: Mapping[str, str], t0: float) -> list[Line] | None:
+    """The line of an epilog whose job left nothing here (``gate.nothing_left``); None when it may have."""
+    from imexctl.hooks import gate
     from imexctl.platform.procscan import mentioned_in_proc
 
-    notes.forget(paths["run_dir"], job.job_id)  # as the full epilog does, before anything else
-    jobs_dir = os.path.join(paths["run_dir"], "jobs")
-    for jid in dict.fromkeys([job.job_id, *([job.het_job_id] if job.het_job_id else [])]):
-        job_dir = os.path.join(jobs_dir, str(jid))
-        if os.path.lexists(job_dir) or mentioned_in_proc(os.path.join(job_dir, "config.cfg")):
-            return None
-        if policy["channels"] == "job":
-            minor = channel_minor(jid, policy["channel_count"])
-            if os.path.lexists(os.path.join(paths["channel_dir"], f"channel{minor}")):
-                return None
-    return [("epilog.done", {"ok": True, "actions": [], "duration_s": round(time.monotonic() - t0, 3)})]
+    def left(job_id: int) -> bool:
+        job_dir = os.path.join(paths["run_dir"], "jobs", str(job_id))
+        return gate.left_anything(
+            job_dir,
+            os.path.join(job_dir, "config.cfg"),
+            has_process=mentioned_in_proc,
+            channel_left=lambda: _channel_node_left(job_id, policy, paths["channel_dir"]),
+        )
+
+    if not gate.nothing_left(job, paths["run_dir"], left):
+        return None
+    return [("epilog.done", gate.epilog_fields([], round(time.monotonic() - t0, 3)))]
+
+
+def _channel_node_left(job_id: int, policy: Mapping[str, Any], channel_dir: str) -> bool:
+    """Whether a channel node of the job's minor is there (whose it is, the full epilog judges)."""
+    if policy["channels"] != "job":
+        return False
+    from imexctl.channels.job import channel_minor
+
+    return os.path.lexists(os.path.join(channel_dir, f"channel{channel_minor(job_id, policy['channel_count'])}"))
 
 
 def _sink(log_file: str, verbose: bool, syslog: bool) -> SinkLogger | None:

@@ -524,8 +524,8 @@ def test_prolog_and_epilog_succeed_under_a_jumping_wall_clock(make_settings: Cal
     for host in _hosts(ready_after=4, daemon_ignores_sigterm=True):
         done = prolog(job_env(), _runtime(host, s))
         epilog(job_env(), _runtime(host, s))
-        runs.append((done["duration_s"], host.slept, host.signals))
-        assert done["ok"] and not [p for p in host.procs.values() if p.alive]
+        runs.append((done.duration_s, host.slept, host.signals))
+        assert done.ok and not [p for p in host.procs.values() if p.alive]
     assert runs[0] == runs[1] and runs[0][2]  # the same waits, and the daemon deaf to SIGTERM was killed
     assert isinstance(host, JumpyClock) and host.readings > 0  # the wall clock was read, and jumped
 

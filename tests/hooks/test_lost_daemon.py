@@ -49,7 +49,7 @@ class TestEpilog:
             out = epilog(job_env(job_id=42), rt)
         (event,) = _lost(logs)
         assert event["log_level"] == "warning" and event["domain_job_id"] == 42 and event["how"] == "not running"
-        assert out["ok"] and out["lost_daemon"] == ["the IMEX daemon of job 42 ended before the job: not running"]
+        assert out.ok and out.lost_daemon == ("the IMEX daemon of job 42 ended before the job: not running",)
         assert not (root / "run/imexctl/jobs/42").exists()
 
     def test_a_running_daemon_is_no_loss(self, make_settings: Callable[..., Settings], host: FakeHost) -> None:
@@ -58,7 +58,7 @@ class TestEpilog:
         prolog(job_env(job_id=42), rt)
         with capture_logs() as logs:
             out = epilog(job_env(job_id=42), rt)
-        assert _lost(logs) == [] and "lost_daemon" not in out
+        assert _lost(logs) == [] and "lost_daemon" not in out.fields()
 
     def test_a_prolog_that_failed_is_no_loss(self, make_settings: Callable[..., Settings], host: FakeHost) -> None:
         """A job whose prolog never finished setting up had no daemon to lose (no set_up in state.json)."""
@@ -84,7 +84,7 @@ class TestEpilog:
         )
         with capture_logs() as logs:
             out = epilog(job_env(job_id=42), rt)
-        assert _lost(logs)[0]["how"] == "killed by signal 9 (SIGKILL)" and out["ok"]
+        assert _lost(logs)[0]["how"] == "killed by signal 9 (SIGKILL)" and out.ok
 
     def test_drain_fails_the_epilog_after_the_teardown(
         self, make_settings: Callable[..., Settings], host: FakeHost, root: Path
@@ -102,7 +102,7 @@ class TestEpilog:
         """lost_daemon = drain changes nothing for a job whose daemon ran until its epilog."""
         rt = _rt(make_settings, host, policy={"lost_daemon": "drain"})
         prolog(job_env(job_id=42), rt)
-        assert epilog(job_env(job_id=42), rt)["ok"]
+        assert epilog(job_env(job_id=42), rt).ok
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from imexctl.cli import main
 from imexctl.config.settings import Settings
 from imexctl.hooks import metrics
+from imexctl.hooks.results import Action, CleanupResult
 from tests.support.fakes import FakeGpu, FakeHost, domain_json, job_env
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -123,24 +124,32 @@ def test_cleanup_counts_its_actions(cfg: str, host: FakeHost, prom_dir: Path, ro
 
 
 KILLED = ("stop_daemon", "kill_daemon")
+CHANNEL = "/dev/nvidia-caps-imex-channels/channel4"
 
 
 @pytest.mark.parametrize(
-    ("text", "action"),
+    ("action", "labels"),
     [
-        ("stop daemon of job 4", ("stop_daemon",)),
-        ("stop daemon of job 4 (SIGKILL to pid 77)", KILLED),
-        ("stop daemon of job 4 (imexctl-imex@4.service: systemd sent SIGKILL after the stop timeout)", KILLED),
-        ("remove channel /dev/nvidia-caps-imex-channels/channel4", ("remove_channel",)),
-        ("remove stray channel /dev/nvidia-caps-imex-channels/channel9", ("remove_stray_channel",)),
-        ("remove /run/imexctl/jobs/4", ("remove_job_dir",)),
-        ("could not remove /dev/x: busy", ("failed",)),
-        ("something new", ("other",)),
+        (Action("stop_daemon", "4"), ("stop_daemon",)),
+        (Action("stop_daemon", "4", "SIGKILL to pid 77", killed=True), KILLED),
+        (
+            Action(
+                "stop_daemon", "4", "imexctl-imex@4.service: systemd sent SIGKILL after the stop timeout", killed=True
+            ),
+            KILLED,
+        ),
+        (Action("stop_daemon", "4", "stop failed: busy"), ("stop_daemon",)),
+        (Action("remove_channel", CHANNEL), ("remove_channel",)),
+        (Action("remove_stray_channel", CHANNEL), ("remove_stray_channel",)),
+        (Action("remove_job_dir", "/run/imexctl/jobs/4"), ("remove_job_dir",)),
+        (Action("remove_note", "4"), ("remove_job_dir",)),
+        (Action("failed", "/dev/x", "busy"), ("failed",)),
+        (Action("something_new", "x"), ("other",)),
     ],
 )
-def test_cleanup_action_kinds(text: str, action: tuple[str, ...]) -> None:
-    """Each of teardown's action lines counts under its action label; a stop that needed SIGKILL under two."""
-    assert metrics.run_of("cleanup", {"actions": [text]}, None, 0.0, "domain").actions == action
+def test_cleanup_action_kinds(action: Action, labels: tuple[str, ...]) -> None:
+    """Each of teardown's actions counts under its kind's label; a stop that needed SIGKILL under two."""
+    assert metrics.run_of("cleanup", CleanupResult(False, (action,)), None, 0.0, "domain").actions == labels
 
 
 def test_metrics_failure_never_fails_the_hook(

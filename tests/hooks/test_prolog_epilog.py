@@ -62,7 +62,7 @@ class TestProlog:
         chan = root / "dev/nvidia-caps-imex-channels/channel43"
         assert host.mknods == [(str(chan), 234, 43, 0o600, 1234, 1234)]
         assert host.slept == [0.03, 0.03]  # a tenth of the time waited is less than poll_initial_s
-        assert out["ok"] and (out["port"], out["cmd_port"]) == (61042, 62042) and out["ready"]
+        assert out.ok and (out.setup.port, out.setup.cmd_port) == (61042, 62042) and out.setup.ready
         assert json.loads((job_dir / "state.json").read_text())["cmd_port"] == 62042
         assert events(logs) == [
             "imex.nodes.resolved",
@@ -128,7 +128,7 @@ class TestProlog:
         host.domain = lambda hosts: (0, domain_json(hosts, status="DEGRADED", node_status={1: "WAITING_FOR_PEERS"}))
         with capture_logs() as logs:
             out = prolog(job_env(), rt)
-        assert out["blamed"] == ["10.0.0.2"] and not out["ready"]
+        assert out.setup.blamed == ("10.0.0.2",) and not out.setup.ready
         assert "imex.peer_blamed" in events(logs, "warning")
         assert host.now - 1000.0 < 5.0  # decided before the deadline, while the culprit still runs
 
@@ -171,7 +171,7 @@ class TestProlog:
         params.parent.mkdir(parents=True)
         params.write_text(f"ResmanDebugLevel: 4294967295\nImexChannelCount: {count}\nCreateImexChannel0: 0\n")
         if ok:
-            assert prolog(job_env(job_id=42), rt)["channel"].endswith("channel43")
+            assert prolog(job_env(job_id=42), rt).setup.channel.endswith("channel43")
             return
         with pytest.raises(DeviceError, match=rf"minor 43 is out of range.*NVreg_ImexChannelCount={count}"):
             prolog(job_env(job_id=42), rt)
@@ -199,7 +199,7 @@ class TestProlog:
         )
         with capture_logs() as logs:
             out = prolog(job_env(SLURM_JOB_PARTITION="cpu"), rt)
-        assert "cpu" in out["skipped"] and host.calls == [] and gpu.calls == 0
+        assert "cpu" in out.skipped and host.calls == [] and gpu.calls == 0
         assert events(logs) == ["imex.skipped", "prolog.done"]
 
     def test_unregistered_fabric_fails(self, rt: Any, gpu: Any, host: FakeHost) -> None:
@@ -231,14 +231,14 @@ class TestEpilog:
         prolog(job_env(job_id=42), rt)
         out = epilog(job_env(job_id=42), rt)
         assert leftovers(root) == [] and live(host) == []
-        assert any("channel" in a for a in out["actions"])
-        assert epilog(job_env(job_id=42), rt)["actions"] == []
+        assert any("channel" in a for a in out.fields()["actions"])
+        assert epilog(job_env(job_id=42), rt).fields()["actions"] == []
 
     def test_never_touches_another_job(self, rt: Any, host: FakeHost, root: Path) -> None:
         """The epilog of a job that never ran here leaves the owner's domain alone."""
         prolog(job_env(job_id=7), rt)
         before = leftovers(root)
-        assert epilog(job_env(job_id=8), rt)["actions"] == []
+        assert epilog(job_env(job_id=8), rt).fields()["actions"] == []
         assert leftovers(root) == before and len(live(host)) == 1
 
     def test_sigkill_after_grace(self, rt: Any, host: FakeHost, root: Path) -> None:
@@ -278,8 +278,8 @@ class TestCleanup:
         prolog(job_env(job_id=42), rt)
         before = leftovers(root)
         for report in (cleanup(rt), cleanup(rt, job_id=42), cleanup(rt, dry_run=True)):
-            assert report["actions"] == [] and report["errors"] == []
-            assert report["skipped"] == [
+            assert report.data()["actions"] == [] and report.data()["errors"] == []
+            assert report.data()["skipped"] == [
                 (
                     "job 42 may still run on this node: its domain is set up and its epilog has not run here, and "
                     "a job has no slurmstepd or cgroup on a node before its first step there (use --force)"
@@ -295,7 +295,9 @@ class TestCleanup:
         assert json.loads((root / "run/imexctl/jobs/42/state.json").read_text())["ended"] > 0
         assert live(host) and leftovers(root)
         report = cleanup(rt)
-        assert report["skipped"] == [] and report["actions"] and leftovers(root) == [] and live(host) == []
+        assert (
+            report.data()["skipped"] == [] and report.data()["actions"] and leftovers(root) == [] and live(host) == []
+        )
 
     def test_set_up_job_whose_daemon_died_is_torn_down(self, rt: Any, host: FakeHost, root: Path) -> None:
         """A set-up domain whose daemon is gone is no domain to protect: cleanup removes the rest."""
@@ -303,13 +305,13 @@ class TestCleanup:
         for proc in host.procs.values():
             proc.alive = False
         report = cleanup(rt)
-        assert report["skipped"] == [] and report["actions"] and leftovers(root) == []
+        assert report.data()["skipped"] == [] and report.data()["actions"] and leftovers(root) == []
 
     def test_skips_running_jobs_unless_forced(self, rt: Any, host: FakeHost, root: Path) -> None:
         """Cleanup leaves a job that still runs here, and removes it with --force."""
         prolog(job_env(job_id=42), rt)
         host.running_jobs.add(42)
-        assert cleanup(rt)["skipped"] and leftovers(root)
+        assert cleanup(rt).data()["skipped"] and leftovers(root)
         cleanup(rt, force=True)
         assert leftovers(root) == [] and live(host) == []
 
@@ -320,36 +322,36 @@ class TestCleanup:
         epilog_killed(rt, 42)
         jd, chan = root / "run/imexctl/jobs/42", root / "dev/nvidia-caps-imex-channels/channel43"
         named = ["stop daemon of job 42", f"remove channel {chan}", f"remove {jd}"]
-        assert cleanup(rt, dry_run=True)["actions"] == [f"would {a}" for a in named]
-        assert cleanup(rt)["actions"] == named and leftovers(root) == [] and live(real_nodes) == []
+        assert cleanup(rt, dry_run=True).data()["actions"] == [f"would {a}" for a in named]
+        assert cleanup(rt).data()["actions"] == named and leftovers(root) == [] and live(real_nodes) == []
 
     def test_a_stop_that_needed_sigkill_is_one_item_saying_so(self, rt: Any, host: FakeHost, root: Path) -> None:
         """A daemon that ignores SIGTERM: still one daemon item, its detail names the SIGKILL."""
         host.daemon_ignores_sigterm = True
         epilog_killed(rt, 42)
         (pid,) = live(host)
-        assert cleanup(rt)["actions"][0] == f"stop daemon of job 42 (SIGKILL to pid {pid})"
+        assert cleanup(rt).data()["actions"][0] == f"stop daemon of job 42 (SIGKILL to pid {pid})"
 
     def test_dry_run_names_no_channel_that_is_not_there(self, rt: Any, host: FakeHost, root: Path) -> None:
         """The state names a channel that was never made (or is gone): neither run lists it."""
         epilog_killed(rt, 42)
         assert json.loads((root / "run/imexctl/jobs/42/state.json").read_text())["channel_minor"] == 43
         for dry in (True, False):
-            assert not any("channel" in a for a in cleanup(rt, dry_run=dry)["actions"])
+            assert not any("channel" in a for a in cleanup(rt, dry_run=dry).data()["actions"])
 
     def test_dry_run_names_a_stateless_jobs_channel_once(self, rt: Any, real_nodes: FakeHost, root: Path) -> None:
         """A job directory without state.json and the job's channel: the channel is the job's item, not also stray."""
         epilog_killed(rt, 42)
         (root / "run/imexctl/jobs/42/state.json").unlink()
         chan = root / "dev/nvidia-caps-imex-channels/channel43"
-        dry = cleanup(rt, dry_run=True)["actions"]
+        dry = cleanup(rt, dry_run=True).data()["actions"]
         assert [a for a in dry if "channel" in a] == [f"would remove channel {chan}"]
-        assert cleanup(rt)["actions"] == [a.removeprefix("would ") for a in dry] and leftovers(root) == []
+        assert cleanup(rt).data()["actions"] == [a.removeprefix("would ") for a in dry] and leftovers(root) == []
 
     def test_dry_run_changes_nothing(self, rt: Any, host: FakeHost, root: Path) -> None:
         """A dry run reports the teardown of a dead job and performs none of it."""
         epilog_killed(rt, 42)
         before = leftovers(root)
         report = cleanup(rt, dry_run=True)
-        assert report["actions"] and all(a.startswith("would ") for a in report["actions"])
+        assert report.data()["actions"] and all(a.startswith("would ") for a in report.data()["actions"])
         assert leftovers(root) == before and len(live(host)) == 1

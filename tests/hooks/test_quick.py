@@ -246,6 +246,42 @@ def test_not_root_is_left_to_the_full_command(skip_cfg: Settings, monkeypatch: p
     assert quick.run(["--config", str(skip_cfg.source), "epilog"], job_env(job_id=3)) is None
 
 
+# ---- what it read goes to the full command, which reads neither again
+
+
+@as_root
+def test_the_full_command_reads_the_config_and_the_job_once(
+    skip_cfg: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An epilog with work to do: the fast path's config values and job are the full epilog's (one read of each)."""
+    from imexctl.slurm.job import JobContext
+
+    reads: list[str] = []
+    read_config, from_env = schema.read_config, JobContext.from_env.__func__  # type: ignore[attr-defined]
+    monkeypatch.setattr(schema, "read_config", lambda *a, **kw: reads.append("config") or read_config(*a, **kw))
+    monkeypatch.setattr(
+        JobContext, "from_env", classmethod(lambda cls, *a, **kw: reads.append("job") or from_env(cls, *a, **kw))
+    )
+    skip_cfg.paths.job(79).path.mkdir(parents=True)  # something left: the full epilog runs
+    assert main(["--config", str(skip_cfg.source), "epilog"], env=job_env(job_id=79)) == 0
+    assert reads == ["config", "job"] and not skip_cfg.paths.job(79).exists()
+    assert skip_cfg.paths.log_file is not None
+    (done,) = [r for r in lines(skip_cfg.paths.log_file) if r["event"] == "epilog.done"]
+    assert done["actions"][-1] == f"remove {skip_cfg.paths.job(79).path}" and done["job_id"] == 79
+
+
+def test_start_hands_over_what_it_read(skip_cfg: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where it declines (a job that gets IMEX), start returns no exit code and the validated config and the job."""
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    env = job_env(job_id=77, SLURM_JOB_PARTITION="gpu")
+    done, read = quick.start(["--config", str(skip_cfg.source), "prolog"], env)
+    assert done is None and read is not None
+    assert (read.config, read.found, read.job.job_id if read.job else None) == (str(skip_cfg.source), True, 77)
+    assert read.values["policy"]["partitions"] == ("gpu",)
+    with pytest.raises(AttributeError):
+        read.job = None  # type: ignore[misc]
+
+
 # ---- the command line and the config file: a subset of what argparse and configparser read, read the same
 
 
@@ -365,12 +401,12 @@ def test_console_ends_a_hook_without_teardown(
 def test_a_failing_fast_path_leaves_the_run_to_the_full_command(
     skip_cfg: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An unexpected error in quick.run (a bug) does not fail the hook: main runs the full command."""
+    """An unexpected error in quick.start (a bug) does not fail the hook: main runs the full command."""
 
-    def broken(argv: Any, env: Any) -> int | None:
+    def broken(argv: Any, env: Any) -> tuple[int | None, quick.Read | None]:
         raise RuntimeError("a bug in the fast path")
 
-    monkeypatch.setattr(quick, "run", broken)
+    monkeypatch.setattr(quick, "start", broken)
     env = job_env(job_id=77, SLURM_JOB_PARTITION="cpu")
     assert main(["--config", str(skip_cfg.source), "prolog"], env=env) == 0
     assert skip_cfg.paths.log_file is not None

@@ -94,7 +94,7 @@ def test_two_domains_each_with_identical_files_and_one_port(base: Path, kind: st
         rt = cluster.runtime(node, KEYS[rack], paths={"topology_file": source}, topology={"source": kind})
         with capture_logs() as logs:
             out = prolog(job_env(job_id=42, nodelist="gb[01-05]", node=node), rt)
-        assert out["ok"] and out["trays"] == (3 if rack == "A" else 2)
+        assert out.ok and out.setup.trays == (3 if rack == "A" else 2)
         splits += [e for e in logs if e["event"] == "imex.domain.split"]
         assert rt.host.mknods[0][2] == 43  # the job's channel minor on every tray
     assert len({cluster.nodes_file(n) for n in ("gb01", "gb02", "gb03")}) == 1
@@ -161,7 +161,7 @@ def test_tray_missing_from_the_source_fails_before_anything_starts(base: Path) -
     assert rt.host.calls == [] and not (base / "gb03/run").exists()
     rt = cluster.runtime("gb01", KEYS["A"], paths={"topology_file": source}, topology={"source": "map"})
     with capture_logs() as logs:
-        assert prolog(job_env(job_id=42, nodelist="gb[01-03]", node="gb01"), rt)["trays"] == 2
+        assert prolog(job_env(job_id=42, nodelist="gb[01-03]", node="gb01"), rt).setup.trays == 2
     split = [e for e in logs if e["event"] == "imex.domain.split"]
     assert [(e["domains"], e["outside"]) for e in split] == [(1, "gb03")]
 
@@ -173,7 +173,7 @@ def test_fabric_none_uses_the_source_without_a_check(base: Path) -> None:
     rt = cluster.runtime(
         "gb01", KEYS["B"], paths={"topology_file": source}, topology={"source": "map"}, policy={"fabric": "none"}
     )
-    assert prolog(job_env(job_id=42, nodelist="gb[01-02]", node="gb01"), rt)["trays"] == 1
+    assert prolog(job_env(job_id=42, nodelist="gb[01-02]", node="gb01"), rt).setup.trays == 1
     assert rt.gpu.calls == 0  # type: ignore[attr-defined]
 
 
@@ -204,7 +204,7 @@ def test_tray_without_fabric_alone_or_outside_every_block_is_skipped(base: Path)
     source = cluster.write_source("topology_conf")
     alone = cluster.runtime("gb01", KEYS["A"], policy={"fabric": "nvml"})
     alone = Runtime(alone.host, _no_fabric_gpu(), alone.settings, alone.log)
-    assert "no multi-node NVLink fabric" in prolog(job_env(job_id=42, nodelist="gb01", node="gb01"), alone)["skipped"]
+    assert "no multi-node NVLink fabric" in prolog(job_env(job_id=42, nodelist="gb01", node="gb01"), alone).skipped
     outside = cluster.runtime(
         "cpu01",
         KEYS["A"],
@@ -216,4 +216,4 @@ def test_tray_without_fabric_alone_or_outside_every_block_is_skipped(base: Path)
     (base / "cpu01/etc/slurm").mkdir(parents=True, exist_ok=True)
     (base / "cpu01/etc/slurm/nvlink").write_text((base / "gb01/etc/slurm/nvlink").read_text())
     out = prolog(job_env(job_id=43, nodelist="cpu01,gb[01-02]", node="cpu01"), outside)
-    assert "no multi-node NVLink fabric" in out["skipped"], out
+    assert "no multi-node NVLink fabric" in out.skipped, out

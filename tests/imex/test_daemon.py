@@ -276,7 +276,9 @@ class TestSystemdBackend:
         shost.procs[int(shost.units[UNIT]["pid"])].ignores_sigterm = True
         with structlog.testing.capture_logs() as logs:
             out = epilog(job_env(job_id=42), rt)
-        assert out["actions"][0] == f"stop daemon of job 42 ({UNIT}: systemd sent SIGKILL after the stop timeout)"
+        assert (
+            out.fields()["actions"][0] == f"stop daemon of job 42 ({UNIT}: systemd sent SIGKILL after the stop timeout)"
+        )
         killed = [e for e in logs if e["event"] == "imex.daemon.killed"]
         assert killed == [
             {

@@ -257,7 +257,7 @@ class TestFileChecks:
         s = make_settings(auth=TLS, policy={"single_tray": "channel", "fabric": "none"})
         env = job_env(nodelist="gb01")
         out = prolog(env, Runtime(host, FakeGpu(), s, structlog.get_logger()))
-        assert out["daemon"] is False
+        assert out.setup.daemon is False
 
 
 # ---------------------------------------------------------------- config.cfg

@@ -23,9 +23,10 @@ from structlog.testing import capture_logs
 
 from imexctl.commands.status import collect
 from imexctl.config.settings import Settings
+from imexctl.hooks.jobs import known_jobs
 from imexctl.hooks.prolog import prolog
 from imexctl.hooks.runtime import Runtime
-from imexctl.hooks.teardown import cleanup, epilog, known_jobs
+from imexctl.hooks.teardown import cleanup, epilog
 from imexctl.imex import procs as imexproc
 from imexctl.imex.daemon import imex_processes, job_processes
 from imexctl.platform.errors import DomainBusyError
@@ -157,7 +158,7 @@ class TestFakeHostRule:
         """A prolog succeeds beside a pager, a ctl, a user's process and a shell naming another job's files."""
         self._others(host, rt.settings)
         out = prolog(job_env(job_id=42, nodelist="gb[01-02]", node="gb01"), rt)
-        assert out["ok"]
+        assert out.ok
 
     def test_root_running_the_program_of_a_running_job_blocks_a_prolog(self, rt: Runtime, host: FakeHost) -> None:
         """A daemon of job 7, whose directory is gone but which still runs here, refuses the prolog."""
@@ -170,7 +171,7 @@ class TestFakeHostRule:
         """The same daemon, its job gone from the tray: the prolog stops it (issue 22) and sets up."""
         stray = host.add_process([rt.settings.commands.nvidia_imex, "-c", str(rt.settings.paths.job(7).config)])
         with capture_logs() as logs:
-            assert prolog(job_env(job_id=42, nodelist="gb[01-02]", node="gb01"), rt)["ok"]
+            assert prolog(job_env(job_id=42, nodelist="gb[01-02]", node="gb01"), rt).ok
         assert stray.pid in {pid for pid, _ in host.signals}
         (removed,) = [e for e in logs if e["event"] == "state.removed"]
         assert "leftovers of job 7" in removed["reason"], removed
@@ -181,7 +182,7 @@ class TestFakeHostRule:
         assert known_jobs(rt) == []
         assert collect(rt, "gb01")["jobs"] == []
         report = cleanup(rt)
-        assert report["actions"] == [] and host.signals == []
+        assert report.data()["actions"] == [] and host.signals == []
 
     def test_the_epilog_ends_roots_ctl_and_leaves_the_rest_alone(self, rt: Runtime, host: FakeHost) -> None:
         """Job 7's epilog ends root's leftover ctl of the job, and signals no pager, shell or user's process."""

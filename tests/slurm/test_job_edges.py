@@ -73,7 +73,7 @@ class TestDeadlineFromSlurmConf:
         """A slurm.conf that cannot be read leaves the deadline as configured and says why."""
         rt = runtime(host, make_settings)
         with capture_logs() as logs:
-            assert prolog(job_env(SLURM_CONF=str(root / "missing.conf")), rt)["ok"]
+            assert prolog(job_env(SLURM_CONF=str(root / "missing.conf")), rt).ok
         (warning,) = [e for e in logs if e["event"] == "prolog.deadline"]
         assert warning["log_level"] == "warning" and "missing.conf" in warning["problem"]
 
@@ -96,7 +96,7 @@ class TestCancelledWhileWaiting:
         host.slurm_jobs[42] = f"JobId=42 JobName=x UserId=alice(1000) JobState={state} Reason=None\n"
         with capture_logs() as logs:
             out = prolog(env, rt)
-        assert out["ok"] and out["job_ended"] == state and leftovers(root) == []
+        assert out.ok and out.job_ended == state and leftovers(root) == []
         (asked,) = [c for c in host.calls if c[0].endswith("scontrol")]
         assert asked == ("/usr/bin/scontrol", "show", "job", "-o", "42")
         assert [e for e in host.envs if e[0] == asked] == [(asked, {"SLURM_CONF": env["SLURM_CONF"]})]
@@ -241,22 +241,22 @@ class TestHetJobs:
             out = prolog(env, rt)
         jd = root / "run/imexctl/jobs/100"
         assert (jd / "nodes_config.cfg").read_text() == "10.0.0.1\n10.0.0.2\n10.0.0.3\n10.0.0.4\n"
-        assert out["trays"] == 4 and out["port"] == 61100 and out["channel"].endswith("channel101")
+        assert out.setup.trays == 4 and out.setup.port == 61100 and out.setup.channel.endswith("channel101")
         (het,) = [e for e in logs if e["event"] == "imex.het_job"]
         assert (het["mode"], het["components"], het["trays"]) == ("joint", 2, 4)
-        assert epilog(env, rt)["actions"] and leftovers(root) == []
+        assert epilog(env, rt).fields()["actions"] and leftovers(root) == []
 
     def test_old_pack_variable(self, host: FakeHost, make_settings: Callable[..., Settings], root: Path) -> None:
         """SLURM_PACK_JOB_ID (older Slurm) means the same."""
         host.slurm_jobs[100] = HET
         env = job_env(job_id=100, nodelist="gb[01-02]", node="gb01", SLURM_PACK_JOB_ID="100")
-        assert prolog(env, runtime(host, make_settings))["trays"] == 4
+        assert prolog(env, runtime(host, make_settings)).setup.trays == 4
 
     def test_per_component(self, host: FakeHost, make_settings: Callable[..., Settings], root: Path) -> None:
         """[slurm] het_jobs = per_component: the component is a domain of its own; slurmctld is not asked."""
         rt = runtime(host, make_settings, slurm={"het_jobs": "per_component"})
         env = job_env(job_id=101, nodelist="gb[03-04]", node="gb03", SLURM_HET_JOB_ID="100")
-        assert prolog(env, rt)["trays"] == 2 and (root / "run/imexctl/jobs/101").is_dir()
+        assert prolog(env, rt).setup.trays == 2 and (root / "run/imexctl/jobs/101").is_dir()
         assert not [c for c in host.calls if c[0].endswith("scontrol")]
         epilog(env, rt)
         assert leftovers(root) == []
@@ -285,13 +285,13 @@ class TestSingleTray:
     def test_domain_by_default(self, host: FakeHost, make_settings: Callable[..., Settings], root: Path) -> None:
         """A one-tray job gets a one-tray domain: a daemon and a channel."""
         out = prolog(job_env(nodelist="gb01"), runtime(host, make_settings))
-        assert out["trays"] == 1 and any(c[0] == "spawn" for c in host.calls) and host.mknods
+        assert out.setup.trays == 1 and any(c[0] == "spawn" for c in host.calls) and host.mknods
 
     def test_channel_only(self, host: FakeHost, make_settings: Callable[..., Settings], root: Path) -> None:
         """single_tray = channel: the channel, no daemon; the epilog removes it all."""
         rt = runtime(host, make_settings, policy={"single_tray": "channel"})
         out = prolog(job_env(job_id=42, nodelist="gb01"), rt)
-        assert out["daemon"] is False and out["channel"].endswith("channel43") and len(host.mknods) == 1
+        assert out.setup.daemon is False and out.setup.channel.endswith("channel43") and len(host.mknods) == 1
         assert not any(c[0] == "spawn" or c[0].endswith("nvidia-imex-ctl") for c in host.calls)
         epilog(job_env(job_id=42, nodelist="gb01"), rt)
         assert leftovers(root) == [] and not [c for c in host.calls if c[0].endswith("systemctl")]
@@ -299,9 +299,9 @@ class TestSingleTray:
     def test_none(self, host: FakeHost, make_settings: Callable[..., Settings], root: Path) -> None:
         """single_tray = none: skipped, nothing touched; a two-tray job is unaffected."""
         rt = runtime(host, make_settings, policy={"single_tray": "none"})
-        assert "single_tray = none" in prolog(job_env(nodelist="gb01"), rt)["skipped"]
+        assert "single_tray = none" in prolog(job_env(nodelist="gb01"), rt).skipped
         assert host.calls == [] and leftovers(root) == []
-        assert prolog(job_env(nodelist="gb[01-02]"), rt)["trays"] == 2
+        assert prolog(job_env(nodelist="gb[01-02]"), rt).setup.trays == 2
 
 
 class TestSlurmOwnsChannels:
@@ -315,7 +315,7 @@ class TestSlurmOwnsChannels:
         )
         with capture_logs() as logs:
             out = prolog(env, rt)
-        assert out["ready"] and out["channel"] == "" and host.mknods == []
+        assert out.setup.ready and out.setup.channel == "" and host.mknods == []
         assert [e["event"] for e in logs if e["event"] == "imex.channels.slurm"] == ["imex.channels.slurm"]
         epilog(env, rt)
         assert leftovers(root) == []
@@ -324,7 +324,7 @@ class TestSlurmOwnsChannels:
                                               root: Path) -> None:  # fmt: skip
         """switch/none (or none set): imexctl creates the job's channel as usual."""
         out = prolog(job_env(SLURM_CONF=slurm_conf(root, "SwitchType=switch/none\n")), runtime(host, make_settings))
-        assert out["channel"] and len(host.mknods) == 1
+        assert out.setup.channel and len(host.mknods) == 1
 
 
 class TestSharingUnderSlurm2205:
@@ -343,11 +343,11 @@ class TestSharingUnderSlurm2205:
         asked = [c for c in host.calls if c[0].endswith("scontrol")]
         assert asked == [("/usr/bin/scontrol", "show", "job", "-o", "42")]
         if shared:
-            assert out["skipped"].startswith(f"the job may share its trays with other jobs (OverSubscribe={answer} "
+            assert out.skipped.startswith(f"the job may share its trays with other jobs (OverSubscribe={answer} "
                                              "from slurmctld)"), out  # fmt: skip
             assert leftovers(root) == [], leftovers(root)  # no domain: nothing of the job's but its note
         else:
-            assert out["ok"] and not out.get("skipped") and out["trays"] == 2, out
+            assert out.ok and not out.skipped and out.setup.trays == 2, out
 
     def test_no_answer_counts_as_exclusive_with_a_warning(self, host: FakeHost,
                                                           make_settings: Callable[..., Settings],
@@ -355,7 +355,7 @@ class TestSharingUnderSlurm2205:
         """slurmctld does not know the job: as before 22.05's question, the job counts as exclusive."""
         with capture_logs() as logs:
             out = prolog(self._env(root), runtime(host, make_settings))
-        assert out["ok"] and out["trays"] == 2, out
+        assert out.ok and out.setup.trays == 2, out
         (warning,) = [e for e in logs if e["event"] == "imex.sharing_unknown"]
         assert warning["log_level"] == "warning", warning
 
@@ -366,7 +366,7 @@ class TestSharingUnderSlurm2205:
         if where == "not-under-slurmd":
             del env["SLURM_CONF"]
         slurm = {"ask_sharing": "no"} if where == "turned-off" else {}
-        assert prolog(env, runtime(host, make_settings, slurm=slurm))["ok"]
+        assert prolog(env, runtime(host, make_settings, slurm=slurm)).ok
         assert not [c for c in host.calls if c[0].endswith("scontrol")]
 
 
@@ -376,7 +376,7 @@ class TestLeftoversOfEndedJobs:
     def _set_up_job_7(self, host: FakeHost, make_settings: Callable[..., Settings], root: Path) -> Runtime:
         rt = runtime(host, make_settings)
         env = job_env(job_id=7, SLURM_CONF=slurm_conf(root, "ClusterName=x\n"), SLURM_JOB_OVERSUBSCRIBE="NO")
-        assert prolog(env, rt)["ok"]
+        assert prolog(env, rt).ok
         return rt
 
     @pytest.mark.parametrize(("answer", "cleared"), [("COMPLETED", True), ("REQUEUED", True), ("RUNNING", False),
@@ -390,7 +390,7 @@ class TestLeftoversOfEndedJobs:
         env = job_env(job_id=8, SLURM_CONF=slurm_conf(root, "ClusterName=x\n"), SLURM_JOB_OVERSUBSCRIBE="NO")
         with capture_logs() as logs:
             if cleared:
-                assert prolog(env, rt)["ok"]
+                assert prolog(env, rt).ok
             else:
                 with pytest.raises(DomainBusyError, match="belongs to job 7, which may still run on this node"):
                     prolog(env, rt)
@@ -442,4 +442,4 @@ def test_peers_that_refuse_are_not_a_cut_off(host: FakeHost, make_settings: Call
     rt = runtime(host, make_settings, readiness={"deadline_s": 3})
     env = job_env(job_id=42, nodelist="gb[01-03]", SLURM_CONF=slurm_conf(root, "ClusterName=x\n"),
                   SLURM_JOB_OVERSUBSCRIBE="NO")  # fmt: skip
-    assert prolog(env, rt)["job_ended"] == "PENDING"
+    assert prolog(env, rt).job_ended == "PENDING"

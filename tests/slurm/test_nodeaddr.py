@@ -133,7 +133,7 @@ class TestProlog:
         conf.write_text("NodeName=gb[01-02] NodeAddr=10.9.0.[11-12]\n")
         host.addresses.clear()  # nothing comes from the resolver
         rt = self._rt(make_settings, host, resolve={"method": "slurm_conf"})
-        assert prolog(job_env(job_id=42, SLURM_CONF=str(conf)), rt)["ok"]
+        assert prolog(job_env(job_id=42, SLURM_CONF=str(conf)), rt).ok
         assert (root / "run/imexctl/jobs/42/nodes_config.cfg").read_text() == "10.9.0.11\n10.9.0.12\n"
 
     @pytest.mark.parametrize("method", ["dns", "slurm_conf"])

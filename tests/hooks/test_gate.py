@@ -1,0 +1,81 @@
+"""The hooks' gates (imexctl.hooks.gate): each decision once, for the fast path and the full commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from imexctl.hooks import gate
+from imexctl.slurm.job import JobContext
+from tests.support.fakes import job_env
+
+POLICY = {"jobs": "partitions", "partitions": ("gpu",), "feature": "", "shared": "skip"}
+
+
+def _job(**extra: str) -> JobContext:
+    return JobContext.from_env(job_env(job_id=7, **extra), need_nodes=True)
+
+
+def test_a_job_the_policy_takes_is_not_skipped(tmp_path: Path) -> None:
+    """A job in a listed partition: None, and no note is left."""
+    assert gate.skipped_prolog(_job(SLURM_JOB_PARTITION="gpu"), POLICY, str(tmp_path), "/nonexistent") is None
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_skipped_job_says_why(tmp_path: Path) -> None:
+    """A job outside the partitions: the reason; a job the site leaves out is not told."""
+    skip = gate.skipped_prolog(_job(SLURM_JOB_PARTITION="cpu"), POLICY, str(tmp_path), "/nonexistent")
+    assert skip == gate.Skip("partition cpu is not in [policy] partitions")
+    with pytest.raises(AttributeError):
+        skip.reason = ""  # type: ignore[misc,union-attr]
+
+
+def test_a_note_that_cannot_be_left_is_a_problem_not_an_error(tmp_path: Path) -> None:
+    """A shared job on a tray with channels whose run_dir is a file: skipped, told False, the problem named."""
+    devices = tmp_path / "devices"
+    devices.write_text("Character devices:\n234 nvidia-caps-imex-channels\n")
+    run_dir = tmp_path / "run"
+    run_dir.write_text("not a directory")
+    skip = gate.skipped_prolog(
+        _job(SLURM_JOB_PARTITION="gpu", SLURM_JOB_OVERSUBSCRIBE="YES"), POLICY, str(run_dir), str(devices)
+    )
+    assert skip is not None and skip.reason.startswith("the job may share its trays") and not skip.told
+    assert skip.problem.startswith(str(run_dir))
+
+
+@pytest.mark.parametrize(
+    ("left", "want"),
+    [("nothing", False), ("dir", True), ("process", True), ("channel", True)],
+)
+def test_left_anything(tmp_path: Path, left: str, want: bool) -> None:
+    """A directory, a process naming the config, or a channel node: each is something left."""
+    job_dir = tmp_path / "jobs" / "7"
+    if left == "dir":
+        job_dir.mkdir(parents=True)
+    config = str(job_dir / "config.cfg")
+    found = gate.left_anything(
+        str(job_dir),
+        config,
+        has_process=lambda arg: left == "process" and arg == config,
+        channel_left=lambda: left == "channel",
+    )
+    assert found is want
+
+
+def test_nothing_left_forgets_the_note_and_asks_each_domain(tmp_path: Path) -> None:
+    """The job's note is removed first; the job and its het job are each asked."""
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "7").write_text("note\n")
+    asked: list[int] = []
+    job = JobContext.from_env(job_env(job_id=7, SLURM_HET_JOB_ID="6"), need_nodes=False)
+    assert gate.nothing_left(job, str(tmp_path), lambda jid: asked.append(jid) or False)
+    assert asked == [7, 6] and not (tmp_path / "notes" / "7").exists()
+
+
+def test_summary_fields_keep_their_order() -> None:
+    """prolog.done: ok, told_user, the summary, duration_s, skipped; epilog.done: ok, actions, duration_s, lost."""
+    assert list(gate.prolog_fields(0.1, skipped="x", told_user=True)) == ["ok", "told_user", "duration_s", "skipped"]
+    assert list(gate.prolog_fields(0.1, job_ended="CANCELLED")) == ["ok", "job_ended", "duration_s"]
+    assert list(gate.epilog_fields(["a"], 0.1, ["lost"])) == ["ok", "actions", "duration_s", "lost_daemon"]
+    assert [e for e, _ in gate.skipped_lines("x", False, 0.1)] == ["imex.skipped", "prolog.done"]
