@@ -86,6 +86,7 @@ RSS_LAUNCHER = (
 # ``ppid start end cpu``, ppid the hook that ran it, start and end on CLOCK_MONOTONIC (start: now minus the time the
 # launcher has been on a CPU or waiting for one since its fork, /proc/self/schedstat, so the interpreter's start
 # counts; a sleep would not, which only shortens the window), cpu the launcher's and the ctl's user + system time.
+# The bench injects no faults: a ctl that the hook killed at its timeout would leave the forked ctl running.
 CTL_LAUNCHER = """#!{python}
 import os, sys, time
 now = time.monotonic()
