@@ -66,18 +66,46 @@ MODES = {
 }
 
 
-# Runs argv[2:] as a child and writes its peak RSS (KiB) to fd argv[1]. Linux keeps a process's peak RSS across
-# exec, so a hook started straight from this bench (whose node lists grow it to ~80 MiB) would report the bench's
-# peak as its own; forked from this small launcher it starts from the launcher's ~10 MiB instead.
+# Runs argv[2:] as a child and writes ``peak RSS (KiB), pid, CPU s`` to fd argv[1]: the child's peak RSS, its pid
+# and its user + system time with its waited-for descendants (the hook and the nvidia-imex-ctl runs it reaps, not
+# the daemon: the hook never waits for it).  Linux keeps a process's peak RSS across exec, so a hook started straight
+# from this bench (whose node lists grow it to ~80 MiB) would report the bench's peak as its own; forked from this
+# small launcher it starts from the launcher's ~10 MiB instead.
 RSS_LAUNCHER = (
     "import os, sys\n"
     "pid = os.fork()\n"
     "if pid == 0:\n"
     "    os.execv(sys.argv[2], sys.argv[2:])\n"
     "_, status, usage = os.wait4(pid, 0)\n"
-    "os.write(int(sys.argv[1]), str(usage.ru_maxrss).encode())\n"
+    "os.write(int(sys.argv[1]), f'{usage.ru_maxrss} {pid} {usage.ru_utime + usage.ru_stime!r}'.encode())\n"
     "sys.exit(os.waitstatus_to_exitcode(status))\n"
 )
+
+# The bench's nvidia-imex-ctl (in place of the SimRack's launcher): the simulated ctl, forked from its launcher so
+# that the launcher sees the whole run, finalization included.  It appends one line per run to the usage file:
+# ``ppid start end cpu``, ppid the hook that ran it, start and end on CLOCK_MONOTONIC (start: now minus the time the
+# launcher has been on a CPU or waiting for one since its fork, /proc/self/schedstat, so the interpreter's start
+# counts; a sleep would not, which only shortens the window), cpu the launcher's and the ctl's user + system time.
+# The bench injects no faults: a ctl that the hook killed at its timeout would leave the forked ctl running.
+CTL_LAUNCHER = """#!{python}
+import os, sys, time
+now = time.monotonic()
+with open("/proc/self/schedstat") as f:
+    run_ns, wait_ns = f.read().split()[:2]
+start = now - (int(run_ns) + int(wait_ns)) / 1e9
+pid = os.fork()
+if pid == 0:
+    sys.path.insert(0, {repo!r})
+    from imexctl.sim.ctl import main
+    sys.exit(main())
+_, status, usage = os.wait4(pid, 0)
+end = time.monotonic()
+own = os.times()
+cpu = own.user + own.system + usage.ru_utime + usage.ru_stime
+fd = os.open({usage_file!r}, os.O_WRONLY | os.O_APPEND)
+os.write(fd, f"{{os.getppid()}} {{start!r}} {{end!r}} {{cpu!r}}\\n".encode())
+os._exit(os.waitstatus_to_exitcode(status) % 256)
+"""
 
 
 def _wait(p: subprocess.Popen[bytes]) -> tuple[float, float]:
@@ -229,6 +257,11 @@ class _Rack:
         for t in self.rack.trays:
             t.config.write_text(_with_settings(t.config.read_text(), settings))
         self.job = 100
+        self.ctl_usage = base / "ctl-usage"
+        self.ctl_usage.touch()
+        ctl = Path(self.rack.bins["nvidia_imex_ctl"])
+        ctl.write_text(CTL_LAUNCHER.format(python=PY, repo=str(REPO), usage_file=str(self.ctl_usage)))
+        ctl.chmod(0o755)
 
     def imex_log(self, t: Any) -> Path:
         return Path(t.root) / "var/log/nvidia-imex.log"
@@ -248,8 +281,19 @@ class _Rack:
         """Each tray's daemon of ``job``, as the exec backend recorded it (``daemon.pid``: pid, start)."""
         return [int((t.root / f"run/imexctl/jobs/{job}/daemon.pid").read_text().split()[0]) for t in self.rack.trays]
 
-    def hooks(self, hook: str, job: int) -> tuple[float, list[float], float]:
-        """Start the hook on every tray at once; (start, each tray's exit time, peak RSS MiB)."""
+    def ctl_runs(self, offset: int) -> dict[int, list[tuple[float, float, float]]]:
+        """The ctl runs logged after ``offset`` of the usage file: ``{hook pid: [(start, end, cpu s)]}``."""
+        runs: dict[int, list[tuple[float, float, float]]] = {}
+        with open(self.ctl_usage, encoding="ascii") as f:
+            f.seek(offset)
+            for line in f:
+                ppid, start, end, cpu = line.split()
+                runs.setdefault(int(ppid), []).append((float(start), float(end), float(cpu)))
+        return runs
+
+    def hooks(self, hook: str, job: int) -> tuple[float, list[_HookRun], float]:
+        """Start the hook on every tray at once; (start, each tray's run, peak RSS MiB)."""
+        usage_at = self.ctl_usage.stat().st_size
         env = [self.rack.job_env(t, job, hook) for t in self.rack.trays]
         for e in env:
             e.pop("PYTHONPATH")
@@ -265,23 +309,26 @@ class _Rack:
             )
             for e, (_, w) in zip(env, pipes)
         ]
-        ends, rss = [], 0.0
+        done, rss = [], 0.0
         for p, (r, w) in zip(procs, pipes):
             end, _ = _wait(p)
             os.close(w)
             with os.fdopen(r, "rb") as f:
-                peak = f.read()
+                peak, pid, cpu = f.read().split()
             if p.returncode != 0:
                 raise SystemExit(f"bench: {hook} of job {job} exited {p.returncode}")
-            ends.append(end)
+            done.append((end, int(pid), float(cpu)))
             rss = max(rss, int(peak) / 1024)
-        return t0, ends, rss
+        ctl = self.ctl_runs(usage_at)
+        runs = [_HookRun(end, cpu - sum(c for _, _, c in ctl.get(pid, [])), ctl.get(pid, [])) for end, pid, cpu in done]
+        return t0, runs, rss
 
     def cycle(self) -> dict[str, Any]:
         """One job on every tray: prolog, then epilog; what the sim logged between."""
         self.job += 1
         before = self.offsets()
-        t0, ends, rss = self.hooks("prolog", self.job)
+        t0, prologs, rss = self.hooks("prolog", self.job)
+        ends = [r.end for r in prologs]
         ups = [UP_LINE.search(text) for text in self.new_text(before)]
         if not all(ups):
             raise SystemExit(f"bench: a tray's simulator logged no domain UP for job {self.job}")
@@ -289,17 +336,42 @@ class _Rack:
         started = min(float(m.group(2)) for m in ups if m)
         mid = self.offsets()
         exits = _ExitWatch(self.daemon_pids(self.job))
-        e0, e_ends, _ = self.hooks("epilog", self.job)
+        e0, epilogs, _ = self.hooks("epilog", self.job)
+        e_ends = [r.end for r in epilogs]
         downs = [SHUTDOWN_LINE.search(text) for text in self.new_text(mid)]
         shutdown = _shutdown_s(downs, exits.times())
         return {
             "latency": [end - up for end in ends],
+            "lag": [r.end - up - _covered(r.ctl, up, r.end) for r in prologs],
+            "cpu_prolog": [r.own_cpu for r in prologs],
+            "cpu_epilog": [r.own_cpu for r in epilogs],
             "prolog_wall": max(ends) - t0,
             "formation": up - started,
             "rss": rss,
             "epilog_excl": max(e_ends) - e0 - shutdown,
             "cycle": max(e_ends) - t0,
         }
+
+
+class _HookRun(NamedTuple):
+    """One hook on one tray."""
+
+    end: float
+    #: user + system time of the hook and its waited-for descendants, less the ctl runs' (the daemon is not waited)
+    own_cpu: float
+    #: its nvidia-imex-ctl runs: (start, end, CPU s)
+    ctl: list[tuple[float, float, float]]
+
+
+def _covered(spans: Sequence[tuple[float, float, float]], lo: float, hi: float) -> float:
+    """How much of [lo, hi] the (start, end, ...) spans cover, overlaps counted once."""
+    total, reach = 0.0, lo
+    for start, end, *_ in sorted(spans):
+        a, b = max(start, reach), min(end, hi)
+        if b > a:
+            total += b - a
+            reach = b
+    return total
 
 
 class _ExitWatch:
@@ -363,6 +435,8 @@ def bench_readiness(mode: Mode, tmp: Path) -> list[Figure]:
         p50, p95 = _pct(lat, 0.5) * 1000, _pct(lat, 0.95) * 1000
         out.append(Figure(f"readiness.{trays}trays.p50", p50, "ms", "<60", p50 < 60))
         out.append(Figure(f"readiness.{trays}trays.p95", p95, "ms", "<150", p95 < 150))
+        if trays != 18:
+            out += _own_figures(trays, cycles)
         if trays == 2:
             # one epilog per core, as on a rack where each tray has its own CPUs: 18 epilogs at once on the
             # bench's 2 cores would measure the queue for the CPU, not the epilog
@@ -371,6 +445,24 @@ def bench_readiness(mode: Mode, tmp: Path) -> list[Figure]:
     ep = _median_ms(epilogs)
     out.append(Figure("epilog.running_domain.excl_shutdown", ep, "ms", "<300", ep < 300))
     out.append(Figure("memory.prolog_peak_rss", rss, "MiB", "<60", rss < 60))
+    return out
+
+
+def _own_figures(trays: int, cycles: list[dict[str, Any]]) -> list[Figure]:
+    """What does not hang on the stand-ins' speed: the detection lag and imexctl's own CPU per hook."""
+    out = []
+    lag = [x for c in cycles for x in c["lag"]]
+    p50, p95 = _pct(lag, 0.5) * 1000, _pct(lag, 0.95) * 1000
+    out.append(Figure(f"detection.{trays}trays.lag_p50", p50, "ms", "<=30", p50 <= 30))
+    out.append(Figure(f"detection.{trays}trays.lag_p95", p95, "ms", "<=100", p95 <= 100))
+    for hook, target in (("prolog", 60.0), ("epilog", None)):
+        cpu = [x for c in cycles for x in c[f"cpu_{hook}"]]
+        for q in (0.5, 0.95):
+            v = _pct(cpu, q) * 1000
+            name = f"cpu.{hook}.{trays}trays.p{round(q * 100)}"
+            out.append(
+                Figure(name, v, "ms", f"<={target:g}", v <= target) if target is not None else Figure(name, v, "ms")
+            )
     return out
 
 

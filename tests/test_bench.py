@@ -30,7 +30,17 @@ FIGURES = [
     *(f"startup.{h}.{k}" for h in ("version", "prolog_skipped", "epilog_idle") for k in ("over_floor", "ratio")),
     *NODELIST,
     "nodelist.scontrol_checked",
-    *(f"readiness.{n}trays.{p}" for n in (2, 4) for p in ("p50", "p95")),
+    *(
+        name
+        for n in (2, 4)
+        for name in (
+            f"readiness.{n}trays.p50",
+            f"readiness.{n}trays.p95",
+            f"detection.{n}trays.lag_p50",
+            f"detection.{n}trays.lag_p95",
+            *(f"cpu.{hook}.{n}trays.{p}" for hook in ("prolog", "epilog") for p in ("p50", "p95")),
+        )
+    ),
     "rack.18trays.overhead",
     "rack.18trays.ctl_per_tray_s",
     "rack.18trays.tcp_per_tray_s",
@@ -76,3 +86,12 @@ def test_set_writes_into_the_trays_config() -> None:
     )
     with pytest.raises(argparse.ArgumentTypeError, match="'poll_max_s=1' is not SECTION.KEY=VALUE"):
         suite._setting("poll_max_s=1")
+
+
+def test_covered_counts_overlaps_once_and_only_inside() -> None:
+    """The detection lag subtracts the ctl runs' time between UP and the exit, overlapping runs once."""
+    covered = _suite()._covered
+    assert covered([], 0.0, 1.0) == 0.0
+    # one run before UP, one straddling it, two overlapping after it, one past the exit
+    spans = [(-1.0, -0.5, 0.0), (-0.2, 0.1, 0.0), (0.3, 0.5, 0.0), (0.4, 0.6, 0.0), (0.9, 1.4, 0.0)]
+    assert abs(covered(spans, 0.0, 1.0) - (0.1 + 0.3 + 0.1)) < 1e-9
