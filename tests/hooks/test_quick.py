@@ -270,6 +270,7 @@ def test_the_full_command_reads_the_config_and_the_job_once(
     assert done["actions"][-1] == f"remove {skip_cfg.paths.job(79).path}" and done["job_id"] == 79
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the fast path reads only a config file that root owns")
 def test_start_hands_over_what_it_read(skip_cfg: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     """Where it declines (a job that gets IMEX), start returns no exit code and the validated config and the job."""
     monkeypatch.setattr(os, "geteuid", lambda: 0)
