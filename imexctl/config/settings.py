@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from imexctl.config import schema
+from imexctl.config.paths import Paths
 from imexctl.config.schema import AUTH_FILE_KEYS, AUTH_IMEX_KEYS, GSS_IMEX_KEYS, IMEX_KEYS, OWNED_IMEX_KEYS
 from imexctl.platform.errors import ConfigError
 
@@ -31,10 +32,8 @@ __all__ = [
     "Commands",
     "Containers",
     "Daemon",
-    "JobDir",
     "Log",
     "Metrics",
-    "Paths",
     "PathsSection",
     "Policy",
     "Ports",
@@ -219,70 +218,6 @@ SECTIONS: Mapping[str, type] = {
 
 SCHEMA = schema.SCHEMA
 
-JOB_FILES = ("config.cfg", "nodes_config.cfg", "state.json", "daemon.pid")
-
-
-@dataclasses.dataclass(frozen=True)
-class JobDir:
-    """One job's directory on a node, ``<run_dir>/jobs/<job id>/``, and every file in it."""
-
-    job_id: int
-    path: Path
-
-    @property
-    def config(self) -> Path:
-        """The daemon's complete ``config.cfg``."""
-        return self.path / "config.cfg"
-
-    @property
-    def nodes(self) -> Path:
-        """The nodes file, one address per line."""
-        return self.path / "nodes_config.cfg"
-
-    @property
-    def state(self) -> Path:
-        """What the prolog set up (``state.json``)."""
-        return self.path / "state.json"
-
-    @property
-    def pid_file(self) -> Path:
-        """The exec backend's record of the daemon (``daemon.pid``)."""
-        return self.path / "daemon.pid"
-
-    def exists(self) -> bool:
-        """Whether the directory (or anything at its path) exists."""
-        return os.path.lexists(self.path)
-
-
-@dataclasses.dataclass(frozen=True)
-class Paths:
-    """Every path imexctl reads or writes on a node, already under ``root``."""
-
-    root: Path
-    run_dir: Path
-    channel_dir: Path
-    proc_devices: Path
-    log_file: Path | None
-    imex_log_file: Path
-    hosts_file: Path
-    topology_file: Path | None
-    topology_map: Path | None
-    nvidia_params: Path
-
-    @property
-    def jobs_dir(self) -> Path:
-        """Directory holding one subdirectory per job that owns (or owned) the domain."""
-        return self.run_dir / "jobs"
-
-    @property
-    def lock_file(self) -> Path:
-        """The per-node lock serialising prologs, epilogs and cleanup."""
-        return self.run_dir / "lock"
-
-    def job(self, job_id: int) -> JobDir:
-        """The job's directory and files."""
-        return JobDir(job_id, self.jobs_dir / str(job_id))
-
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
@@ -348,23 +283,7 @@ def load(path: Path | None, *, node: str, required: bool = True, euid: int | Non
     except schema.SchemaError as exc:
         raise ConfigError(str(exc)) from exc.__cause__
     sections = {name: SECTIONS[name](**keys) for name, keys in values.items() if name != "paths"}
-    p = schema.node_paths(values["paths"], node)
-
-    def opt(key: str) -> Path | None:
-        return Path(p[key]) if p[key] else None
-
-    paths = Paths(
-        root=Path(p["root"]),
-        run_dir=Path(p["run_dir"]),
-        channel_dir=Path(p["channel_dir"]),
-        proc_devices=Path(p["proc_devices"]),
-        log_file=opt("log_file"),
-        imex_log_file=Path(p["imex_log_file"]),
-        hosts_file=Path(p["hosts_file"]),
-        topology_file=opt("topology_file"),
-        topology_map=opt("topology_map"),
-        nvidia_params=Path(p["nvidia_params"]),
-    )
+    paths = Paths.of_node(values["paths"], node)
     return Settings(source=source, paths=paths, imex=imex, **sections)
 
 

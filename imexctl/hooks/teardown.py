@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from imexctl.channels import devices, notes
-from imexctl.config.settings import JobDir
+from imexctl.config.paths import JobDir
 from imexctl.hooks.runtime import Runtime, bind, log_failed
 from imexctl.hooks.state import JobState, job_ids, mark_state, node_lock, read_state
 from imexctl.imex import daemon
