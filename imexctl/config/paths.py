@@ -11,6 +11,7 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from imexctl.config import schema
 
@@ -68,7 +69,8 @@ class Paths:
     def of_node(cls, section: Mapping[str, str], node: str) -> Paths:
         """``[paths]`` as validated, for ``node`` (:func:`imexctl.config.schema.node_paths`)."""
         p = schema.node_paths(section, node)
-        return cls(**{f.name: Path(p[f.name]) if p[f.name] else None for f in dataclasses.fields(cls)})
+        found: dict[str, Any] = {f.name: Path(p[f.name]) if p[f.name] else None for f in dataclasses.fields(cls)}
+        return cls(**found)
 
     @property
     def jobs_dir(self) -> Path:

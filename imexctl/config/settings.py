@@ -1,4 +1,4 @@
-"""imexctl configuration: an INI file validated against one schema.
+"""imexctl configuration: the config file, read and validated by :mod:`imexctl.config.schema`, as typed settings.
 
 Every key has a built-in default; a missing default config file means "all
 defaults".  Unknown sections or keys, wrong types and a file that anyone but
@@ -41,7 +41,6 @@ __all__ = [
     "Resolve",
     "Settings",
     "Topology",
-    "find_config",
     "load",
 ]
 
@@ -250,27 +249,17 @@ class Settings:
         return dataclasses.replace(self, **sections)
 
 
-def find_config(explicit: str | None, env: Mapping[str, str]) -> tuple[Path | None, bool]:
-    """Choose the config file: ``--config``, ``$IMEXCTL_CONFIG``, beside ``$SLURM_CONF``, default.
-
-    Returns:
-        The path (or None) and whether it must exist (:func:`imexctl.config.schema.find_config`).
-    """
-    path, required = schema.find_config(explicit, env)
-    return Path(path), required
-
-
-def load(path: Path | None, *, node: str, required: bool = True, euid: int | None = None) -> Settings:
+def load(path: str | Path | None, *, node: str, required: bool = True, euid: int | None = None) -> Settings:
     """Read and validate the configuration for this node.
 
     Args:
-        path: the INI file, or None for built-in defaults.
+        path: the config file (:func:`imexctl.config.schema.find_config` chooses it), or None for built-in defaults.
         node: the Slurm node name, substituted for ``%n`` in ``[paths] root``.
         required: whether a missing file is an error (False for the default path).
         euid: the effective uid (default: this process's); the file must be owned by root or by it.
 
     Raises:
-        ConfigError: naming file, section and key.
+        ConfigError: naming file, section and key, or file and line (:func:`imexctl.config.schema.parse_ini_subset`).
     """
     raw: dict[str, dict[str, str]] = {}
     source: Path | None = None
@@ -278,23 +267,10 @@ def load(path: Path | None, *, node: str, required: bool = True, euid: int | Non
         if path is not None:
             text = schema.read_config(str(path), required=required, euid=os.geteuid() if euid is None else euid)
             if text is not None:
-                raw, source = _parse_ini(path, text), path
+                raw, source = schema.parse_ini_subset(text, str(path)), Path(path)
         values, imex = schema.validate(None if path is None else str(path), raw)
     except schema.SchemaError as exc:
         raise ConfigError(str(exc)) from exc.__cause__
     sections = {name: SECTIONS[name](**keys) for name, keys in values.items() if name != "paths"}
     paths = Paths.of_node(values["paths"], node)
     return Settings(source=source, paths=paths, imex=imex, **sections)
-
-
-def _parse_ini(path: Path, text: str) -> dict[str, dict[str, str]]:
-    import configparser
-
-    parser = configparser.ConfigParser(interpolation=None, strict=True, default_section="\0none")
-    parser.optionxform = str  # type: ignore[assignment,method-assign]
-    try:
-        parser.read_string(text, source=str(path))
-    except configparser.Error as exc:
-        # the line number and text are on the message's later lines: keep them, on one line
-        raise ConfigError(f"{path}: {' '.join(part.strip() for part in exc.message.splitlines())}") from exc
-    return {s: dict(parser.items(s)) for s in parser.sections()}
