@@ -44,6 +44,7 @@ __all__ = [
     "find_config",
     "node_paths",
     "parse_ini_subset",
+    "parse_key",
     "read_config",
     "validate",
 ]
