@@ -43,7 +43,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from wheels import LOCK, target_args  # pkg/wheels.py, beside this file
+from wheels import locked_for, target_args  # pkg/wheels.py, beside this file
 
 PREFIX = "/opt/imexctl"
 SRC = Path(__file__).resolve().parent.parent
@@ -75,14 +75,18 @@ def install_site(site: Path, wheel: Path, pyver: str, arch: str, wheels: Path | 
 
     The dependencies come from pkg/requirements.lock only (``--no-deps``,
     ``--require-hashes``): the same versions in the .deb and the .rpm, on
-    every build day.  imexctl's own wheel, just built from this tree, goes
+    every build day, less those whose marker excludes ``pyver`` (tomli, only
+    before Python 3.11).  imexctl's own wheel, just built from this tree, goes
     in by a second pip run (it has no hash to pin).
     """
     argv = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile"]
     argv += ["--root-user-action=ignore", "--no-deps", "--target", str(site), *target_args(pyver, arch)]
     if wheels is not None:
         argv += ["--no-index", "--find-links", str(wheels)]
-    subprocess.run([*argv, "--require-hashes", "-r", str(LOCK)], check=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as reqs:
+        reqs.write(locked_for(pyver))  # the lock's pins for this Python: pip would judge markers by its own
+        reqs.flush()
+        subprocess.run([*argv, "--require-hashes", "-r", reqs.name], check=True)
     subprocess.run([*argv, str(wheel)], check=True)
     shutil.rmtree(site / "bin", ignore_errors=True)  # scripts that name the build host's interpreter
     _forget_wheel_path(site)

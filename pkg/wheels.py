@@ -9,8 +9,9 @@
 ``pkg/stage.py --wheels DIR``); pip checks each wheel against the lock's
 hashes.  The targets are the Pythons and machines the packages are built
 for: CPython 3.9 (EL9), 3.11 (Debian 12) and 3.13 (Debian 13) on x86_64
-and aarch64.  Run with the build host's python3 from the source tree's top
-directory.
+and aarch64; a pin with a ``python_version`` marker (tomli, only before
+3.11) is locked and fetched for the targets it serves.  Run with the build
+host's python3 from the source tree's top directory.
 """
 
 from __future__ import annotations
@@ -50,36 +51,92 @@ def normalize(name: str) -> str:
 
 
 def pins() -> dict[str, str]:
-    """``{name: version}`` of pkg/requirements.in."""
+    """``{name: version}`` of pkg/requirements.in, for every target."""
+    return {name: version for name, (version, _marker) in _pins_and_markers().items()}
+
+
+def _pins_and_markers() -> dict[str, tuple[str, str]]:
+    """``{name: (version, marker)}`` of pkg/requirements.in; the marker '' when the pin serves every Python."""
     out = {}
     for raw in PINS.read_text().splitlines():
         line = raw.split("#", 1)[0].strip()
         if line:
-            name, _, version = line.partition("==")
-            out[normalize(name)] = version.strip()
+            pin, _, marker = line.partition(";")
+            name, _, version = pin.partition("==")
+            out[normalize(name)] = (version.strip(), marker.strip())
     return out
 
 
-def _download(dest: Path, requirements: list[str], offline_check: bool) -> None:
+def applies(marker: str, pyver: str) -> bool:
+    """Whether a pin with ``marker`` ('' or ``python_version <op> "X.Y"``) is installed for CPython ``pyver``.
+
+    pip judges a marker by the Python it runs under, not by ``--python-version``,
+    so the build judges it here, for the target.
+
+    Raises:
+        ValueError: any other marker.
+    """
+    if not marker:
+        return True
+    m = re.fullmatch(r'python_version\s*(<|<=|>|>=|==|!=)\s*"([0-9]+(?:\.[0-9]+)*)"', marker)
+    if not m:
+        raise ValueError(f'pkg/requirements.in: marker {marker!r} is not python_version <op> "X.Y"')
+    have, want = tuple(int(p) for p in pyver.split(".")), tuple(int(p) for p in m[2].split("."))
+    ops = {"<": have < want, "<=": have <= want, ">": have > want, ">=": have >= want, "==": have == want}
+    return ops.get(m[1], have != want)  # the one left: !=
+
+
+def pins_for(pyver: str) -> dict[str, str]:
+    """``{name: version}`` of the pins CPython ``pyver`` gets (their markers judged for it)."""
+    return {name: version for name, (version, marker) in _pins_and_markers().items() if applies(marker, pyver)}
+
+
+def locked_for(pyver: str) -> str:
+    """pkg/requirements.lock's entries that CPython ``pyver`` gets, markers removed: for ``pip -r``.
+
+    Raises:
+        ValueError: a lock entry is not one ``name==version [; marker]`` with its hashes.
+    """
+    entries = []
+    for entry in LOCK.read_text().replace("\\\n", " ").splitlines():
+        if entry.strip() and not entry.startswith("#"):
+            spec, sep, hashes = entry.partition(" --hash=")
+            if not sep:
+                raise ValueError(f"{LOCK}: no hash in {entry!r}")
+            pin, _, marker = spec.partition(";")
+            if applies(marker.strip(), pyver):
+                entries.append(f"{pin.strip()} --hash={hashes}\n")
+    return "".join(entries)
+
+
+def _download(dest: Path, offline_check: bool) -> None:
+    wanted = _pins_and_markers()
     for pyver in PYTHONS:
-        for arch in ARCHES:
-            argv = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps"]
-            argv += [*target_args(pyver, arch), "--dest", str(dest)]
-            argv += ["--require-hashes", "-r", str(LOCK)] if offline_check else requirements
-            subprocess.run(argv, check=True, timeout=600)
+        with tempfile.NamedTemporaryFile("w", suffix=".txt") as reqs:
+            reqs.write(locked_for(pyver))
+            reqs.flush()
+            for arch in ARCHES:
+                argv = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps"]
+                argv += [*target_args(pyver, arch), "--dest", str(dest)]
+                if offline_check:
+                    argv += ["--require-hashes", "-r", reqs.name]
+                else:
+                    argv += [f"{n}=={v}" for n, (v, marker) in wanted.items() if applies(marker, pyver)]
+                subprocess.run(argv, check=True, timeout=600)
 
 
 def lock() -> str:
-    """The text of pkg/requirements.lock: each pin with the hashes of its wheels for every target."""
-    wanted = pins()
+    """The text of pkg/requirements.lock: each pin (with its marker) and the hashes of its wheels for every target."""
+    wanted = _pins_and_markers()
     with tempfile.TemporaryDirectory() as tmp:
-        _download(Path(tmp), [f"{name}=={version}" for name, version in wanted.items()], offline_check=False)
+        _download(Path(tmp), offline_check=False)
         hashes: dict[str, set[str]] = {name: set() for name in wanted}
         for wheel in Path(tmp).glob("*.whl"):
             hashes[normalize(wheel.name.split("-")[0])].add(hashlib.sha256(wheel.read_bytes()).hexdigest())
     lines = [LOCK_HEADER.format(pythons=", ".join(PYTHONS), arches=" and ".join(ARCHES))]
     for name in sorted(wanted):
-        lines.append(f"{name}=={wanted[name]} \\\n")
+        version, marker = wanted[name]
+        lines.append(f"{name}=={version}{f' ; {marker}' if marker else ''} \\\n")
         lines.append(" \\\n".join(f"    --hash=sha256:{digest}" for digest in sorted(hashes[name])) + "\n")
     return "".join(lines)
 
@@ -99,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wheels: {LOCK.relative_to(SRC)}: {len(pins())} pins")
     else:
         args.dir.mkdir(parents=True, exist_ok=True)
-        _download(args.dir, [], offline_check=True)
+        _download(args.dir, offline_check=True)
         print(f"wheels: {args.dir}: {len(list(args.dir.glob('*.whl')))} wheels")
     return 0
 

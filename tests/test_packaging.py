@@ -56,7 +56,7 @@ LAYOUT = (
 )
 UNITS = ("imexctl-imex@.service", "imexctl-cleanup.service")
 #: imexctl's and its bundled dependencies' (debian/copyright has one paragraph each)
-RPM_LICENSE = "Apache-2.0 AND (MIT OR Apache-2.0) AND BSD-3-Clause AND PSF-2.0"
+RPM_LICENSE = "Apache-2.0 AND (MIT OR Apache-2.0) AND BSD-3-Clause AND PSF-2.0 AND MIT"
 #: imexctl-cleanup.service's [Install] WantedBy=: where systemctl enable links it
 REQUIRED_BY = ("multi-user.target.wants", "slurmd.service.wants")
 CACHE = Path("/var/cache/imexctl-lab")
@@ -194,11 +194,12 @@ def _bundled_versions(paths: Iterator[str] | set[str]) -> dict[str, str]:
     return out
 
 
-def _locked_versions() -> dict[str, str]:
+def _locked_versions(pyver: str | None = None) -> dict[str, str]:
+    """The lock's pins for CPython ``pyver`` (its markers judged), or for every target."""
     sys.path.insert(0, str(REPO / "pkg"))
     import wheels
 
-    return wheels.pins()
+    return wheels.pins() if pyver is None else wheels.pins_for(pyver)
 
 
 def test_two_builds_give_the_same_files_and_locked_versions(tmp_path: Path) -> None:
@@ -215,7 +216,9 @@ def test_two_builds_give_the_same_files_and_locked_versions(tmp_path: Path) -> N
     one, two = _digests(tmp_path / "one"), _digests(tmp_path / "two")
     assert sorted(one) == sorted(two)
     assert one == two
-    assert _bundled_versions(set(one)) == _bundled_versions(set(_digests(tmp_path / "el9"))) == _locked_versions()
+    assert _bundled_versions(set(one)) == _locked_versions(pyver)
+    assert _bundled_versions(set(_digests(tmp_path / "el9"))) == _locked_versions("3.9")
+    assert "tomli" in _locked_versions("3.9") and "tomli" not in _locked_versions("3.11")
     assert not [p for p in one if p.endswith("direct_url.json")]
     leaked = [p for p in one if "dist-info/" in p and str(tmp_path).encode() in (tmp_path / "one" / p).read_bytes()]
     assert not leaked
@@ -233,7 +236,7 @@ def test_offline_build_from_the_documented_wheelhouse(tmp_path: Path) -> None:
     fetched = {p.name.split("-")[0].lower().replace("_", "-") for p in (tmp_path / "wheels").glob("*.whl")}
     assert fetched == set(_locked_versions())
     _stage(tmp_path / "root", "3.9", "--arch", "aarch64", "--wheels", str(tmp_path / "wheels"))
-    assert _bundled_versions(set(_digests(tmp_path / "root"))) == _locked_versions()
+    assert _bundled_versions(set(_digests(tmp_path / "root"))) == _locked_versions("3.9")
 
 
 # ---------------------------------------------------------------- the .deb
@@ -341,10 +344,19 @@ def test_lintian_reports_only_the_overridden_tags(deb: Path) -> None:
 
 
 def test_deb_and_rpm_bundle_the_locked_versions(deb: Path, rpms: dict[str, Path]) -> None:
-    """The .deb and both RPMs carry exactly pkg/requirements.lock's versions."""
-    assert _bundled_versions({f.removeprefix(".") for f in _deb_files(deb)}) == _locked_versions()
+    """The .deb and both RPMs carry exactly pkg/requirements.lock's versions for their Python (tomli below 3.11)."""
+    files = {f.removeprefix(".") for f in _deb_files(deb)}
+    assert _bundled_versions(files) == _locked_versions(_site_python(files))
     for rpm in rpms.values():
-        assert _bundled_versions(set(_rpm(rpm, "-l").splitlines())) == _locked_versions()
+        files = set(_rpm(rpm, "-l").splitlines())
+        assert _site_python(files) == "3.9"
+        assert _bundled_versions(files) == _locked_versions("3.9")
+
+
+def _site_python(paths: set[str]) -> str:
+    """The X.Y of the one ``lib/pythonX.Y/site-packages`` among paths."""
+    (found,) = {m.group(1) for p in paths if (m := re.search(r"/lib/python(3\.[0-9]+)/site-packages/", p))}
+    return found
 
 
 def test_deb_copyright_covers_every_bundled_distribution(deb: Path) -> None:

@@ -226,7 +226,7 @@ def _find_channel(
     if uid_map is None and read_map:
         uid_map = jobchannel.read_uid_map()
     try:
-        paths = jobchannel.node_paths(env, config, uid_map)
+        paths = jobchannel.read_paths(env, config, uid_map)
     except jobchannel.NoChannel as exc:
         _warn(f"{exc}; {LEFT_AS_IS}")
         return None

@@ -1,14 +1,14 @@
 """The job's IMEX channel as the job's own user finds it: for the TaskProlog and the enroot hook.
 
 Both run as the job's user, the TaskProlog once per task, so this module
-imports only ``os`` and ``stat`` (``json`` to read a job's state, and
-``configparser`` when a config file exists): no structlog, no settings machinery, no dataclasses.
+imports only ``os`` and ``stat`` and imexctl's light :mod:`imexctl.config.schema`
+(``json`` to read a job's state): no structlog, no settings machinery, no dataclasses.
 It reads what the prolog left for every user to read, and nothing else:
 
-- the imexctl config file, found as :func:`imexctl.config.settings.find_config`
-  finds it, for three ``[paths]`` keys only (``root``, ``run_dir``,
-  ``proc_devices``) and ``[containers] on_error`` (the enroot hook's
-  policy); invalid keys elsewhere are the prolog's business;
+- the imexctl config file, found and read as the prolog finds and reads it
+  (:mod:`imexctl.config.schema`), for three ``[paths]`` keys only (``root``,
+  ``run_dir``, ``proc_devices``) and ``[containers] on_error`` (the enroot
+  hook's policy); invalid keys elsewhere are the prolog's business;
 - ``<run_dir>/jobs/<job id>/state.json`` (root's, mode 0644, in 0755
   directories), every component opened with ``O_NOFOLLOW``;
 - the channel node itself (``O_PATH``, never followed through a symlink);
@@ -38,25 +38,22 @@ if TYPE_CHECKING:
     UidMap = Optional[tuple[tuple[int, int, int], ...]]
 
 __all__ = [
-    "DEFAULT_CONFIG",
     "JobChannel",
     "NoChannel",
     "NodePaths",
     "caller_host_uid",
     "candidate_job_ids",
     "channel_minor",
-    "find_config",
     "find_job",
-    "node_paths",
     "open_channel",
     "read_note",
+    "read_paths",
     "read_uid_map",
     "to_host_uid",
 ]
 
-# The same defaults as imexctl.config.settings (tests/channels/test_taskprolog.py keeps them equal).
-DEFAULT_CONFIG = schema.DEFAULT_CONFIG
-_DEFAULTS = {"root": "/", "run_dir": "/run/imexctl", "proc_devices": "/proc/devices"}
+#: the ``[paths]`` keys read here, with their defaults and checks from ``schema.SCHEMA``
+_PATH_KEYS = ("root", "run_dir", "proc_devices")
 _MAX_CONFIG_BYTES = 1 << 20
 _MAX_STATE_BYTES = 16 << 20
 _MAX_JOB_ID = (1 << 32) - 1
@@ -103,50 +100,45 @@ def channel_minor(job_id: int, channel_count: int) -> int:
     return 1 + job_id % (channel_count - 1)
 
 
-def find_config(env: Mapping[str, str], explicit: str | None = None) -> tuple[str, bool]:
-    """The config file and whether it must exist: :func:`imexctl.config.schema.find_config`."""
-    return schema.find_config(explicit, env)
-
-
-def node_paths(env: Mapping[str, str], explicit: str | None = None, uid_map: UidMap = None) -> NodePaths:
+def read_paths(env: Mapping[str, str], explicit: str | None = None, uid_map: UidMap = None) -> NodePaths:
     """``run_dir`` and ``proc_devices`` for this tray, from the config file or the defaults.
 
+    The file is the one the prolog reads (:func:`imexctl.config.schema.find_config`),
+    read in its grammar (:func:`imexctl.config.schema.parse_ini_subset`); the keys
+    are checked and placed under ``root`` as the prolog does (``SCHEMA``,
+    :func:`imexctl.config.schema.node_paths`).
+
     Raises:
-        NoChannel: the config file is missing (when it must exist), unsafe or
-            unreadable, or a path in ``[paths]`` is not absolute.
+        NoChannel: the config file is missing (when it must exist), unsafe,
+            unreadable or not in the grammar, or a path in ``[paths]`` is not absolute.
     """
-    path, required = find_config(env, explicit)
+    path, required = schema.find_config(explicit, env)
     sections = _read_sections(path, required, uid_map)
-    raw = None if sections is None else sections.get("paths", {})
-    values = {key: (raw or {}).get(key, default).strip() for key, default in _DEFAULTS.items()}
-    for key, value in values.items():
-        if not value.startswith("/"):
-            raise NoChannel(f"{path}: [paths] {key} must be an absolute path")
-        values[key] = os.path.normpath(value)
-    root = values["root"]
-    if "%n" in root:
-        root = root.replace("%n", _node_name(env))
-
-    def under(value: str) -> str:
-        return os.path.join(root, value.lstrip("/")) if value != "/" else root
-
+    given = (sections or {}).get("paths", {})
+    try:
+        values = {key: schema.parse_key(path, "paths", key, given.get(key)) for key in _PATH_KEYS}
+    except schema.SchemaError as exc:
+        raise NoChannel(str(exc)) from None
+    node = _node_name(env) if "%n" in values["root"] else ""
+    found = schema.node_paths(values, node)
     on_error = (sections or {}).get("containers", {}).get("on_error", "").strip()
-    return NodePaths(
-        under(values["run_dir"]), under(values["proc_devices"]), path if raw is not None else None, on_error
-    )
+    config = path if sections is not None else None
+    return NodePaths(found["run_dir"], found["proc_devices"], config, on_error)
 
 
 def _node_name(env: Mapping[str, str]) -> str:
-    name = env.get("SLURMD_NODENAME", "").strip() or os.uname().nodename.split(".", 1)[0]
-    if name in ("", ".", "..") or not name.isprintable() or any(c in name for c in "/ ,[]"):
-        raise NoChannel(f"node name {name!r} cannot stand for %n in [paths] root")
-    return name
+    from imexctl.slurm.job import node_name
+
+    try:
+        return node_name(env, or_host=True)
+    except Exception as exc:  # EnvironmentError_, imported only when raised (start-up cost)
+        raise NoChannel(f"{exc}: it cannot stand for %n in [paths] root") from None
 
 
 def _read_sections(path: str, required: bool, uid_map: UidMap) -> dict[str, dict[str, str]] | None:
-    """``[paths]`` and ``[containers]`` of the config file, those present; None when the optional default is absent."""
+    """The sections of the config file; None when the optional default is absent."""
     try:
-        # followed if a symlink, as imexctl.config.settings does: the file it names is what is checked
+        # followed if a symlink, as imexctl.config.schema.read_config does: the file it names is what is checked
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
         if required:
@@ -161,16 +153,12 @@ def _read_sections(path: str, required: bool, uid_map: UidMap) -> dict[str, dict
         data = f.read(_MAX_CONFIG_BYTES + 1)
     if len(data) > _MAX_CONFIG_BYTES:
         raise NoChannel(f"{path}: larger than {_MAX_CONFIG_BYTES} bytes")
-    import configparser
-
-    # the same parser options as imexctl.config.settings, so both read a file the same way
-    parser = configparser.ConfigParser(interpolation=None, strict=True, default_section="\0none")
-    parser.optionxform = str  # type: ignore[assignment,method-assign]
     try:
-        parser.read_string(data.decode(), source=path)
-    except (configparser.Error, UnicodeDecodeError):
-        raise NoChannel(f"{path}: not a valid config file") from None
-    return {name: dict(parser.items(name)) for name in ("paths", "containers") if parser.has_section(name)}
+        return schema.parse_ini_subset(data.decode(), path)
+    except UnicodeDecodeError:
+        raise NoChannel(f"{path}: not UTF-8 text") from None
+    except schema.SchemaError as exc:
+        raise NoChannel(str(exc)) from None
 
 
 # ---------------------------------------------------------------- uids across user namespaces

@@ -69,7 +69,7 @@ def lines(
         uid_map = jobchannel.read_uid_map()
     paths = None
     try:
-        paths = jobchannel.node_paths(env, config, uid_map)
+        paths = jobchannel.read_paths(env, config, uid_map)
         caller = jobchannel.caller_host_uid(uid_map, uid)
         channel = jobchannel.find_job(paths, jobchannel.candidate_job_ids(env), caller, uid_map)
         fd, _ = jobchannel.open_channel(channel, uid_map)

@@ -261,7 +261,7 @@ def _with_runtime(
 
     host = host if host is not None else RealHost()
     # checked before it reaches a path: [paths] root may hold %n
-    node = slurm.node_name(env) or _short_hostname()
+    node = slurm.node_name(env, or_host=True)
     cfg = _settings(args, env, node, read)
     sink, problem = _open_sink(cfg, args)
     job = _hook_job(args, env, read)
@@ -295,7 +295,7 @@ def _settings(args: argparse.Namespace, env: Mapping[str, str], node: str, read:
         return settings.from_values(read.values, read.imex, node=node, source=source)
     # an admin's command reads the file the hooks read under slurmd (issue 23)
     lookup = env if args.command in ("prolog", "epilog") else schema.as_under_slurmd(env)
-    path, required = settings.find_config(args.config, lookup)
+    path, required = schema.find_config(args.config, lookup)
     try:
         return settings.load(path, node=node, required=required)
     except ImexctlError:
@@ -326,8 +326,8 @@ def _quick_hook(args: argparse.Namespace, job: Any, rt: Any) -> bool:
     """Finish a prolog that policy skips, or an epilog with nothing to do, before structlog is imported.
 
     The decisions are the fast path's own (``gate``), here with the settings
-    and the given host: a site with metrics, a log directory still to make, a
-    config file that configparser reads, or a test's fake host comes here.
+    and the given host: a site with metrics, a log directory still to make,
+    or a test's fake host comes here.
     ``rt`` carries a ``log.LineLogger`` and, when none was given, no GPU:
     these paths never ask NVML.  False (nothing logged) when the full hook
     must run (docs/performance.md).
@@ -428,9 +428,9 @@ def _cmd_doctor(args: argparse.Namespace, env: Mapping[str, str], host: Any, gpu
     from imexctl.platform.log import configure_logging
     from imexctl.slurm import job as slurm
 
-    node = slurm.node_name(env) or _short_hostname()
+    node = slurm.node_name(env, or_host=True)
     lookup = schema.as_under_slurmd(env)  # the file the hooks read under slurmd (issue 23)
-    path, required = settings.find_config(args.config, lookup)
+    path, required = schema.find_config(args.config, lookup)
     try:
         cfg, problem = settings.load(path, node=node, required=required), ""
     except ConfigError as exc:
@@ -459,14 +459,14 @@ def _cmd_doctor(args: argparse.Namespace, env: Mapping[str, str], host: Any, gpu
 def _cmd_netcheck(args: argparse.Namespace, env: Mapping[str, str], host: Any) -> int:
     """``imexctl netcheck``: one task per tray of a job step; any user; prints and exits 1 when blocked."""
     from imexctl.commands import netcheck
-    from imexctl.config import settings
+    from imexctl.config import schema, settings
     from imexctl.platform.log import configure_logging
     from imexctl.slurm import job as slurm
 
     if env.get("SLURM_LOCALID", "0") != "0":  # one task per tray listens; others would collide
         return 0
-    node = slurm.node_name(env) or _short_hostname()
-    path, required = settings.find_config(args.config, env)
+    node = slurm.node_name(env, or_host=True)
+    path, required = schema.find_config(args.config, env)
     cfg = settings.load(path, node=node, required=required)
     configure_logging(level=cfg.log.level, stderr_level="info" if args.verbose else "warning")
     if host is None:
@@ -503,7 +503,7 @@ def _cmd_topology(args: argparse.Namespace, env: Mapping[str, str], gpu: Any) ->
         from imexctl.gpu.fabric import NvmlGpu
 
         gpu = NvmlGpu()
-    tray = topology.read_tray(gpu, args.node or node_name(env) or _short_hostname())
+    tray = topology.read_tray(gpu, args.node or node_name(env, or_host=True))
     errors = [GpuError(tray.error)] if tray.error else []
     if args.json:
         _print_json(tray.data(), errors=errors, indent=None)
@@ -631,9 +631,3 @@ def _ensure_logging() -> None:
         from imexctl.platform.log import configure_logging
 
         configure_logging()
-
-
-def _short_hostname() -> str:
-    import socket
-
-    return socket.gethostname().split(".", 1)[0]

@@ -7,9 +7,13 @@ frozen objects from what :func:`validate` returns; the fast path of the hooks
 (:mod:`imexctl.hooks.quick`) validates with the same functions before it decides
 that a job is skipped or left nothing behind.
 
+It also reads the file, in the one INI grammar imexctl takes
+(:func:`parse_ini_subset`), on every path: hooks, fast path, admin commands,
+doctor and the job's own user (:mod:`imexctl.channels.job`).
+
 This module imports only ``os`` and ``stat`` at run time: ``dataclasses``,
-``pathlib``, ``configparser``, ``typing`` and ``enum`` each cost a hook 5 to
-20 ms to import (docs/performance.md).  Errors are :class:`SchemaError`;
+``pathlib``, ``typing`` and ``enum`` each cost a hook 5 to 20 ms to import
+(docs/performance.md).  Errors are :class:`SchemaError`;
 ``settings`` raises them as ``ConfigError``.
 """
 
@@ -40,6 +44,7 @@ __all__ = [
     "find_config",
     "node_paths",
     "parse_ini_subset",
+    "parse_key",
     "read_config",
     "validate",
 ]
@@ -429,41 +434,80 @@ def _check_config_dirs(path: str, euid: int) -> None:
             )
 
 
-def parse_ini_subset(text: str) -> dict[str, dict[str, str]] | None:
-    """The sections and keys of a plainly written config file; None for anything else.
+def parse_ini_subset(text: str, path: str | None = None) -> dict[str, dict[str, str]]:
+    """The sections and keys of a config file, in the one grammar imexctl reads (docs/configuration.md#syntax).
 
-    Plain: every line is blank, a ``#`` or ``;`` comment, a ``[section]``
-    header or ``key = value``, none indented, no section or key twice, no
-    ``:`` in a key and no carriage return.  For such a file the answer is
-    exactly what ``configparser`` (as :mod:`imexctl.config.settings` sets it up)
-    reads (tests/test_schema.py compares the two); everything else (values
-    continued on indented lines, ``key: value``, a broken file) is None, and
-    the caller lets ``configparser`` read it and name what is wrong.
+    Line by line: blank, a comment (``#`` or ``;`` first, indented or not), a
+    ``[section]`` header or ``key = value``, both in the first column.  The key
+    is what stands before the first ``=``, the value what follows it, both
+    without blanks around them; nothing else is special (no inline comments, no
+    ``%`` interpolation).  Names are case-sensitive; lines may end in CRLF.
+
+    Raises:
+        SchemaError: naming the file and the line of anything else: ``key: value``,
+            an indented (continuation) line, a key outside a section or without
+            ``=``, a section or a key given twice, ``[DEFAULT]``, a byte order mark.
     """
-    if "\r" in text:
-        return None
     out: dict[str, dict[str, str]] = {}
-    section: dict[str, str] | None = None
-    for line in text.split("\n"):
+    seen: dict[tuple[str, str], int] = {}
+    section: str | None = None
+    for number, raw in enumerate(text.split("\n"), 1):
+        line = raw.removesuffix("\r")
         stripped = line.strip()
         if not stripped or stripped[0] in "#;":
             continue
-        if line[0].isspace():
-            return None
-        if stripped[0] == "[":
-            name = stripped[1:-1]
-            if stripped[-1] != "]" or not name or name != name.strip() or "[" in name or "]" in name or name in out:
-                return None
-            if not name.isprintable():
-                return None
-            section = out[name] = {}
-            continue
-        key, sep, value = stripped.partition("=")
-        key = key.rstrip()
-        if section is None or not sep or not key or ":" in key or key in section:
-            return None
-        section[key] = value.strip()
+        why = _line_problem(line, stripped, section)
+        if not why and stripped[0] == "[":
+            section = stripped[1:-1]
+            why = _twice(seen, (section, ""), number, f"section [{section}]")
+            out[section] = {}
+        elif not why:
+            key, _, value = stripped.partition("=")
+            key = key.rstrip()
+            assert section is not None
+            why = _twice(seen, (section, key), number, f"[{section}] {key}")
+            out[section][key] = value.strip()
+        if why:
+            shown = line if len(line) <= 80 else line[:77] + "..."
+            raise SchemaError(f"{path or '<config>'}: line {number}: {why}: {shown!r}")
     return out
+
+
+def _line_problem(line: str, stripped: str, section: str | None) -> str:
+    """What is wrong with a line that is neither blank nor a comment ('' when nothing is)."""
+    if line[0] == "\ufeff":
+        return "a byte order mark: save the file as UTF-8 without one"
+    if line[0].isspace():
+        return "indented: continuation lines are not read; write the key and its value on one line"
+    if "\r" in line:
+        return "a carriage return inside the line"
+    if stripped[0] == "[":
+        name = stripped[1:-1]
+        if stripped[-1] != "]" or not name or "[" in name or "]" in name:
+            return "not a section header: write [name], with nothing after the ']'"
+        if name != name.strip() or not name.isprintable():
+            return "blanks or non-printing characters in a section name"
+        if name == "DEFAULT":
+            return "[DEFAULT] is not read (no key applies to every section): set each key in its section"
+        return ""
+    key, sep, _ = stripped.partition("=")
+    if ":" in key:
+        return "a ':' before the '=': write key = value ('key: value' is not read)"
+    if not sep:
+        return "not a [section], a comment or key = value"
+    if not key.strip():
+        return "no key before the '='"
+    if section is None:
+        return "a key before the first [section]"
+    return ""
+
+
+def _twice(seen: dict[tuple[str, str], int], name: tuple[str, str], number: int, shown: str) -> str:
+    """'' the first time ``name`` is seen; else why ``number`` may not give it again."""
+    if name in seen:
+        return f"{shown} given again (first on line {seen[name]})"
+    seen[name] = number
+    return ""
 
 
 def validate(path: str | None, raw: dict[str, dict[str, str]]) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
@@ -477,9 +521,7 @@ def validate(path: str | None, raw: dict[str, dict[str, str]]) -> tuple[dict[str
     sections: dict[str, dict[str, Any]] = {}
     for name, keys in SCHEMA.items():
         given = raw.pop(name, {})
-        sections[name] = {
-            key: _parse_value(path, name, key, given.pop(key, default), parse) for key, (default, parse) in keys.items()
-        }
+        sections[name] = {key: parse_key(path, name, key, given.pop(key, None)) for key in keys}
         if given:
             _fail(path, name, min(given), "unknown key")
     imex = _imex_section(path, raw.pop("imex", {}))
@@ -492,15 +534,29 @@ def validate(path: str | None, raw: dict[str, dict[str, str]]) -> tuple[dict[str
 
 
 def node_paths(paths: Mapping[str, str], node: str) -> dict[str, str]:
-    """``[paths]`` for this node: ``%n`` in ``root`` replaced by the node name, every other path under root.
+    """``[paths]`` (as validated) for this node: ``%n`` in ``root`` replaced by ``node``, every other path under root.
 
-    An optional path that is not set stays empty.
+    The one place that decides where a path lies on a node: for the settings
+    (:meth:`imexctl.config.paths.Paths.of_node`), the hooks' fast path and the
+    job's own user (:mod:`imexctl.channels.job`).  An optional path that is not
+    set stays empty; a path of ``/`` is root itself.
     """
     root = paths["root"].replace("%n", node)
-    return {key: root if key == "root" else os.path.join(root, v.lstrip("/")) if v else "" for key, v in paths.items()}
+
+    def under(v: str) -> str:
+        return os.path.join(root, v.lstrip("/")) if v.strip("/") else root if v else ""
+
+    return {key: root if key == "root" else under(v) for key, v in paths.items()}
 
 
-def _parse_value(path: str | None, section: str, key: str, text: str, parse: Parser) -> Any:
+def parse_key(path: str | None, section: str, key: str, text: str | None) -> Any:
+    """``[section] key`` as ``text`` gives it (its default when None), parsed by ``SCHEMA``.
+
+    Raises:
+        SchemaError: a bad value, naming file, section and key.
+    """
+    default, parse = SCHEMA[section][key]
+    text = default if text is None else text
     try:
         return parse(text.strip())
     except ValueError as exc:

@@ -1,4 +1,4 @@
-"""imexctl configuration: an INI file validated against one schema.
+"""imexctl configuration: the config file, read and validated by :mod:`imexctl.config.schema`, as typed settings.
 
 Every key has a built-in default; a missing default config file means "all
 defaults".  Unknown sections or keys, wrong types and a file that anyone but
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from imexctl.config import schema
+from imexctl.config.paths import Paths
 from imexctl.config.schema import AUTH_FILE_KEYS, AUTH_IMEX_KEYS, GSS_IMEX_KEYS, IMEX_KEYS, OWNED_IMEX_KEYS
 from imexctl.platform.errors import ConfigError
 
@@ -31,10 +32,8 @@ __all__ = [
     "Commands",
     "Containers",
     "Daemon",
-    "JobDir",
     "Log",
     "Metrics",
-    "Paths",
     "PathsSection",
     "Policy",
     "Ports",
@@ -42,7 +41,6 @@ __all__ = [
     "Resolve",
     "Settings",
     "Topology",
-    "find_config",
     "from_values",
     "load",
 ]
@@ -220,70 +218,6 @@ SECTIONS: Mapping[str, type] = {
 
 SCHEMA = schema.SCHEMA
 
-JOB_FILES = ("config.cfg", "nodes_config.cfg", "state.json", "daemon.pid")
-
-
-@dataclasses.dataclass(frozen=True)
-class JobDir:
-    """One job's directory on a node, ``<run_dir>/jobs/<job id>/``, and every file in it."""
-
-    job_id: int
-    path: Path
-
-    @property
-    def config(self) -> Path:
-        """The daemon's complete ``config.cfg``."""
-        return self.path / "config.cfg"
-
-    @property
-    def nodes(self) -> Path:
-        """The nodes file, one address per line."""
-        return self.path / "nodes_config.cfg"
-
-    @property
-    def state(self) -> Path:
-        """What the prolog set up (``state.json``)."""
-        return self.path / "state.json"
-
-    @property
-    def pid_file(self) -> Path:
-        """The exec backend's record of the daemon (``daemon.pid``)."""
-        return self.path / "daemon.pid"
-
-    def exists(self) -> bool:
-        """Whether the directory (or anything at its path) exists."""
-        return os.path.lexists(self.path)
-
-
-@dataclasses.dataclass(frozen=True)
-class Paths:
-    """Every path imexctl reads or writes on a node, already under ``root``."""
-
-    root: Path
-    run_dir: Path
-    channel_dir: Path
-    proc_devices: Path
-    log_file: Path | None
-    imex_log_file: Path
-    hosts_file: Path
-    topology_file: Path | None
-    topology_map: Path | None
-    nvidia_params: Path
-
-    @property
-    def jobs_dir(self) -> Path:
-        """Directory holding one subdirectory per job that owns (or owned) the domain."""
-        return self.run_dir / "jobs"
-
-    @property
-    def lock_file(self) -> Path:
-        """The per-node lock serialising prologs, epilogs and cleanup."""
-        return self.run_dir / "lock"
-
-    def job(self, job_id: int) -> JobDir:
-        """The job's directory and files."""
-        return JobDir(job_id, self.jobs_dir / str(job_id))
-
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
@@ -316,27 +250,17 @@ class Settings:
         return dataclasses.replace(self, **sections)
 
 
-def find_config(explicit: str | None, env: Mapping[str, str]) -> tuple[Path | None, bool]:
-    """Choose the config file: ``--config``, ``$IMEXCTL_CONFIG``, beside ``$SLURM_CONF``, default.
-
-    Returns:
-        The path (or None) and whether it must exist (:func:`imexctl.config.schema.find_config`).
-    """
-    path, required = schema.find_config(explicit, env)
-    return Path(path), required
-
-
-def load(path: Path | None, *, node: str, required: bool = True, euid: int | None = None) -> Settings:
+def load(path: str | Path | None, *, node: str, required: bool = True, euid: int | None = None) -> Settings:
     """Read and validate the configuration for this node.
 
     Args:
-        path: the INI file, or None for built-in defaults.
+        path: the config file (:func:`imexctl.config.schema.find_config` chooses it), or None for built-in defaults.
         node: the Slurm node name, substituted for ``%n`` in ``[paths] root``.
         required: whether a missing file is an error (False for the default path).
         euid: the effective uid (default: this process's); the file must be owned by root or by it.
 
     Raises:
-        ConfigError: naming file, section and key.
+        ConfigError: naming file, section and key, or file and line (:func:`imexctl.config.schema.parse_ini_subset`).
     """
     raw: dict[str, dict[str, str]] = {}
     source: Path | None = None
@@ -344,7 +268,7 @@ def load(path: Path | None, *, node: str, required: bool = True, euid: int | Non
         if path is not None:
             text = schema.read_config(str(path), required=required, euid=os.geteuid() if euid is None else euid)
             if text is not None:
-                raw, source = _parse_ini(path, text), path
+                raw, source = schema.parse_ini_subset(text, str(path)), Path(path)
         values, imex = schema.validate(None if path is None else str(path), raw)
     except schema.SchemaError as exc:
         raise ConfigError(str(exc)) from exc.__cause__
@@ -361,34 +285,5 @@ def from_values(
     settings from that answer instead of reading the file again.
     """
     sections = {name: SECTIONS[name](**keys) for name, keys in values.items() if name != "paths"}
-    p = schema.node_paths(values["paths"], node)
-
-    def opt(key: str) -> Path | None:
-        return Path(p[key]) if p[key] else None
-
-    paths = Paths(
-        root=Path(p["root"]),
-        run_dir=Path(p["run_dir"]),
-        channel_dir=Path(p["channel_dir"]),
-        proc_devices=Path(p["proc_devices"]),
-        log_file=opt("log_file"),
-        imex_log_file=Path(p["imex_log_file"]),
-        hosts_file=Path(p["hosts_file"]),
-        topology_file=opt("topology_file"),
-        topology_map=opt("topology_map"),
-        nvidia_params=Path(p["nvidia_params"]),
-    )
+    paths = Paths.of_node(values["paths"], node)
     return Settings(source=source, paths=paths, imex=imex, **sections)
-
-
-def _parse_ini(path: Path, text: str) -> dict[str, dict[str, str]]:
-    import configparser
-
-    parser = configparser.ConfigParser(interpolation=None, strict=True, default_section="\0none")
-    parser.optionxform = str  # type: ignore[assignment,method-assign]
-    try:
-        parser.read_string(text, source=str(path))
-    except configparser.Error as exc:
-        # the line number and text are on the message's later lines: keep them, on one line
-        raise ConfigError(f"{path}: {' '.join(part.strip() for part in exc.message.splitlines())}") from exc
-    return {s: dict(parser.items(s)) for s in parser.sections()}

@@ -22,9 +22,15 @@ import dataclasses
 import os
 import re
 import stat
+import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from imexctl.config import tomlsubset
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # EL9's Python 3.9: the same parser, as a package (setup.cfg, pkg/requirements.in)
+    import tomli as tomllib
 
 __all__ = [
     "FAIL",
@@ -121,8 +127,8 @@ def toolkit_checks(root: Path, *, version_output: str | None = None) -> list[Che
     except OSError as exc:
         return [*out, Check("containers.toolkit.config", FAIL, f"{path}: {exc.strerror}", f"make {path} readable")]
     try:
-        doc = tomlsubset.load(text)
-    except tomlsubset.TomlError as exc:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
         msg = f"{path} is not valid TOML ({exc}): the toolkit cannot load it"
         return [*out, Check("containers.toolkit.config", FAIL, msg, f"fix {path} (nvidia-ctk config default)")]
     return [*out, *_toolkit_settings(doc, path)]
@@ -154,13 +160,12 @@ def _no_toolkit_config(path: Path) -> Check:
     )
 
 
-def _toolkit_settings(doc: tomlsubset.Document, path: Path) -> list[Check]:
-    unsure = f"cannot verify without Python 3.11's tomllib ({doc.uncertain})" if doc.uncertain else ""
-    ignore = doc.get("features", "ignore-imex-channel-requests")
-    creation = doc.get("features", "disable-imex-channel-creation")
-    kmods = doc.get("nvidia-container-cli", "load-kmods", True)
+def _toolkit_settings(doc: Mapping[str, Any], path: Path) -> list[Check]:
+    ignore = _toml_value(doc, "features", "ignore-imex-channel-requests")
+    creation = _toml_value(doc, "features", "disable-imex-channel-creation")
+    kmods = _toml_value(doc, "nvidia-container-cli", "load-kmods", True)
     no_creation = "disable-imex-channel-creation = true" if creation is True else "load-kmods = false"
-    env = doc.get("", "accept-nvidia-visible-devices-envvar-when-unprivileged", True)
+    env = _toml_value(doc, "", "accept-nvidia-visible-devices-envvar-when-unprivileged", True)
     who = "every container" if env is not False else "privileged containers only"
     return [
         Check("containers.toolkit.config", OK, f"{path} parses"),
@@ -170,7 +175,6 @@ def _toolkit_settings(doc: tomlsubset.Document, path: Path) -> list[Check]:
             ok="[features] ignore-imex-channel-requests = true" if ignore is True else "",
             risk="containers get any channel they ask for with NVIDIA_IMEX_CHANNELS",
             path=path,
-            unsure=unsure,
         ),
         _flag(
             "containers.toolkit.imex_creation",
@@ -178,22 +182,26 @@ def _toolkit_settings(doc: tomlsubset.Document, path: Path) -> list[Check]:
             ok=f"no host channel node is created or re-moded ({no_creation})" if creation or kmods is False else "",
             risk="a request for channel N makes the host node 0666 root:root (legacy mode with load-kmods)",
             path=path,
-            unsure=unsure,
         ),
         Check("containers.toolkit.unprivileged_env", OK, f"environment requests are read from {who}"),
     ]
 
 
-def _flag(name: str, setting: tuple[str, object], *, ok: str, risk: str, path: Path, unsure: str) -> Check:
-    """One ``[features]`` flag: FAIL if not a boolean, OK when ``ok`` says why (file fully read), else WARN."""
+def _toml_value(doc: Mapping[str, Any], table: str, key: str, default: Any = None) -> Any:
+    """``key`` in ``table`` ('' for the top level) of a parsed TOML document, or ``default``."""
+    found = doc.get(table, {}) if table else doc
+    return found.get(key, default) if isinstance(found, dict) else default
+
+
+def _flag(name: str, setting: tuple[str, object], *, ok: str, risk: str, path: Path) -> Check:
+    """One ``[features]`` flag: FAIL if not a boolean, OK when ``ok`` says why, else WARN."""
     key, value = setting
     fix = f"set [features] {key} = true in {path} (a TOML boolean, no quotes)"
     if value is not None and not isinstance(value, bool):
         return Check(name, FAIL, f"[features] {key} = {value!r} is not a boolean: the toolkit refuses its config", fix)
-    if ok and not unsure:
+    if ok:
         return Check(name, OK, ok)
-    why = risk if ok else f"{risk} ([features] {key} is not true)"
-    return Check(name, WARN, f"{why}; {unsure}" if unsure else why, fix)
+    return Check(name, WARN, f"{risk} ([features] {key} is not true)", fix)
 
 
 # ---------------------------------------------------------------- CDI specs

@@ -99,8 +99,8 @@ def idle_prolog(job: JobContext, rt: Runtime) -> PrologResult | None:
     """The whole prolog of a job that the policy skips, with the settings; None (nothing logged) otherwise.
 
     ``cli`` runs this before structlog is imported, with a ``log.LineLogger``,
-    when the fast path could not answer (metrics to record, a config file
-    that configparser reads, a test's fake host).  None too when the note
+    when the fast path could not answer (metrics to record, a log directory
+    still to make, a test's fake host).  None too when the note
     failed: the full prolog logs that.
     """
     from imexctl.hooks.results import PrologResult

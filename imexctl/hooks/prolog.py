@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from imexctl.channels import devices
-from imexctl.config.settings import JobDir, Settings
+from imexctl.config.paths import JobDir
+from imexctl.config.settings import Settings
 from imexctl.gpu.fabric import fabric_key
 from imexctl.hooks import members
 from imexctl.hooks.gate import Skip, shared_reason, skipped_prolog

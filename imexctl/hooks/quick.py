@@ -18,8 +18,8 @@ full command, which reports what is wrong:
 
 - the command line is exactly ``[--config FILE] [-v] prolog|epilog`` (or
   ``--version``), and it runs as root;
-- the config file is safe to read, plainly written (``schema.parse_ini_subset``)
-  and valid (``schema.validate``, the full command's own validation), and
+- the config file is safe to read, parses (``schema.parse_ini_subset``, the
+  one reader of every path) and is valid (``schema.validate``), and
   ``[metrics] textfile_dir`` is not set (recording metrics needs the settings);
 - slurmd's environment is valid (``slurm.JobContext.from_env``);
 - the log file opens without creating its directory;
@@ -133,13 +133,14 @@ def start(argv: Sequence[str], env: Mapping[str, str]) -> tuple[int | None, Read
 
 
 def _read(command: str, explicit: str | None, env: Mapping[str, str]) -> Read | None:
-    """The validated sections of a plainly written config file, and the job; None for files the full command reads."""
+    """The validated sections of the config file, and the job; None when the file is unsafe or invalid.
+
+    The full command then reads it again, with the same reader, and names what is wrong.
+    """
     try:
         path, required = schema.find_config(explicit, env)
         text = schema.read_config(path, required=required, euid=0)
-        raw = {} if text is None else schema.parse_ini_subset(text)
-        if raw is None:
-            return None
+        raw = {} if text is None else schema.parse_ini_subset(text, path)
         values, imex = schema.validate(path, raw)
     except schema.SchemaError:
         return None

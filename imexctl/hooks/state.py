@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from imexctl.config.settings import JobDir
+from imexctl.config.paths import JobDir
 from imexctl.platform.errors import FileError, LockTimeout
 from imexctl.platform.fsutil import atomic_write, ensure_dir, read_text_nofollow
 from imexctl.platform.host import Host

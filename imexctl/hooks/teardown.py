@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from imexctl.channels import devices, notes
-from imexctl.config.settings import JobDir
+from imexctl.config.paths import JobDir
 from imexctl.hooks.gate import domains, left_anything, nothing_left
 from imexctl.hooks.jobs import known_jobs, still_runs
 from imexctl.hooks.results import Action, CleanupResult, EpilogResult

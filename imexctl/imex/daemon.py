@@ -15,7 +15,8 @@ import signal
 from pathlib import Path
 from typing import Protocol
 
-from imexctl.config.settings import JobDir, Settings
+from imexctl.config.paths import JobDir
+from imexctl.config.settings import Settings
 from imexctl.imex.peerauth import DAEMON_ENV
 from imexctl.platform.errors import CommandError, DaemonError, DomainBusyError, ImexctlError, UnsafeNodeError, shorten
 from imexctl.platform.fsutil import atomic_write, read_text_nofollow

@@ -1,11 +1,13 @@
 """The job as slurmd describes it to Prolog/Epilog, read from the environment (pure).
 
 Light enough for the hooks' fast path (:mod:`imexctl.hooks.quick`): at run time it
-imports only :mod:`imexctl.slurm.nodelist`, and :mod:`imexctl.platform.errors` (which imports
+imports only ``os``, :mod:`imexctl.slurm.nodelist`, and :mod:`imexctl.platform.errors` (which imports
 ``enum``) only to raise.
 """
 
 from __future__ import annotations
+
+import os
 
 from imexctl.slurm import nodelist
 
@@ -197,17 +199,36 @@ class JobContext:
         return said or "neither SLURM_JOB_EXCLUSIVE nor SLURM_JOB_OVERSUBSCRIBE set"
 
 
-def node_name(env: Mapping[str, str]) -> str:
-    """``SLURMD_NODENAME`` ('' when unset), checked to be usable in a path (``[paths] root`` ``%n``).
+def node_name(env: Mapping[str, str], *, or_host: bool = False) -> str:
+    """This node's name: ``SLURMD_NODENAME``, checked to be usable in a path (``[paths] root`` ``%n``).
+
+    The one place imexctl reads it: the hooks, the admin commands, the job's
+    own user (:mod:`imexctl.channels.job`).
+
+    Args:
+        env: the process environment.
+        or_host: without ``SLURMD_NODENAME``, this host's short name (an admin's
+            shell, a TaskProlog that lacks it); else ''.
 
     Raises:
         EnvironmentError_: the name holds a path separator, a blank, a host-list
-            character or a non-printing character, or is ``.`` or ``..``.
+            character or a non-printing character, or is ``.`` or ``..`` (or,
+            with ``or_host``, is empty).
     """
     name = env.get("SLURMD_NODENAME", "").strip()
-    if name in (".", "..") or not name.isprintable() or any(c in name for c in "/ ,[]"):
-        raise _env_error(f"SLURMD_NODENAME={shorten(name)} is not a node name")
-    return name
+    if name or not or_host:
+        if name and not _usable(name):
+            raise _env_error(f"SLURMD_NODENAME={shorten(name)} is not a node name")
+        return name
+    host = os.uname().nodename
+    if not _usable(host.split(".", 1)[0]):
+        raise _env_error(f"the host name {shorten(host)} is not a node name")
+    return host.split(".", 1)[0]
+
+
+def _usable(name: str) -> bool:
+    """Whether ``name`` may stand in a path: not '', '.' or '..', no '/', blank, host-list or non-printing character."""
+    return name not in ("", ".", "..") and name.isprintable() and not any(c in name for c in "/ ,[]")
 
 
 def constraint_features(constraints: str) -> frozenset[str]:

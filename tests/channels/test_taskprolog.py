@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import os
 import pwd
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from imexctl import cli
 from imexctl.channels import job as jobchannel
 from imexctl.channels import taskprolog
 from imexctl.config import settings
+from imexctl.platform.errors import ConfigError
 from tests.support.jobtree import Tree, tree
 from tests.support.privileges import ROOT
 
@@ -197,13 +199,9 @@ class TestConfig:
         t.add_job(77, uid=0, minor=3, channel_path="/dev/null", paths=settings.load(t.config, node="n7").paths)
         assert _lines(t, 77, SLURMD_NODENAME="n7") == [EXPORT]
         assert _lines(t, 77, SLURMD_NODENAME="n8") == []
-        assert "cannot stand for %n" in _debug(t, 77, SLURMD_NODENAME="a/b")
-
-    def test_defaults_are_the_settings_defaults(self) -> None:
-        """The light reader's defaults are imexctl.config.settings's."""
-        for key, default in jobchannel._DEFAULTS.items():
-            assert settings.SCHEMA["paths"][key][0] == default
-        assert str(settings.DEFAULT_CONFIG) == jobchannel.DEFAULT_CONFIG
+        assert "SLURMD_NODENAME='a/b' is not a node name: it cannot stand for %n" in _debug(
+            t, 77, SLURMD_NODENAME="a/b"
+        )
 
     @pytest.mark.parametrize(
         "text",
@@ -212,8 +210,9 @@ class TestConfig:
             pytest.param("[paths]\nrun_dir = /var/run//imexctl/\n", id="unnormalised"),
             pytest.param("[paths]\nroot = /srv/n/%n/\nproc_devices = /x/devices\n", id="percent-n"),
             pytest.param("[paths]\nroot = /\nrun_dir = /\n", id="run-dir-root"),
-            pytest.param("[policy]\nchannels = none\n[paths]\n  run_dir   =   /r  \n", id="spaces"),
-            pytest.param("# comment\n[paths]\n; other\nroot: /a\n", id="colon-and-comments"),
+            pytest.param("[paths]\nroot = /srv\nrun_dir = /\n", id="run-dir-root-under-root"),
+            pytest.param("[policy]\nchannels = none\n[paths]\nrun_dir   =   /r  \n", id="spaces"),
+            pytest.param("# comment\n[paths]\n; other\nroot = /a\n  # indented\n", id="comments"),
         ],
     )
     def test_paths_are_what_settings_computes(self, tmp_path: Path, text: str) -> None:
@@ -222,28 +221,24 @@ class TestConfig:
         cfg.write_text(text)
         cfg.chmod(0o644)
         want = settings.load(cfg, node="gb01").paths
-        got = jobchannel.node_paths({"IMEXCTL_CONFIG": str(cfg), "SLURMD_NODENAME": "gb01"})
+        got = jobchannel.read_paths({"IMEXCTL_CONFIG": str(cfg), "SLURMD_NODENAME": "gb01"})
         assert (got.run_dir, got.proc_devices) == (str(want.run_dir), str(want.proc_devices))
 
     @pytest.mark.parametrize(
-        "env",
+        ("text", "why"),
         [
-            pytest.param({}, id="nothing"),
-            pytest.param({"IMEXCTL_CONFIG": "/x/y.conf", "SLURM_CONF": "{d}/slurm.conf"}, id="imexctl-config-first"),
-            pytest.param({"SLURM_CONF": "{d}/slurm.conf"}, id="beside-slurm-conf"),
-            pytest.param({"SLURM_CONF": "{d}//./slurm.conf"}, id="beside-unnormalised"),
-            pytest.param({"SLURM_CONF": "{d}/other/slurm.conf"}, id="beside-missing"),
-            pytest.param({"SLURM_CONF": "slurm.conf"}, id="relative"),
-            pytest.param({"SLURM_CONF": ""}, id="empty"),
+            pytest.param("[paths]\nroot: /a\n", "line 2: a ':' before the '='", id="colon"),
+            pytest.param("[paths]\n  run_dir = /r\n", "line 2: indented", id="indented"),
+            pytest.param("[paths]\nrun_dir = r\n", "[paths] run_dir: 'r' must be an absolute path", id="relative"),
         ],
     )
-    def test_config_lookup_is_the_settings_lookup(self, tmp_path: Path, env: dict[str, str]) -> None:
-        """The file chosen, and whether it must exist, are what imexctl.config.settings.find_config chooses."""
-        (tmp_path / "imexctl.conf").write_text("")
-        env = {k: v.format(d=tmp_path) for k, v in env.items()}
-        want_path, want_required = settings.find_config(None, env)
-        got_path, got_required = jobchannel.find_config(env)
-        assert (os.path.normpath(got_path), got_required) == (os.path.normpath(str(want_path)), want_required)
+    def test_a_config_the_prolog_refuses_exports_nothing(self, t: Tree, text: str, why: str) -> None:
+        """A file the prolog refuses (grammar or [paths]) exports nothing, and says why as the prolog would."""
+        t.add_job(77, uid=0, minor=3, channel_path="/dev/null")
+        t.config.write_text(text)
+        with pytest.raises(ConfigError, match=re.escape(why)):
+            settings.load(t.config, node="gb01")
+        assert _lines(t, 77) == [] and why in _debug(t, 77)
 
 
 class TestJobIds:

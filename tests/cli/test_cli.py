@@ -13,7 +13,8 @@ import pytest
 
 from imexctl.cli import main
 from imexctl.config import schema
-from imexctl.config.settings import JobDir, Settings
+from imexctl.config.paths import JobDir
+from imexctl.config.settings import Settings
 from imexctl.hooks.state import mark_state
 from imexctl.platform.errors import ExitCode
 from tests.support.fakes import FakeGpu, FakeHost, job_env

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from imexctl.config import tomlsubset
 from imexctl.doctor import containers
 from imexctl.doctor.containers import FAIL, OK, WARN, Check
 from tests.support.privileges import needs_chown
@@ -48,6 +47,7 @@ class TestToolkit:
             pytest.param("risky-default.toml", WARN, WARN, id="default"),
             pytest.param("risky-false.toml", WARN, WARN, id="flags-false"),
             pytest.param("inline.toml", OK, OK, id="inline-table"),
+            pytest.param("array-of-tables.toml", WARN, WARN, id="features-not-a-table"),
         ],
     )
     def test_imex_flags(self, tmp_path: Path, sample: str, requests: str, creation: str) -> None:
@@ -104,65 +104,6 @@ class TestToolkit:
         """accept-nvidia-visible-devices-envvar-when-unprivileged = false limits requests to privileged containers."""
         checks = _by_name(containers.toolkit_checks(_toolkit_root(tmp_path, "risky-false.toml")))
         assert "privileged containers only" in checks["containers.toolkit.unprivileged_env"].message
-
-
-class TestTomlSubset:
-    @pytest.mark.parametrize("sample", [s for s in TOOLKIT_SAMPLES if not s.startswith("invalid-syntax")])
-    def test_subset_reader_agrees_with_tomllib_or_says_it_is_unsure(self, sample: str) -> None:
-        """On Python < 3.11 every key the checks read is what tomllib reads, or the reader reports uncertainty."""
-        pytest.importorskip("tomllib", reason="tomllib (Python 3.11+) is the reference")
-        text = (DATA / "toolkit" / sample).read_text()
-        full, subset = tomlsubset.load(text), tomlsubset.load(text, use_tomllib=False)
-        keys = [
-            ("features", "ignore-imex-channel-requests"),
-            ("features", "disable-imex-channel-creation"),
-            ("nvidia-container-cli", "load-kmods"),
-            ("", "accept-nvidia-visible-devices-envvar-when-unprivileged"),
-        ]
-        if subset.uncertain:
-            assert sample == "inline.toml", subset.uncertain
-        else:
-            assert [subset.get(*k) for k in keys] == [full.get(*k) for k in keys]
-
-    def test_unsure_subset_reading_is_never_ok(self) -> None:
-        """What the subset reader cannot follow (an inline table) gives WARN "cannot verify", not OK."""
-        doc = tomlsubset.load((DATA / "toolkit" / "inline.toml").read_text(), use_tomllib=False)
-        checks = _by_name(containers._toolkit_settings(doc, Path("/etc/config.toml")))
-        for name in ("containers.toolkit.imex_requests", "containers.toolkit.imex_creation"):
-            assert checks[name].status == WARN and "cannot verify without Python 3.11" in checks[name].message
-
-    def test_subset_reader_refuses_broken_toml(self) -> None:
-        """An unclosed header is an error, not an empty document."""
-        with pytest.raises(tomlsubset.TomlError, match="cannot read"):
-            tomlsubset.load((DATA / "toolkit" / "invalid-syntax.toml").read_text(), use_tomllib=False)
-
-    @pytest.mark.parametrize(
-        ("text", "error"),
-        [
-            pytest.param("[a]\nx = 1\n[a]\n", "declared twice", id="table-twice"),
-            pytest.param("x = 1\nx = 2\n", "set twice", id="key-twice"),
-            pytest.param("x = [1,\n2\n", "unclosed", id="unclosed-array"),
-            pytest.param('x = """\nabc\n', "unclosed multi-line", id="unclosed-string"),
-            pytest.param("x =\n", "no value", id="no-value"),
-            pytest.param("just words\n", "cannot read", id="no-equals"),
-        ],
-    )
-    def test_subset_reader_errors(self, text: str, error: str) -> None:
-        """Invalid TOML is refused with a reason."""
-        with pytest.raises(tomlsubset.TomlError, match=error):
-            tomlsubset.load(text, use_tomllib=False)
-
-    def test_subset_reader_values(self) -> None:
-        """Booleans, strings with escapes and '#', integers, skipped arrays and multi-line strings."""
-        text = 'a = true\nb = "x # y \\" z" # c\nc = 1_000\nd = [\n "]",\n]\ne = """\nq\n"""\n[t]\n"k" = \'v\'\n'
-        doc = tomlsubset.load(text, use_tomllib=False)
-        assert (doc.get("", "a"), doc.get("", "b"), doc.get("", "c"), doc.get("t", "k")) == (
-            True,
-            'x # y " z',
-            1000,
-            "v",
-        )
-        assert doc.uncertain == ""
 
 
 class TestCdi:

@@ -7,6 +7,7 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parents[2]
@@ -20,9 +21,9 @@ def _locked() -> dict[str, tuple[str, list[str]]]:
     out = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
-            pin, *hashes = line.split()
-            name, _, version = pin.partition("==")
-            out[name] = (version, [h.removeprefix("--hash=sha256:") for h in hashes])
+            spec, *hashes = line.split(" --hash=")
+            name, _, version = spec.split(";")[0].strip().partition("==")
+            out[name] = (version, [h.strip().removeprefix("sha256:") for h in hashes])
     return out
 
 
@@ -54,3 +55,22 @@ def test_nvidia_ml_py_is_a_known_good_release() -> None:
     assert pinned == matrix["newest"]
     major, minor = (int(part) for part in pinned.split(".")[:2])
     assert not (major == 12 and 535 <= minor <= 575) and not (major == 13 and 580 <= minor <= 610)
+
+
+def test_tomli_only_below_python_3_11() -> None:
+    """tomli (tomllib's package) is locked for EL9's 3.9 and left out for 3.11 and 3.13, as setup.cfg's marker says."""
+    assert "tomli" in wheels.pins_for("3.9") and "tomli" in wheels.pins()
+    assert "tomli" not in wheels.pins_for("3.11") and "tomli" not in wheels.pins_for("3.13")
+    assert "tomli==" in wheels.locked_for("3.9") and "tomli" not in wheels.locked_for("3.11")
+    assert ";" not in wheels.locked_for("3.9"), "pip judges markers by its own Python: none reach it"
+    assert wheels.locked_for("3.11").count("==") == len(wheels.pins()) - 1
+
+
+def test_markers() -> None:
+    """Only ``python_version <op> "X.Y"`` markers are taken, compared as version numbers."""
+    assert wheels.applies("", "3.9") and wheels.applies('python_version < "3.11"', "3.9")
+    assert not wheels.applies('python_version < "3.11"', "3.11")
+    assert wheels.applies('python_version >= "3.10"', "3.13") and not wheels.applies('python_version=="3.9"', "3.10")
+    assert wheels.applies('python_version != "3.9"', "3.11")
+    with pytest.raises(ValueError, match="is not python_version"):
+        wheels.applies('sys_platform == "linux"', "3.9")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ import pytest
 
 from imexctl.cli import _parser, main
 from imexctl.config import schema
-from imexctl.config.settings import Settings, _parse_ini
+from imexctl.config.settings import Settings
 from imexctl.hooks import quick
 from imexctl.platform.host import RealHost
 from tests.support.fakes import FakeGpu, job_env
@@ -283,7 +282,7 @@ def test_start_hands_over_what_it_read(skip_cfg: Settings, monkeypatch: pytest.M
         read.job = None  # type: ignore[misc]
 
 
-# ---- the command line and the config file: a subset of what argparse and configparser read, read the same
+# ---- the command line: a subset of what argparse reads, read the same
 
 
 @pytest.mark.parametrize(
@@ -312,54 +311,6 @@ def test_hook_args(argv: list[str], want: tuple[str, str | None, bool] | None) -
     if want is not None:
         args = _parser().parse_args(argv)
         assert (args.command, args.config, args.verbose) == want
-
-
-def _random_config(r: random.Random) -> str:
-    keys = ["root", "jobs", "partitions", "level", "a b", "x:y", "", "[k]", "k=v"]
-    pieces = [
-        lambda: f"[{r.choice(['paths', 'policy', 'log', 'imex', ' policy', 'a]b', '', 'policy '])}]",
-        lambda: (
-            f"{r.choice(keys)}{r.choice(['=', ' = ', ' =', ': ', '=='])}{r.choice(['gpu', '', ' v ', '# c', 'a=b'])}"
-        ),
-        lambda: r.choice(["", "  ", "# comment", "; comment", "  # indented comment", "\tcontinued", "\r", "junk"]),
-    ]
-    return "\n".join(r.choice(pieces)() for _ in range(r.randrange(1, 12)))
-
-
-def test_ini_subset_reads_what_configparser_reads() -> None:
-    """For 3000 seeded random files: None, or exactly configparser's sections and keys (and then it parsed)."""
-    r, answered = random.Random(13), 0
-    for _ in range(3000):
-        text = _random_config(r)
-        ours = schema.parse_ini_subset(text)
-        if ours is None:
-            continue
-        answered += 1
-        try:
-            theirs = _parse_ini(Path("/x.conf"), text)
-        except Exception as exc:  # the assertion names it
-            pytest.fail(f"subset read {text!r} but configparser refused it: {exc}")
-        assert ours == theirs, text
-    assert answered > 150  # the generator makes plain files too: the comparison is not empty
-
-
-def _ini_blocks() -> list[tuple[str, str]]:
-    """The ``ini`` code blocks of README.md and docs/*.md that are imexctl config files."""
-    found = []
-    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
-        for i, block in enumerate(page.read_text().split("```ini\n")[1:]):
-            text = block.split("```", 1)[0]
-            if any(f"[{section}]" in text for section in schema.SCHEMA):
-                found.append((f"{page.name}#{i}", text))
-    return found
-
-
-def test_ini_subset_reads_the_documented_configs() -> None:
-    """The config examples in the docs are plain: the fast path reads each exactly as configparser does."""
-    blocks = _ini_blocks()
-    assert len(blocks) >= 4
-    for name, text in blocks:
-        assert schema.parse_ini_subset(text) == _parse_ini(Path(name), text), name
 
 
 # ---- the console script

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from imexctl.config.settings import JobDir
+from imexctl.config.paths import JobDir
 from imexctl.hooks.state import JobState, mark_state, node_lock, read_state, write_state
 from imexctl.platform.errors import FileError, LockTimeout
 from tests.support.fakes import FakeHost

@@ -10,7 +10,8 @@ from typing import Callable
 import pytest
 import structlog
 
-from imexctl.config.settings import JobDir, Settings
+from imexctl.config.paths import JobDir
+from imexctl.config.settings import Settings
 from imexctl.hooks.prolog import prolog
 from imexctl.hooks.runtime import Runtime
 from imexctl.hooks.teardown import epilog

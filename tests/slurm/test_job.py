@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
 
 from imexctl.platform.errors import EnvironmentError_, ExitCode, NodeListError
-from imexctl.slurm.job import JobContext, constraint_features
+from imexctl.slurm.job import JobContext, constraint_features, node_name
 from tests.support.fakes import job_env
 
 
@@ -164,6 +165,26 @@ class TestIds:
     def test_environment_errors_exit_65(self) -> None:
         """A malformed job environment maps to exit code 65 (DATAERR)."""
         assert EnvironmentError_.exit_code == ExitCode.DATAERR == 65
+
+
+class TestNodeName:
+    @pytest.mark.parametrize("name", ["a/b", "a b", "gb[01-02]", "gb01,gb02", ".", "..", "gb\x01"])
+    def test_a_name_that_cannot_stand_in_a_path_is_refused(self, name: str) -> None:
+        """SLURMD_NODENAME must be usable for %n in [paths] root, with or without the host fallback."""
+        for or_host in (False, True):
+            with pytest.raises(EnvironmentError_, match="SLURMD_NODENAME=.* is not a node name"):
+                node_name({"SLURMD_NODENAME": name}, or_host=or_host)
+
+    def test_slurmd_nodename_wins_over_the_host_name(self) -> None:
+        """SLURMD_NODENAME, blanks stripped, is the name with or without the fallback."""
+        assert (
+            node_name({"SLURMD_NODENAME": " gb07 "}) == node_name({"SLURMD_NODENAME": "gb07"}, or_host=True) == "gb07"
+        )
+
+    def test_without_slurmd_nodename(self) -> None:
+        """Unset: '' (a hook then refuses), or this host's short name with ``or_host``."""
+        assert node_name({}) == node_name({"SLURMD_NODENAME": " "}) == ""
+        assert node_name({}, or_host=True) == os.uname().nodename.split(".", 1)[0]
 
 
 class TestOversubscribe:

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from imexctl.config import settings
+from imexctl.config.paths import Paths
 from imexctl.hooks.state import JobState, write_state
 from imexctl.platform.fsutil import ensure_dir
 
@@ -63,7 +64,7 @@ class Tree:
         uid: int,
         minor: int | None,
         channel_path: str | None = None,
-        paths: settings.Paths | None = None,
+        paths: Paths | None = None,
     ) -> Path:
         """``state.json`` for a job, as the prolog writes it (under ``paths``, default this tree's)."""
         jd = (paths or self.paths).job(job_id)
