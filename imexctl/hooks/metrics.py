@@ -184,23 +184,15 @@ def record(settings: Settings, run: Run, now: float) -> bool:
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     """A short lock of its own: concurrent hooks of different jobs update the same totals."""
-    import fcntl
     import time
 
-    from imexctl.platform.fsutil import ensure_dir
+    from imexctl.platform.fsutil import ensure_dir, flock_within
 
     ensure_dir(path.parent, 0o755)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        deadline = time.monotonic() + _LOCK_WAIT_S
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise OSError(f"{path} stayed locked for {_LOCK_WAIT_S:g}s") from None
-                time.sleep(0.01)
+        if not flock_within(fd, _LOCK_WAIT_S, clock=time.monotonic, sleep=time.sleep, pause_s=0.01):
+            raise OSError(f"{path} stayed locked for {_LOCK_WAIT_S:g}s")
         yield
     finally:
         os.close(fd)

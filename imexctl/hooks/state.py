@@ -14,7 +14,7 @@ from typing import Any
 
 from imexctl.config.paths import JobDir
 from imexctl.platform.errors import FileError, LockTimeout
-from imexctl.platform.fsutil import atomic_write, ensure_dir, read_text_nofollow
+from imexctl.platform.fsutil import atomic_write, ensure_dir, flock_within, read_text_nofollow
 from imexctl.platform.host import Host
 
 __all__ = ["JobState", "job_ids", "mark_state", "node_lock", "read_state", "write_state"]
@@ -88,19 +88,10 @@ def node_lock(path: Path, host: Host, timeout_s: float) -> Iterator[None]:
     The kernel releases a ``flock`` when its holder dies, so a lock file left
     by a killed hook is no obstacle.
     """
-    import fcntl
-
     fd = _open_lock(path)
     try:
-        deadline = host.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if host.monotonic() >= deadline:
-                    raise LockTimeout(f"another imexctl holds {path} for more than {timeout_s:g}s") from None
-                host.sleep(0.02)
+        if not flock_within(fd, timeout_s, clock=host.monotonic, sleep=host.sleep, pause_s=0.02):
+            raise LockTimeout(f"another imexctl holds {path} for more than {timeout_s:g}s")
         yield
     finally:
         os.close(fd)

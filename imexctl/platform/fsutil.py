@@ -6,8 +6,17 @@ import errno
 import os
 import stat
 from pathlib import Path
+from typing import Callable
 
-__all__ = ["atomic_write", "check_private_dir", "ensure_dir", "read_text_nofollow", "remove_file", "remove_tree"]
+__all__ = [
+    "atomic_write",
+    "check_private_dir",
+    "ensure_dir",
+    "flock_within",
+    "read_text_nofollow",
+    "remove_file",
+    "remove_tree",
+]
 
 
 def ensure_dir(path: Path, mode: int = 0o755, *, private_from: Path | None = None) -> bool:
@@ -109,6 +118,26 @@ def _replace(path: Path, raw: bytes, mode: int) -> None:
     except BaseException:
         _unlink_quiet(Path(tmp))
         raise
+
+
+def flock_within(
+    fd: int, timeout_s: float, *, clock: Callable[[], float], sleep: Callable[[float], None], pause_s: float
+) -> bool:
+    """Take an exclusive ``flock`` on ``fd``, trying every ``pause_s`` for ``timeout_s``; False when it stayed held.
+
+    The clock and the sleep are the caller's (a ``Host``'s in the hooks, so the tests' fake time applies).
+    """
+    import fcntl
+
+    deadline = clock() + timeout_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if clock() >= deadline:
+                return False
+            sleep(pause_s)
 
 
 def read_text_nofollow(path: Path, *, trusted: bool = False) -> str:

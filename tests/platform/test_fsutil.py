@@ -16,6 +16,7 @@ from imexctl.platform.fsutil import (
     atomic_write,
     check_private_dir,
     ensure_dir,
+    flock_within,
     read_text_nofollow,
     remove_file,
     remove_tree,
@@ -315,3 +316,31 @@ def _umask() -> int:
     old = os.umask(0)
     os.umask(old)
     return old
+
+
+def test_flock_within_waits_on_the_callers_clock_then_gives_up(tmp_path: Path) -> None:
+    """Held by another open file: tried every pause until the caller's clock passes the timeout; free: taken at once."""
+    import fcntl
+
+    path = tmp_path / "x.lock"
+    path.write_text("")
+    now = [0.0]
+    naps: list[float] = []
+
+    def nap(s: float) -> None:
+        naps.append(s)
+        now[0] += s
+
+    holder = os.open(path, os.O_RDWR)
+    waiter = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        assert not flock_within(waiter, 0.1, clock=lambda: now[0], sleep=nap, pause_s=0.04)
+        assert naps == [0.04, 0.04, 0.04]
+        os.close(holder)
+        holder = -1
+        assert flock_within(waiter, 0.1, clock=lambda: now[0], sleep=nap, pause_s=0.04) and len(naps) == 3
+    finally:
+        for fd in (holder, waiter):
+            if fd >= 0:
+                os.close(fd)
