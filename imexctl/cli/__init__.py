@@ -3,7 +3,7 @@
 The console script imports this module for every hook run: at module level it
 imports only ``os`` and ``sys``.  :func:`main` first offers the command line
 to :mod:`imexctl.hooks.quick` (a prolog that policy skips, an epilog with nothing
-to do), then parses it with argparse (docs/performance.md).
+to do), then parses it with :mod:`imexctl.cli.parser` (docs/performance.md).
 """
 
 from __future__ import annotations
