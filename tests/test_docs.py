@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from imexctl import cli
+from imexctl.cli.parser import build_parser
 from imexctl.commands import demo
 from imexctl.config import settings
-from imexctl.doctor import checks as doctor
+from imexctl.doctor import run as doctor
 from imexctl.imex import config as imexconf
 from imexctl.platform import errors, log
 from imexctl.platform.errors import ExitCode, ImexctlError
@@ -288,7 +288,7 @@ def _subcommands(
                 yield from _subcommands(sub, (*path, name))
 
 
-PARSER = cli._parser()
+PARSER = build_parser()
 COMMANDS = [path for path, _ in _subcommands(PARSER)]
 OPTIONS = sorted(
     {

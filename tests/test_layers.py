@@ -104,7 +104,6 @@ def _cycle_from(start: str, graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-@pytest.mark.xfail(reason="doctor/checks.py is both the framework and a group of checks (being split)", strict=True)
 def test_no_import_cycle() -> None:
     graph = _graph()
     cycles = {" -> ".join(c) for m in graph if (c := _cycle_from(m, graph))}

@@ -43,10 +43,16 @@ import os
 import stat
 import sys
 from collections.abc import Mapping
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from imexctl.channels import job as jobchannel
 from imexctl.platform.errors import DeviceError, ExitCode, FileError, ImexctlError
+
+if TYPE_CHECKING:
+    import argparse
+
+    from imexctl.gpu.fabric import Gpu
+    from imexctl.platform.host import Host
 
 __all__ = [
     "DIR_NAME",
@@ -56,6 +62,7 @@ __all__ = [
     "LibcMounter",
     "MountInfo",
     "Mounter",
+    "command",
     "main",
     "mount_id",
     "parse_mountinfo",
@@ -467,6 +474,11 @@ class _Fd:
 
 def _warn(message: str) -> None:
     print(f"imexctl enroot hook: {message}", file=sys.stderr)
+
+
+def command(args: argparse.Namespace, env: Mapping[str, str], _host: Host | None, _gpu: Gpu | None) -> int:
+    """``imexctl enroot-hook``: :func:`main` over the command's environment and ``--config``."""
+    return main(env, config=args.config)
 
 
 def main(env: Mapping[str, str] | None = None, *, config: str | None = None, mounter: Mounter | None = None) -> int:

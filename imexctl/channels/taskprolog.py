@@ -37,10 +37,14 @@ from imexctl.channels import job as jobchannel
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import argparse
     from collections.abc import Mapping
     from typing import TextIO
 
-__all__ = ["DEBUG_VARIABLE", "VARIABLE", "lines", "main", "run"]
+    from imexctl.gpu.fabric import Gpu
+    from imexctl.platform.host import Host
+
+__all__ = ["DEBUG_VARIABLE", "VARIABLE", "command", "lines", "main", "run"]
 
 #: the variable the task gets; the NVIDIA Container Toolkit reads the same name (docs/containers.md)
 VARIABLE = "NVIDIA_IMEX_CHANNELS"
@@ -113,6 +117,11 @@ def run(env: Mapping[str, str], *, config: str | None = None, out: TextIO | None
     except (OSError, ValueError):  # slurmd closed the pipe: nothing to tell anyone
         pass
     return 0
+
+
+def command(args: argparse.Namespace, env: Mapping[str, str], _host: Host | None, _gpu: Gpu | None) -> int:
+    """``imexctl task-prolog``: the job user's command, with no settings machinery and no logging set-up."""
+    return run(env, config=args.config)
 
 
 def main() -> int:

@@ -79,11 +79,11 @@ def _commands(parser: argparse.ArgumentParser, path: str) -> list[str]:
 
 
 def man_page(parser: argparse.ArgumentParser | None = None) -> str:
-    """imexctl(8) in roff, from ``cli``'s parser (the one source of commands and options)."""
-    from imexctl import cli
+    """imexctl(8) in roff, from :mod:`imexctl.cli.parser` (the one source of commands and options)."""
+    from imexctl.cli.parser import build_parser
     from imexctl.platform.errors import ExitCode
 
-    parser = parser or cli._parser()
+    parser = parser or build_parser()
     lines = [
         f'.TH IMEXCTL 8 "" "imexctl {__version__}" "System Administration"',
         ".SH NAME",

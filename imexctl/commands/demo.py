@@ -19,10 +19,18 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from imexctl.platform.errors import ConfigError, NotPrivilegedError
 
-__all__ = ["FAULTS", "HookResult", "SimRack", "Tray", "run"]
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Mapping
+
+    from imexctl.gpu.fabric import Gpu
+    from imexctl.platform.host import Host
+
+__all__ = ["FAULTS", "HookResult", "SimRack", "Tray", "command", "run"]
 
 # --fault NAME -> (simulator fault entries, what the demo shows); tray 2 is the victim.
 FAULTS: dict[str, tuple[str, str]] = {
@@ -353,3 +361,8 @@ def _occupy_port(t: Tray, job_id: int) -> socket.socket:
 
 def _say(text: str) -> None:
     print(text, flush=True)
+
+
+def command(args: argparse.Namespace, _env: Mapping[str, str], _host: Host | None, _gpu: Gpu | None) -> int:
+    """``imexctl demo --trays N [--fault NAME] [--keep]``."""
+    return int(run(trays=args.trays, fault=args.fault, keep=args.keep))

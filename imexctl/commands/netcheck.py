@@ -29,13 +29,20 @@ import dataclasses
 import json
 import selectors
 import socket
+import sys
 import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-__all__ = ["BANNER", "WINDOW", "Plan", "Tray", "candidates", "plan_from_env", "render_matrix", "run"]
+if TYPE_CHECKING:
+    import argparse
+
+    from imexctl.gpu.fabric import Gpu
+    from imexctl.platform.host import Host
+
+__all__ = ["BANNER", "WINDOW", "Plan", "Tray", "candidates", "command", "plan_from_env", "render_matrix", "run"]
 
 BANNER: Final = "IMEXCTL-NETCHECK 1"
 #: candidate ports per tray and range
@@ -386,3 +393,24 @@ def _cell(src: str, dst: str, row: Mapping[str, Any] | None, labels: list[str]) 
 
 def _cells(values: list[str], width: int) -> str:
     return " ".join(f"{v:>{width}}" for v in values)
+
+
+def command(args: argparse.Namespace, env: Mapping[str, str], host: Host | None, _gpu: Gpu | None) -> int:
+    """``imexctl netcheck``: one task per tray of a job step; any user; prints and exits 1 when blocked."""
+    from imexctl.config import schema, settings
+    from imexctl.platform.log import configure_logging
+    from imexctl.slurm import job as slurm
+
+    if env.get("SLURM_LOCALID", "0") != "0":  # one task per tray listens; others would collide
+        return 0
+    node = slurm.node_name(env, or_host=True)
+    path, required = schema.find_config(args.config, env)
+    cfg = settings.load(path, node=node, required=required)
+    configure_logging(level=cfg.log.level, stderr_level="info" if args.verbose else "warning")
+    if host is None:
+        from imexctl.platform.host import RealHost
+
+        host = RealHost()
+    code, text = run(plan_from_env(env, cfg, host, max(1.0, args.timeout)))
+    sys.stdout.write(text)
+    return code

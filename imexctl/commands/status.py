@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from imexctl.channels import devices
 from imexctl.hooks.jobs import known_jobs, still_runs
@@ -13,8 +14,12 @@ from imexctl.hooks.state import read_state
 from imexctl.imex import daemon
 from imexctl.platform.errors import CommandError, ImexctlError
 from imexctl.platform.fsutil import read_text_nofollow
+from imexctl.platform.output import print_json
 
-__all__ = ["collect", "render_text"]
+if TYPE_CHECKING:
+    import argparse
+
+__all__ = ["collect", "command", "render_text"]
 
 
 def collect(rt: Runtime, node: str) -> dict[str, Any]:
@@ -178,3 +183,17 @@ def render_text(st: dict[str, Any]) -> str:
     ]
     lines += [f"stale: {s}" for s in st["stale"]] or ["stale: nothing"]
     return "\n".join(lines) + "\n"
+
+
+def command(args: argparse.Namespace, rt: Runtime, node: str) -> int:
+    """``imexctl status``: text, ``--json`` (the result envelope) or ``--prometheus`` (the domain gauges)."""
+    data = collect(rt, node)
+    if args.prometheus:
+        from imexctl.hooks import metrics
+
+        sys.stdout.write(metrics.render_gauges(metrics.domain_of_status(data)))
+    elif args.json:
+        print_json(data)
+    else:
+        sys.stdout.write(render_text(data))
+    return 0

@@ -1,199 +1,26 @@
-"""``imexctl doctor``: find what would fail a job's prolog on this tray, before a job does.
+"""The checks of imexctl itself for ``imexctl doctor``: its config, its directories, stale jobs and channels.
 
-Each check reports ``OK``, ``WARN`` or ``FAIL`` with one line of evidence and,
-unless it is OK, one line saying how to fix it.  The exit code (0 = no FAIL)
-is meant for a node health check (NHC, slurm.conf ``HealthCheckProgram``).
-Doctor only reads: it starts, stops and writes nothing, and every file it reads
-is taken under ``[paths] root`` so tests can give it a whole fake ``/proc``,
-``/sys`` and ``/etc``.  The checks live in three modules: this one (imexctl
-itself), :mod:`imexctl.doctor.slurm` (slurm.conf) and :mod:`imexctl.doctor.host`
-(IMEX, ports, NVML).  docs/operations.md lists them.
+The other groups: :mod:`imexctl.doctor.slurm` (slurm.conf),
+:mod:`imexctl.doctor.resolve` (node addresses), :mod:`imexctl.doctor.host`
+(IMEX, ports, NVML) and :mod:`imexctl.doctor.containers`;
+:mod:`imexctl.doctor.run` runs them in order.  docs/operations.md lists them.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import stat
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Callable, Final
 
 from imexctl.channels import devices
+from imexctl.doctor.framework import FAIL, OK, WARN, Check, Context
 from imexctl.hooks.runtime import Runtime
 from imexctl.hooks.state import job_ids, read_state
-from imexctl.platform.errors import ImexctlError
 
-__all__ = [
-    "CHECK_NAMES",
-    "FAIL",
-    "OK",
-    "WARN",
-    "Check",
-    "Context",
-    "as_json",
-    "exit_code",
-    "render_text",
-    "run",
-    "under_root",
-]
-
-#: every check's name, in report order (``nvml.gpu<N>`` stands for one per GPU); docs/operations.md lists them
-CHECK_NAMES: Final = (
-    "imexctl.config",
-    "imexctl.config_files",
-    "imexctl.auth",
-    "imexctl.dirs",
-    "imexctl.stale",
-    "imexctl.channels",
-    "slurm.conf",
-    "slurm.version",
-    "slurm.prolog",
-    "slurm.epilog",
-    "slurm.prolog_flags",
-    "slurm.prolog_timeout",
-    "slurm.epilog_timeout",
-    "slurm.timeout_keys",
-    "slurm.partitions",
-    "slurm.switch",
-    "slurm.topology",
-    "resolve.self",
-    "resolve.nodes",
-    "imex.binaries",
-    "imex.version",
-    "imex.stock_unit",
-    "imex.unit",
-    "imex.channel_device",
-    "imex.channel_count",
-    "ports.ephemeral",
-    "ports.listening",
-    "nvml.fabric",
-    "nvml.gpu<N>",
-    "containers.toolkit",
-    "containers.toolkit.version",
-    "containers.toolkit.config",
-    "containers.toolkit.imex_requests",
-    "containers.toolkit.imex_creation",
-    "containers.toolkit.unprivileged_env",
-    "containers.cdi",
-    "containers.enroot",
-    "containers.enroot.hook",
-    "containers.enroot.other_hooks",
-    "containers.enroot.environment",
-    "containers.channel0",
-)
-_COMMAND_TIMEOUT_S: Final = 10.0
-OK: Final = "OK"
-WARN: Final = "WARN"
-FAIL: Final = "FAIL"
+__all__ = ["auth_checks", "config_checks", "dir_checks", "stale_checks"]
 
 
-@dataclasses.dataclass(frozen=True)
-class Check:
-    """One finding: a stable dotted ``name``, its status, the evidence and the fix."""
-
-    name: str
-    status: str
-    message: str
-    fix: str = ""
-
-    def data(self) -> dict[str, str]:
-        """The ``--json`` form: name, status, message, fix."""
-        return dataclasses.asdict(self)
-
-
-@dataclasses.dataclass(frozen=True)
-class Context:
-    """What every check may read: the runtime (settings, host, GPU), the environment, the node."""
-
-    rt: Runtime
-    env: Mapping[str, str]
-    node: str
-    #: ``--slurm-conf``: the slurm.conf to read instead of the lookup
-    slurm_conf: Path | None = None
-    #: why the config file did not load ('' when it did; the checks then run with the defaults)
-    config_problem: str = ""
-    #: ``--nodes``: a host list whose names are resolved as the prolog would ('' for none)
-    nodes: str = ""
-    #: ``--config``: the config file named on the command line ('' for the hooks' lookup)
-    config: str = ""
-
-
-CheckFn = Callable[[Context], list[Check]]
-
-
-def under_root(ctx: Context, path: str) -> Path:
-    """An absolute system path (``/proc/...``) taken under ``[paths] root``."""
-    return ctx.rt.settings.paths.root / path.lstrip("/")
-
-
-def run(ctx: Context) -> list[Check]:
-    """Every check, in a fixed order; a check that breaks is reported as a FAIL, never raised."""
-    from imexctl.doctor import host as hostcheck
-    from imexctl.doctor import resolve as resolvecheck
-    from imexctl.doctor import slurm as slurmcheck
-
-    groups: list[tuple[str, CheckFn]] = [
-        ("imexctl.config", _config),
-        ("imexctl.auth", _auth),
-        ("imexctl.dirs", _dirs),
-        ("imexctl.stale", _stale),
-        ("slurm", slurmcheck.checks),
-        ("resolve", resolvecheck.checks),
-        ("imex", hostcheck.imex_checks),
-        ("ports", hostcheck.port_checks),
-        ("nvml", hostcheck.nvml_checks),
-        ("containers", _containers),
-    ]
-    out: list[Check] = []
-    for name, fn in groups:
-        try:
-            out += fn(ctx)
-        except Exception as exc:  # one broken check must not hide the others
-            why = str(exc) if isinstance(exc, ImexctlError) else f"{type(exc).__name__}: {exc}"
-            out.append(Check(name, FAIL, f"the check could not run: {why}", "see the message; run as root"))
-    # one line each: a command's stderr may have several
-    return [dataclasses.replace(c, message=" ".join(c.message.split())) for c in out]
-
-
-def exit_code(checks: list[Check]) -> int:
-    """0 when no check failed, else 1 (what a node health check acts on)."""
-    return 1 if any(c.status == FAIL for c in checks) else 0
-
-
-def render_text(checks: list[Check]) -> str:
-    """One line per check, the fix indented below it, and a closing count."""
-    lines = []
-    for c in checks:
-        lines.append(f"{c.status:<4}  {c.name}: {c.message}")
-        if c.fix and c.status != OK:
-            lines.append(f"      fix: {c.fix}")
-    counts = {s: sum(c.status == s for c in checks) for s in (OK, WARN, FAIL)}
-    lines.append(f"{counts[OK]} ok, {counts[WARN]} warnings, {counts[FAIL]} failed")
-    return "\n".join(lines) + "\n"
-
-
-# ---------------------------------------------------------------- imexctl itself
-
-
-def _containers(ctx: Context) -> list[Check]:
-    """The container runtimes' IMEX settings (imexctl/doctor/containers.py; docs/containers.md)."""
-    from imexctl.doctor import containers
-
-    paths = ctx.rt.settings.paths
-    ctk = under_root(ctx, containers.TOOLKIT_VERSION_ARGV[0])
-    version = None
-    if ctk.is_file():
-        try:
-            done = ctx.rt.host.run((str(ctk), *containers.TOOLKIT_VERSION_ARGV[1:]), timeout_s=_COMMAND_TIMEOUT_S)
-            version = done.stdout
-        except ImexctlError as exc:
-            version = f"(could not run: {exc})"
-    found = containers.run_all(paths.root, channel_dir=paths.channel_dir, toolkit_version=version)
-    return [Check(c.name, c.status, c.message, c.fix) for c in found]
-
-
-def _config(ctx: Context) -> list[Check]:
+def config_checks(ctx: Context) -> list[Check]:
     """The config file the hooks read under slurmd (``schema.find_config`` with slurmd's ``SLURM_CONF``)."""
     from imexctl.config import schema
 
@@ -231,7 +58,7 @@ def _config_files(ctx: Context, path: str) -> Check:
     return Check("imexctl.config_files", OK, f"no other config file where imexctl looks ({len(present)} found)")
 
 
-def _auth(ctx: Context) -> list[Check]:
+def auth_checks(ctx: Context) -> list[Check]:
     """The prolog's check of ``[auth]``'s files (imexctl/imex/peerauth.py), run without a job."""
     from imexctl.imex import peerauth
 
@@ -246,7 +73,7 @@ def _auth(ctx: Context) -> list[Check]:
     return [Check("imexctl.auth", OK, f"mode {auth.mode}: {names}: regular files of root's, keys private")]
 
 
-def _dirs(ctx: Context) -> list[Check]:
+def dir_checks(ctx: Context) -> list[Check]:
     """run_dir, its jobs/ and the channel directory must be root's alone; log directories not world-writable."""
     s = ctx.rt.settings
     strict = [s.paths.run_dir, s.paths.jobs_dir]
@@ -280,7 +107,7 @@ def _unsafe_dir(path: Path, forbidden: int) -> str:
     return ""
 
 
-def _stale(ctx: Context) -> list[Check]:
+def stale_checks(ctx: Context) -> list[Check]:
     """Jobs that left a directory or a daemon but no longer run here, and channel nodes no job claims."""
     from imexctl.hooks.jobs import known_jobs, still_runs
 
@@ -327,8 +154,3 @@ def _stale_channels(rt: Runtime) -> Check:
         f"channel nodes that no job claims: {names}; their owners can still open them",
         "imexctl cleanup removes them (channel0 is left alone)",
     )
-
-
-def as_json(checks: list[Check]) -> list[dict[str, Any]]:
-    """The ``data`` list of ``imexctl doctor --json``."""
-    return [c.data() for c in checks]

@@ -18,7 +18,6 @@ who runs :data:`TOOLKIT_VERSION_ARGV` and passes its output.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import stat
@@ -32,12 +31,10 @@ if sys.version_info >= (3, 11):
 else:  # EL9's Python 3.9: the same parser, as a package (setup.cfg, pkg/requirements.in)
     import tomli as tomllib
 
+from imexctl.doctor.framework import FAIL, OK, WARN, Check
+
 __all__ = [
-    "FAIL",
-    "OK",
     "TOOLKIT_VERSION_ARGV",
-    "WARN",
-    "Check",
     "cdi_checks",
     "channel_checks",
     "enroot_checks",
@@ -46,7 +43,6 @@ __all__ = [
     "toolkit_checks",
 ]
 
-OK, WARN, FAIL = "OK", "WARN", "FAIL"
 TOOLKIT_VERSION_ARGV = ("/usr/bin/nvidia-ctk", "--version")
 TOOLKIT_CONFIG = "etc/nvidia-container-runtime/config.toml"
 TOOLKIT_PROGRAMS = (
@@ -63,16 +59,6 @@ HOOK_MODULE = "imexctl.channels.enroot"
 DEV_HOOKS = ("10-devices.sh", "98-nvidia.sh")
 CHANNEL_DIR_NAME = "nvidia-caps-imex-channels"
 _MAX_READ = 4 << 20
-
-
-@dataclasses.dataclass(frozen=True)
-class Check:
-    """One check: a dotted name, OK/WARN/FAIL, what was found, and the line that fixes it."""
-
-    name: str
-    status: str
-    message: str
-    fix: str = ""
 
 
 def run_all(

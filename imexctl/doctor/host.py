@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from imexctl.channels import devices
-from imexctl.doctor.checks import FAIL, OK, WARN, Check, Context, under_root
+from imexctl.doctor.framework import FAIL, OK, WARN, Check, Context, under_root
 from imexctl.hooks.state import job_ids, read_state
 from imexctl.imex import daemon
 from imexctl.platform.errors import CommandError, DeviceError

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from imexctl.doctor.checks import FAIL, OK, Check, Context
+from imexctl.doctor.framework import FAIL, OK, Check, Context
 from imexctl.hooks import members
 from imexctl.platform.errors import ConfigError, NodeListError, ResolveError
 from imexctl.slurm import nodelist

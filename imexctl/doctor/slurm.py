@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Final
 
 from imexctl.config.settings import Settings
-from imexctl.doctor.checks import FAIL, OK, WARN, Check, Context, under_root
+from imexctl.doctor.framework import FAIL, OK, WARN, Check, Context, under_root
 from imexctl.platform.errors import ConfigError, ImexctlError
 from imexctl.platform.fsutil import read_text_nofollow
 from imexctl.slurm import conf as slurmconf

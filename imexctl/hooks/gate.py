@@ -1,4 +1,4 @@
-"""The hooks' gates: whether a prolog is skipped, whether an epilog has anything to do, and their summary lines.
+"""The hooks' gates: whether a prolog is skipped, whether an epilog has anything to do.
 
 Each decision is written once, here, and light enough to run before anything
 heavy is imported: the fast path (``quick``) calls these functions with what
@@ -6,8 +6,8 @@ it read from the plain config file, the full commands (``cli``'s early hook,
 ``prolog``, ``teardown``) with their settings and their host.  Most prologs
 on a shared cluster are for jobs the policy skips, most epilogs for jobs that
 left nothing on the tray; each sits on a job's start or end
-(docs/performance.md).  The summary lines of those runs are rendered here too,
-for the fast path and for the records of :mod:`imexctl.hooks.results`.
+(docs/performance.md).  The fields of their summary lines are
+:mod:`imexctl.hooks.summary`'s.
 """
 
 from __future__ import annotations
@@ -19,26 +19,20 @@ from imexctl.slurm.job import JobContext, constraint_features
 # typing is not imported at run time: imexctl.hooks.quick imports this module (docs/performance.md)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Mapping
     from typing import Any, Callable
 
     from imexctl.hooks.results import PrologResult
     from imexctl.hooks.runtime import Runtime
 
-    #: one log line: its event and its fields, in order
-    Line = tuple[str, dict[str, Any]]
-
 __all__ = [
     "Skip",
     "domains",
-    "epilog_fields",
     "idle_prolog",
     "left_anything",
     "nothing_left",
     "policy_skip",
-    "prolog_fields",
     "shared_reason",
-    "skipped_lines",
     "skipped_prolog",
     "tell_user",
 ]
@@ -190,28 +184,3 @@ def nothing_left(job: JobContext, run_dir: str, left: Callable[[int], bool]) -> 
 
     notes.forget(run_dir, job.job_id)  # before anything else, as the full epilog does
     return not any(left(jid) for jid in domains(job))
-
-
-def prolog_fields(duration_s: float, *, skipped: str = "", told_user: bool = False, **summary: Any) -> dict[str, Any]:
-    """The fields of ``prolog.done``, in their order: ``ok``, the summary, ``duration_s``, then ``skipped``."""
-    out: dict[str, Any] = {"ok": True, **({"told_user": True} if told_user else {}), **summary}
-    out["duration_s"] = duration_s
-    if skipped:
-        out["skipped"] = skipped
-    return out
-
-
-def skipped_lines(reason: str, told: bool, duration_s: float) -> list[Line]:
-    """The lines of a prolog that skips its job: ``imex.skipped``, then ``prolog.done``."""
-    return [
-        ("imex.skipped", {"reason": reason}),
-        ("prolog.done", prolog_fields(duration_s, skipped=reason, told_user=told)),
-    ]
-
-
-def epilog_fields(actions: Sequence[str], duration_s: float, lost: Sequence[str] = ()) -> dict[str, Any]:
-    """The fields of ``epilog.done``: ``ok``, ``actions``, ``duration_s``, then ``lost_daemon`` when one was lost."""
-    out: dict[str, Any] = {"ok": True, "actions": list(actions), "duration_s": duration_s}
-    if lost:
-        out["lost_daemon"] = list(lost)
-    return out

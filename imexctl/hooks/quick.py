@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
 
-    from imexctl.hooks.gate import Line
+    from imexctl.hooks.summary import Line
     from imexctl.platform.log import SinkLogger
     from imexctl.slurm.job import JobContext
 
@@ -183,17 +183,17 @@ def _skipped_prolog(
     job: JobContext, policy: Mapping[str, Any], paths: Mapping[str, str], t0: float
 ) -> list[Line] | None:
     """The lines of a prolog that policy skips (``gate.skipped_prolog``); None when it is not, or the note failed."""
-    from imexctl.hooks import gate
+    from imexctl.hooks import gate, summary
 
     skip = gate.skipped_prolog(job, policy, paths["run_dir"], paths["proc_devices"])
     if skip is None or skip.problem:  # the full prolog logs why the note failed
         return None
-    return gate.skipped_lines(skip.reason, skip.told, round(time.monotonic() - t0, 3))
+    return summary.skipped_lines(skip.reason, skip.told, round(time.monotonic() - t0, 3))
 
 
 def _idle_epilog(job: JobContext, policy: Mapping[str, Any], paths: Mapping[str, str], t0: float) -> list[Line] | None:
     """The line of an epilog whose job left nothing here (``gate.nothing_left``); None when it may have."""
-    from imexctl.hooks import gate
+    from imexctl.hooks import gate, summary
     from imexctl.platform.procscan import mentioned_in_proc
 
     def left(job_id: int) -> bool:
@@ -207,7 +207,7 @@ def _idle_epilog(job: JobContext, policy: Mapping[str, Any], paths: Mapping[str,
 
     if not gate.nothing_left(job, paths["run_dir"], left):
         return None
-    return [("epilog.done", gate.epilog_fields([], round(time.monotonic() - t0, 3)))]
+    return [("epilog.done", summary.epilog_fields([], round(time.monotonic() - t0, 3)))]
 
 
 def _channel_node_left(job_id: int, policy: Mapping[str, Any], channel_dir: str) -> bool:

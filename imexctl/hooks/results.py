@@ -3,7 +3,7 @@
 The summary lines (``prolog.done``, ``epilog.done``, ``cleanup.done``), the
 JSON that ``cleanup --json`` prints and the metrics (``metrics.run_of``) all
 read these records; the field order of the summary lines is
-:mod:`imexctl.hooks.gate`'s, which the fast path writes without them.
+:mod:`imexctl.hooks.summary`'s, which the fast path writes without them.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Final
 
-from imexctl.hooks import gate
+from imexctl.hooks import summary
 
 __all__ = ["Action", "CleanupResult", "EpilogResult", "PrologResult", "Setup", "texts"]
 
@@ -103,16 +103,16 @@ class PrologResult:
 
     def fields(self) -> dict[str, Any]:
         """The fields of ``prolog.done``, in their order."""
-        summary: dict[str, Any] = {"job_ended": self.job_ended} if self.job_ended else {}
+        extra: dict[str, Any] = {"job_ended": self.job_ended} if self.job_ended else {}
         if self.setup is not None:
-            summary = {"deadline_s": self.deadline_s, **self.setup.fields()}
-        return gate.prolog_fields(self.duration_s, skipped=self.skipped, told_user=self.told_user, **summary)
+            extra = {"deadline_s": self.deadline_s, **self.setup.fields()}
+        return summary.prolog_fields(self.duration_s, skipped=self.skipped, told_user=self.told_user, **extra)
 
     def log(self, log: Any) -> None:
         """Write the summary: ``imex.skipped`` first for a skipped job, then ``prolog.done``."""
         lines = [("prolog.done", self.fields())]
         if self.skipped:
-            lines = gate.skipped_lines(self.skipped, self.told_user, self.duration_s)
+            lines = summary.skipped_lines(self.skipped, self.told_user, self.duration_s)
         for event, fields in lines:
             log.info(event, **fields)
 
@@ -128,7 +128,7 @@ class EpilogResult:
 
     def fields(self) -> dict[str, Any]:
         """The fields of ``epilog.done``, in their order."""
-        return gate.epilog_fields(texts(self.actions), self.duration_s, self.lost_daemon)
+        return summary.epilog_fields(texts(self.actions), self.duration_s, self.lost_daemon)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,8 +13,11 @@ import sys
 # typing and pathlib are not imported at run time (start-up cost of the hooks' fast path); mypy reads this block
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping, MutableMapping
     from pathlib import Path
     from typing import IO, Any
+
+    from imexctl.platform.errors import ImexctlError
 
 __all__ = [
     "EVENTS",
@@ -22,9 +25,17 @@ __all__ = [
     "SinkLogger",
     "configure_logging",
     "configure_structlog",
+    "ensure_logging",
+    "line_logger",
+    "log_context",
+    "log_crash",
+    "log_failure",
+    "open_command_sink",
     "open_log_file",
     "open_sink",
+    "render_event",
     "render_json",
+    "setup_command_logging",
 ]
 
 # name -> one-line meaning (docs/events.md is checked against this table)
@@ -158,7 +169,7 @@ def configure_structlog(sink: SinkLogger, level: str) -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
-            structlog.processors.JSONRenderer(sort_keys=False),
+            render_event,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
         logger_factory=lambda *_: sink,
@@ -215,6 +226,11 @@ class LineLogger:
         # what TimeStamper does with fmt "iso" and utc
         line["timestamp"] = dt.datetime.now(tz=dt.timezone.utc).isoformat().replace("+00:00", "Z")
         getattr(self._sink, method)(render_json(line))
+
+
+def render_event(_logger: object, _method: str, event_dict: MutableMapping[str, Any]) -> str:
+    """The last structlog processor: the line :func:`render_json` makes, as for :class:`LineLogger`'s lines."""
+    return render_json(event_dict)
 
 
 def render_json(value: Any) -> str:
@@ -292,3 +308,60 @@ def open_log_file(path: str | Path, *, make_dir: bool = True) -> IO[str]:
         ensure_dir(Path(path).parent)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
     return os.fdopen(fd, "a", encoding="utf-8")
+
+
+def open_command_sink(log_file: Path | None, *, syslog: bool, verbose: bool) -> tuple[SinkLogger, str | None]:
+    """A command's log sink (``[paths] log_file`` only as root) and the problem opening the file, if any."""
+    log_file = log_file if os.geteuid() == 0 else None
+    return open_sink(log_file=log_file, stderr_level="info" if verbose else "warning", syslog=syslog)
+
+
+def log_context(command: str, env: Mapping[str, str]) -> dict[str, Any]:
+    """Hook, job id and node for every line."""
+    context: dict[str, Any] = {"hook": command}
+    if command in ("prolog", "epilog"):
+        # raw values, so even a failure before the job is parsed names it; the hooks rebind parsed ones
+        context.update(job_id=env.get("SLURM_JOB_ID", "?"), node=env.get("SLURMD_NODENAME", "?"))
+    return context
+
+
+def line_logger(sink: SinkLogger, level: str, command: str, env: Mapping[str, str]) -> LineLogger:
+    """The fast path's logger: the lines structlog would write, with the command's context."""
+    return LineLogger(sink, level, log_context(command, env))
+
+
+def setup_command_logging(
+    level: str, command: str, env: Mapping[str, str], opened: tuple[SinkLogger, str | None]
+) -> None:
+    """Configure structlog once on the opened sink, and bind hook, job id and node for every line."""
+    import structlog
+
+    sink, problem = opened
+    configure_structlog(sink, level)
+    structlog.contextvars.bind_contextvars(**log_context(command, env))
+    if problem:
+        structlog.get_logger().warning("imexctl.failed", error_code="log_file", reason=problem)
+
+
+def log_failure(exc: ImexctlError) -> None:
+    """The one ``imexctl.failed`` line of a command that stops on an error."""
+    import structlog
+
+    ensure_logging()
+    structlog.get_logger().error("imexctl.failed", error_code=exc.code, exit_code=int(exc.exit_code), reason=str(exc))
+
+
+def log_crash() -> None:
+    """A bug: a structured trace (``imexctl.crashed``), never a bare traceback in slurmd's log only."""
+    import structlog
+
+    ensure_logging()
+    structlog.get_logger().exception("imexctl.crashed")
+
+
+def ensure_logging() -> None:
+    """Configure structlog with the defaults unless a command already did."""
+    import structlog
+
+    if not structlog.is_configured():
+        configure_logging()

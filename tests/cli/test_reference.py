@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from imexctl import __version__, cli
+from imexctl import __version__
 from imexctl.cli import reference
+from imexctl.cli.parser import build_parser
 from imexctl.config import settings
 from imexctl.platform.errors import ExitCode
 
@@ -24,7 +25,7 @@ def _commands(parser, path=("imexctl",)):
         yield from _commands(sub, (*path, name))
 
 
-PARSER = cli._parser()
+PARSER = build_parser()
 COMMANDS = list(_commands(PARSER))
 
 

@@ -15,7 +15,8 @@ import structlog
 
 from imexctl import cli
 from imexctl.config import settings
-from imexctl.doctor import checks as doctor
+from imexctl.doctor import framework as doctor
+from imexctl.doctor import run as doctor_run
 from imexctl.gpu.fabric import FabricInfo
 from imexctl.hooks.runtime import Runtime
 from imexctl.platform.errors import GpuError
@@ -83,7 +84,7 @@ def make_rt(tray: Path, host: FakeHost, gpu: FakeGpu, make_settings: Callable[..
 
 def _checks(rt: Runtime, env: dict[str, str] | None = None, **kw: Any) -> dict[str, doctor.Check]:
     ctx = doctor.Context(rt, env or {}, "gb01", **kw)
-    return {c.name: c for c in doctor.run(ctx)}
+    return {c.name: c for c in doctor_run.run(ctx)}
 
 
 def _statuses(checks: dict[str, doctor.Check], prefix: str = "") -> dict[str, str]:
@@ -108,16 +109,16 @@ def test_good_tray_passes_every_check(make_rt: Any) -> None:
 
 
 def test_every_check_name_is_in_the_catalogue(make_rt: Any, gpu: FakeGpu) -> None:
-    """Every name doctor reports is in doctor.CHECK_NAMES (docs/operations.md's table), in its order.
+    """Every name doctor reports is in doctor_run.CHECK_NAMES (docs/operations.md's table), in its order.
 
     Without a container toolkit or enroot on the tray, their detail checks are not reported;
     without --nodes, resolve.nodes is not.
     """
-    names = [c.name for c in doctor.run(doctor.Context(make_rt(), {}, "gb01"))]
+    names = [c.name for c in doctor_run.run(doctor.Context(make_rt(), {}, "gb01"))]
     general = list(dict.fromkeys("nvml.gpu<N>" if n.startswith("nvml.gpu") else n for n in names))
-    absent = {n for n in doctor.CHECK_NAMES if n.startswith(("containers.toolkit.", "containers.enroot."))}
+    absent = {n for n in doctor_run.CHECK_NAMES if n.startswith(("containers.toolkit.", "containers.enroot."))}
     absent.add("resolve.nodes")
-    assert general == [n for n in doctor.CHECK_NAMES if n not in absent]
+    assert general == [n for n in doctor_run.CHECK_NAMES if n not in absent]
 
 
 def test_container_toolkit_is_checked_with_its_version(make_rt: Any, tray: Path, host: FakeHost) -> None:

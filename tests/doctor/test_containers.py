@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from imexctl.doctor import containers
-from imexctl.doctor.containers import FAIL, OK, WARN, Check
+from imexctl.doctor.framework import FAIL, OK, WARN, Check
 from tests.support.privileges import needs_chown
 
 REPO = Path(__file__).resolve().parents[2]

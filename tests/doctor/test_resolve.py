@@ -11,7 +11,7 @@ import structlog
 
 from imexctl.cli import main
 from imexctl.config.settings import Settings
-from imexctl.doctor import checks as doctor
+from imexctl.doctor import framework as doctor
 from imexctl.doctor import resolve as resolvecheck
 from imexctl.hooks.runtime import Runtime
 from tests.support.fakes import FakeGpu, FakeHost

@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from imexctl.cli import _parser, main
+from imexctl.cli import main
+from imexctl.cli.parser import build_parser
 from imexctl.config import schema
 from imexctl.config.settings import Settings
 from imexctl.hooks import quick
@@ -309,7 +310,7 @@ def test_hook_args(argv: list[str], want: tuple[str, str | None, bool] | None) -
     """Only plain hook command lines; each read as argparse reads it."""
     assert quick.hook_args(argv) == want
     if want is not None:
-        args = _parser().parse_args(argv)
+        args = build_parser().parse_args(argv)
         assert (args.command, args.config, args.verbose) == want
 
 

@@ -16,7 +16,8 @@ import pytest
 import structlog
 
 from imexctl.config.settings import Settings
-from imexctl.doctor import checks as doctor
+from imexctl.doctor import framework as doctor
+from imexctl.doctor import run as doctor_run
 from imexctl.hooks.prolog import prolog
 from imexctl.hooks.runtime import Runtime
 from imexctl.imex import peerauth
@@ -436,7 +437,7 @@ class TestDaemonEnvironment:
 
 def _auth_check(s: Settings) -> doctor.Check:
     ctx = doctor.Context(Runtime(FakeHost(), FakeGpu(), s, structlog.get_logger()), {}, "gb01")
-    return next(c for c in doctor.run(ctx) if c.name == "imexctl.auth")
+    return next(c for c in doctor_run.run(ctx) if c.name == "imexctl.auth")
 
 
 class TestDoctor:

@@ -77,3 +77,20 @@ def test_syslog_opened_once_with_priorities(monkeypatch: pytest.MonkeyPatch) -> 
         ("syslog", (syslog.LOG_ERR, "error")),
         ("syslog", (syslog.LOG_ERR, "exception")),
     ]
+
+
+def test_one_function_renders_every_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """structlog's chain ends in render_event, which calls render_json: the LineLogger's renderer."""
+    log.configure_structlog(log.SinkLogger(None, None, 50, False), "info")
+    assert structlog.get_config()["processors"][-1] is log.render_event
+    structlog.contextvars.clear_contextvars()
+    seen: list[Any] = []
+    monkeypatch.setattr(log, "render_json", lambda value: seen.append(dict(value)) or "x")
+    sink = log.SinkLogger(None, None, 50, False)
+    log.configure_structlog(sink, "info")
+    structlog.get_logger().info("prolog.done", ok=True)
+    log.LineLogger(sink, "info", {"hook": "prolog"}).info("prolog.done", ok=True)
+    assert [{k: v for k, v in d.items() if k != "timestamp"} for d in seen] == [
+        {"ok": True, "event": "prolog.done", "level": "info"},
+        {"ok": True, "event": "prolog.done", "hook": "prolog", "level": "info"},
+    ]

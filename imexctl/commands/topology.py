@@ -1,0 +1,76 @@
+"""``imexctl topology`` (this tray's NVLink domain) and ``imexctl topology blocks`` (Slurm blocks from many trays)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from imexctl.platform.errors import ExitCode, GpuError, ReportError
+from imexctl.platform.output import print_json
+
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Iterator, Mapping, Sequence
+
+    from imexctl.gpu.fabric import Gpu
+    from imexctl.platform.host import Host
+    from imexctl.slurm.blocks import Report
+
+__all__ = ["command"]
+
+
+def command(args: argparse.Namespace, env: Mapping[str, str], _host: Host | None, gpu: Gpu | None) -> int:
+    """``imexctl topology``: needs no config and no root; NVML failing is exit 69 with a clean answer."""
+    if args.topology_command == "blocks":
+        return _blocks(args)
+    from imexctl.gpu import topology
+    from imexctl.slurm.job import node_name
+
+    if gpu is None:
+        from imexctl.gpu.fabric import NvmlGpu
+
+        gpu = NvmlGpu()
+    tray = topology.read_tray(gpu, args.node or node_name(env, or_host=True))
+    errors = [GpuError(tray.error)] if tray.error else []
+    if args.json:
+        print_json(tray.data(), errors=errors, indent=None)
+    else:
+        sys.stdout.write(topology.render_text(tray))
+    return int(GpuError.exit_code) if errors else 0
+
+
+def _blocks(args: argparse.Namespace) -> int:
+    """``imexctl topology blocks``: exit 69 (after printing) when a node's report says NVML failed."""
+    from imexctl.slurm import blocks
+
+    collected = blocks.collect(_read_reports(args.files or ["-"]))
+    found = blocks.group(collected)
+    sizes = args.block_sizes or ()
+    if args.map:
+        sys.stdout.write(blocks.render_map(collected))
+    elif args.yaml:
+        sys.stdout.write(blocks.render_yaml(found, collected, sizes, args.topology_name))
+    else:
+        sys.stdout.write(blocks.render_conf(found, collected, sizes))
+    notes = [] if args.map else blocks.size_warnings(found, sizes)
+    if collected.no_fabric:
+        fold = blocks.fold_names(collected.no_fabric)
+        notes.append(f"{len(collected.no_fabric)} node(s) without multi-node NVLink fabric, in no block: {fold}")
+    notes += [f"{node}: no answer, in no block: {why}" for node, why in sorted(collected.failed.items())]
+    sys.stderr.write("".join(f"imexctl topology blocks: {line}\n" for line in notes))
+    return int(ExitCode.UNAVAILABLE) if collected.failed else 0
+
+
+def _read_reports(files: Sequence[str]) -> Iterator[Report]:
+    from imexctl.slurm import blocks
+
+    for name in files:
+        try:
+            text = sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ReportError(f"cannot read {name}: {exc}") from exc
+        for lineno, line in enumerate(text.splitlines(), 1):
+            report = blocks.parse_line(line, f"{'stdin' if name == '-' else name}:{lineno}")
+            if report is not None:
+                yield report
