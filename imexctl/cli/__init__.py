@@ -75,7 +75,11 @@ def main(
     args = build_parser().parse_args(argv)
     env = dict(os.environ) if env is None else dict(env)
     try:
-        return _dispatch(args, env, host, gpu, on_step, read)
+        handler = _handler(args.command)
+        if handler is not None:
+            return handler(args, env, host, gpu)
+        # read: what the hooks' fast path read before it declined (quick.Read), for the hooks
+        return _with_runtime(args, env, host, gpu, on_step, read)
     except ImexctlError as exc:
         if not exc.logged:
             log.log_failure(exc)
@@ -103,28 +107,16 @@ _HANDLERS = {
 }
 
 
-def _dispatch(
-    args: argparse.Namespace,
-    env: dict[str, str],
-    host: Host | None,
-    gpu: Gpu | None,
-    on_step: Callable[[str], None] | None,
-    read: Any = None,
-) -> int:
-    """Run the command's handler: from :data:`_HANDLERS`, else the hooks and status over a runtime.
-
-    ``read`` is what the hooks' fast path read before it declined (``quick.Read``), for the hooks.
-    """
+def _handler(command: str) -> Callable[[argparse.Namespace, Mapping[str, str], Host | None, Gpu | None], int] | None:
+    """The command's handler from :data:`_HANDLERS`; None for the hooks and status, which run over a runtime."""
     import importlib
 
-    module = _HANDLERS.get(args.command)
+    module = _HANDLERS.get(command)
     if module is None:
-        return _with_runtime(args, env, host, gpu, on_step, read)
-    if args.command == "demo" and not _simulator_installed():
-        return _no_simulator()
-    handler: Callable[[argparse.Namespace, Mapping[str, str], Host | None, Gpu | None], int]
-    handler = importlib.import_module(module).command
-    return handler(args, env, host, gpu)
+        return None
+    if command == "demo" and not _simulator_installed():
+        return lambda *_: _no_simulator()
+    return importlib.import_module(module).command  # type: ignore[no-any-return]
 
 
 def _simulator_installed() -> bool:

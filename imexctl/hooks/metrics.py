@@ -186,16 +186,13 @@ def _locked(path: Path) -> Iterator[None]:
     """A short lock of its own: concurrent hooks of different jobs update the same totals."""
     import time
 
-    from imexctl.platform.fsutil import ensure_dir, flock_within
+    from imexctl.platform.fsutil import ensure_dir, flock_held
 
     ensure_dir(path.parent, 0o755)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        if not flock_within(fd, _LOCK_WAIT_S, clock=time.monotonic, sleep=time.sleep, pause_s=0.01):
-            raise OSError(f"{path} stayed locked for {_LOCK_WAIT_S:g}s")
+    stuck = OSError(f"{path} stayed locked for {_LOCK_WAIT_S:g}s")
+    with flock_held(fd, _LOCK_WAIT_S, clock=time.monotonic, sleep=time.sleep, pause_s=0.01, stuck=stuck):
         yield
-    finally:
-        os.close(fd)
 
 
 def _load(path: Path) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from typing import Any
 
 from imexctl.config.paths import JobDir
 from imexctl.platform.errors import FileError, LockTimeout
-from imexctl.platform.fsutil import atomic_write, ensure_dir, flock_within, read_text_nofollow
+from imexctl.platform.fsutil import atomic_write, ensure_dir, flock_held, read_text_nofollow
 from imexctl.platform.host import Host
 
 __all__ = ["JobState", "job_ids", "mark_state", "node_lock", "read_state", "write_state"]
@@ -88,13 +88,9 @@ def node_lock(path: Path, host: Host, timeout_s: float) -> Iterator[None]:
     The kernel releases a ``flock`` when its holder dies, so a lock file left
     by a killed hook is no obstacle.
     """
-    fd = _open_lock(path)
-    try:
-        if not flock_within(fd, timeout_s, clock=host.monotonic, sleep=host.sleep, pause_s=0.02):
-            raise LockTimeout(f"another imexctl holds {path} for more than {timeout_s:g}s")
+    stuck = LockTimeout(f"another imexctl holds {path} for more than {timeout_s:g}s")
+    with flock_held(_open_lock(path), timeout_s, clock=host.monotonic, sleep=host.sleep, pause_s=0.02, stuck=stuck):
         yield
-    finally:
-        os.close(fd)
 
 
 def _open_lock(path: Path) -> int:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Callable
 
@@ -12,7 +14,7 @@ __all__ = [
     "atomic_write",
     "check_private_dir",
     "ensure_dir",
-    "flock_within",
+    "flock_held",
     "read_text_nofollow",
     "remove_file",
     "remove_tree",
@@ -120,24 +122,36 @@ def _replace(path: Path, raw: bytes, mode: int) -> None:
         raise
 
 
-def flock_within(
-    fd: int, timeout_s: float, *, clock: Callable[[], float], sleep: Callable[[float], None], pause_s: float
-) -> bool:
-    """Take an exclusive ``flock`` on ``fd``, trying every ``pause_s`` for ``timeout_s``; False when it stayed held.
+@contextlib.contextmanager
+def flock_held(
+    fd: int,
+    timeout_s: float,
+    *,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+    pause_s: float,
+    stuck: Exception,
+) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``fd`` (closed at the end), tried every ``pause_s`` for ``timeout_s``.
 
-    The clock and the sleep are the caller's (a ``Host``'s in the hooks, so the tests' fake time applies).
+    ``stuck`` is raised when it stayed held that long.  The clock and the sleep
+    are the caller's (a ``Host``'s in the hooks, so the tests' fake time applies).
     """
     import fcntl
 
-    deadline = clock() + timeout_s
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if clock() >= deadline:
-                return False
-            sleep(pause_s)
+    try:
+        deadline = clock() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if clock() >= deadline:
+                    raise stuck from None
+                sleep(pause_s)
+        yield
+    finally:
+        os.close(fd)
 
 
 def read_text_nofollow(path: Path, *, trusted: bool = False) -> str:

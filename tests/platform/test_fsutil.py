@@ -9,6 +9,7 @@ import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,7 +17,7 @@ from imexctl.platform.fsutil import (
     atomic_write,
     check_private_dir,
     ensure_dir,
-    flock_within,
+    flock_held,
     read_text_nofollow,
     remove_file,
     remove_tree,
@@ -318,9 +319,8 @@ def _umask() -> int:
     return old
 
 
-def test_flock_within_waits_on_the_callers_clock_then_gives_up(tmp_path: Path) -> None:
+def test_flock_held_waits_on_the_callers_clock_then_gives_up(tmp_path: Path) -> None:
     """Held by another open file: tried every pause until the caller's clock passes the timeout; free: taken at once."""
-    import fcntl
 
     path = tmp_path / "x.lock"
     path.write_text("")
@@ -331,16 +331,18 @@ def test_flock_within_waits_on_the_callers_clock_then_gives_up(tmp_path: Path) -
         naps.append(s)
         now[0] += s
 
+    def held(fd: int) -> Any:
+        return flock_held(fd, 0.1, clock=lambda: now[0], sleep=nap, pause_s=0.04, stuck=TimeoutError("stuck"))
+
     holder = os.open(path, os.O_RDWR)
-    waiter = os.open(path, os.O_RDWR)
-    try:
-        fcntl.flock(holder, fcntl.LOCK_EX)
-        assert not flock_within(waiter, 0.1, clock=lambda: now[0], sleep=nap, pause_s=0.04)
+    with held(holder):
+        waiter = os.open(path, os.O_RDWR)
+        with pytest.raises(TimeoutError, match="stuck"), held(waiter):
+            pass
         assert naps == [0.04, 0.04, 0.04]
-        os.close(holder)
-        holder = -1
-        assert flock_within(waiter, 0.1, clock=lambda: now[0], sleep=nap, pause_s=0.04) and len(naps) == 3
-    finally:
-        for fd in (holder, waiter):
-            if fd >= 0:
-                os.close(fd)
+        with pytest.raises(OSError):
+            os.fstat(waiter)  # closed, though the lock was never taken
+    with pytest.raises(OSError):
+        os.fstat(holder)  # closed at the end: the lock is free again
+    with held(os.open(path, os.O_RDWR)):
+        assert len(naps) == 3  # taken at once
