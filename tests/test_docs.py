@@ -18,7 +18,7 @@ import pytest
 
 from imexctl.cli.parser import build_parser
 from imexctl.commands import demo
-from imexctl.config import settings
+from imexctl.config import schema
 from imexctl.doctor import run as doctor
 from imexctl.imex import config as imexconf
 from imexctl.platform import errors, log
@@ -132,7 +132,7 @@ def test_operations_lists_every_doctor_check() -> None:
 # ---------------------------------------------------------------- configuration
 
 
-CONFIG_KEYS = [(section, key) for section, keys in settings.SCHEMA.items() for key in keys]
+CONFIG_KEYS = [(section, key) for section, keys in schema.SCHEMA.items() for key in keys]
 
 
 def _config_section(section: str) -> str:
@@ -143,7 +143,7 @@ def _config_section(section: str) -> str:
 def test_config_key_is_documented_with_its_default(section: str, key: str) -> None:
     rows = {row[0]: row for row in _rows(_config_section(section)) if row}
     assert _code(key) in rows, f"[{section}] {key} is not in docs/configuration.md"
-    default = settings.SCHEMA[section][key][0]
+    default = schema.SCHEMA[section][key][0]
     cell = rows[_code(key)][1]
     if default:
         assert _code(default) in cell, f"[{section}] {key}: default {default!r} not in {cell!r}"
@@ -151,27 +151,27 @@ def test_config_key_is_documented_with_its_default(section: str, key: str) -> No
         assert "(empty)" in cell, f"[{section}] {key}: empty default not written as (empty): {cell!r}"
 
 
-@pytest.mark.parametrize("section", list(settings.SCHEMA))
+@pytest.mark.parametrize("section", list(schema.SCHEMA))
 def test_config_section_documents_no_key_that_does_not_exist(section: str) -> None:
     tables = _tables(_config_section(section))
     assert len(tables) == 1, f"[{section}] should have exactly one table"
     assert [len(row) for row in tables[0]] == [3] * len(tables[0]), "columns: key | default | meaning"
     documented = {row[0] for row in tables[0]}
-    assert documented == {_code(k) for k in settings.SCHEMA[section]}
+    assert documented == {_code(k) for k in schema.SCHEMA[section]}
 
 
 def test_config_sections_are_exactly_the_schema_plus_imex() -> None:
     text = _without_fences(_page("configuration.md"))
     headings = re.findall(r"^## `\[([a-z_]+)\]`", text, flags=re.MULTILINE)
-    assert headings == [*settings.SCHEMA, "imex"]
+    assert headings == [*schema.SCHEMA, "imex"]
 
 
 def test_imex_section_lists_allowed_keys_with_what_imexctl_writes() -> None:
     tables = _tables(_config_section("imex"))
     assert len(tables) == 2, "[imex]: a table of allowed keys, then one of owned keys"
     allowed = {row[0]: row for row in tables[0]}
-    assert set(allowed) == {_code(k) for k in settings.IMEX_KEYS}
-    for key in settings.IMEX_KEYS:
+    assert set(allowed) == {_code(k) for k in schema.IMEX_KEYS}
+    for key in schema.IMEX_KEYS:
         cell = allowed[_code(key)][1]
         if key not in imexconf.DEFAULTS:
             assert "(not written)" in cell, key
@@ -183,7 +183,7 @@ def test_imex_section_lists_allowed_keys_with_what_imexctl_writes() -> None:
 
 def test_imex_section_lists_every_owned_key() -> None:
     owned = {row[0] for row in _tables(_config_section("imex"))[1]}
-    assert owned == {_code(k) for k in settings.OWNED_IMEX_KEYS}
+    assert owned == {_code(k) for k in schema.OWNED_IMEX_KEYS}
 
 
 def test_every_key_of_a_rendered_config_is_documented() -> None:
@@ -204,7 +204,7 @@ def test_every_key_of_a_rendered_config_is_documented() -> None:
 
 def test_config_lookup_order_is_documented_in_order() -> None:
     text = _section(_page("configuration.md"), "Where imexctl looks")
-    wanted = ["--config", "$IMEXCTL_CONFIG", "$SLURM_CONF", str(settings.DEFAULT_CONFIG)]
+    wanted = ["--config", "$IMEXCTL_CONFIG", "$SLURM_CONF", str(schema.DEFAULT_CONFIG)]
     positions = [text.find(w) for w in wanted]
     assert -1 not in positions, dict(zip(wanted, positions))
     assert positions == sorted(positions)
@@ -271,7 +271,7 @@ def test_docs_name_no_event_that_does_not_exist(name: str) -> None:
 
 def test_events_page_explains_the_summary_lines_and_destinations() -> None:
     text = _page("events.md")
-    for needed in ("prolog.done", "epilog.done", "stderr", "slurmd", str(settings.SCHEMA["paths"]["log_file"][0])):
+    for needed in ("prolog.done", "epilog.done", "stderr", "slurmd", str(schema.SCHEMA["paths"]["log_file"][0])):
         assert needed in text
 
 
@@ -373,8 +373,8 @@ def test_install_quotes_the_unit_exec_start() -> None:
 
 def test_install_timeout_advice_matches_the_defaults() -> None:
     """The worst case added up in install.md must stay below the PrologEpilogTimeout it advises."""
-    d = {k: float(v[0]) for k, v in settings.SCHEMA["daemon"].items() if k.endswith("_s")}
-    r = {k: float(v[0]) for k, v in settings.SCHEMA["readiness"].items() if k.endswith("_s")}
+    d = {k: float(v[0]) for k, v in schema.SCHEMA["daemon"].items() if k.endswith("_s")}
+    r = {k: float(v[0]) for k, v in schema.SCHEMA["readiness"].items() if k.endswith("_s")}
     worst = (
         max(r["deadline_s"], d["lock_timeout_s"] + 10 + d["start_timeout_s"])
         + 2 * r["ctl_timeout_s"]

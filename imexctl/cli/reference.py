@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterator, Sequence
 
 from imexctl import __version__
+from imexctl.config import schema
 
 __all__ = ["config_man_page", "config_meanings", "default_config", "main", "man_page"]
 
@@ -153,7 +154,7 @@ def config_man_page(configuration_md: str) -> str:
         "owned by root and not writable by group or others. imexctl doctor and imexctl status check a change.",
         "Where imexctl looks for the file: docs/configuration.md and imexctl(8), option \\fB\\-\\-config\\fR.",
     ]
-    for name, keys in settings.SCHEMA.items():
+    for name, keys in schema.SCHEMA.items():
         doc = _markdown_text(re.sub(r":\w+:`~?([^`]+)`", r"\1", (settings.SECTIONS[name].__doc__ or "").strip()))
         lines += [f'.SH "[{name}]"', _roff(doc.splitlines()[0] if doc else "")]
         for key, (default, _parse) in keys.items():
@@ -183,7 +184,7 @@ def default_config() -> str:
         "# Copy a key into /etc/imexctl/imexctl.conf under its [section] line, without the '#', to change it.",
         "# Keep comments on lines of their own. Every key: man 5 imexctl.conf. Check a change: imexctl doctor",
     ]
-    for name, keys in settings.SCHEMA.items():
+    for name, keys in schema.SCHEMA.items():
         doc = (settings.SECTIONS[name].__doc__ or "").strip().splitlines()[0]
         doc = re.sub(r":\w+:`~?([^`]+)`", r"\1", doc).replace("``", "")
         lines += ["", f"# {doc}", f"[{name}]"]

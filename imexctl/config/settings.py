@@ -16,17 +16,9 @@ from typing import Any
 
 from imexctl.config import schema
 from imexctl.config.paths import Paths
-from imexctl.config.schema import AUTH_FILE_KEYS, AUTH_IMEX_KEYS, GSS_IMEX_KEYS, IMEX_KEYS, OWNED_IMEX_KEYS
 from imexctl.platform.errors import ConfigError
 
 __all__ = [
-    "AUTH_FILE_KEYS",
-    "AUTH_IMEX_KEYS",
-    "DEFAULT_CONFIG",
-    "GSS_IMEX_KEYS",
-    "IMEX_KEYS",
-    "OWNED_IMEX_KEYS",
-    "SCHEMA",
     "SECTIONS",
     "Auth",
     "Commands",
@@ -44,9 +36,6 @@ __all__ = [
     "from_values",
     "load",
 ]
-
-DEFAULT_CONFIG = Path(schema.DEFAULT_CONFIG)
-
 
 # One frozen dataclass per section: the fields are schema.SCHEMA's keys, in its order, typed as
 # parsed (tests/config/test_settings.py keeps the two equal).  SCHEMA, with the keys' defaults, parsers and
@@ -216,8 +205,6 @@ SECTIONS: Mapping[str, type] = {
     "containers": Containers,
 }
 
-SCHEMA = schema.SCHEMA
-
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
@@ -244,7 +231,7 @@ class Settings:
         sections: dict[str, Any] = {}
         for name, value in changes.items():
             section, _, key = name.partition("__")
-            if section == "paths" or section not in SECTIONS or key not in SCHEMA[section]:
+            if section == "paths" or section not in SECTIONS or key not in schema.SCHEMA[section]:
                 raise KeyError(name)
             sections[section] = dataclasses.replace(sections.get(section, getattr(self, section)), **{key: value})
         return dataclasses.replace(self, **sections)

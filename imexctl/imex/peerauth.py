@@ -26,7 +26,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
-from imexctl.config.settings import AUTH_FILE_KEYS, Auth, Settings
+from imexctl.config.schema import AUTH_FILE_KEYS
+from imexctl.config.settings import Auth, Settings
 from imexctl.platform.errors import ConfigError
 from imexctl.platform.fsutil import check_private_dir
 

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from imexctl.channels import enroot as enroothook
-from imexctl.config import settings
+from imexctl.config import schema
 from imexctl.platform.errors import DeviceError, ExitCode, FileError
 from tests.support.enrootemu import emulate
 from tests.support.jobtree import FAKE_MAJOR, Tree, tree
@@ -295,7 +295,7 @@ class TestErrorsWhenClosed:
 class TestErrorsWhenOpen:
     def test_default_is_open(self) -> None:
         """Without [containers] on_error the hook lets a container start when it fails (the schema agrees)."""
-        assert enroothook.ON_ERROR_DEFAULT == "open" == settings.SCHEMA["containers"]["on_error"][0]
+        assert enroothook.ON_ERROR_DEFAULT == "open" == schema.SCHEMA["containers"]["on_error"][0]
 
     @pytest.mark.parametrize("written", [None, "open", "sometimes"])
     def test_missing_channel_warns_and_starts(

@@ -15,7 +15,7 @@ import pytest
 from imexctl import __version__
 from imexctl.cli import reference
 from imexctl.cli.parser import build_parser
-from imexctl.config import settings
+from imexctl.config import schema, settings
 from imexctl.platform.errors import ExitCode
 
 
@@ -105,7 +105,7 @@ def test_conffile_names_no_release_and_no_default() -> None:
     """/etc/imexctl/imexctl.conf is a fixed text: no version, no key, no default that a release could change."""
     text = CONFFILE.read_text()
     assert not re.search(r"\d+\.\d+\.\d+", text)
-    keys = {key for keys in settings.SCHEMA.values() for key in keys} - {"deadline_s"}  # the example in the prose
+    keys = {key for keys in schema.SCHEMA.values() for key in keys} - {"deadline_s"}  # the example in the prose
     assert not [line for line in text.splitlines() if line.lstrip("# ").split(" =")[0] in keys]
     assert "/usr/share/imexctl/imexctl.conf.example" in text
 
@@ -131,8 +131,8 @@ def test_default_config_shows_every_key_commented_at_its_default() -> None:
     text = reference.default_config()
     sections = re.split(r"^\[(\w+)\]$", text, flags=re.MULTILINE)
     bodies = dict(zip(sections[1::2], sections[2::2]))
-    assert list(bodies) == [*settings.SCHEMA, "imex"]
-    for name, keys in settings.SCHEMA.items():
+    assert list(bodies) == [*schema.SCHEMA, "imex"]
+    for name, keys in schema.SCHEMA.items():
         for key, (default, _parse) in keys.items():
             assert f"\n#{key} = {default}".rstrip() + "\n" in bodies[name], (name, key)
     assert not [line for line in text.splitlines() if line and not line.startswith(("#", "["))]
@@ -154,11 +154,11 @@ def conf_page() -> str:
 
 
 @pytest.mark.parametrize(
-    ("section", "key"), [(s, k) for s, keys in settings.SCHEMA.items() for k in keys], ids="{}".format
+    ("section", "key"), [(s, k) for s, keys in schema.SCHEMA.items() for k in keys], ids="{}".format
 )
 def test_conf_man_page_has_every_key_with_its_default_and_meaning(conf_page: str, section: str, key: str) -> None:
     """imexctl.conf(5) lists each key under its section, with the schema's default and a meaning."""
-    default = settings.SCHEMA[section][key][0]
+    default = schema.SCHEMA[section][key][0]
     body = conf_page.split(f'.SH "[{section}]"', 1)[1].split(".SH", 1)[0]
     shown = f" = \\fI{reference._roff(default)}\\fR" if default else " (default: empty)"
     entry = body.split(f".TP\n\\fB{reference._roff(key)}\\fR{shown}\n", 1)
@@ -169,7 +169,7 @@ def test_conf_man_page_has_every_key_with_its_default_and_meaning(conf_page: str
 def test_conf_man_page_sections_follow_the_schema(conf_page: str) -> None:
     """One .SH per schema section, in the file's order, then [imex] with NVIDIA's keys."""
     headings = re.findall(r'^\.SH "\[(\w+)\]"$', conf_page, flags=re.MULTILINE)
-    assert headings == [*settings.SCHEMA, "imex"]
+    assert headings == [*schema.SCHEMA, "imex"]
     assert "\\fBLOG_LEVEL\\fR" in conf_page.split('.SH "[imex]"', 1)[1]
 
 

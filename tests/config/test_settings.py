@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from imexctl.config import settings
-from imexctl.config.settings import OWNED_IMEX_KEYS, SCHEMA, load
+from imexctl.config import schema, settings
+from imexctl.config.schema import OWNED_IMEX_KEYS, SCHEMA
+from imexctl.config.settings import load
 from imexctl.platform.errors import ConfigError
 from tests.support.privileges import needs_chown
 
@@ -398,7 +399,7 @@ class TestTopology:
 
 def test_schema_sections_are_documented_names() -> None:
     """The schema has exactly the sections the configuration reference describes."""
-    assert list(settings.SCHEMA) == [
+    assert list(schema.SCHEMA) == [
         "paths",
         "commands",
         "daemon",

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Callable, Optional
 
-from imexctl.config import settings
+from imexctl.config import schema
 
 # (root, config) -> the config path to pass instead, or None
 Prepare = Callable[[Path, Path], Optional[Path]]
@@ -46,7 +46,7 @@ def _key(section: str, key: str, value: str, why: str) -> ConfigCase:
 
 UNKNOWN = [
     *(ConfigCase(f"unknown-key-in-{s}", (f"[{s}] bogus_key: unknown key",), {s: {"bogus_key": "1"}})
-      for s in settings.SCHEMA),
+      for s in schema.SCHEMA),
     ConfigCase("unknown-key-wrong-case", ("[daemon] Backend: unknown key",), {"daemon": {"Backend": "exec"}}),
     ConfigCase("unknown-key-typo", ("[readiness] deadline: unknown key",), {"readiness": {"deadline": "5"}}),
     ConfigCase("unknown-section", ("[bogus]: unknown section",), {"bogus": {"x": "1"}}),
@@ -56,7 +56,7 @@ UNKNOWN = [
                {"imex ": {"LOG_LEVEL": "4"}}),
 ]  # fmt: skip
 
-_FLOATS = [(s, k) for s, keys in settings.SCHEMA.items() for k in keys if k.endswith("_s")]
+_FLOATS = [(s, k) for s, keys in schema.SCHEMA.items() for k in keys if k.endswith("_s")]
 _CHOICES = {
     ("daemon", "backend"): "exec", ("policy", "jobs"): "all", ("policy", "shared"): "refuse",
     ("policy", "channels"): "job", ("policy", "fabric"): "nvml", ("policy", "fabric_limited"): "warn",
@@ -105,7 +105,7 @@ WRONG_TYPES = [
     _key("topology", "yaml_topology", "racks/1", "must be a plain name"),
 ]  # fmt: skip
 
-_PATHS = [(s, k) for s, keys in settings.SCHEMA.items() for k, (_, parse) in keys.items()
+_PATHS = [(s, k) for s, keys in schema.SCHEMA.items() for k, (_, parse) in keys.items()
           if s in ("paths", "commands")]  # fmt: skip
 
 RELATIVE_PATHS = [
@@ -121,7 +121,7 @@ RELATIVE_PATHS = [
 
 IMEX_KEYS = [
     *(ConfigCase(f"imex-owned-{k.lower().replace('_', '-')}", (f"[imex] {k}: is set by imexctl",), {"imex": {k: "1"}})
-      for k in sorted(settings.OWNED_IMEX_KEYS)),
+      for k in sorted(schema.OWNED_IMEX_KEYS)),
     ConfigCase("imex-unknown-key", ("[imex] FOO: unknown IMEX config.cfg key",), {"imex": {"FOO": "1"}}),
     ConfigCase("imex-owned-key-lower-case", ("[imex] server_port: unknown IMEX config.cfg key",),
                {"imex": {"server_port": "1"}}),

@@ -53,6 +53,6 @@ def test_config_case(case: config.ConfigCase, tray: Tray) -> None:
 def test_every_key_of_the_schema_has_a_bad_value_case() -> None:
     """The corpus refuses a bad value for every key imexctl has (a new key needs a case)."""
     covered = {(s, k) for c in config.CASES for s, kv in c.sections.items() for k in kv if not c.ok}
-    keys = {(s, k) for s, kv in config.settings.SCHEMA.items() for k in kv}
+    keys = {(s, k) for s, kv in config.schema.SCHEMA.items() for k in kv}
     # free-form keys: partitions is a comma list (any text is a list of names)
     assert keys - covered == {("policy", "partitions")}

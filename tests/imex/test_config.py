@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from imexctl.config.settings import AUTH_IMEX_KEYS, IMEX_KEYS, OWNED_IMEX_KEYS
+from imexctl.config.schema import AUTH_IMEX_KEYS, IMEX_KEYS, OWNED_IMEX_KEYS
 from imexctl.imex.config import DEFAULTS, job_port, nodes_hash, render_config, render_nodes
 
 RENDER_ARGS: dict[str, Any] = {

@@ -17,7 +17,7 @@ import json
 import sys
 from typing import Any
 
-from imexctl.config import settings
+from imexctl.config import schema, settings
 from imexctl.gpu import fabric as gpu
 from imexctl.gpu import nvml
 from imexctl.platform.errors import GpuError
@@ -69,7 +69,7 @@ def _run(argv: list[str]) -> dict[str, Any]:
     if argv[0] == "key":
         policy = json.loads(argv[1]) if len(argv) > 1 else {}
         cfg = settings.load(None, node="probe")
-        cfg = cfg.replace(**{f"policy__{k}": settings.SCHEMA["policy"][k][1](v) for k, v in policy.items()})
+        cfg = cfg.replace(**{f"policy__{k}": schema.SCHEMA["policy"][k][1](v) for k, v in policy.items()})
         clock, log = Clock(), Log()
         try:
             out = {"key": gpu.fabric_key(gpu.NvmlGpu(), clock, cfg, deadline=float("inf"), log=log)}
