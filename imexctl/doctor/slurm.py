@@ -285,36 +285,35 @@ def _flags(conf: slurmconf.SlurmConf, version: tuple[int, int] | None) -> Check:
 
 
 def _prolog_timeout(conf: slurmconf.SlurmConf, s: Settings) -> Check:
-    worst = prolog_worst_case_s(s)
-    found = slurmconf.hook_timeout(conf, "prolog")
-    fix = f"set PrologEpilogTimeout={_round_up(worst)} (docs/install.md adds up the prolog's worst case)"
-    if found is None:
-        return Check("slurm.prolog_timeout", WARN, "no prolog timeout: slurmd waits for a hung prolog forever", fix)
-    seconds, key = found
-    need = s.readiness.deadline_s + s.slurm.timeout_margin_s
-    if seconds <= need:
-        why = f"{key}={seconds} is not above [readiness] deadline_s + [slurm] timeout_margin_s = {need:g} s"
-        if s.slurm.cap_deadline != "yes":
-            return Check("slurm.prolog_timeout", FAIL, f"{why}: slurmd kills a prolog still waiting", fix)
-        cap = max(seconds / 2, seconds - s.slurm.timeout_margin_s)
-        return Check("slurm.prolog_timeout", WARN, f"{why}: the prolog cuts its deadline to {cap:g} s", fix)
-    if seconds < worst:
-        why = f"{key}={seconds} is below the prolog's worst case {worst:g} s: a slow roll-back may be killed"
-        return Check("slurm.prolog_timeout", WARN, why, fix)
-    return Check("slurm.prolog_timeout", OK, f"{key}={seconds} covers the prolog's worst case {worst:g} s")
+    fix = (
+        f"set PrologEpilogTimeout={_round_up(prolog_worst_case_s(s))} (docs/install.md adds up the prolog's worst case)"
+    )
+    return _hook_timeout(conf, "prolog", prolog_worst_case_s(s), fix, "a slow roll-back may be killed", s)
 
 
 def _epilog_timeout(conf: slurmconf.SlurmConf, s: Settings) -> Check:
-    worst = epilog_worst_case_s(s)
-    found = slurmconf.hook_timeout(conf, "epilog")
-    fix = f"set PrologEpilogTimeout (or EpilogTimeout) to at least {_round_up(worst)}"
+    fix = f"set PrologEpilogTimeout (or EpilogTimeout) to at least {_round_up(epilog_worst_case_s(s))}"
+    return _hook_timeout(conf, "epilog", epilog_worst_case_s(s), fix, "slurmd may kill it mid-teardown")
+
+
+def _hook_timeout(
+    conf: slurmconf.SlurmConf, hook: str, worst: float, fix: str, too_short: str, s: Settings | None = None
+) -> Check:
+    """Slurmd's timeout for the hook against its worst case; with ``s`` (the prolog), against the deadline too."""
+    name = f"slurm.{hook}_timeout"
+    found = slurmconf.hook_timeout(conf, hook)
     if found is None:
-        return Check("slurm.epilog_timeout", WARN, "no epilog timeout: slurmd waits for a hung epilog forever", fix)
+        return Check(name, WARN, f"no {hook} timeout: slurmd waits for a hung {hook} forever", fix)
     seconds, key = found
+    if s is not None and seconds <= (need := s.readiness.deadline_s + s.slurm.timeout_margin_s):
+        why = f"{key}={seconds} is not above [readiness] deadline_s + [slurm] timeout_margin_s = {need:g} s"
+        if s.slurm.cap_deadline != "yes":
+            return Check(name, FAIL, f"{why}: slurmd kills a prolog still waiting", fix)
+        cap = max(seconds / 2, seconds - s.slurm.timeout_margin_s)
+        return Check(name, WARN, f"{why}: the prolog cuts its deadline to {cap:g} s", fix)
     if seconds < worst:
-        why = f"{key}={seconds} is below the epilog's worst case {worst:g} s: slurmd may kill it mid-teardown"
-        return Check("slurm.epilog_timeout", WARN, why, fix)
-    return Check("slurm.epilog_timeout", OK, f"{key}={seconds} covers the epilog's worst case {worst:g} s")
+        return Check(name, WARN, f"{key}={seconds} is below the {hook}'s worst case {worst:g} s: {too_short}", fix)
+    return Check(name, OK, f"{key}={seconds} covers the {hook}'s worst case {worst:g} s")
 
 
 def _round_up(seconds: float) -> int:
