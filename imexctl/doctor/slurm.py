@@ -285,15 +285,15 @@ def _flags(conf: slurmconf.SlurmConf, version: tuple[int, int] | None) -> Check:
 
 
 def _prolog_timeout(conf: slurmconf.SlurmConf, s: Settings) -> Check:
-    fix = (
-        f"set PrologEpilogTimeout={_round_up(prolog_worst_case_s(s))} (docs/install.md adds up the prolog's worst case)"
-    )
-    return _hook_timeout(conf, "prolog", prolog_worst_case_s(s), fix, "a slow roll-back may be killed", s)
+    worst = prolog_worst_case_s(s)
+    fix = f"set PrologEpilogTimeout={_round_up(worst)} (docs/install.md adds up the prolog's worst case)"
+    return _hook_timeout(conf, "prolog", worst, fix, "a slow roll-back may be killed", s)
 
 
 def _epilog_timeout(conf: slurmconf.SlurmConf, s: Settings) -> Check:
-    fix = f"set PrologEpilogTimeout (or EpilogTimeout) to at least {_round_up(epilog_worst_case_s(s))}"
-    return _hook_timeout(conf, "epilog", epilog_worst_case_s(s), fix, "slurmd may kill it mid-teardown")
+    worst = epilog_worst_case_s(s)
+    fix = f"set PrologEpilogTimeout (or EpilogTimeout) to at least {_round_up(worst)}"
+    return _hook_timeout(conf, "epilog", worst, fix, "slurmd may kill it mid-teardown")
 
 
 def _hook_timeout(

@@ -5,10 +5,11 @@ job, or the job never had a domain on this tray.  Every job start waits for
 the prolog on every tray, every job end for the epilog, so these runs must
 cost little more than the interpreter's own start (docs/performance.md).
 :func:`run` decides them importing only ``os``, ``sys``, ``time``,
-``datetime`` and imexctl's light modules (``schema``, ``slurm``,
-``nodelist``, ``gate``, ``log``, ``jobchannel``, ``procscan``), none of
-which imports ``dataclasses``, ``pathlib``, ``argparse``, ``configparser``,
-``json``, ``typing`` or ``enum``, let alone structlog or psutil.
+``datetime`` and imexctl's light modules (``config.schema``, ``slurm.job``,
+``slurm.nodelist``, ``hooks.gate``, ``hooks.summary``, ``platform.log``,
+``channels.notes``, ``channels.job``, ``platform.procscan``), none of which imports
+``dataclasses``, ``pathlib``, ``argparse``, ``json``, ``typing`` or ``enum``,
+let alone structlog or psutil.
 
 It is a way of calling the same code early, not a second copy of it: the
 decisions are :mod:`imexctl.hooks.gate`'s, which the full commands call too.
