@@ -95,9 +95,11 @@ if "--ctl" in sys.argv:
     cfg = f"{root}/run/imexctl/jobs/{job}/config.cfg"
     r = subprocess.run([ctl, "-c", cfg, "-N", "-j"], capture_output=True, text=True, timeout=20)
     out["ctl"] = {"rc": r.returncode, "stdout": r.stdout, "stderr": r.stderr[-2000:]}
-# one file per node: long stdout lines would be split by slurmstepd's I/O
-with open(f"{lab}/out/step-{job}-{node}.json", "w") as fh:
+# one file per node: long stdout lines would be split by slurmstepd's I/O; written whole, then renamed,
+# since the test reads it as soon as it appears
+with open(f"{lab}/out/.step-{job}-{node}.tmp", "w") as fh:
     json.dump(out, fh)
+os.rename(f"{lab}/out/.step-{job}-{node}.tmp", f"{lab}/out/step-{job}-{node}.json")
 if "--hold" in sys.argv:
     deadline = time.monotonic() + 60
     while not os.path.exists(f"{lab}/out/release-{job}") and time.monotonic() < deadline:

@@ -309,13 +309,16 @@ class Container:
         deadline = time.monotonic() + timeout
 
         def answered() -> str | None:
-            # until its systemd listens, systemctl prints nothing (and exits non-zero): ask again
+            # until its systemd listens, systemctl prints nothing (and exits non-zero): ask again.
+            # It prints "offline" while /run/systemd/system is missing (sd_booted() false), which it is
+            # in the moments after nspawn's child has exec'd systemd and before systemd makes it: ask again
             left = max(1.0, deadline - time.monotonic())
             try:
                 res = self.exec(["systemctl", "is-system-running", "--wait"], check=False, timeout=left)
             except subprocess.TimeoutExpired:
                 return None
-            return res.stdout.strip() or None
+            state = res.stdout.strip()
+            return None if state in ("", "offline") else state
 
         try:
             state = str(wait_for(answered, timeout, 0.2, what=f"{self.name} to boot"))
