@@ -136,27 +136,12 @@ def _node_name(env: Mapping[str, str]) -> str:
 
 
 def _read_sections(path: str, required: bool, uid_map: UidMap) -> dict[str, dict[str, str]] | None:
-    """The sections of the config file; None when the optional default is absent."""
+    """The sections of the config file, read as the hooks read it; None when the optional default is absent."""
     try:
-        # followed if a symlink, as imexctl.config.schema.read_config does: the file it names is what is checked
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-    except FileNotFoundError:
-        if required:
-            raise NoChannel(f"{path}: config file not found") from None
-        return None
-    except OSError as exc:
-        raise NoChannel(f"{path}: cannot read config file: {exc.strerror}") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or not _trusted(st, uid_map):
-            raise NoChannel(f"{path}: not a regular file owned by root and writable only by its owner")
-        data = f.read(_MAX_CONFIG_BYTES + 1)
-    if len(data) > _MAX_CONFIG_BYTES:
-        raise NoChannel(f"{path}: larger than {_MAX_CONFIG_BYTES} bytes")
-    try:
-        return schema.parse_ini_subset(data.decode(), path)
-    except UnicodeDecodeError:
-        raise NoChannel(f"{path}: not UTF-8 text") from None
+        text = schema.read_trusted(
+            path, required=required, trusted=lambda st: _trusted(st, uid_map), max_bytes=_MAX_CONFIG_BYTES
+        )
+        return None if text is None else schema.parse_ini_subset(text, path)
     except schema.SchemaError as exc:
         raise NoChannel(str(exc)) from None
 

@@ -46,6 +46,7 @@ __all__ = [
     "parse_ini_subset",
     "parse_key",
     "read_config",
+    "read_trusted",
     "validate",
 ]
 
@@ -387,11 +388,33 @@ def _parent(path: str) -> str:
 
 
 def read_config(path: str, *, required: bool, euid: int) -> str | None:
-    """The config file's text; None when it is missing and not ``required``.
+    """The config file's text, as the hooks and the admin's commands read it; None when missing and not ``required``.
 
     Raises:
         SchemaError: not a regular file, writable by others than root (or in a
             directory that is), unreadable, or not UTF-8.
+    """
+    text = read_trusted(path, required=required, trusted=lambda st: st.st_uid in (0, euid) and not st.st_mode & 0o022)
+    if text is not None:
+        try:
+            _check_config_dirs(path, euid)
+        except OSError as exc:
+            raise SchemaError(f"{path}: cannot read config file: {exc.strerror}") from exc
+    return text
+
+
+def read_trusted(
+    path: str, *, required: bool, trusted: Callable[[os.stat_result], bool], max_bytes: int | None = None
+) -> str | None:
+    """A config file's text if ``trusted`` accepts its owner and mode; None when missing and not ``required``.
+
+    Symlinks are followed: the file they lead to is what is checked.  The one
+    reader of the config file's bytes: :func:`read_config` for the hooks, and
+    the job's side (``channels.job``, where the owner is judged through the
+    user namespace's uid map, and the size is capped at ``max_bytes``).
+
+    Raises:
+        SchemaError: not a regular file, not trusted, larger than ``max_bytes``, unreadable, or not UTF-8.
     """
     try:
         # O_NONBLOCK: a FIFO would block the open until a writer appears; checked before reading,
@@ -400,19 +423,20 @@ def read_config(path: str, *, required: bool, euid: int) -> str | None:
             st = os.fstat(f.fileno())
             if not stat.S_ISREG(st.st_mode):
                 raise SchemaError(f"{path}: not a regular file")
-            if st.st_uid not in (0, euid) or st.st_mode & 0o022:
+            if not trusted(st):
                 raise SchemaError(
                     f"{path}: config file must be owned by root and not writable by group or others "
                     f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})"
                 )
-            data = f.read()
-        _check_config_dirs(path, euid)
+            data = f.read() if max_bytes is None else f.read(max_bytes + 1)
     except FileNotFoundError:
         if required:
             raise SchemaError(f"{path}: config file not found") from None
         return None
     except OSError as exc:
         raise SchemaError(f"{path}: cannot read config file: {exc.strerror}") from exc
+    if max_bytes is not None and len(data) > max_bytes:
+        raise SchemaError(f"{path}: larger than {max_bytes} bytes")
     try:
         return data.decode()
     except UnicodeDecodeError as exc:
