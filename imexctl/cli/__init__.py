@@ -74,6 +74,7 @@ def main(
 
     args = build_parser().parse_args(argv)
     env = dict(os.environ) if env is None else dict(env)
+    log.reset_logging()
     try:
         handler = _handler(args.command)
         if handler is not None:
@@ -160,24 +161,27 @@ def _with_runtime(
     # checked before it reaches a path: [paths] root may hold %n
     node = slurm.node_name(env, or_host=True)
     cfg = _settings(args, env, node, read)
-    sink, problem = log.open_command_sink(cfg.paths.log_file, syslog=cfg.log.syslog == "yes", verbose=args.verbose)
+    opened = log.open_command_sink(cfg.paths.log_file, syslog=cfg.log.syslog == "yes", verbose=args.verbose)
     job = _hook_job(args, env, read)
-    early = job is not None and not problem and host.euid() == 0
-    if early:
+    logger: Any
+    if args.command in ("prolog", "epilog"):
+        # structlog's lines without importing structlog: a hook delays every job (docs/performance.md)
+        logger = log.setup_hook_logging(cfg.log.level, args.command, env, opened)
         # the early paths never ask NVML: with no GPU given, none is made
-        early_rt = Runtime(host, gpu, cfg, log.line_logger(sink, cfg.log.level, args.command, env))  # type: ignore[arg-type]
-        if _quick_hook(args, job, early_rt):
+        if job is not None and host.euid() == 0 and _quick_hook(args, job, Runtime(host, gpu, cfg, logger)):  # type: ignore[arg-type]
             return 0
-    log.setup_command_logging(cfg.log.level, args.command, env, (sink, problem))
+    else:
+        import structlog
+
+        log.setup_command_logging(cfg.log.level, args.command, env, opened)
+        logger = structlog.get_logger()
     if args.command in ("prolog", "epilog", "cleanup") and host.euid() != 0:
         raise NotPrivilegedError(f"imexctl {args.command} must run as root")
     if gpu is None:
         from imexctl.gpu.fabric import NvmlGpu
 
         gpu = NvmlGpu()
-    import structlog
-
-    rt = Runtime(host, gpu, cfg, structlog.get_logger(), **({"on_step": on_step} if on_step else {}))
+    rt = Runtime(host, gpu, cfg, logger, **({"on_step": on_step} if on_step else {}))
     if args.command == "status":
         from imexctl.commands import status
 
@@ -228,7 +232,7 @@ def _hook_job(args: argparse.Namespace, env: Mapping[str, str], read: Any) -> An
 
 
 def _quick_hook(args: argparse.Namespace, job: Any, rt: Any) -> bool:
-    """Finish a prolog that policy skips, or an epilog with nothing to do, before structlog is imported.
+    """Finish a prolog that policy skips, or an epilog with nothing to do, before the full hook is imported.
 
     The decisions are the fast path's own (``gate``), here with the settings
     and the given host: a site with metrics, a log directory still to make,

@@ -1,8 +1,14 @@
-"""structlog set-up (called once from ``cli.main``) and the event catalogue.
+"""Logging set-up (called once from ``cli.main``) and the event catalogue.
 
 Event names are an interface: docs/events.md lists each one and a test keeps
 the two in sync.  Every line carries ``hook``, ``job_id`` and ``node`` once
-they are bound with ``structlog.contextvars.bind_contextvars``.
+they are bound (``structlog.contextvars.bind_contextvars``, or
+:meth:`LineLogger.bind_context` in a hook).
+
+The admin commands log through structlog.  The prolog and the epilog, which
+delay every job on every tray, write the same lines through
+:class:`LineLogger` and import structlog only to log a crash with its trace
+(docs/performance.md "Own CPU per hook").
 """
 
 from __future__ import annotations
@@ -35,7 +41,9 @@ __all__ = [
     "open_sink",
     "render_event",
     "render_json",
+    "reset_logging",
     "setup_command_logging",
+    "setup_hook_logging",
 ]
 
 # name -> one-line meaning (docs/events.md is checked against this table)
@@ -192,7 +200,8 @@ class LineLogger:
     """
 
     def __init__(self, sink: SinkLogger, level: str, context: dict[str, Any]) -> None:
-        self._sink, self._level, self.context = sink, _LEVELS[level], dict(context)
+        self.sink, self.level, self.context = sink, level, dict(context)
+        self._level = _LEVELS[level]
 
     def bind_context(self, **kw: Any) -> None:
         """Add fields to every later line (what ``structlog.contextvars.bind_contextvars`` does)."""
@@ -225,7 +234,7 @@ class LineLogger:
         line["level"] = method
         # what TimeStamper does with fmt "iso" and utc
         line["timestamp"] = dt.datetime.now(tz=dt.timezone.utc).isoformat().replace("+00:00", "Z")
-        getattr(self._sink, method)(render_json(line))
+        getattr(self.sink, method)(render_json(line))
 
 
 def render_event(_logger: object, _method: str, event_dict: MutableMapping[str, Any]) -> str:
@@ -343,8 +352,32 @@ def setup_command_logging(
         structlog.get_logger().warning("imexctl.failed", error_code="log_file", reason=problem)
 
 
+# "hook": a hook's logger, once setup_hook_logging has made it; the failure and crash lines go where its lines go
+_current: dict[str, LineLogger] = {}
+
+
+def setup_hook_logging(
+    level: str, command: str, env: Mapping[str, str], opened: tuple[SinkLogger, str | None]
+) -> LineLogger:
+    """A hook's logger on the opened sink: structlog's lines, without importing structlog."""
+    sink, problem = opened
+    logger = _current["hook"] = line_logger(sink, level, command, env)
+    if problem:
+        logger.warning("imexctl.failed", error_code="log_file", reason=problem)
+    return logger
+
+
+def reset_logging() -> None:
+    """Forget an earlier hook's logger (``cli.main`` runs one command; tests run many in one process)."""
+    _current.clear()
+
+
 def log_failure(exc: ImexctlError) -> None:
     """The one ``imexctl.failed`` line of a command that stops on an error."""
+    hook = _current.get("hook")
+    if hook is not None:
+        hook.error("imexctl.failed", error_code=exc.code, exit_code=int(exc.exit_code), reason=str(exc))
+        return
     import structlog
 
     ensure_logging()
@@ -355,6 +388,10 @@ def log_crash() -> None:
     """A bug: a structured trace (``imexctl.crashed``), never a bare traceback in slurmd's log only."""
     import structlog
 
+    hook = _current.get("hook")
+    if hook is not None:  # a hook: structlog renders the trace, on the hook's sink and with its context
+        configure_structlog(hook.sink, hook.level)
+        structlog.contextvars.bind_contextvars(**hook.context)
     ensure_logging()
     structlog.get_logger().exception("imexctl.crashed")
 

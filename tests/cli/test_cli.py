@@ -136,6 +136,14 @@ class TestHooks:
         assert run(cfg, "prolog", host=host, gpu=FakeGpu(error=RuntimeError("boom"))) == ExitCode.SOFTWARE == 70
         err = capsys.readouterr().err
         assert '"event": "imexctl.crashed"' in err and "RuntimeError: boom" in err
+        # the hook logs without structlog until it crashes: the trace line still carries the hook's context
+        (crashed,) = [json.loads(ln) for ln in err.splitlines() if '"imexctl.crashed"' in ln]
+        assert (crashed["hook"], crashed["job_id"], crashed["node"], crashed["level"]) == (
+            "prolog",
+            42,
+            "gb01",
+            "error",
+        )
 
     def test_keyboard_interrupt_exits_130(self, cfg: str, host: FakeHost) -> None:
         """An interrupted command exits 128 + SIGINT."""

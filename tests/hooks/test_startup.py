@@ -88,11 +88,14 @@ def test_idle_epilog_imports_nothing_heavy(skip_cfg: Settings) -> None:
 
 @as_root
 def test_epilog_with_state_takes_the_full_path(skip_cfg: Settings) -> None:
-    """An epilog whose job left its directory here is no idle epilog: it imports structlog and tears down."""
+    """An epilog whose job left its directory here is no idle epilog: it tears down, logging without structlog."""
     skip_cfg.paths.job(79).path.mkdir(parents=True)
     rc, loaded = probe("--config", str(skip_cfg.source), "epilog", env=job_env(job_id=79))
-    assert rc == 0 and "structlog" in loaded
+    assert rc == 0 and "structlog" not in loaded
     assert not skip_cfg.paths.job(79).exists()
+    *_, done = recs = lines(skip_cfg.paths.log_file)
+    assert (done["event"], done["ok"], done["job_id"], done["hook"]) == ("epilog.done", True, 79, "epilog"), recs
+    assert all(r["job_id"] == 79 and r["node"] == "gb01" for r in recs), recs
 
 
 def test_skipped_prolog_lines(skip_cfg: Settings, capsys: pytest.CaptureFixture[str]) -> None:

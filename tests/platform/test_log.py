@@ -94,3 +94,39 @@ def test_one_function_renders_every_line(monkeypatch: pytest.MonkeyPatch) -> Non
         {"ok": True, "event": "prolog.done", "level": "info"},
         {"ok": True, "event": "prolog.done", "hook": "prolog", "level": "info"},
     ]
+
+
+def test_a_hooks_lines_stay_on_its_sink_without_structlog_until_it_crashes() -> None:
+    """A hook's log-file warning and failure line go through its LineLogger; a crash configures structlog
+    then, on the same sink and with the hook's bound fields, so that the trace is logged."""
+    from imexctl.platform.errors import ConfigError
+
+    structlog.reset_defaults()
+    structlog.contextvars.clear_contextvars()
+    out = io.StringIO()
+    env = {"SLURM_JOB_ID": "9", "SLURMD_NODENAME": "gb02"}
+    try:
+        hook = log.setup_hook_logging("info", "prolog", env, (log.SinkLogger(out, None, 50, False), "no log file"))
+        hook.bind_context(job_id=9)
+        log.log_failure(ConfigError("bad key"))
+        assert not structlog.is_configured()
+        try:
+            _boom()
+        except RuntimeError:
+            log.log_crash()
+        assert structlog.is_configured()
+    finally:
+        log.reset_logging()
+        structlog.contextvars.clear_contextvars()
+    recs = lines(out.getvalue())
+    assert [(r["event"], r["level"], r["job_id"], r["node"], r["hook"]) for r in recs] == [
+        ("imexctl.failed", "warning", "9", "gb02", "prolog"),
+        ("imexctl.failed", "error", 9, "gb02", "prolog"),
+        ("imexctl.crashed", "error", 9, "gb02", "prolog"),
+    ]
+    assert recs[0]["reason"] == "no log file" and recs[1]["error_code"] == "config_invalid"
+    assert "RuntimeError: boom" in recs[2]["exception"]
+
+
+def _boom() -> None:
+    raise RuntimeError("boom")
