@@ -427,8 +427,12 @@ class _Cycle:
             args = ["cleanup", "--force"] if p.force else ["cleanup"]
             self.admin(self.trays[p.victim], args, faulted=True)
         self.rack.set_faults("")
-        if p.world == "crash":  # let the daemon die as planned: the dry run and the run must not race it
-            t, deadline = self.trays[p.world_tray], time.monotonic() + 3
+        if p.world in ("crash", "stop_delay"):
+            # let the daemon die as planned, or finish the slow shutdown that a killed hook's SIGTERM began:
+            # the dry run and the run must not race it (seed 494551871 cycle 108: the dry run saw the daemon
+            # still stopping and named nothing, the run found it gone and tore the job down)
+            t = self.trays[p.world_tray]
+            deadline = time.monotonic() + (3 if p.world == "crash" else float(p.world_entry.split("=")[1]) + 0.5)
             while domain(t, p.job)["daemons"] and time.monotonic() < deadline:
                 time.sleep(0.02)
         for t in self.trays:
