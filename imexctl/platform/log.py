@@ -8,7 +8,7 @@ they are bound (``structlog.contextvars.bind_contextvars``, or
 The admin commands log through structlog.  The prolog and the epilog, which
 delay every job on every tray, write the same lines through
 :class:`LineLogger` and import structlog only to log a crash with its trace
-(docs/performance.md "Own CPU per hook").
+(docs/performance.md "Hook start-up").
 """
 
 from __future__ import annotations
