@@ -250,9 +250,9 @@ def find_job(
         raise NoChannel("this process's uid is not mapped to a host uid")
     try:
         run_dir = _Dir.open_path(paths.run_dir, uid_map)
-        with run_dir, _sub_or_none(run_dir, "jobs") as jobs:
+        with run_dir, _sub_or_none(run_dir, schema.JOBS_DIR) as jobs:
             if jobs is None:
-                raise NoChannel(f"no imexctl domain on this node ({paths.run_dir}/jobs is absent)")
+                raise NoChannel(f"no imexctl domain on this node ({paths.run_dir}/{schema.JOBS_DIR} is absent)")
             why = []
             for job_id in job_ids:
                 try:
@@ -303,7 +303,7 @@ def _read_job(jobs: _Dir, job_id: int) -> JobChannel:
 
 def _read_state(job_dir: _Dir, job_id: int) -> JobChannel:
     try:
-        data = job_dir.read("state.json")
+        data = job_dir.read(schema.JOB_STATE)
     except FileNotFoundError:
         raise NoChannel(f"job {job_id}: no state.json (a prolog still running, or failed)") from None
     except OSError as exc:

@@ -28,22 +28,22 @@ class JobDir:
     @property
     def config(self) -> Path:
         """The daemon's complete ``config.cfg``."""
-        return self.path / "config.cfg"
+        return self.path / schema.JOB_CONFIG
 
     @property
     def nodes(self) -> Path:
         """The nodes file, one address per line."""
-        return self.path / "nodes_config.cfg"
+        return self.path / schema.JOB_NODES
 
     @property
     def state(self) -> Path:
         """What the prolog set up (``state.json``)."""
-        return self.path / "state.json"
+        return self.path / schema.JOB_STATE
 
     @property
     def pid_file(self) -> Path:
         """The exec backend's record of the daemon (``daemon.pid``)."""
-        return self.path / "daemon.pid"
+        return self.path / schema.JOB_PID_FILE
 
     def exists(self) -> bool:
         """Whether the directory (or anything at its path) exists."""
@@ -75,7 +75,7 @@ class Paths:
     @property
     def jobs_dir(self) -> Path:
         """Directory holding one subdirectory per job that owns (or owned) the domain."""
-        return self.run_dir / "jobs"
+        return self.run_dir / schema.JOBS_DIR
 
     @property
     def lock_file(self) -> Path:
@@ -84,4 +84,4 @@ class Paths:
 
     def job(self, job_id: int) -> JobDir:
         """The job's directory and files."""
-        return JobDir(job_id, self.jobs_dir / str(job_id))
+        return JobDir(job_id, Path(schema.job_dir(str(self.run_dir), job_id)))

@@ -42,6 +42,7 @@ __all__ = [
     "as_under_slurmd",
     "config_candidates",
     "find_config",
+    "job_dir",
     "node_paths",
     "parse_ini_subset",
     "parse_key",
@@ -555,6 +556,21 @@ def validate(path: str | None, raw: dict[str, dict[str, str]]) -> tuple[dict[str
     _auth_check(path, sections["auth"], imex)
     sections["topology"]["source"] = _topology_source(path, sections["topology"], sections["paths"])
     return sections, imex
+
+
+#: each job's directory, ``<[paths] run_dir>/jobs/<job id>/``, and its files (``config.paths.JobDir`` names them)
+JOBS_DIR, JOB_CONFIG, JOB_NODES, JOB_STATE, JOB_PID_FILE = (
+    "jobs",
+    "config.cfg",
+    "nodes_config.cfg",
+    "state.json",
+    "daemon.pid",
+)
+
+
+def job_dir(run_dir: str, job_id: int) -> str:
+    """The job's directory on a node: the one place its layout is written, for every path that needs it."""
+    return os.path.join(run_dir, JOBS_DIR, str(job_id))
 
 
 def node_paths(paths: Mapping[str, str], node: str) -> dict[str, str]:

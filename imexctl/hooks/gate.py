@@ -92,8 +92,8 @@ def skipped_prolog(job: JobContext, policy: Mapping[str, Any], run_dir: str, pro
 def idle_prolog(job: JobContext, rt: Runtime) -> PrologResult | None:
     """The whole prolog of a job that the policy skips, with the settings; None (nothing logged) otherwise.
 
-    ``cli`` runs this before structlog is imported, with a ``log.LineLogger``,
-    when the fast path could not answer (metrics to record, a log directory
+    ``cli`` runs this before the full prolog is imported, with the hook's
+    ``log.LineLogger``, when the fast path could not answer (metrics to record, a log directory
     still to make, a test's fake host).  None too when the note
     failed: the full prolog logs that.
     """

@@ -198,10 +198,10 @@ def _idle_epilog(job: JobContext, policy: Mapping[str, Any], paths: Mapping[str,
     from imexctl.platform.procscan import mentioned_in_proc
 
     def left(job_id: int) -> bool:
-        job_dir = os.path.join(paths["run_dir"], "jobs", str(job_id))
+        job_dir = schema.job_dir(paths["run_dir"], job_id)
         return gate.left_anything(
             job_dir,
-            os.path.join(job_dir, "config.cfg"),
+            os.path.join(job_dir, schema.JOB_CONFIG),
             has_process=mentioned_in_proc,
             channel_left=lambda: _channel_node_left(job_id, policy, paths["channel_dir"]),
         )
@@ -222,12 +222,9 @@ def _channel_node_left(job_id: int, policy: Mapping[str, Any], channel_dir: str)
 
 def _sink(log_file: str, verbose: bool, syslog: bool) -> SinkLogger | None:
     """The run's sink; None when the log file does not open as it is (the full command makes or reports it)."""
-    from imexctl.platform.log import SinkLogger, open_log_file
+    from imexctl.platform.log import open_sink
 
-    file = None
-    if log_file:
-        try:
-            file = open_log_file(log_file, make_dir=False)
-        except OSError:
-            return None
-    return SinkLogger(file, sys.stderr, 20 if verbose else 30, syslog)
+    sink, problem = open_sink(
+        log_file=log_file, stderr_level="info" if verbose else "warning", syslog=syslog, make_dir=False
+    )
+    return None if problem else sink

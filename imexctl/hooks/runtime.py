@@ -49,7 +49,7 @@ def bind(rt: Runtime, **kw: Any) -> None:
     """Bind fields (job id, node) to every later log line of this run."""
     from imexctl.platform.log import LineLogger
 
-    if isinstance(rt.log, LineLogger):  # a hook's fast path (cli.py): structlog is not imported
+    if isinstance(rt.log, LineLogger):  # the prolog and the epilog: structlog is not imported
         rt.log.bind_context(**kw)
         return
     import structlog

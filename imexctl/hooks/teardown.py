@@ -211,8 +211,8 @@ def idle_epilog(job: JobContext, rt: Runtime) -> EpilogResult | None:
     """The whole epilog of a job that left nothing here; None (nothing logged) when the full epilog must run.
 
     Most jobs never had a domain on a tray.  ``cli`` runs this first, with a
-    ``log.LineLogger``, so that their epilog imports neither structlog nor
-    psutil (docs/performance.md).  The decision is ``gate.nothing_left``, the
+    ``log.LineLogger``, so that their epilog never imports psutil
+    (docs/performance.md).  The decision is ``gate.nothing_left``, the
     fast path's, with the full epilog's checks.
     """
     t0 = rt.host.monotonic()

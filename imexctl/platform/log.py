@@ -32,7 +32,6 @@ __all__ = [
     "configure_logging",
     "configure_structlog",
     "ensure_logging",
-    "line_logger",
     "log_context",
     "log_crash",
     "log_failure",
@@ -154,14 +153,14 @@ def configure_logging(
 
 
 def open_sink(
-    *, log_file: Path | None = None, stderr_level: str = "warning", syslog: bool = False
+    *, log_file: str | Path | None = None, stderr_level: str = "warning", syslog: bool = False, make_dir: bool = True
 ) -> tuple[SinkLogger, str | None]:
     """The one sink of this run, and a warning text if the log file could not be opened (then stderr only)."""
     problem = None
     file = None
-    if log_file is not None:
+    if log_file:
         try:
-            file = open_log_file(log_file)
+            file = open_log_file(log_file, make_dir=make_dir)
         except OSError as exc:
             problem = f"cannot open log file {log_file}: {exc.strerror}"
     return SinkLogger(file, sys.stderr, _LEVELS[stderr_level], syslog), problem
@@ -334,11 +333,6 @@ def log_context(command: str, env: Mapping[str, str]) -> dict[str, Any]:
     return context
 
 
-def line_logger(sink: SinkLogger, level: str, command: str, env: Mapping[str, str]) -> LineLogger:
-    """The fast path's logger: the lines structlog would write, with the command's context."""
-    return LineLogger(sink, level, log_context(command, env))
-
-
 def setup_command_logging(
     level: str, command: str, env: Mapping[str, str], opened: tuple[SinkLogger, str | None]
 ) -> None:
@@ -361,7 +355,7 @@ def setup_hook_logging(
 ) -> LineLogger:
     """A hook's logger on the opened sink: structlog's lines, without importing structlog."""
     sink, problem = opened
-    logger = _current["hook"] = line_logger(sink, level, command, env)
+    logger = _current["hook"] = LineLogger(sink, level, log_context(command, env))
     if problem:
         logger.warning("imexctl.failed", error_code="log_file", reason=problem)
     return logger
