@@ -7,10 +7,10 @@ minor on every tray of the job, and it is removed in the epilog.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import stat
 from pathlib import Path
+from typing import NamedTuple
 
 from imexctl.channels.job import channel_minor
 from imexctl.platform.errors import DeviceError
@@ -31,8 +31,7 @@ __all__ = [
 DEVICE_NAME = "nvidia-caps-imex-channels"
 
 
-@dataclasses.dataclass(frozen=True)
-class Channel:
+class Channel(NamedTuple):
     """One channel node as found on disk."""
 
     path: Path

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,7 +58,7 @@ def _job(job_id: int, rt: Runtime) -> dict[str, Any]:
     backend = daemon.make_backend(host, s, state.backend if state else None)
     out: dict[str, Any] = {"job_id": job_id, "job_dir": str(jd.path), "stale": []}
     try:
-        out["daemon"] = dataclasses.asdict(backend.info(jd))
+        out["daemon"] = backend.info(jd)._asdict()
     except ImexctlError as exc:
         out["daemon"] = {"error": str(exc)}
     # with systemd, the unit's main process is the daemon whatever it runs (a site's wrapper)

@@ -7,19 +7,17 @@ node (light, for the hooks' fast path and the job's own user);
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from imexctl.config import schema
 
 __all__ = ["JobDir", "Paths"]
 
 
-@dataclasses.dataclass(frozen=True)
-class JobDir:
+class JobDir(NamedTuple):
     """One job's directory on a node, ``<run_dir>/jobs/<job id>/``, and every file in it."""
 
     job_id: int
@@ -50,8 +48,7 @@ class JobDir:
         return os.path.lexists(self.path)
 
 
-@dataclasses.dataclass(frozen=True)
-class Paths:
+class Paths(NamedTuple):
     """Every path imexctl reads or writes on a node, already under ``root``."""
 
     root: Path
@@ -69,7 +66,7 @@ class Paths:
     def of_node(cls, section: Mapping[str, str], node: str) -> Paths:
         """``[paths]`` as validated, for ``node`` (:func:`imexctl.config.schema.node_paths`)."""
         p = schema.node_paths(section, node)
-        found: dict[str, Any] = {f.name: Path(p[f.name]) if p[f.name] else None for f in dataclasses.fields(cls)}
+        found: dict[str, Any] = {f: Path(p[f]) if p[f] else None for f in cls._fields}
         return cls(**found)
 
     @property

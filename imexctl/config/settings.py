@@ -8,11 +8,10 @@ docs/configuration.md (kept in sync with ``SCHEMA`` by tests).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from imexctl.config import schema
 from imexctl.config.paths import Paths
@@ -37,13 +36,13 @@ __all__ = [
     "load",
 ]
 
-# One frozen dataclass per section: the fields are schema.SCHEMA's keys, in its order, typed as
-# parsed (tests/config/test_settings.py keeps the two equal).  SCHEMA, with the keys' defaults, parsers and
+# One NamedTuple per section (immutable and typed, and a tenth of a frozen dataclass's cost to define at
+# every start: docs/performance.md): the fields are schema.SCHEMA's keys, in its order, typed as parsed
+# (tests/config/test_settings.py keeps the two equal).  SCHEMA, with the keys' defaults, parsers and
 # comments, is the one source of docs/configuration.md's key tables (tests/test_docs.py).
 
 
-@dataclasses.dataclass(frozen=True)
-class PathsSection:
+class PathsSection(NamedTuple):
     """``[paths]`` as written: absolute paths, resolved under ``root`` into :class:`Paths`."""
 
     root: str
@@ -58,8 +57,7 @@ class PathsSection:
     nvidia_params: str
 
 
-@dataclasses.dataclass(frozen=True)
-class Commands:
+class Commands(NamedTuple):
     """``[commands]``: absolute paths of the programs imexctl runs."""
 
     nvidia_imex: str
@@ -68,8 +66,7 @@ class Commands:
     scontrol: str
 
 
-@dataclasses.dataclass(frozen=True)
-class Daemon:
+class Daemon(NamedTuple):
     """``[daemon]``: how the job's daemon is started and stopped."""
 
     backend: str
@@ -81,8 +78,7 @@ class Daemon:
     lock_timeout_s: float
 
 
-@dataclasses.dataclass(frozen=True)
-class Policy:
+class Policy(NamedTuple):
     """``[policy]``: which jobs get a domain, channels, the NVML fabric check."""
 
     jobs: str
@@ -99,8 +95,7 @@ class Policy:
     lost_daemon: str
 
 
-@dataclasses.dataclass(frozen=True)
-class Readiness:
+class Readiness(NamedTuple):
     """``[readiness]``: what "ready" means and how long to wait for it."""
 
     level: str
@@ -112,8 +107,7 @@ class Readiness:
     blame_peers: str
 
 
-@dataclasses.dataclass(frozen=True)
-class Slurm:
+class Slurm(NamedTuple):
     """``[slurm]``: what imexctl takes from slurm.conf and asks slurmctld."""
 
     cap_deadline: str
@@ -124,46 +118,40 @@ class Slurm:
     het_jobs: str
 
 
-@dataclasses.dataclass(frozen=True)
-class Ports:
+class Ports(NamedTuple):
     """``[ports]``: the per-job port ranges."""
 
     server_port_range: tuple[int, int]
     cmd_port_range: tuple[int, int]
 
 
-@dataclasses.dataclass(frozen=True)
-class Resolve:
+class Resolve(NamedTuple):
     """``[resolve]``: how tray names become addresses."""
 
     method: str
 
 
-@dataclasses.dataclass(frozen=True)
-class Topology:
+class Topology(NamedTuple):
     """``[topology]``: where the NVLink domains (Slurm blocks) come from (docs/topology.md)."""
 
     source: str
     yaml_topology: str
 
 
-@dataclasses.dataclass(frozen=True)
-class Log:
+class Log(NamedTuple):
     """``[log]``: imexctl's own log."""
 
     level: str
     syslog: str
 
 
-@dataclasses.dataclass(frozen=True)
-class Metrics:
+class Metrics(NamedTuple):
     """``[metrics]``: the Prometheus text file for node_exporter's textfile collector (docs/metrics.md)."""
 
     textfile_dir: str
 
 
-@dataclasses.dataclass(frozen=True)
-class Auth:
+class Auth(NamedTuple):
     """``[auth]``: IMEX peer authentication and encryption (docs/security.md#imex-peer-authentication).
 
     Written into each job's config.cfg as ``IMEX_ENABLE_AUTH_ENCRYPTION`` and the keys
@@ -182,8 +170,7 @@ class Auth:
     security_target_override: str
 
 
-@dataclasses.dataclass(frozen=True)
-class Containers:
+class Containers(NamedTuple):
     """``[containers]``: what the enroot hook does when it fails for a job with a channel (docs/containers.md)."""
 
     on_error: str
@@ -206,8 +193,7 @@ SECTIONS: Mapping[str, type] = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class Settings:
+class Settings(NamedTuple):
     """The validated configuration: one typed, frozen object per section."""
 
     source: Path | None
@@ -233,8 +219,8 @@ class Settings:
             section, _, key = name.partition("__")
             if section == "paths" or section not in SECTIONS or key not in schema.SCHEMA[section]:
                 raise KeyError(name)
-            sections[section] = dataclasses.replace(sections.get(section, getattr(self, section)), **{key: value})
-        return dataclasses.replace(self, **sections)
+            sections[section] = sections.get(section, getattr(self, section))._replace(**{key: value})
+        return self._replace(**sections)
 
 
 def load(path: str | Path | None, *, node: str, required: bool = True, euid: int | None = None) -> Settings:

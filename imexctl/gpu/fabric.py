@@ -11,7 +11,7 @@ driver in strict mode (design.md source nvml-clique); the waiting and health pol
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from imexctl.gpu import nvml
 from imexctl.platform.errors import GpuError
@@ -28,7 +28,7 @@ FABRIC_POLL_S = 1.0  # pause between NVML queries while a GPU's fabric registrat
 
 
 @dataclasses.dataclass(frozen=True)
-class FabricInfo:
+class FabricInfo:  # not a NamedTuple: its field ``index`` would hide tuple.index
     """One GPU's fabric registration, as NVML reported it.
 
     ``health_mask`` is None for the legacy struct, ``health_summary`` None for
@@ -198,8 +198,7 @@ def _mask(info: FabricInfo) -> str:
 # ---------------------------------------------------------------- NVML through pynvml
 
 
-@dataclasses.dataclass(frozen=True)
-class NvmlVersions:
+class NvmlVersions(NamedTuple):
     """What an NVML error message names: the Python binding and the driver."""
 
     python: str

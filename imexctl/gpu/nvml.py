@@ -18,8 +18,7 @@ NVIDIA/go-nvml, ``gen/nvml/nvml.h`` @ 2f9e261fe40a7a1c54783d66805e8920564763b4
 from __future__ import annotations
 
 import ctypes
-import dataclasses
-from typing import Any, Callable, Final, Optional
+from typing import Any, Callable, Final, NamedTuple, Optional
 
 __all__ = [
     "FABRIC_INFO_V2",
@@ -186,8 +185,7 @@ def return_name(code: int) -> str:
     return f"NVML_{'' if code == SUCCESS else 'ERROR_'}{name} ({code})"
 
 
-@dataclasses.dataclass(frozen=True)
-class FabricHealth:
+class FabricHealth(NamedTuple):
     """A decoded ``healthMask`` / ``healthSummary`` (empty where the struct has no such field)."""
 
     summary: str
@@ -223,8 +221,7 @@ def decode_health(mask: int | None, summary: int | None) -> FabricHealth:
     return FabricHealth(summary_text, tuple(fields), tuple(problems))
 
 
-@dataclasses.dataclass(frozen=True)
-class FabricRead:
+class FabricRead(NamedTuple):
     """One GPU's answer, whichever struct the driver accepted (``layout``: v3, v2 or legacy)."""
 
     layout: str

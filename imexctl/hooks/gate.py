@@ -102,7 +102,7 @@ def idle_prolog(job: JobContext, rt: Runtime) -> PrologResult | None:
 
     t0 = rt.host.monotonic()
     paths = rt.settings.paths
-    skip = skipped_prolog(job, vars(rt.settings.policy), str(paths.run_dir), str(paths.proc_devices))
+    skip = skipped_prolog(job, rt.settings.policy._asdict(), str(paths.run_dir), str(paths.proc_devices))
     if skip is None or skip.problem:
         return None
     bind(rt, job_id=job.job_id, node=job.node)
@@ -115,7 +115,7 @@ def policy_skip(job: JobContext, policy: Mapping[str, Any]) -> str:
     """Why this job gets no IMEX by ``[policy]`` ('' when it does).
 
     ``policy`` holds the section's values by key (``jobs``, ``partitions``,
-    ``feature``, ``shared``), as the fast path reads them or as ``vars()`` of
+    ``feature``, ``shared``), as the fast path reads them or as ``_asdict()`` of
     :class:`imexctl.config.settings.Policy` gives them.  A job that may share
     its trays is skipped with ``shared = skip``; with ``shared = refuse`` it is
     not skipped here, and the prolog refuses it (:func:`shared_reason`).

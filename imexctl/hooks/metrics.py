@@ -13,12 +13,11 @@ reboot (``run_dir`` is a tmpfs), which Prometheus' ``rate()`` handles.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Final, Union
+from typing import Any, Final, NamedTuple, Union
 
 from imexctl import __version__
 from imexctl.config.settings import Settings
@@ -67,8 +66,7 @@ METRICS: Final[dict[str, tuple[str, str]]] = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class Domain:
+class Domain(NamedTuple):
     """What the gauges say about this tray's domain."""
 
     owner_job: int = 0
@@ -78,8 +76,7 @@ class Domain:
     connected: int | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class Run:
+class Run(NamedTuple):
     """One finished prolog, epilog or cleanup, as the metrics count it."""
 
     command: str
@@ -175,7 +172,7 @@ def record(settings: Settings, run: Run, now: float) -> bool:
     with _locked(run_dir / "metrics.lock"):
         totals = _load(run_dir / STATE_FILE)
         _count(totals, run, now)
-        totals["domain"] = dataclasses.asdict(_domain_after(settings, run, totals.get("domain")))
+        totals["domain"] = _domain_after(settings, run, totals.get("domain"))._asdict()
         atomic_write(run_dir / STATE_FILE, json.dumps(totals, sort_keys=True) + "\n", mode=0o644)
         atomic_write(target, render(totals), mode=0o644)
     return True
@@ -238,7 +235,7 @@ def _domain_after(settings: Settings, run: Run, before: Mapping[str, Any] | None
     owners = job_ids(settings.paths.jobs_dir)
     owner = owners[0] if len(owners) == 1 else 0
     if run.domain is not None and owner:  # the prolog that just made the domain of this tray's one job
-        return dataclasses.replace(run.domain, owner_job=owner)
+        return run.domain._replace(owner_job=owner)
     if owner == 0:
         return Domain()
     if before and before.get("owner_job") == owner:

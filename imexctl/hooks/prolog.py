@@ -236,7 +236,7 @@ def _het_domain(job: JobContext, rt: Runtime) -> JobContext:
 def _skip(job: JobContext, rt: Runtime) -> Skip | None:
     """``gate.skipped_prolog`` with the settings; a note that could not be left is a warning, never a failure."""
     paths = rt.settings.paths
-    skip = skipped_prolog(job, vars(rt.settings.policy), str(paths.run_dir), str(paths.proc_devices))
+    skip = skipped_prolog(job, rt.settings.policy._asdict(), str(paths.run_dir), str(paths.proc_devices))
     if skip is not None and skip.problem:  # the job runs all the same: no fault of the tray worth a drain
         rt.log.warning("imex.note_failed", problem=skip.problem)
     return skip

@@ -10,10 +10,9 @@ returns a :class:`Readiness` whose :class:`Outcome` says what happened, and
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from imexctl.config.settings import Settings
 from imexctl.imex import ctl as ctloutput
@@ -38,8 +37,7 @@ class Outcome(enum.Enum):
         return self in (Outcome.READY, Outcome.FATAL, Outcome.DAEMON_GONE)
 
 
-@dataclasses.dataclass(frozen=True)
-class Readiness:
+class Readiness(NamedTuple):
     """Outcome of one probe: ``status`` is short, ``reason`` explains a final failure."""
 
     outcome: Outcome
@@ -56,8 +54,7 @@ class Readiness:
         return self.outcome is Outcome.READY
 
 
-@dataclasses.dataclass(frozen=True)
-class Probe:
+class Probe(NamedTuple):
     """What to ask and what to expect."""
 
     config: Path
@@ -85,11 +82,11 @@ def probe(
     if not p.daemon_alive():
         return Readiness(Outcome.DAEMON_GONE, "daemon exited", reason="the IMEX daemon exited during start-up")
     if local_seen and p.level != "local":
-        return dataclasses.replace(_domain(host, settings, p, deadline), local_ready=True)
+        return _domain(host, settings, p, deadline)._replace(local_ready=True)
     local = _local(host, settings, p, deadline)
     if local.outcome is not Outcome.READY or p.level == "local":
         return local
-    return dataclasses.replace(_domain(host, settings, p, deadline), local_ready=True)
+    return _domain(host, settings, p, deadline)._replace(local_ready=True)
 
 
 def _local(host: Host, settings: Settings, p: Probe, deadline: float) -> Readiness:
@@ -226,13 +223,13 @@ class _Watch:
             for n in r.domain.nodes
             if n.status != "READY" and self.seen.get(n.host) in ctloutput.NOT_READY_STATES
         )
-        return dataclasses.replace(r, blamed=blamed)
+        return r._replace(blamed=blamed)
 
     def last_word(self, r: Readiness) -> Readiness:
         """``r``, or when it got no answer, what the daemons last said (with ``r`` noted)."""
         if r.outcome is not Outcome.NO_ANSWER or self.answered is None:
             return r
-        return dataclasses.replace(self.answered, status=f"{self.answered.status} (then {r.status})")
+        return self.answered._replace(status=f"{self.answered.status} (then {r.status})")
 
 
 #: each pause between probes is this share of the time waited so far (then bounded by [readiness] poll_*_s)

@@ -8,8 +8,7 @@ read these records; the field order of the summary lines is
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from imexctl.hooks import summary
 
@@ -25,8 +24,7 @@ _PHRASES: Final = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class Action:
+class Action(NamedTuple):
     """One thing a teardown or ``cleanup`` did (or, in a dry run, would do) to one object.
 
     ``kind`` is one of ``stop_daemon``, ``remove_channel``, ``remove_job_dir``,
@@ -55,8 +53,7 @@ def texts(actions: tuple[Action, ...], *, dry_run: bool = False) -> list[str]:
     return [f"would {a.text}" if dry_run else a.text for a in actions]
 
 
-@dataclasses.dataclass(frozen=True)
-class Setup:
+class Setup(NamedTuple):
     """This tray's part of a job's domain, as the prolog set it up.
 
     With a daemon (``daemon``): its ports, whether the domain got ready, and
@@ -86,8 +83,7 @@ class Setup:
         }
 
 
-@dataclasses.dataclass(frozen=True)
-class PrologResult:
+class PrologResult(NamedTuple):
     """One prolog that ended well: the job skipped, the job ended meanwhile, or this tray's domain set up."""
 
     duration_s: float
@@ -117,8 +113,7 @@ class PrologResult:
             log.info(event, **fields)
 
 
-@dataclasses.dataclass(frozen=True)
-class EpilogResult:
+class EpilogResult(NamedTuple):
     """One epilog that ended well: what its teardown did, and the domains whose daemon ended before the job."""
 
     duration_s: float
@@ -131,8 +126,7 @@ class EpilogResult:
         return summary.epilog_fields(texts(self.actions), self.duration_s, self.lost_daemon)
 
 
-@dataclasses.dataclass(frozen=True)
-class CleanupResult:
+class CleanupResult(NamedTuple):
     """One ``imexctl cleanup``: what was done (or would be), jobs left because they may still run, failures."""
 
     dry_run: bool

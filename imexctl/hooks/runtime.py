@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import signal
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from imexctl.platform.errors import ImexctlError, Terminated
 
@@ -22,8 +21,7 @@ def _no_step(_name: str) -> None:
     return None
 
 
-@dataclasses.dataclass(frozen=True)
-class Runtime:
+class Runtime(NamedTuple):
     """The seams every step receives.
 
     ``on_step`` is called with a name at each step boundary: the prolog's

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import json
 import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from imexctl.config.paths import JobDir
 from imexctl.platform.errors import FileError, LockTimeout
@@ -20,8 +19,7 @@ from imexctl.platform.host import Host
 __all__ = ["JobState", "job_ids", "mark_state", "node_lock", "read_state", "write_state"]
 
 
-@dataclasses.dataclass(frozen=True)
-class JobState:
+class JobState(NamedTuple):
     """What a prolog set up for one job on this node (``<job dir>/state.json``)."""
 
     job_id: int
@@ -45,7 +43,7 @@ class JobState:
 
 def write_state(jd: JobDir, state: JobState) -> None:
     """Record the job's state atomically."""
-    data = dataclasses.asdict(state)
+    data = state._asdict()
     atomic_write(jd.state, json.dumps(data, indent=1) + "\n", mode=0o644)
 
 
@@ -58,7 +56,7 @@ def mark_state(jd: JobDir, *, set_up: float = 0.0, ended: float = 0.0) -> bool:
     state = read_state(jd)
     if state is None:
         return False
-    write_state(jd, dataclasses.replace(state, set_up=set_up or state.set_up, ended=ended or state.ended))
+    write_state(jd, state._replace(set_up=set_up or state.set_up, ended=ended or state.ended))
     return True
 
 

@@ -8,10 +8,9 @@ confirmed (design.md source ctl-spellings) are kept verbatim, so callers compare
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from imexctl.platform.errors import OutputError
 
@@ -77,8 +76,7 @@ def _shown(text: str) -> str:
     return repr(text)
 
 
-@dataclasses.dataclass(frozen=True)
-class Connection:
+class Connection(NamedTuple):
     """One cell of the connectivity table: how ``node`` sees ``peer_id``."""
 
     peer_id: int
@@ -91,8 +89,7 @@ class Connection:
         return self.status == "CONNECTED"
 
 
-@dataclasses.dataclass(frozen=True)
-class NodeStatus:
+class NodeStatus(NamedTuple):
     """One line of the nodes file as the queried daemon reports it."""
 
     node_id: int
@@ -119,8 +116,7 @@ class NodeStatus:
         return tuple(c for c in self.connections if c.peer_id != self.node_id)
 
 
-@dataclasses.dataclass(frozen=True)
-class DomainStatus:
+class DomainStatus(NamedTuple):
     """The whole ``-N`` answer: domain state, timestamp and one entry per node."""
 
     status: str

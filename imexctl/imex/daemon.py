@@ -9,11 +9,10 @@ job's config path, which no other job shares, and its program being
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from imexctl.config.paths import JobDir
 from imexctl.config.settings import Settings
@@ -36,8 +35,7 @@ __all__ = [
 ]
 
 
-@dataclasses.dataclass(frozen=True)
-class DaemonInfo:
+class DaemonInfo(NamedTuple):
     """What ``status`` shows about a job's daemon."""
 
     backend: str

@@ -19,12 +19,11 @@ be readable by group or others either.  Pure apart from ``lstat``/``stat``.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import stat
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Final
+from typing import Final, NamedTuple
 
 from imexctl.config.schema import AUTH_FILE_KEYS
 from imexctl.config.settings import Auth, Settings
@@ -39,8 +38,7 @@ KEYTAB: Final = "/etc/krb5.keytab"
 DAEMON_ENV: Final[Mapping[str, str]] = {"KRB5_CLIENT_KTNAME": KEYTAB}
 
 
-@dataclasses.dataclass(frozen=True)
-class AuthFile:
+class AuthFile(NamedTuple):
     """One file the daemon will read: the ``[auth]`` key naming it, its path under root, whether it is secret."""
 
     key: str

@@ -21,9 +21,8 @@ Standard library only: the prolog's claim runs this on every job.
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from imexctl.platform.host import ProcInfo
@@ -40,8 +39,7 @@ _HEAD_BYTES = 8192
 _DELETED = " (deleted)"
 
 
-@dataclasses.dataclass(frozen=True)
-class Programs:
+class Programs(NamedTuple):
     """What a daemon's process may run, every path with symlinks resolved.
 
     ``binaries`` are files the process's executable may be; ``scripts`` maps

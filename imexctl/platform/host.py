@@ -14,7 +14,7 @@ import stat
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     import subprocess
@@ -31,8 +31,7 @@ SAFE_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 MAX_OUTPUT = 4 * 1024 * 1024
 
 
-@dataclasses.dataclass(frozen=True)
-class Completed:
+class Completed(NamedTuple):
     """A finished command."""
 
     argv: tuple[str, ...]

@@ -15,10 +15,9 @@ each size a power-of-two multiple of the first, at most 2**15 times it; before
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from imexctl.gpu.topology import NO_FABRIC, parse_key
 from imexctl.platform.errors import NodeListError, ReportError
@@ -47,8 +46,7 @@ _SHORT_UUID = 8  # hex digits of the cluster UUID in a block name
 _YAML_WORDS = frozenset({"y", "n", "yes", "no", "on", "off", "true", "false", "null", "~"})
 
 
-@dataclasses.dataclass(frozen=True)
-class Report:
+class Report(NamedTuple):
     """One node's answer: its key, or None with the reason (no fabric) or the error (NVML failed)."""
 
     node: str
@@ -58,8 +56,7 @@ class Report:
     where: str
 
 
-@dataclasses.dataclass(frozen=True)
-class Block:
+class Block(NamedTuple):
     """One NVLink domain: its block name, key and nodes (natural order)."""
 
     name: str
@@ -67,8 +64,7 @@ class Block:
     nodes: tuple[str, ...]
 
 
-@dataclasses.dataclass(frozen=True)
-class Collected:
+class Collected(NamedTuple):
     """Every node once: in a domain, without fabric, or without an answer."""
 
     keys: dict[str, str]

@@ -13,11 +13,10 @@ apart so their keys do not shadow global ones.
 
 from __future__ import annotations
 
-import dataclasses
 import glob
 import re
 from pathlib import Path
-from typing import Final
+from typing import Final, NamedTuple
 
 from imexctl.platform.errors import ConfigError
 from imexctl.platform.fsutil import read_text_nofollow
@@ -32,8 +31,7 @@ _PAIR: Final = re.compile(r'([A-Za-z][A-Za-z0-9_]*)\s*[-+*/]?=\s*(?:"([^"]*)"|(\
 _MAX_DEPTH: Final = 8
 
 
-@dataclasses.dataclass(frozen=True)
-class SlurmConf:
+class SlurmConf(NamedTuple):
     """The settings of one slurm.conf and the files it includes."""
 
     path: Path

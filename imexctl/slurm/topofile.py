@@ -15,10 +15,9 @@ with the line, never guessed.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from imexctl.platform.errors import ConfigError, NodeListError
 from imexctl.platform.fsutil import read_text_nofollow
@@ -29,8 +28,7 @@ __all__ = ["KEY_COMMENT", "BlockMap", "load", "parse_map", "parse_topology", "pa
 KEY_COMMENT = "imexctl-key:"
 
 
-@dataclasses.dataclass(frozen=True)
-class BlockMap:
+class BlockMap(NamedTuple):
     """Node -> block, and block -> NVML key where the source gives one."""
 
     source: str
@@ -197,16 +195,14 @@ def parse_yaml(text: str, source: str, topology: str = "") -> BlockMap:
     return built.done()
 
 
-@dataclasses.dataclass(frozen=True)
-class _Entry:
+class _Entry(NamedTuple):
     """A mapping's value and the line of its key."""
 
     value: Any
     line: int
 
 
-@dataclasses.dataclass(frozen=True)
-class _Token:
+class _Token(NamedTuple):
     """One piece of a line: a ``-`` sequence marker, a ``key: value`` or ``key:``, or a scalar."""
 
     line: int

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import os
 import re
@@ -98,7 +97,7 @@ def test_shipped_config_loads_to_the_defaults(tmp_path: Path, text: Path | None)
     path.chmod(0o644)
     loaded = settings.load(path, node="gb01")
     defaults = settings.load(None, node="gb01")
-    assert dataclasses.replace(loaded, source=None) == defaults
+    assert loaded._replace(source=None) == defaults
 
 
 def test_conffile_names_no_release_and_no_default() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import signal
 from pathlib import Path
@@ -269,7 +268,7 @@ def epilog_killed(rt: Any, job_id: int) -> None:
             raise Killed(step)
 
     with pytest.raises(Killed):
-        epilog(job_env(job_id=job_id), dataclasses.replace(rt, on_step=kill))
+        epilog(job_env(job_id=job_id), rt._replace(on_step=kill))
 
 
 class TestCleanup:

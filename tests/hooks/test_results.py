@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from imexctl.hooks.results import Action, CleanupResult, EpilogResult, PrologResult, Setup, texts
@@ -31,7 +29,7 @@ def test_action_text(action: Action, text: str) -> None:
 
 def test_records_are_frozen() -> None:
     """A result cannot be changed after the run."""
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(AttributeError):
         PrologResult(0.1).skipped = "x"  # type: ignore[misc]
 
 
