@@ -66,18 +66,20 @@ MODES = {
 }
 
 
-# Runs argv[2:] as a child and writes ``peak RSS (KiB), pid, CPU s`` to fd argv[1]: the child's peak RSS, its pid
-# and its user + system time with its waited-for descendants (the hook and the nvidia-imex-ctl runs it reaps, not
-# the daemon: the hook never waits for it).  Linux keeps a process's peak RSS across exec, so a hook started straight
+# Runs argv[2:] as a child and writes ``peak RSS (KiB), pid, CPU s, end`` to fd argv[1]: the child's peak RSS, its
+# pid, its user + system time with its waited-for descendants (the hook and the nvidia-imex-ctl runs it reaps, not
+# the daemon: the hook never waits for it), and when it ended (CLOCK_MONOTONIC as wait4 returned: the bench waits
+# for its launchers one after another, so the time it sees a launcher end can be another tray's).  Linux keeps a process's peak RSS across exec, so a hook started straight
 # from this bench (whose node lists grow it to ~80 MiB) would report the bench's peak as its own; forked from this
 # small launcher it starts from the launcher's ~10 MiB instead.
 RSS_LAUNCHER = (
-    "import os, sys\n"
+    "import os, sys, time\n"
     "pid = os.fork()\n"
     "if pid == 0:\n"
     "    os.execv(sys.argv[2], sys.argv[2:])\n"
     "_, status, usage = os.wait4(pid, 0)\n"
-    "os.write(int(sys.argv[1]), f'{usage.ru_maxrss} {pid} {usage.ru_utime + usage.ru_stime!r}'.encode())\n"
+    "end = time.monotonic()\n"
+    "os.write(int(sys.argv[1]), f'{usage.ru_maxrss} {pid} {usage.ru_utime + usage.ru_stime!r} {end!r}'.encode())\n"
     "sys.exit(os.waitstatus_to_exitcode(status))\n"
 )
 
@@ -311,13 +313,13 @@ class _Rack:
         ]
         done, rss = [], 0.0
         for p, (r, w) in zip(procs, pipes):
-            end, _ = _wait(p)
+            _wait(p)
             os.close(w)
             with os.fdopen(r, "rb") as f:
-                peak, pid, cpu = f.read().split()
+                peak, pid, cpu, end = f.read().split()
             if p.returncode != 0:
                 raise SystemExit(f"bench: {hook} of job {job} exited {p.returncode}")
-            done.append((end, int(pid), float(cpu)))
+            done.append((float(end), int(pid), float(cpu)))
             rss = max(rss, int(peak) / 1024)
         ctl = self.ctl_runs(usage_at)
         runs = [_HookRun(end, cpu - sum(c for _, _, c in ctl.get(pid, [])), ctl.get(pid, [])) for end, pid, cpu in done]
