@@ -59,20 +59,20 @@ def main(
     ``on_step`` to act at each step boundary of a hook (fault injection).
     """
     read = None
+    argv = sys.argv[1:] if argv is None else argv
     if host is None and gpu is None and on_step is None:
         from imexctl.hooks import quick
 
         try:
-            done, read = quick.start(sys.argv[1:] if argv is None else argv, os.environ if env is None else env)
+            done, read = quick.start(argv, os.environ if env is None else env)
         except Exception:  # a bug there must not fail a hook: the full command decides (tests call quick.run)
             done, read = None, None
         if done is not None:
             return done
-    from imexctl.cli.parser import build_parser
     from imexctl.platform import log
     from imexctl.platform.errors import ExitCode, ImexctlError
 
-    args = build_parser().parse_args(argv)
+    args = _parse(argv)
     env = dict(os.environ) if env is None else dict(env)
     log.reset_logging()
     try:
@@ -94,6 +94,28 @@ def main(
     except Exception:  # a bug: leave a structured trace, never a bare traceback in slurmd's log only
         log.log_crash()
         return int(ExitCode.SOFTWARE)
+
+
+def _parse(argv: Sequence[str]) -> argparse.Namespace:
+    """The parsed command line; a plain hook line (``quick.hook_args``) without building the parser.
+
+    Building the parser of every command and parsing takes about 7 ms of a
+    hook's CPU (docs/performance.md); for ``[--config FILE] [-v] prolog|epilog``
+    argparse would make just these three attributes (tests/cli/test_parser.py
+    holds the two equal).
+    """
+    from imexctl.hooks.quick import hook_args
+
+    plain = hook_args(argv)
+    if plain is None:
+        from imexctl.cli.parser import build_parser
+
+        return build_parser().parse_args(argv)
+    import types
+    from typing import cast
+
+    command, config, verbose = plain
+    return cast("argparse.Namespace", types.SimpleNamespace(config=config, verbose=verbose, command=command))
 
 
 # command -> the module whose command(args, env, host, gpu) runs it; the others need the settings (_with_runtime)

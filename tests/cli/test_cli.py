@@ -286,6 +286,54 @@ def test_unknown_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) ->
     assert info.value.code == 64 and "invalid choice" in capsys.readouterr().err
 
 
+PLAIN_HOOK_LINES = [
+    ["prolog"],
+    ["epilog"],
+    ["--config", "/etc/x.conf", "prolog"],
+    ["--config=/etc/x.conf", "-v", "epilog"],
+    ["--verbose", "--config", "/etc/x.conf", "-v", "prolog"],
+]
+
+
+@pytest.mark.parametrize("argv", [pytest.param(a, id=" ".join(a)) for a in PLAIN_HOOK_LINES])
+def test_plain_hook_line_parses_as_argparse_does(argv: list[str]) -> None:
+    """A plain hook line skips the parser (7 ms) and gets the very attributes argparse gives it."""
+    from imexctl.cli import _parse
+    from imexctl.cli.parser import build_parser
+
+    assert vars(_parse(argv)) == vars(build_parser().parse_args(argv))
+
+
+@pytest.mark.parametrize(
+    "argv", [["--conf", "/etc/x.conf", "prolog"], ["prolog", "-v"], ["--config", "-x", "prolog"], ["status"]]
+)
+def test_other_lines_go_to_argparse(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """What is not a plain hook line (an abbreviated option, an option after the command, ...) is argparse's to read."""
+    from imexctl.cli import _parse
+    from imexctl.cli.parser import build_parser
+
+    try:
+        expected: dict[str, Any] | int = vars(build_parser().parse_args(argv))
+    except SystemExit as exc:
+        expected = int(exc.code or 0)
+    try:
+        got: dict[str, Any] | int = vars(_parse(argv))
+    except SystemExit as exc:
+        got = int(exc.code or 0)
+    assert got == expected
+    capsys.readouterr()
+
+
+def test_plain_hook_line_does_not_import_argparse() -> None:
+    """Parsing ``--config FILE prolog`` leaves argparse unimported."""
+    import subprocess
+    import sys
+
+    code = "import sys, imexctl.cli as c; a = c._parse(['--config', '/x', 'prolog']); print(a.command, 'argparse' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert done.stdout.split() == ["prolog", "False"]
+
+
 def test_hook_path_imports_no_demo_simulator_or_test_code() -> None:
     """A prolog, an epilog, status and cleanup import neither imexctl.commands.demo, imexctl.sim nor tests/."""
     import subprocess
