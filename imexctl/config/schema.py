@@ -262,7 +262,7 @@ SCHEMA: dict[str, dict[str, tuple[str, Parser]]] = {
         "level": ("domain", _choice("local", "domain")),
         "deadline_s": ("60", _number(float, 0.1, 3600)),
         "poll_initial_s": ("0.03", _number(float, 0.001, 10)),
-        # the pauses between probes are a tenth of the time waited so far, within these two bounds
+        # the pauses between probes are a twentieth of the time waited so far, within these two bounds
         "poll_max_s": ("1.0", _number(float, 0.001, 60)),
         "ctl_timeout_s": ("5", _number(float, 0.1, 120)),
         # how -q reaches the local daemon: "config" (nvidia-imex-ctl -c <job config>) or

@@ -60,7 +60,7 @@ class TestProlog:
         assert ("spawn", "/usr/bin/nvidia-imex", "-c", f"{job_dir}/config.cfg") in host.calls
         chan = root / "dev/nvidia-caps-imex-channels/channel43"
         assert host.mknods == [(str(chan), 234, 43, 0o600, 1234, 1234)]
-        assert host.slept == [0.03, 0.03]  # a tenth of the time waited is less than poll_initial_s
+        assert host.slept == [0.03, 0.03]  # a twentieth of the time waited is less than poll_initial_s
         assert out.ok and (out.setup.port, out.setup.cmd_port) == (61042, 62042) and out.setup.ready
         assert json.loads((job_dir / "state.json").read_text())["cmd_port"] == 62042
         assert events(logs) == [

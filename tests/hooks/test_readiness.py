@@ -238,19 +238,19 @@ class TestFatal:
 
 
 class TestPolling:
-    def test_pauses_are_a_tenth_of_the_time_waited(
+    def test_pauses_are_a_twentieth_of_the_time_waited(
         self, host: FakeHost, make_settings: Callable[..., Settings], root: Path
     ) -> None:
-        """Pauses are a tenth of the time waited so far, at least poll_initial_s and at most poll_max_s."""
+        """Pauses are a twentieth of the time waited so far, at least poll_initial_s and at most poll_max_s."""
         host.ready_after = 10**6
         s = make_settings(readiness={"deadline_s": 30})
         with pytest.raises(HealthTimeout):
             wait(host, s, make_probe(root))
         waited = [sum(host.slept[:i]) for i in range(len(host.slept))]
-        want = [min(1.0, max(0.03, w / 10)) for w in waited]
+        want = [min(1.0, max(0.03, w / 20)) for w in waited]
         assert host.slept[:-1] == pytest.approx(want[:-1])  # the last one is cut at the deadline
-        assert host.slept[:10] == pytest.approx([0.03] * 10)  # until 0.3 s have passed
-        assert host.slept[10] == pytest.approx(0.03, rel=0.01) and host.slept[11] > host.slept[10]
+        assert host.slept[:20] == pytest.approx([0.03] * 20)  # until 0.6 s have passed
+        assert host.slept[20] == pytest.approx(0.03, rel=0.01) and host.slept[21] > host.slept[20]
         assert max(host.slept) == pytest.approx(1.0)
 
     def test_never_sleeps_past_the_deadline(self, host: FakeHost, s: Settings, root: Path) -> None:
@@ -268,7 +268,7 @@ class TestPolling:
         s = make_settings(readiness={"poll_initial_s": 0.5, "poll_max_s": 0.7, "deadline_s": 30})
         host.ready_after = 30
         assert wait(host, s, make_probe(root)).ready
-        assert host.slept[:10] == pytest.approx([0.5] * 10)  # a tenth of the time waited is less until 5 s
+        assert host.slept[:10] == pytest.approx([0.5] * 10)  # a twentieth of the time waited is less until 10 s
         assert host.slept[-1] == pytest.approx(0.7) and max(host.slept) == pytest.approx(0.7)
 
     def test_ready_result_logs_attempts(self, host: FakeHost, s: Settings, root: Path) -> None:
