@@ -384,8 +384,14 @@ def wait_done(lab: SlurmLab, job: int, timeout: float = JOB_TIMEOUT) -> dict[str
 
 
 def diagnose(lab: SlurmLab, job: int) -> str:
-    """Return diagnostics for a failed job: imexctl's failures and slurmd errors."""
+    """Return diagnostics for a failed job: imexctl's failures, slurmd errors and slurmctld's lines on the job."""
     lines = []
+    ctld = lab.slurmctld_log
+    if ctld.exists():
+        pattern = re.compile(rf"JobId={job}\b|job_?id[ =]{job}\b", re.IGNORECASE)
+        lines += [f"slurmctld: {ln}" for ln in ctld.read_text(errors="replace").splitlines() if pattern.search(ln)][
+            -30:
+        ]
     for node in lab.nodes:
         for rec in events(lab, node, job):
             if rec.get("level") in ("error", "warning") or rec.get("event") in ("prolog.done", "epilog.done"):
