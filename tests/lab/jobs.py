@@ -383,6 +383,41 @@ def wait_done(lab: SlurmLab, job: int, timeout: float = JOB_TIMEOUT) -> dict[str
     return wait_state(lab, job, ["COMPLETED"], timeout)
 
 
+#: slurmd's RETRY_DELAY (src/slurmd/slurmd/req.c, 15 s in 22.05, 24.11 and 26.05)
+SLURMD_RETRY_DELAY_S = 15.0
+_RETRY_LINE = re.compile(r"^\[(\S+)\] .*Retrying prolog complete RPC for (?:JobId=|StepId=)?(\d+)\b")
+
+
+def prolog_rpc_retries(lab: SlurmLab, job: int) -> list[datetime]:
+    """When each slurmd logged that it will send ``job``'s failed prolog's completion again, in 15 s."""
+    out = []
+    for node in lab.nodes:
+        log = lab.slurmd_log(node)
+        if log.exists():
+            for line in log.read_text(errors="replace").splitlines():
+                m = _RETRY_LINE.match(line)
+                if m and int(m.group(2)) == job:
+                    out.append(datetime.fromisoformat(m.group(1)))
+    return out
+
+
+def wait_prolog_rpcs_settled(lab: SlurmLab, job: int) -> None:
+    """Wait until no slurmd is about to resend ``job``'s failed prolog to slurmctld.
+
+    After a failed prolog slurmd sends slurmctld the prolog's completion and the
+    batch launch's failure until slurmctld takes them, every 15 s (a loaded
+    slurmctld may miss the first).  A resend that arrives after the held job was
+    released and started again ends the new run FAILED (NonZeroExitCode)
+    before any prolog of it runs: the last sleep must be over first.
+    """
+
+    def settled() -> bool:
+        last = max(prolog_rpc_retries(lab, job), default=None)
+        return last is None or (datetime.now() - last).total_seconds() > SLURMD_RETRY_DELAY_S + 2
+
+    wait_for(settled, 2 * SLURMD_RETRY_DELAY_S + 10, 0.5, what=f"slurmd's resends of job {job}'s prolog completion")
+
+
 def diagnose(lab: SlurmLab, job: int) -> str:
     """Return diagnostics for a failed job: imexctl's failures, slurmd errors and slurmctld's lines on the job."""
     lines = []

@@ -8,7 +8,15 @@ import pytest
 
 from tests.lab.cluster import SlurmLab
 from tests.lab.conftest import NODES
-from tests.lab.jobs import PROLOG_TIMEOUT, events, imexctl_admin, leftovers, sbatch, wait_done
+from tests.lab.jobs import (
+    PROLOG_TIMEOUT,
+    events,
+    imexctl_admin,
+    leftovers,
+    sbatch,
+    wait_done,
+    wait_prolog_rpcs_settled,
+)
 from tests.simhelpers import wait_for
 
 pytestmark = pytest.mark.slurm
@@ -58,6 +66,7 @@ def test_prolog_failure_rolls_back_drains_requeues_and_recovers(lab: SlurmLab) -
     for node in drained:
         lab.run(["scontrol", "update", f"nodename={node}", "state=resume"])
     lab.wait_idle()
+    wait_prolog_rpcs_settled(lab, job)  # a late resend would fail the released job's new run (jobs.py)
     lab.run(["scontrol", "release", str(job)])
     lab.run(["scontrol", "update", f"jobid={job}", "StartTime=now"])
     info = wait_done(lab, job)
