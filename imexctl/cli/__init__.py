@@ -101,7 +101,7 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
 
     Building the parser of every command and parsing takes about 7 ms of a
     hook's CPU (docs/performance.md); for ``[--config FILE] [-v] prolog|epilog``
-    argparse would make just these three attributes (tests/cli/test_parser.py
+    argparse would make just these three attributes (tests/cli/test_cli.py
     holds the two equal).
     """
     from imexctl.hooks.quick import hook_args

@@ -243,8 +243,8 @@ def _poll(host: Host, settings: Settings, watch: _Watch, deadline: float) -> Rea
     domain that forms in t seconds is seen about t/40 on average (t/20 at
     most) plus one probe later, whatever t is; a domain that takes long is
     asked less often (from 20 s on, once every ``poll_max_s``), so a domain
-    that never forms costs few probes: about 130 in the default 60 s
-    (docs/performance.md).  The last probe still gets ``min_probe`` seconds:
+    that never forms costs few probes: about 100 in the default 60 s with
+    probes of 40 ms (docs/performance.md).  The last probe still gets ``min_probe`` seconds:
     with less left there is no point in one.  With ``blame_peers = yes`` a tray
     that can name a peer at fault decides a little before the deadline, while
     the culprit (which waits until its full deadline) can still be seen.
