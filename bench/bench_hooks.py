@@ -89,7 +89,7 @@ def bench_processes(root: Path) -> dict[str, tuple[float, float]]:
             [
                 py,
                 "-c",
-                "import imexctl.cli, imexctl.hooks.prolog, imexctl.hooks.readiness, imexctl.config.settings, structlog, tenacity",
+                "import imexctl.cli, imexctl.hooks.prolog, imexctl.hooks.readiness, imexctl.hooks.teardown",
             ],
             env,
         ),

@@ -12,6 +12,7 @@ import os
 import signal
 import stat
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,45 @@ def test_job_gets_a_domain_and_leaves_nothing(make_rack: Any, trays: int) -> Non
         minors.add(os.minor(st.st_rdev))
     assert len(minors) == 1
     assert codes(rack.run_hooks("epilog", 500)) == [0] * trays
+    assert rack.leftovers() == []
+
+
+# imported by a prolog or epilog that does its whole job, they would cost every job start milliseconds of CPU
+# on every tray (docs/performance.md "Own CPU"): the hooks use none of them; doctor, netcheck and status may
+HOOK_NEVER_IMPORTS = {"argparse", "asyncio", "dataclasses", "datetime", "inspect", "logging", "psutil", "pynvml"}
+HOOK_NEVER_IMPORTS |= {"ssl", "structlog", "tempfile", "tenacity"}
+# the console script's interpreter (-I), the checkout first on the path; its exit code and what it imported
+MODULES_PROBE = (
+    "import json, sys\n"
+    f"sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})\n"
+    "from imexctl.cli import main\n"
+    "rc = main(sys.argv[1:])\n"
+    "print(json.dumps([rc, sorted(sys.modules)]))\n"
+)
+
+
+def test_a_full_prolog_and_epilog_import_nothing_heavy(make_rack: Any) -> None:
+    """A job's whole prolog (domain UP, channel made) and epilog load none of the modules kept off the hooks."""
+    rack = make_rack(2, deadline_s=30)
+    for hook in ("prolog", "epilog"):
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-I", "-c", MODULES_PROBE, hook],
+                env=rack.job_env(t, 510, hook),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd="/",
+            )
+            for t in rack.trays
+        ]
+        for p in procs:
+            out, err = p.communicate(timeout=60)
+            rc, modules = json.loads(out.splitlines()[-1])
+            assert rc == 0, err
+            assert HOOK_NEVER_IMPORTS & set(modules) == set(), hook
+        if hook == "prolog":
+            assert all(domain(rack, t, 510)["status"] == "UP" for t in rack.trays)
     assert rack.leftovers() == []
 
 

@@ -29,8 +29,9 @@ def console() -> NoReturn:
 
     slurmd waits for the hook's process to end.  After a full prolog or
     epilog, Python's finalisation (module teardown, garbage collection of what
-    structlog, tenacity and imexctl loaded) takes 18 to 30 ms more on this
-    machine, against 2.5 ms for ``os._exit`` (docs/performance.md).  Nothing
+    the hook loaded) took 18 to 30 ms more on this machine when the hooks still
+    loaded structlog and tenacity, against 2.5 ms for ``os._exit``
+    (docs/performance.md).  Nothing
     of a hook's needs it: the log file is flushed line by line, state and
     config files are written atomically with fsync, and stdout and stderr are
     flushed here.  Every other command exits normally.

@@ -224,18 +224,29 @@ def _read_line(conn: socket.socket) -> str:
 def _contact(plan: Plan, index: int, label: str, line: str, deadline: float) -> str:
     """Reach tray ``index``'s listener in range ``label`` and send ``line``: 'ok:<port>' or why not.
 
-    Each round tries every candidate port; rounds repeat until ``deadline``.
+    Each round tries every candidate port; rounds repeat ``_RETRY_PAUSE_S``
+    apart until ``deadline`` (tenacity: an admin command, where its import
+    costs nothing that matters; the hooks' readiness loop is a plain one).
     """
-    while True:
+    import tenacity
+
+    def one_round() -> str:
         why: dict[str, list[int]] = {}
         for port in plan.ports(index, label):
             problem = _try(plan, index, label, port, line)
             if not problem:
                 return f"ok:{port}"
             why.setdefault(problem, []).append(port)
-        if time.monotonic() >= deadline:
-            return "; ".join(f"{problem} on port {', '.join(map(str, ports))}" for problem, ports in why.items())
-        time.sleep(_RETRY_PAUSE_S)
+        return "; ".join(f"{problem} on port {', '.join(map(str, ports))}" for problem, ports in why.items())
+
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_result(lambda outcome: not outcome.startswith("ok:")),
+        stop=lambda _rs: time.monotonic() >= deadline,
+        wait=tenacity.wait_fixed(_RETRY_PAUSE_S),
+        retry_error_callback=lambda rs: rs.outcome.result() if rs.outcome else "no attempt",
+    )
+    result: str = retrying(one_round)
+    return result
 
 
 def _try(plan: Plan, index: int, label: str, port: int, line: str) -> str:

@@ -10,7 +10,6 @@ driver in strict mode (design.md source nvml-clique); the waiting and health pol
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from imexctl.gpu import nvml
@@ -27,15 +26,15 @@ _PENDING = (nvml.STATE_NOT_STARTED, nvml.STATE_IN_PROGRESS)
 FABRIC_POLL_S = 1.0  # pause between NVML queries while a GPU's fabric registration is pending
 
 
-@dataclasses.dataclass(frozen=True)
-class FabricInfo:  # not a NamedTuple: its field ``index`` would hide tuple.index
+class FabricInfo(NamedTuple):
     """One GPU's fabric registration, as NVML reported it.
 
     ``health_mask`` is None for the legacy struct, ``health_summary`` None for
     legacy and v2; ``layout`` names the struct the driver accepted.
     """
 
-    index: int
+    #: the GPU's NVML index
+    gpu: int
     cluster_uuid: bytes
     clique_id: int
     state: int
@@ -59,7 +58,7 @@ class FabricInfo:  # not a NamedTuple: its field ``index`` would hide tuple.inde
         import uuid
 
         return {
-            "gpu": self.index,
+            "gpu": self.gpu,
             "state": self.state_name,
             "status": nvml.return_name(self.status),
             "cluster_uuid": str(uuid.UUID(bytes=self.cluster_uuid)),
@@ -103,9 +102,9 @@ def clique_key(infos: list[FabricInfo | None]) -> str | None:
         if info is None or info.state == STATE_NOT_SUPPORTED:
             continue
         if info.state != STATE_COMPLETED:
-            raise GpuError(f"GPU {info.index}: NVLink fabric not attached (state {info.state_name}); refusing IMEX")
+            raise GpuError(f"GPU {info.gpu}: NVLink fabric not attached (state {info.state_name}); refusing IMEX")
         if info.status != nvml.SUCCESS:
-            raise GpuError(f"GPU {info.index}: NVLink fabric registration error ({nvml.return_name(info.status)})")
+            raise GpuError(f"GPU {info.gpu}: NVLink fabric registration error ({nvml.return_name(info.status)})")
         if info.cluster_uuid == bytes(16):
             continue
         keys.add(f"{uuid.UUID(bytes=info.cluster_uuid)}.{info.clique_id}")
@@ -157,12 +156,12 @@ def _wait_registered(gpu: Gpu, clock: Clock, start: float, until: float, log: An
         if now >= until:
             first = pending[0]
             raise GpuError(
-                f"GPU {first.index}: NVLink fabric not attached: registration still {first.state_name} "
+                f"GPU {first.gpu}: NVLink fabric not attached: registration still {first.state_name} "
                 f"after {now - start:.1f} s ({len(pending)} GPU(s) pending; the wait ends at [policy] "
                 f"fabric_wait_s or the readiness deadline); refusing IMEX"
             )
         if not announced:
-            log.info("gpu.fabric.waiting", gpus={i.index: i.state_name for i in pending}, wait_s=round(until - now, 3))
+            log.info("gpu.fabric.waiting", gpus={i.gpu: i.state_name for i in pending}, wait_s=round(until - now, 3))
             announced = True
         clock.sleep(min(FABRIC_POLL_S, until - now))
 
@@ -172,7 +171,7 @@ def _judge_health(members: list[FabricInfo], limited: str, log: Any) -> None:
     for info in members:
         health = info.health
         if info.health_summary == nvml.SUMMARY_UNHEALTHY:
-            raise GpuError(f"GPU {info.index}: NVLink fabric {health.text()} ({_mask(info)}); refusing IMEX")
+            raise GpuError(f"GPU {info.gpu}: NVLink fabric {health.text()} ({_mask(info)}); refusing IMEX")
         if info.health_summary is None or info.health_summary in (nvml.SUMMARY_HEALTHY, nvml.SUMMARY_NOT_SUPPORTED):
             if health.problems:  # NVIDIA does not say how to weigh the mask: the summary (if any) decides
                 why = f"summary {health.summary}" if health.summary else "no health summary from this driver"
@@ -180,14 +179,14 @@ def _judge_health(members: list[FabricInfo], limited: str, log: Any) -> None:
             continue
         if limited == "refuse":  # LIMITED_CAPACITY, or a summary value this header does not define
             raise GpuError(
-                f"GPU {info.index}: NVLink fabric {health.text()} ({_mask(info)}); "
+                f"GPU {info.gpu}: NVLink fabric {health.text()} ({_mask(info)}); "
                 f"refusing IMEX ([policy] fabric_limited = refuse)"
             )
         degraded.append((info, "allowed by [policy] fabric_limited = warn"))
     if degraded:
         log.warning(
             "gpu.fabric.degraded",
-            gpus=[{"gpu": i.index, "health": i.health.text(), "verdict": why} for i, why in degraded],
+            gpus=[{"gpu": i.gpu, "health": i.health.text(), "verdict": why} for i, why in degraded],
         )
 
 

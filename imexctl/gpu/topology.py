@@ -142,7 +142,7 @@ def tray_health(members: list[FabricInfo]) -> str:
     """The worst health among the GPUs that form the key, with the GPUs it applies to."""
     ranked: dict[str, list[int]] = {}
     for info in members:
-        ranked.setdefault(info.health.text(), []).append(info.index)
+        ranked.setdefault(info.health.text(), []).append(info.gpu)
     if not ranked:
         return ""
     worst = max(ranked, key=_health_rank)

@@ -9,7 +9,6 @@ Any failure after the claim rolls back everything through ``teardown``.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
@@ -47,17 +46,19 @@ from imexctl.slurm.job import JobContext
 __all__ = ["prolog"]
 
 
-@dataclasses.dataclass
 class _Run:
-    """What one prolog run has learned so far, for its summary and its failure path."""
+    """What one prolog run has learned so far, for its summary and its failure path (mutable)."""
 
-    t0: float
-    job: JobContext | None = None
-    deadline_s: float = 0.0
-    #: which slurm.conf setting bounds this hook, e.g. ``PrologEpilogTimeout=30s``
-    hook_timeout: str = ""
-    #: slurm.conf sets SwitchType=switch/nvidia_imex: Slurm's plugin owns the channels
-    slurm_channels: bool = False
+    __slots__ = ("deadline_s", "hook_timeout", "job", "slurm_channels", "t0")
+
+    def __init__(self, t0: float, job: JobContext | None = None, *, deadline_s: float = 0.0) -> None:
+        self.t0 = t0
+        self.job = job
+        self.deadline_s = deadline_s
+        #: which slurm.conf setting bounds this hook, e.g. ``PrologEpilogTimeout=30s``
+        self.hook_timeout = ""
+        #: slurm.conf sets SwitchType=switch/nvidia_imex: Slurm's plugin owns the channels
+        self.slurm_channels = False
 
 
 def prolog(env: Mapping[str, str], rt: Runtime, job: JobContext | None = None) -> PrologResult:

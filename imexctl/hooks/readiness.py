@@ -249,31 +249,17 @@ def _poll(host: Host, settings: Settings, watch: _Watch, deadline: float) -> Rea
     that can name a peer at fault decides a little before the deadline, while
     the culprit (which waits until its full deadline) can still be seen.
     """
-    import tenacity
-
     initial, cap = settings.readiness.poll_initial_s, settings.readiness.poll_max_s
     start = host.monotonic()
     min_probe = min(0.2, settings.readiness.ctl_timeout_s)
     early = deadline - min(2.0, 0.1 * (deadline - start))
     blame = settings.readiness.blame_peers == "yes"
-
-    def stop(rs: tenacity.RetryCallState) -> bool:
-        now, last = host.monotonic(), rs.outcome.result() if rs.outcome else None
-        return now >= deadline - min_probe or (blame and now >= early and last is not None and bool(last.blamed))
-
-    def pause(_rs: tenacity.RetryCallState) -> float:
+    while True:
+        r = watch()
         now = host.monotonic()
-        return max(0.0, min(cap, max(initial, WAIT_SHARE * (now - start)), deadline - min_probe - now))
-
-    retrying = tenacity.Retrying(
-        stop=stop,
-        wait=pause,
-        retry=tenacity.retry_if_result(lambda r: not r.outcome.final),
-        sleep=host.sleep,
-        retry_error_callback=lambda rs: rs.outcome.result() if rs.outcome else None,
-    )
-    result: Readiness = retrying(watch)
-    return result
+        if r.outcome.final or now >= deadline - min_probe or (blame and now >= early and r.blamed):
+            return r
+        host.sleep(max(0.0, min(cap, max(initial, WAIT_SHARE * (now - start)), deadline - min_probe - now)))
 
 
 def wait_ready(host: Host, settings: Settings, p: Probe, *, deadline: float, log: Any) -> Readiness:

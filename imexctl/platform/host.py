@@ -8,7 +8,6 @@ this module except as :class:`~imexctl.platform.errors.CommandError`.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import stat
 import time
@@ -40,8 +39,7 @@ class Completed(NamedTuple):
     stderr: str
 
 
-@dataclasses.dataclass(frozen=True)
-class ProcInfo:
+class ProcInfo(NamedTuple):
     """A live process, identified by ``(pid, create_time)`` against pid reuse.
 
     ``create_time`` is when the process started, in seconds since boot (the clock of
@@ -55,9 +53,18 @@ class ProcInfo:
     pgid: int = 0
     sid: int = 0
     #: real user id (``/proc/<pid>/status``); -1 where not read.  Not part of the identity (==)
-    uid: int = dataclasses.field(default=-1, compare=False)
+    uid: int = -1
     #: the executable as the kernel shows it (``/proc/<pid>/exe``); '' where not read or not shown
-    exe: str = dataclasses.field(default="", compare=False)
+    exe: str = ""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ProcInfo) and self[:5] == other[:5]
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash(self[:5])
 
 
 class Host(Protocol):
@@ -387,7 +394,7 @@ class RealHost:
             if state in (b"Z", b"X"):  # zombie or dead: proc(5), field 3
                 return None
             info = ProcInfo(pid, start, _cmdline(pid), os.getpgid(pid), os.getsid(pid))
-            return dataclasses.replace(info, uid=_uid(pid), exe=_exe(pid)) if identity else info
+            return info._replace(uid=_uid(pid), exe=_exe(pid)) if identity else info
         except (OSError, ValueError, IndexError):  # ProcessLookupError, /proc/<pid> gone, or unreadable
             return None
 

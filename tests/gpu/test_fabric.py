@@ -6,7 +6,6 @@ The NVML calls themselves run against a stand-in library in tests/gpu/test_nvml.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 from typing import Any
 
 import pytest
@@ -222,8 +221,7 @@ def policy(**kw: Any) -> Any:
 def tray(**changes: Any) -> list[FabricInfo | None]:
     """Four healthy v3 GPUs in one clique; ``changes`` = {index: {field: value}}."""
     return [
-        dataclasses.replace(fi(i, health_mask=OK_MASK, health_summary=1, layout="v3"), **changes.get(f"g{i}", {}))
-        for i in range(4)
+        fi(i, health_mask=OK_MASK, health_summary=1, layout="v3")._replace(**changes.get(f"g{i}", {})) for i in range(4)
     ]
 
 

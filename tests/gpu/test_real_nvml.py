@@ -60,7 +60,7 @@ def test_fabric_infos_one_entry_per_gpu(gpu_count: int) -> None:
     for index, info in enumerate(infos):
         if info is None:
             continue
-        assert isinstance(info, FabricInfo) and info.index == index
+        assert isinstance(info, FabricInfo) and info.gpu == index
         assert isinstance(info.cluster_uuid, bytes) and len(info.cluster_uuid) == 16
         assert info.state in nvml.STATE_NAMES and info.clique_id >= 0
         assert info.layout in ("v3", "v2", "legacy")

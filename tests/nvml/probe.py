@@ -51,7 +51,7 @@ def _info(info: Any) -> Any:
     if info is None:
         return None
     return {
-        "index": info.index,
+        "index": info.gpu,
         "uuid": info.cluster_uuid.hex(),
         "clique": info.clique_id,
         "state": info.state,

@@ -6,7 +6,6 @@ import errno
 import os
 import signal
 import stat
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -130,12 +129,15 @@ class TestAtomicWrite:
     def test_a_temporary_file_that_cannot_be_made_names_the_target(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """mkstemp's own error would name the random temporary name: the target is named instead."""
+        """open's own error would name the random temporary name: the target is named instead."""
+        real = os.open
 
-        def fail(**kw: object) -> tuple[int, str]:
-            raise OSError(errno.EROFS, "Read-only file system", str(tmp_path / ".state.json.x1y2z3"))
+        def fail(name: object, *args: object, **kw: object) -> int:
+            if os.path.basename(str(name)).startswith(".state.json."):
+                raise OSError(errno.EROFS, "Read-only file system", str(name))
+            return real(name, *args, **kw)  # type: ignore[arg-type]
 
-        monkeypatch.setattr(tempfile, "mkstemp", fail)
+        monkeypatch.setattr(os, "open", fail)
         with pytest.raises(OSError) as info:
             atomic_write(tmp_path / "state.json", "{}")
         assert info.value.filename == str(tmp_path / "state.json") and info.value.errno == errno.EROFS
@@ -143,8 +145,7 @@ class TestAtomicWrite:
     def test_temporary_names_are_random_and_made_exclusively(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """No predictable temporary name: each write gets a fresh mkstemp name beside the target
-        (O_EXCL: an existing file or symlink of that name would make it pick another)."""
+        """No predictable temporary name: each write gets a fresh random name beside the target."""
         names: list[str] = []
         real = os.replace
 
@@ -156,6 +157,21 @@ class TestAtomicWrite:
         for i in range(3):
             atomic_write(tmp_path / "f", str(i))
         assert len(set(names)) == 3 and all(n.startswith(".f.") and len(n) > len(".f.") + 4 for n in names)
+
+    def test_a_symlink_planted_at_the_temporary_name_is_refused(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """O_EXCL | O_NOFOLLOW: a link at the (here forced) temporary name is neither followed nor replaced."""
+        victim = tmp_path / "victim"
+        victim.write_text("keep")
+        monkeypatch.setattr(os, "urandom", lambda n: b"\x01" * n)
+        planted = tmp_path / f".state.json.{'01' * 8}"
+        planted.symlink_to(victim)
+        with pytest.raises(OSError) as info:
+            atomic_write(tmp_path / "state.json", "{}")
+        assert info.value.errno == errno.EEXIST and info.value.filename == str(tmp_path / "state.json")
+        assert victim.read_text() == "keep" and planted.is_symlink()
+        assert sorted(p.name for p in tmp_path.iterdir()) == [planted.name, "victim"]
 
 
 class TestReadTextNofollow:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import subprocess
@@ -66,7 +65,7 @@ def test_another_process_with_the_same_pid_is_not_alive() -> None:
     """A process is known by pid and start time: a different start time means another process."""
     info = RealHost._info(os.getpid())
     assert info is not None and RealHost().is_alive(info)
-    assert not RealHost().is_alive(dataclasses.replace(info, create_time=info.create_time + 1))
+    assert not RealHost().is_alive(info._replace(create_time=info.create_time + 1))
 
 
 def test_processes_with_arg_finds_what_psutil_finds(tmp_path: Path) -> None:

@@ -130,3 +130,31 @@ def test_a_hooks_lines_stay_on_its_sink_without_structlog_until_it_crashes() -> 
 
 def _boom() -> None:
     raise RuntimeError("boom")
+
+
+@pytest.mark.parametrize(
+    "ns",
+    [
+        0,
+        1_000,
+        999,
+        1_733_340_623_000_000_000,
+        1_733_340_623_000_120_999,
+        1_733_340_623_999_999_999,
+        4_102_444_800_500_000_000,
+    ],
+)
+def test_utc_timestamp_is_structlogs_iso_utc(ns: int) -> None:
+    """Microseconds truncated and left out when 0, a Z for UTC: what TimeStamper(fmt="iso", utc=True) writes."""
+    import datetime as dt
+
+    when = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=ns // 1000)
+    assert log.utc_timestamp(ns) == when.isoformat().replace("+00:00", "Z")
+
+
+def test_a_line_loggers_timestamp_is_now(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The line's timestamp is the wall clock's at the call, as structlog's stamper would give it."""
+    sink = io.StringIO()
+    monkeypatch.setattr(log.time, "time_ns", lambda: 1_733_340_623_000_120_999)
+    log.LineLogger(log.SinkLogger(sink, None, 20, False), "info", {}).info("x")
+    assert json.loads(sink.getvalue())["timestamp"] == "2024-12-04T19:30:23.000120Z"

@@ -225,7 +225,7 @@ class FakeHost:
             proc = self._spawn(tuple(self.unit_exec.format(job=job).split()))
             if self.unit_exec_scans:
                 self._pending_exec[proc.info.pid] = (self.unit_exec_scans, proc.info.cmdline)
-                proc.info = dataclasses.replace(proc.info, cmdline=("(nvidia-imex)",), exe="/usr/lib/systemd/systemd")
+                proc.info = proc.info._replace(cmdline=("(nvidia-imex)",), exe="/usr/lib/systemd/systemd")
             state["pid"] = str(proc.info.pid)
         elif verb == "stop":
             for p in self.procs.values():
@@ -288,7 +288,7 @@ class FakeHost:
     def processes_with_arg(self, arg: str, *, prefix: bool = False) -> list[ProcInfo]:
         for pid, (scans, cmdline) in list(self._pending_exec.items()):
             if scans <= 1:
-                self.procs[pid].info = dataclasses.replace(self.procs[pid].info, cmdline=cmdline, exe=cmdline[0])
+                self.procs[pid].info = self.procs[pid].info._replace(cmdline=cmdline, exe=cmdline[0])
                 del self._pending_exec[pid]
             else:
                 self._pending_exec[pid] = (scans - 1, cmdline)
