@@ -204,11 +204,11 @@ class RealHost:
 
     def resolve(self, name: str) -> list[str]:
         """All addresses of ``name`` (IPv4 and IPv6), in resolver order, without repeats."""
-        import socket
+        import _socket  # see _bind_errno
 
         try:
-            infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
-        except (socket.gaierror, UnicodeError) as exc:
+            infos = _socket.getaddrinfo(name, None, 0, _socket.SOCK_STREAM)
+        except (_socket.gaierror, UnicodeError) as exc:
             raise CommandError(("getaddrinfo", name), f"cannot resolve {name!r}: {exc}") from exc
         out: list[str] = []
         for info in infos:
@@ -285,20 +285,8 @@ class RealHost:
     def port_in_use(self, address: str, port: int) -> bool:
         """Whether a TCP listener could not bind ``address:port`` now."""
         import errno
-        import socket
 
-        family = socket.AF_INET6 if ":" in address else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind((address, port))
-            except OSError as exc:
-                if exc.errno == errno.EADDRINUSE:
-                    return True
-                if exc.errno == errno.EADDRNOTAVAIL:
-                    return False
-                raise CommandError(("bind", f"{address}:{port}"), exc.strerror or str(exc)) from exc
-        return False
+        return _bind_errno(address, port, reuse=True) == errno.EADDRINUSE
 
     def tcp_reach(self, addresses: Sequence[str], port: int, timeout_s: float) -> dict[str, str]:
         """Try a TCP connection to ``port`` on every address at once (non-blocking, one ``select``).
@@ -347,17 +335,8 @@ class RealHost:
         With ``net.ipv4.ip_nonlocal_bind = 1`` every address binds, and this says yes.
         """
         import errno
-        import socket
 
-        family = socket.AF_INET6 if ":" in address else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((address, 0))
-            except OSError as exc:
-                if exc.errno == errno.EADDRNOTAVAIL:
-                    return False
-                raise CommandError(("bind", f"{address}:0"), exc.strerror or str(exc)) from exc
-        return True
+        return _bind_errno(address, 0, reuse=False) != errno.EADDRNOTAVAIL
 
     def monotonic(self) -> float:
         """Monotonic clock, seconds."""
@@ -397,6 +376,33 @@ class RealHost:
             return info._replace(uid=_uid(pid), exe=_exe(pid)) if identity else info
         except (OSError, ValueError, IndexError):  # ProcessLookupError, /proc/<pid> gone, or unreadable
             return None
+
+
+def _bind_errno(address: str, port: int, *, reuse: bool) -> int:
+    """Bind a TCP socket to ``address:port`` and close it: 0, EADDRINUSE or EADDRNOTAVAIL.
+
+    Through ``_socket``, the C module that ``socket`` wraps, as :meth:`RealHost.resolve`:
+    ``socket`` turns its constants into enums when imported (about 3 ms of every
+    prolog), and a bind needs neither its socket class nor its enums.
+
+    Raises:
+        CommandError: any other error of the bind (named with the address).
+    """
+    import _socket
+    import errno
+
+    s = _socket.socket(_socket.AF_INET6 if ":" in address else _socket.AF_INET, _socket.SOCK_STREAM)
+    try:
+        if reuse:
+            s.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+        s.bind((address, port))
+    except OSError as exc:
+        if exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
+            return exc.errno
+        raise CommandError(("bind", f"{address}:{port}"), exc.strerror or str(exc)) from exc
+    finally:
+        s.close()
+    return 0
 
 
 def _stat(pid: int) -> tuple[bytes, float]:

@@ -12,6 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from imexctl.platform.errors import CommandError
 from imexctl.platform.host import RealHost, split_cmdline
 
 
@@ -148,3 +149,38 @@ def test_tcp_reach_tells_open_from_refused() -> None:
         closed_port = closed.getsockname()[1]
         assert RealHost().tcp_reach(["127.0.0.1"], port, 2.0) == {"127.0.0.1": "open"}
         assert RealHost().tcp_reach(["127.0.0.2"], closed_port, 2.0) == {"127.0.0.2": "refused"}
+
+
+def test_resolve_gives_each_address_once_in_resolver_order() -> None:
+    """localhost resolves (through _socket, as socket.getaddrinfo would) to loopback addresses, no repeats."""
+    found = RealHost().resolve("localhost")
+    assert found and set(found) <= {"127.0.0.1", "::1"} and len(found) == len(set(found))
+
+
+def test_an_unresolvable_name_is_a_command_error_naming_it() -> None:
+    """A name refused before any query is sent (a 64-character label: IDNA's limit is 63) names itself."""
+    name = "g" * 64 + ".example"
+    with pytest.raises(CommandError, match=f"cannot resolve '{name}'"):
+        RealHost().resolve(name)
+
+
+def test_is_local_address_tells_own_from_foreign_in_both_families() -> None:
+    """Loopback binds; a documentation address (RFC 5737, RFC 3849) is on no interface here."""
+    host = RealHost()
+    assert host.is_local_address("127.0.0.1") and not host.is_local_address("192.0.2.1")
+    inet6 = Path("/proc/net/if_inet6")
+    if inet6.exists() and "0" * 31 + "1" in inet6.read_text():  # ::1 is up
+        assert host.is_local_address("::1") and not host.is_local_address("2001:db8::1")
+
+
+def test_port_in_use_sees_a_listener_and_not_a_foreign_address() -> None:
+    """A bound listener makes its port in use; once closed it is free; an address of no interface is not in use."""
+    import socket
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        assert RealHost().port_in_use("127.0.0.1", port)
+    assert not RealHost().port_in_use("127.0.0.1", port)
+    assert not RealHost().port_in_use("192.0.2.1", port)
