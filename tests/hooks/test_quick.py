@@ -326,7 +326,10 @@ def test_console_ends_a_hook_without_teardown(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """A hook's process ends with os._exit after flushing (slurmd waits for it); other commands exit normally."""
+    """A hook's process runs without the cyclic GC and ends with os._exit after flushing (slurmd waits for it);
+    other commands keep the GC and exit normally."""
+    import gc
+
     from imexctl import cli
 
     env = job_env(job_id=77, SLURM_JOB_PARTITION="cpu", IMEXCTL_CONFIG=str(skip_cfg.source))
@@ -339,10 +342,11 @@ def test_console_ends_a_hook_without_teardown(
         raise SystemExit(code)
 
     monkeypatch.setattr(os, "_exit", fake_os_exit)
+    monkeypatch.setattr(gc, "disable", lambda: exits.append(("gc.disable", None)))
     with pytest.raises(SystemExit) as raised:
         cli.console()
     assert raised.value.code == 0
-    assert exits == ([("os._exit", 0)] if ends == "os._exit" else [])
+    assert exits == ([("gc.disable", None), ("os._exit", 0)] if ends == "os._exit" else [])
     if argv[0] == "hostlist":
         assert capsys.readouterr().out == "n1\nn2\n"
     else:
