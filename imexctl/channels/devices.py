@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import NamedTuple
 
 from imexctl.channels.job import channel_minor
 from imexctl.platform.errors import DeviceError
 from imexctl.platform.fsutil import ensure_dir, read_text_nofollow
+from imexctl.platform.record import Record
 
 __all__ = [
     "DEVICE_NAME",
@@ -31,7 +31,7 @@ __all__ = [
 DEVICE_NAME = "nvidia-caps-imex-channels"
 
 
-class Channel(NamedTuple):
+class Channel(Record):
     """One channel node as found on disk."""
 
     path: Path

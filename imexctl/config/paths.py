@@ -10,14 +10,15 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from imexctl.config import schema
+from imexctl.platform.record import Record
 
 __all__ = ["JobDir", "Paths"]
 
 
-class JobDir(NamedTuple):
+class JobDir(Record):
     """One job's directory on a node, ``<run_dir>/jobs/<job id>/``, and every file in it."""
 
     job_id: int
@@ -48,7 +49,7 @@ class JobDir(NamedTuple):
         return os.path.lexists(self.path)
 
 
-class Paths(NamedTuple):
+class Paths(Record):
     """Every path imexctl reads or writes on a node, already under ``root``."""
 
     root: Path

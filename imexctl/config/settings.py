@@ -11,11 +11,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from imexctl.config import schema
 from imexctl.config.paths import Paths
 from imexctl.platform.errors import ConfigError
+from imexctl.platform.record import Record
 
 __all__ = [
     "SECTIONS",
@@ -42,7 +43,7 @@ __all__ = [
 # comments, is the one source of docs/configuration.md's key tables (tests/test_docs.py).
 
 
-class PathsSection(NamedTuple):
+class PathsSection(Record):
     """``[paths]`` as written: absolute paths, resolved under ``root`` into :class:`Paths`."""
 
     root: str
@@ -57,7 +58,7 @@ class PathsSection(NamedTuple):
     nvidia_params: str
 
 
-class Commands(NamedTuple):
+class Commands(Record):
     """``[commands]``: absolute paths of the programs imexctl runs."""
 
     nvidia_imex: str
@@ -66,7 +67,7 @@ class Commands(NamedTuple):
     scontrol: str
 
 
-class Daemon(NamedTuple):
+class Daemon(Record):
     """``[daemon]``: how the job's daemon is started and stopped."""
 
     backend: str
@@ -78,7 +79,7 @@ class Daemon(NamedTuple):
     lock_timeout_s: float
 
 
-class Policy(NamedTuple):
+class Policy(Record):
     """``[policy]``: which jobs get a domain, channels, the NVML fabric check."""
 
     jobs: str
@@ -95,7 +96,7 @@ class Policy(NamedTuple):
     lost_daemon: str
 
 
-class Readiness(NamedTuple):
+class Readiness(Record):
     """``[readiness]``: what "ready" means and how long to wait for it."""
 
     level: str
@@ -107,7 +108,7 @@ class Readiness(NamedTuple):
     blame_peers: str
 
 
-class Slurm(NamedTuple):
+class Slurm(Record):
     """``[slurm]``: what imexctl takes from slurm.conf and asks slurmctld."""
 
     cap_deadline: str
@@ -118,40 +119,40 @@ class Slurm(NamedTuple):
     het_jobs: str
 
 
-class Ports(NamedTuple):
+class Ports(Record):
     """``[ports]``: the per-job port ranges."""
 
     server_port_range: tuple[int, int]
     cmd_port_range: tuple[int, int]
 
 
-class Resolve(NamedTuple):
+class Resolve(Record):
     """``[resolve]``: how tray names become addresses."""
 
     method: str
 
 
-class Topology(NamedTuple):
+class Topology(Record):
     """``[topology]``: where the NVLink domains (Slurm blocks) come from (docs/topology.md)."""
 
     source: str
     yaml_topology: str
 
 
-class Log(NamedTuple):
+class Log(Record):
     """``[log]``: imexctl's own log."""
 
     level: str
     syslog: str
 
 
-class Metrics(NamedTuple):
+class Metrics(Record):
     """``[metrics]``: the Prometheus text file for node_exporter's textfile collector (docs/metrics.md)."""
 
     textfile_dir: str
 
 
-class Auth(NamedTuple):
+class Auth(Record):
     """``[auth]``: IMEX peer authentication and encryption (docs/security.md#imex-peer-authentication).
 
     Written into each job's config.cfg as ``IMEX_ENABLE_AUTH_ENCRYPTION`` and the keys
@@ -170,7 +171,7 @@ class Auth(NamedTuple):
     security_target_override: str
 
 
-class Containers(NamedTuple):
+class Containers(Record):
     """``[containers]``: what the enroot hook does when it fails for a job with a channel (docs/containers.md)."""
 
     on_error: str
@@ -193,7 +194,7 @@ SECTIONS: Mapping[str, type] = {
 }
 
 
-class Settings(NamedTuple):
+class Settings(Record):
     """The validated configuration: one typed, frozen object per section."""
 
     source: Path | None

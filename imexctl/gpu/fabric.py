@@ -10,10 +10,11 @@ driver in strict mode (design.md source nvml-clique); the waiting and health pol
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from imexctl.gpu import nvml
 from imexctl.platform.errors import GpuError
+from imexctl.platform.record import Record
 
 if TYPE_CHECKING:
     from imexctl.config.settings import Settings
@@ -26,7 +27,7 @@ _PENDING = (nvml.STATE_NOT_STARTED, nvml.STATE_IN_PROGRESS)
 FABRIC_POLL_S = 1.0  # pause between NVML queries while a GPU's fabric registration is pending
 
 
-class FabricInfo(NamedTuple):
+class FabricInfo(Record):
     """One GPU's fabric registration, as NVML reported it.
 
     ``health_mask`` is None for the legacy struct, ``health_summary`` None for
@@ -197,7 +198,7 @@ def _mask(info: FabricInfo) -> str:
 # ---------------------------------------------------------------- NVML through pynvml
 
 
-class NvmlVersions(NamedTuple):
+class NvmlVersions(Record):
     """What an NVML error message names: the Python binding and the driver."""
 
     python: str

@@ -18,7 +18,9 @@ NVIDIA/go-nvml, ``gen/nvml/nvml.h`` @ 2f9e261fe40a7a1c54783d66805e8920564763b4
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Callable, Final, NamedTuple, Optional
+from typing import Any, Callable, Final, Optional
+
+from imexctl.platform.record import Record
 
 __all__ = [
     "FABRIC_INFO_V2",
@@ -185,7 +187,7 @@ def return_name(code: int) -> str:
     return f"NVML_{'' if code == SUCCESS else 'ERROR_'}{name} ({code})"
 
 
-class FabricHealth(NamedTuple):
+class FabricHealth(Record):
     """A decoded ``healthMask`` / ``healthSummary`` (empty where the struct has no such field)."""
 
     summary: str
@@ -221,7 +223,7 @@ def decode_health(mask: int | None, summary: int | None) -> FabricHealth:
     return FabricHealth(summary_text, tuple(fields), tuple(problems))
 
 
-class FabricRead(NamedTuple):
+class FabricRead(Record):
     """One GPU's answer, whichever struct the driver accepted (``layout``: v3, v2 or legacy)."""
 
     layout: str

@@ -17,12 +17,13 @@ import json
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Final, NamedTuple, Union
+from typing import Any, Final, Union
 
 from imexctl import __version__
 from imexctl.config.settings import Settings
 from imexctl.hooks.results import Action, CleanupResult, EpilogResult, PrologResult
 from imexctl.platform.fsutil import atomic_write, read_text_nofollow
+from imexctl.platform.record import Record
 
 __all__ = [
     "BUCKETS",
@@ -66,7 +67,7 @@ METRICS: Final[dict[str, tuple[str, str]]] = {
 }
 
 
-class Domain(NamedTuple):
+class Domain(Record):
     """What the gauges say about this tray's domain."""
 
     owner_job: int = 0
@@ -76,7 +77,7 @@ class Domain(NamedTuple):
     connected: int | None = None
 
 
-class Run(NamedTuple):
+class Run(Record):
     """One finished prolog, epilog or cleanup, as the metrics count it."""
 
     command: str

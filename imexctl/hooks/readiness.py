@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import enum
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 from imexctl.config.settings import Settings
 from imexctl.imex import ctl as ctloutput
 from imexctl.platform.errors import CommandError, DaemonError, HealthTimeout, OutputError
 from imexctl.platform.host import Host
+from imexctl.platform.record import Record
 
 __all__ = ["Outcome", "Probe", "Readiness", "probe", "wait_ready"]
 
@@ -37,7 +38,7 @@ class Outcome(enum.Enum):
         return self in (Outcome.READY, Outcome.FATAL, Outcome.DAEMON_GONE)
 
 
-class Readiness(NamedTuple):
+class Readiness(Record):
     """Outcome of one probe: ``status`` is short, ``reason`` explains a final failure."""
 
     outcome: Outcome
@@ -54,7 +55,7 @@ class Readiness(NamedTuple):
         return self.outcome is Outcome.READY
 
 
-class Probe(NamedTuple):
+class Probe(Record):
     """What to ask and what to expect."""
 
     config: Path

@@ -8,9 +8,10 @@ read these records; the field order of the summary lines is
 
 from __future__ import annotations
 
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
 from imexctl.hooks import summary
+from imexctl.platform.record import Record
 
 __all__ = ["Action", "CleanupResult", "EpilogResult", "PrologResult", "Setup", "texts"]
 
@@ -24,7 +25,7 @@ _PHRASES: Final = {
 }
 
 
-class Action(NamedTuple):
+class Action(Record):
     """One thing a teardown or ``cleanup`` did (or, in a dry run, would do) to one object.
 
     ``kind`` is one of ``stop_daemon``, ``remove_channel``, ``remove_job_dir``,
@@ -53,7 +54,7 @@ def texts(actions: tuple[Action, ...], *, dry_run: bool = False) -> list[str]:
     return [f"would {a.text}" if dry_run else a.text for a in actions]
 
 
-class Setup(NamedTuple):
+class Setup(Record):
     """This tray's part of a job's domain, as the prolog set it up.
 
     With a daemon (``daemon``): its ports, whether the domain got ready, and
@@ -83,7 +84,7 @@ class Setup(NamedTuple):
         }
 
 
-class PrologResult(NamedTuple):
+class PrologResult(Record):
     """One prolog that ended well: the job skipped, the job ended meanwhile, or this tray's domain set up."""
 
     duration_s: float
@@ -113,7 +114,7 @@ class PrologResult(NamedTuple):
             log.info(event, **fields)
 
 
-class EpilogResult(NamedTuple):
+class EpilogResult(Record):
     """One epilog that ended well: what its teardown did, and the domains whose daemon ended before the job."""
 
     duration_s: float
@@ -126,7 +127,7 @@ class EpilogResult(NamedTuple):
         return summary.epilog_fields(texts(self.actions), self.duration_s, self.lost_daemon)
 
 
-class CleanupResult(NamedTuple):
+class CleanupResult(Record):
     """One ``imexctl cleanup``: what was done (or would be), jobs left because they may still run, failures."""
 
     dry_run: bool

@@ -5,9 +5,10 @@ from __future__ import annotations
 import contextlib
 import signal
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable
 
 from imexctl.platform.errors import ImexctlError, Terminated
+from imexctl.platform.record import Record
 
 if TYPE_CHECKING:
     from imexctl.config.settings import Settings
@@ -21,7 +22,7 @@ def _no_step(_name: str) -> None:
     return None
 
 
-class Runtime(NamedTuple):
+class Runtime(Record):
     """The seams every step receives.
 
     ``on_step`` is called with a name at each step boundary: the prolog's

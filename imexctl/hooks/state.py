@@ -9,17 +9,18 @@ import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from imexctl.config.paths import JobDir
 from imexctl.platform.errors import FileError, LockTimeout
 from imexctl.platform.fsutil import atomic_write, ensure_dir, flock_held, read_text_nofollow
 from imexctl.platform.host import Host
+from imexctl.platform.record import Record
 
 __all__ = ["JobState", "job_ids", "mark_state", "node_lock", "read_state", "write_state"]
 
 
-class JobState(NamedTuple):
+class JobState(Record):
     """What a prolog set up for one job on this node (``<job dir>/state.json``)."""
 
     job_id: int

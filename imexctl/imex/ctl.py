@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
 from imexctl.platform.errors import OutputError
+from imexctl.platform.record import Record
 
 __all__ = [
     "CONNECTION_LETTERS",
@@ -76,7 +77,7 @@ def _shown(text: str) -> str:
     return repr(text)
 
 
-class Connection(NamedTuple):
+class Connection(Record):
     """One cell of the connectivity table: how ``node`` sees ``peer_id``."""
 
     peer_id: int
@@ -89,7 +90,7 @@ class Connection(NamedTuple):
         return self.status == "CONNECTED"
 
 
-class NodeStatus(NamedTuple):
+class NodeStatus(Record):
     """One line of the nodes file as the queried daemon reports it."""
 
     node_id: int
@@ -116,7 +117,7 @@ class NodeStatus(NamedTuple):
         return tuple(c for c in self.connections if c.peer_id != self.node_id)
 
 
-class DomainStatus(NamedTuple):
+class DomainStatus(Record):
     """The whole ``-N`` answer: domain state, timestamp and one entry per node."""
 
     status: str

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 from imexctl.config.paths import JobDir
 from imexctl.config.settings import Settings
@@ -20,6 +20,7 @@ from imexctl.imex.peerauth import DAEMON_ENV
 from imexctl.platform.errors import CommandError, DaemonError, DomainBusyError, ImexctlError, UnsafeNodeError, shorten
 from imexctl.platform.fsutil import atomic_write, read_text_nofollow
 from imexctl.platform.host import Host, ProcInfo
+from imexctl.platform.record import Record
 
 __all__ = [
     "Backend",
@@ -35,7 +36,7 @@ __all__ = [
 ]
 
 
-class DaemonInfo(NamedTuple):
+class DaemonInfo(Record):
     """What ``status`` shows about a job's daemon."""
 
     backend: str

@@ -23,12 +23,13 @@ import os
 import stat
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Final, NamedTuple
+from typing import Final
 
 from imexctl.config.schema import AUTH_FILE_KEYS
 from imexctl.config.settings import Auth, Settings
 from imexctl.platform.errors import ConfigError
 from imexctl.platform.fsutil import check_private_dir
+from imexctl.platform.record import Record
 
 __all__ = ["DAEMON_ENV", "KEYTAB", "AuthFile", "check", "config_values", "files", "problems"]
 
@@ -38,7 +39,7 @@ KEYTAB: Final = "/etc/krb5.keytab"
 DAEMON_ENV: Final[Mapping[str, str]] = {"KRB5_CLIENT_KTNAME": KEYTAB}
 
 
-class AuthFile(NamedTuple):
+class AuthFile(Record):
     """One file the daemon will read: the ``[auth]`` key naming it, its path under root, whether it is secret."""
 
     key: str

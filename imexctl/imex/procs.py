@@ -22,7 +22,9 @@ Standard library only: the prolog's claim runs this on every job.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
+
+from imexctl.platform.record import Record
 
 if TYPE_CHECKING:
     from imexctl.platform.host import ProcInfo
@@ -39,7 +41,7 @@ _HEAD_BYTES = 8192
 _DELETED = " (deleted)"
 
 
-class Programs(NamedTuple):
+class Programs(Record):
     """What a daemon's process may run, every path with symlinks resolved.
 
     ``binaries`` are files the process's executable may be; ``scripts`` maps

@@ -13,13 +13,14 @@ import stat
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import subprocess
 
 from imexctl.platform.errors import CommandError, DeviceError
 from imexctl.platform.procscan import cmdlines
+from imexctl.platform.record import Record
 
 __all__ = ["MAX_OUTPUT", "SAFE_ENV", "Completed", "Host", "ProcInfo", "RealHost", "split_cmdline"]
 
@@ -30,7 +31,7 @@ SAFE_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 MAX_OUTPUT = 4 * 1024 * 1024
 
 
-class Completed(NamedTuple):
+class Completed(Record):
     """A finished command."""
 
     argv: tuple[str, ...]
@@ -39,7 +40,7 @@ class Completed(NamedTuple):
     stderr: str
 
 
-class ProcInfo(NamedTuple):
+class ProcInfo(Record):
     """A live process, identified by ``(pid, create_time)`` against pid reuse.
 
     ``create_time`` is when the process started, in seconds since boot (the clock of

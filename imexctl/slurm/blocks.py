@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from imexctl.gpu.topology import NO_FABRIC, parse_key
 from imexctl.platform.errors import NodeListError, ReportError
+from imexctl.platform.record import Record
 from imexctl.slurm import nodelist
 from imexctl.slurm.topofile import KEY_COMMENT
 
@@ -46,7 +47,7 @@ _SHORT_UUID = 8  # hex digits of the cluster UUID in a block name
 _YAML_WORDS = frozenset({"y", "n", "yes", "no", "on", "off", "true", "false", "null", "~"})
 
 
-class Report(NamedTuple):
+class Report(Record):
     """One node's answer: its key, or None with the reason (no fabric) or the error (NVML failed)."""
 
     node: str
@@ -56,7 +57,7 @@ class Report(NamedTuple):
     where: str
 
 
-class Block(NamedTuple):
+class Block(Record):
     """One NVLink domain: its block name, key and nodes (natural order)."""
 
     name: str
@@ -64,7 +65,7 @@ class Block(NamedTuple):
     nodes: tuple[str, ...]
 
 
-class Collected(NamedTuple):
+class Collected(Record):
     """Every node once: in a domain, without fabric, or without an answer."""
 
     keys: dict[str, str]

@@ -16,10 +16,11 @@ from __future__ import annotations
 import glob
 import re
 from pathlib import Path
-from typing import Final, NamedTuple
+from typing import Final
 
 from imexctl.platform.errors import ConfigError
 from imexctl.platform.fsutil import read_text_nofollow
+from imexctl.platform.record import Record
 
 __all__ = ["RECORD_KEYS", "SlurmConf", "hook_timeout", "parse_text", "read"]
 
@@ -31,7 +32,7 @@ _PAIR: Final = re.compile(r'([A-Za-z][A-Za-z0-9_]*)\s*[-+*/]?=\s*(?:"([^"]*)"|(\
 _MAX_DEPTH: Final = 8
 
 
-class SlurmConf(NamedTuple):
+class SlurmConf(Record):
     """The settings of one slurm.conf and the files it includes."""
 
     path: Path

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from imexctl.platform.errors import ConfigError, NodeListError
 from imexctl.platform.fsutil import read_text_nofollow
+from imexctl.platform.record import Record
 from imexctl.slurm import nodelist
 
 __all__ = ["KEY_COMMENT", "BlockMap", "load", "parse_map", "parse_topology", "parse_yaml"]
@@ -28,7 +29,7 @@ __all__ = ["KEY_COMMENT", "BlockMap", "load", "parse_map", "parse_topology", "pa
 KEY_COMMENT = "imexctl-key:"
 
 
-class BlockMap(NamedTuple):
+class BlockMap(Record):
     """Node -> block, and block -> NVML key where the source gives one."""
 
     source: str
@@ -195,14 +196,14 @@ def parse_yaml(text: str, source: str, topology: str = "") -> BlockMap:
     return built.done()
 
 
-class _Entry(NamedTuple):
+class _Entry(Record):
     """A mapping's value and the line of its key."""
 
     value: Any
     line: int
 
 
-class _Token(NamedTuple):
+class _Token(Record):
     """One piece of a line: a ``-`` sequence marker, a ``key: value`` or ``key:``, or a scalar."""
 
     line: int
