@@ -248,7 +248,9 @@ def _poll(host: Host, settings: Settings, watch: _Watch, deadline: float) -> Rea
     probes of 40 ms (docs/performance.md).  The last probe still gets ``min_probe`` seconds:
     with less left there is no point in one.  With ``blame_peers = yes`` a tray
     that can name a peer at fault decides a little before the deadline, while
-    the culprit (which waits until its full deadline) can still be seen.
+    the culprit (which waits until its full deadline) can still be seen.  A
+    plain loop: tenacity, which drove it before, brought ``dataclasses``,
+    ``inspect``, ``logging`` and ``concurrent.futures`` into every prolog.
     """
     initial, cap = settings.readiness.poll_initial_s, settings.readiness.poll_max_s
     start = host.monotonic()

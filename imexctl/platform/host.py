@@ -58,6 +58,7 @@ class ProcInfo(Record):
     #: the executable as the kernel shows it (``/proc/<pid>/exe``); '' where not read or not shown
     exe: str = ""
 
+    # the identity: the first five fields, pid to sid
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ProcInfo) and self[:5] == other[:5]
 

@@ -6,8 +6,9 @@ annotations in the class body, with the defaults, docstring and methods of the
 body, as ``typing.NamedTuple`` makes it, but without its check of each
 annotation: under ``from __future__ import annotations`` every annotation is a
 string, which ``typing`` compiles into a ``ForwardRef`` and compares with six
-special forms, to keep it unused.  That check was about 2 ms of every hook's
-start for the 45 or so records on its path (docs/performance.md "Own CPU").
+special forms, for a check no record of imexctl's needs.  That was 2 to 3 ms
+of every hook's start for the 45 or so records on its path
+(docs/performance.md "Own CPU").
 
 Only what imexctl's records use is supported: fields with or without defaults
 (no field without a default after one with), methods, properties and class
