@@ -466,7 +466,7 @@ def _wait_ready(jd: JobDir, own: str, addresses: tuple[str, ...], cmd_port: int,
     from imexctl.hooks import readiness
 
     probe = readiness.Probe(
-        jd.config, own, addresses, rt.settings.readiness.level, _alive_check(rt.host, rt.settings, jd.config), cmd_port
+        jd.config, own, addresses, rt.settings.readiness.level, _alive_check(rt.host, rt.settings, jd), cmd_port
     )
     ready = readiness.wait_ready(rt.host, rt.settings, probe, deadline=deadline, log=rt.log)
     if ready.blamed:
@@ -474,15 +474,28 @@ def _wait_ready(jd: JobDir, own: str, addresses: tuple[str, ...], cmd_port: int,
     return ready
 
 
-def _alive_check(host: Host, settings: Settings, config: Path) -> Callable[[], bool]:
-    """Whether the job's daemon still runs: one process-table scan, then cheap pid checks per probe."""
+def _alive_check(host: Host, settings: Settings, jd: JobDir) -> Callable[[], bool]:
+    """Whether the job's daemon still runs: a process-table scan until one shows it, then cheap pid checks.
+
+    Until a scan shows the daemon, the process the exec backend started
+    (``daemon.pid``) stands for it.  A daemon started through a program that
+    execs it (a site's wrapper script; the lab's ``/bin/sh`` launcher) shows
+    no command line for a moment during that exec, and a scan that falls into
+    it finds nothing: under load in CI a prolog took a daemon that was starting
+    for one that had exited, and failed its tray.  The pid stays across the
+    exec.  (The systemd backend's start already waits until a scan shows the
+    daemon.)
+    """
     known: list[ProcInfo] = []
 
     def alive() -> bool:
-        if not known:
-            known.extend(daemon.job_processes(host, settings, config))
-            return bool(known)
-        return any(host.is_alive(p) for p in known)
+        if known:
+            return any(host.is_alive(p) for p in known)
+        known.extend(daemon.job_processes(host, settings, jd.config))
+        if known:
+            return True
+        started = daemon.recorded_process(jd)
+        return started is not None and host.is_alive(started)
 
     return alive
 

@@ -100,6 +100,13 @@ class TestProlog:
             prolog(job_env(), rt)
         assert host.slept == [] and leftovers(root) == []
 
+    def test_a_daemon_mid_exec_is_not_taken_for_dead(self, rt: Any, host: FakeHost, root: Path) -> None:
+        """A daemon started through a wrapper that execs it shows no command line for a moment: a probe's scan
+        that falls into it does not fail the prolog, the process the exec backend started stands for it."""
+        host.spawn_exec_scans = 2
+        out = prolog(job_env(), rt)
+        assert out.setup.ready and len(live(host)) == 1 and host.slept == []  # no probe lost to the exec
+
     def test_not_ready_peer_fails_every_tray_and_is_named(self, rt: Any, host: FakeHost, root: Path) -> None:
         """By default a domain that is not UP fails this tray too, naming the peer that says it is not ready."""
         host.domain = lambda hosts: (0, domain_json(hosts, status="DEGRADED", node_status={1: "WAITING_FOR_PEERS"}))

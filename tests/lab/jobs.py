@@ -419,7 +419,8 @@ def wait_prolog_rpcs_settled(lab: SlurmLab, job: int) -> None:
 
 
 def diagnose(lab: SlurmLab, job: int) -> str:
-    """Return diagnostics for a failed job: imexctl's failures, slurmd errors and slurmctld's lines on the job."""
+    """Return diagnostics for a failed job: imexctl's failures, slurmd errors, slurmctld's lines on the job and
+    the last lines of each node's IMEX log."""
     lines = []
     ctld = lab.slurmctld_log
     if ctld.exists():
@@ -436,6 +437,10 @@ def diagnose(lab: SlurmLab, job: int) -> str:
             lines += [f"{node}: {ln}" for ln in log.read_text(errors="replace").splitlines() if "error" in ln.lower()][
                 -5:
             ]
+        # the simulated daemons' own words: why one exited during start-up, what it saw of its peers
+        imex_log = lab.node_root(node) / "var/log/nvidia-imex.log"
+        if imex_log.exists():
+            lines += [f"{node} imex: {ln}" for ln in imex_log.read_text(errors="replace").splitlines()[-15:]]
     return "\n".join(lines)
 
 

@@ -114,6 +114,9 @@ class FakeHost:
     #: Type=simple: ``systemctl start`` returns after systemd forked the daemon; its argv is systemd's
     #: ("(nvidia-imex)") for this many process-table scans, then the exec'd daemon's
     unit_exec_scans: int = 0
+    #: the exec backend's daemon, started through a wrapper that execs it: no command line (mid-exec) for
+    #: this many process-table scans, then its own
+    spawn_exec_scans: int = 0
     fail_verbs: set[str] = dataclasses.field(default_factory=set)
     ports_in_use: set[tuple[str, int]] = dataclasses.field(default_factory=set)
     running_jobs: set[int] = dataclasses.field(default_factory=set)
@@ -264,7 +267,11 @@ class FakeHost:
     def spawn_detached(self, argv: Sequence[str], *, log_path: Path, env: Mapping[str, str] | None = None) -> ProcInfo:
         self.calls.append(("spawn", *argv))
         self.spawn_envs.append((tuple(argv), dict(env or {})))
-        return self._spawn(tuple(argv)).info
+        proc = self._spawn(tuple(argv))
+        if self.spawn_exec_scans:
+            self._pending_exec[proc.info.pid] = (self.spawn_exec_scans + 1, proc.info.cmdline)
+            proc.info = proc.info._replace(cmdline=(), exe="")
+        return proc.info
 
     def add_process(self, argv: Sequence[str], *, uid: int = 0, exe: str | None = None) -> ProcInfo:
         """A process the product did not start (a pager, a client, another user's program): ``exe`` is argv[0]'s."""
