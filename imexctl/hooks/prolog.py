@@ -477,14 +477,13 @@ def _wait_ready(jd: JobDir, own: str, addresses: tuple[str, ...], cmd_port: int,
 def _alive_check(host: Host, settings: Settings, jd: JobDir) -> Callable[[], bool]:
     """Whether the job's daemon still runs: a process-table scan until one shows it, then cheap pid checks.
 
-    Until a scan shows the daemon, the process the exec backend started
-    (``daemon.pid``) stands for it.  A daemon started through a program that
-    execs it (a site's wrapper script; the lab's ``/bin/sh`` launcher) shows
-    no command line for a moment during that exec, and a scan that falls into
-    it finds nothing: under load in CI a prolog took a daemon that was starting
-    for one that had exited, and failed its tray.  The pid stays across the
-    exec.  (The systemd backend's start already waits until a scan shows the
-    daemon.)
+    Until a scan shows the daemon, the backend's own record decides: the
+    process the exec backend started (``daemon.pid``; its pid stays across an
+    exec), or the unit's state under systemd.  A daemon started through a
+    program that execs it (a site's wrapper script; the lab's ``/bin/sh``
+    launcher) shows no command line for a moment during that exec, and a scan
+    that falls into it finds nothing: under load in CI a prolog took a daemon
+    that was starting for one that had exited, and failed its tray.
     """
     known: list[ProcInfo] = []
 
@@ -494,8 +493,10 @@ def _alive_check(host: Host, settings: Settings, jd: JobDir) -> Callable[[], boo
         known.extend(daemon.job_processes(host, settings, jd.config))
         if known:
             return True
-        started = daemon.recorded_process(jd)
-        return started is not None and host.is_alive(started)
+        try:
+            return daemon.make_backend(host, settings).info(jd).running
+        except ImexctlError:  # systemctl show failed: no word that it runs
+            return False
 
     return alive
 

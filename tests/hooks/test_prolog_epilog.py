@@ -107,6 +107,30 @@ class TestProlog:
         out = prolog(job_env(), rt)
         assert out.setup.ready and len(live(host)) == 1 and host.slept == []  # no probe lost to the exec
 
+    def test_under_systemd_a_daemon_a_scan_misses_counts_while_its_unit_runs(
+        self, host: FakeHost, gpu: Any, root: Path, make_settings: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """systemd backend: the start's wait sees the daemon, the readiness wait's first scan falls into a wrapper's
+        exec; the unit is active, so the probe goes on (one systemctl show), and the prolog succeeds."""
+        rt = Runtime(host, gpu, make_settings(daemon={"backend": "systemd"}), __import__("structlog").get_logger())
+        host.unit_exec = f"/usr/bin/nvidia-imex -c {rt.settings.paths.jobs_dir}/{{job}}/config.cfg"
+        real, after_start = host.processes_with_arg, []
+
+        def scan(arg: str, *, prefix: bool = False) -> list[Any]:
+            found = real(arg, prefix=prefix)
+            if any(c[1:2] == ("start",) for c in host.calls):
+                after_start.append(len(found))
+                if len(after_start) == 2:  # the first scan after the start's own: mid-exec
+                    return []
+            return found
+
+        monkeypatch.setattr(host, "processes_with_arg", scan)
+        out = prolog(job_env(), rt)
+        assert out.setup.ready and after_start[:2] == [1, 1]
+        start = next(i for i, c in enumerate(host.calls) if c[1:2] == ("start",))
+        # after systemctl start: no show for the start's wait (its scan saw the daemon), one for the empty scan
+        assert sum(c[1:2] == ("show",) for c in host.calls[start:]) == 1
+
     def test_not_ready_peer_fails_every_tray_and_is_named(self, rt: Any, host: FakeHost, root: Path) -> None:
         """By default a domain that is not UP fails this tray too, naming the peer that says it is not ready."""
         host.domain = lambda hosts: (0, domain_json(hosts, status="DEGRADED", node_status={1: "WAITING_FOR_PEERS"}))
