@@ -53,14 +53,18 @@ def test_unit_tests_pass_as_an_unprivileged_user() -> None:
         "no:cacheprovider",
         "-p",
         "no:randomly",
-        "-rs",
+        "-rfEs",
         "-m",
         FAST,
         "--deselect",
         "tests/test_unprivileged.py",
     ]
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    # what failed first: the summary's FAILED/ERROR lines, then the start of the failures' report (the tail is
+    # mostly the skip list)
+    failed = [line for line in done.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+    report = done.stdout.partition("= FAILURES =")[2] or done.stdout.partition("= ERRORS =")[2]
+    assert done.returncode == 0, "\n".join([*failed, report[:8000], done.stdout[-1500:], done.stderr[-2000:]])
     skips = [line for line in done.stdout.splitlines() if line.startswith("SKIPPED")]
     assert all("root" in line or "NVML does not initialise" in line for line in skips), skips
     assert " passed" in done.stdout.strip().splitlines()[-1]

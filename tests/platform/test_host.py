@@ -174,7 +174,10 @@ def test_is_local_address_tells_own_from_foreign_in_both_families() -> None:
 
 
 def test_port_in_use_sees_a_listener_and_not_a_foreign_address() -> None:
-    """A bound listener makes its port in use; once closed it is free; an address of no interface is not in use."""
+    """A bound listener makes its port in use; an address of no interface is not in use.
+
+    (Not "free once closed": another process of a loaded machine may take the port in between.)
+    """
     import socket
 
     with socket.socket() as listener:
@@ -182,5 +185,4 @@ def test_port_in_use_sees_a_listener_and_not_a_foreign_address() -> None:
         listener.listen()
         port = listener.getsockname()[1]
         assert RealHost().port_in_use("127.0.0.1", port)
-    assert not RealHost().port_in_use("127.0.0.1", port)
-    assert not RealHost().port_in_use("192.0.2.1", port)
+        assert not RealHost().port_in_use("192.0.2.1", port)
