@@ -36,6 +36,8 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Final
 
+import tenacity
+
 if TYPE_CHECKING:
     import argparse
 
@@ -225,10 +227,10 @@ def _contact(plan: Plan, index: int, label: str, line: str, deadline: float) -> 
     """Reach tray ``index``'s listener in range ``label`` and send ``line``: 'ok:<port>' or why not.
 
     Each round tries every candidate port; rounds repeat ``_RETRY_PAUSE_S``
-    apart until ``deadline`` (tenacity: an admin command, where its import
-    costs nothing that matters; the hooks' readiness loop is a plain one).
+    apart until ``deadline`` (tenacity, imported with this module, before the
+    check's window opens: an admin command, where its import delays no job;
+    the hooks' readiness wait is a plain loop).
     """
-    import tenacity
 
     def one_round() -> str:
         why: dict[str, list[int]] = {}
