@@ -88,8 +88,23 @@ def test_job_gets_a_domain_and_leaves_nothing(make_rack: Any, trays: int) -> Non
 
 # imported by a prolog or epilog that does its whole job, they would cost every job start milliseconds of CPU
 # on every tray (docs/performance.md "Own CPU"): the hooks use none of them; doctor, netcheck and status may
-HOOK_NEVER_IMPORTS = {"argparse", "asyncio", "dataclasses", "datetime", "inspect", "logging", "psutil", "pynvml"}
-HOOK_NEVER_IMPORTS |= {"socket", "ssl", "structlog", "tempfile", "tenacity"}
+HOOK_NEVER_IMPORTS = frozenset(
+    [
+        "argparse",
+        "asyncio",
+        "dataclasses",
+        "datetime",
+        "inspect",
+        "logging",
+        "psutil",
+        "pynvml",
+        "socket",
+        "ssl",
+        "structlog",
+        "tempfile",
+        "tenacity",
+    ]
+)
 # the console script's interpreter (-I), the checkout first on the path; its exit code and what it imported
 MODULES_PROBE = (
     "import json, sys\n"

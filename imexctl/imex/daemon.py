@@ -163,19 +163,6 @@ def _wait_dead(host: Host, procs: list[ProcInfo], timeout_s: float) -> list[Proc
         pause = min(2 * pause, cap)
 
 
-def recorded_process(jd: JobDir) -> ProcInfo | None:
-    """The process the exec backend started for the job (``daemon.pid``: pid, start time); None without one.
-
-    Its pid stays the daemon's across an exec (a wrapper that execs the daemon), when a scan of the
-    process table, which reads command lines, can miss it for a moment.
-    """
-    try:
-        pid_text, ctime_text = read_text_nofollow(jd.pid_file).split()
-        return ProcInfo(int(pid_text), float(ctime_text), ())
-    except (OSError, ValueError):
-        return None
-
-
 class ExecBackend:
     """Spawn the daemon detached (new session, stdio to the IMEX log) and track its pid."""
 
@@ -204,7 +191,7 @@ class ExecBackend:
 
     def stop(self, jd: JobDir) -> str:
         """SIGTERM the recorded daemon and wait; :func:`ensure_gone` does the rest (and reports it)."""
-        proc = recorded_process(jd)
+        proc = self._recorded(jd)
         if proc is not None:
             self.host.send_signal(proc, signal.SIGTERM)
             _wait_dead(self.host, [proc], self.settings.daemon.stop_timeout_s)
@@ -212,7 +199,7 @@ class ExecBackend:
 
     def info(self, jd: JobDir) -> DaemonInfo:
         """Running or not, by the recorded pid (or by argv when the pid file is gone)."""
-        proc = recorded_process(jd)
+        proc = self._recorded(jd)
         alive = (
             [proc]
             if proc is not None and self.host.is_alive(proc)
@@ -222,6 +209,13 @@ class ExecBackend:
             return DaemonInfo("exec", "running", alive[0].pid, running=True)
         # the daemon is not imexctl's child (the hook that spawned it has exited): its exit status is lost
         return DaemonInfo("exec", "dead" if proc is not None else "absent", None)
+
+    def _recorded(self, jd: JobDir) -> ProcInfo | None:
+        try:
+            pid_text, ctime_text = read_text_nofollow(jd.pid_file).split()
+            return ProcInfo(int(pid_text), float(ctime_text), ())
+        except (OSError, ValueError):
+            return None
 
 
 class SystemdBackend:
