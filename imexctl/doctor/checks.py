@@ -108,11 +108,31 @@ def _unsafe_dir(path: Path, forbidden: int) -> str:
 
 
 def stale_checks(ctx: Context) -> list[Check]:
-    """Jobs that left a directory or a daemon but no longer run here, and channel nodes no job claims."""
+    """Jobs that left a directory or a daemon but no longer run here, and channel nodes no job claims.
+
+    Judged only while no prolog or epilog runs: the node lock is tried once,
+    never waited for (``hooks_idle``).  A hook that holds it is mid-flight
+    (a prolog's state before its mark, an epilog's daemon being stopped),
+    and what it left so far is no fault: both checks are then OK, "in
+    progress".
+    """
     from imexctl.hooks.jobs import known_jobs, still_runs
+    from imexctl.hooks.state import hooks_idle
+    from imexctl.platform.errors import FileError
 
     rt = ctx.rt
-    gone = [jid for jid in known_jobs(rt) if not still_runs(jid, rt)]  # cleanup's rule: what cleanup would remove
+    try:
+        with hooks_idle(rt.settings.paths.lock_file, create=False) as idle:
+            if not idle:
+                return _in_progress(rt)
+            # cleanup's rule: what cleanup would remove
+            gone = [jid for jid in known_jobs(rt) if not still_runs(jid, rt)]
+            channels = _stale_channels(rt) if rt.settings.policy.channels == "job" else None
+    except FileError as exc:
+        if os.geteuid() == 0:
+            raise  # the hooks refuse this lock too: the group's FAIL says why
+        why = f"not judged as uid {os.geteuid()}: {exc}"
+        return [Check("imexctl.stale", WARN, why, "run imexctl doctor as root")]
     out = []
     if gone:
         names = ", ".join(f"job {jid} ({_left_by(jid, rt)})" for jid in gone)
@@ -126,8 +146,17 @@ def stale_checks(ctx: Context) -> list[Check]:
         )
     else:
         out.append(Check("imexctl.stale", OK, "no IMEX domain, daemon or job directory of a gone job"))
+    if channels is not None:
+        out.append(channels)
+    return out
+
+
+def _in_progress(rt: Runtime) -> list[Check]:
+    """Both checks while a hook holds the node lock: nothing is judged, nothing fails."""
+    why = "not judged now: a prolog or epilog holds the node lock (in progress); the next run judges it"
+    out = [Check("imexctl.stale", OK, why)]
     if rt.settings.policy.channels == "job":
-        out.append(_stale_channels(rt))
+        out.append(Check("imexctl.channels", OK, why))
     return out
 
 

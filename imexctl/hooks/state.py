@@ -17,7 +17,7 @@ from imexctl.platform.fsutil import atomic_write, ensure_dir, flock_held, read_t
 from imexctl.platform.host import Host
 from imexctl.platform.record import Record
 
-__all__ = ["JobState", "job_ids", "mark_state", "node_lock", "read_state", "write_state"]
+__all__ = ["JobState", "hooks_idle", "job_ids", "mark_state", "node_lock", "read_state", "write_state"]
 
 
 class JobState(Record):
@@ -92,21 +92,62 @@ def node_lock(path: Path, host: Host, timeout_s: float) -> Iterator[None]:
         yield
 
 
-def _open_lock(path: Path) -> int:
+@contextlib.contextmanager
+def hooks_idle(path: Path, *, create: bool = True) -> Iterator[bool]:
+    """Try the node lock once, never waiting: True while it is held here, False while a hook holds it.
+
+    For the admin's checks (``imexctl health``, ``imexctl doctor``): a
+    prolog or epilog that holds the lock is mid-flight, and what it has
+    written so far (a state before its mark, a daemon being stopped) is no
+    fault.  Held here, no hook can start until the block ends, so keep the
+    block short: a prolog waits for it (``[daemon] lock_timeout_s``).
+
+    ``create=False`` (doctor, which writes nothing): without a lock file no
+    hook has run since the run directory was made, and the block runs
+    unlocked (True).
+
+    Raises:
+        FileError: the lock file is unsafe, as the hooks refuse it.
+    """
+    import fcntl
+
+    try:
+        fd = _open_lock(path, create=create)
+    except FileNotFoundError:
+        yield True
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def _open_lock(path: Path, *, create: bool = True) -> int:
     """Open (or create) the lock file; refuse a symlink and a file that others could open.
 
     Anyone who can open the file can ``flock`` it and hold every hook of the
     node back, so it must be a regular file of ours with no access for group
-    or others (we create it 0600).
+    or others (we create it 0600).  ``create=False``: open it read-only, and
+    raise ``FileNotFoundError`` when it is absent (no directory is made).
 
     Raises:
         FileError: it cannot be opened, or is not such a file.
     """
     try:
-        # the run directory holds the lock and every job's state: root's alone, or refused
-        ensure_dir(path.parent, 0o755, private_from=path.parent)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+        if create:
+            # the run directory holds the lock and every job's state: root's alone, or refused
+            ensure_dir(path.parent, 0o755, private_from=path.parent)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+        else:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as exc:
+        if not create and exc.errno == errno.ENOENT:
+            raise
         why = "is a symbolic link (not followed)" if exc.errno == errno.ELOOP else exc.strerror
         where = f"{exc.filename}: " if exc.filename and exc.filename != str(path) else ""
         raise FileError(f"cannot open the node lock {path}: {where}{why}") from exc

@@ -690,3 +690,53 @@ def test_a_check_that_crashes_is_reported_not_raised(make_rt: Any, host: FakeHos
     checks = _checks(rt)
     assert checks["imexctl.stale"].status == doctor.FAIL and "psutil exploded" in checks["imexctl.stale"].message
     assert "nvml.fabric" in checks
+
+
+def _mid_flight(rt: Runtime, host: FakeHost, job_id: int, **marks: float) -> None:
+    """What a hook of ``job_id`` has written when it is interrupted: its state (with ``marks``) and its daemon."""
+    jd = rt.settings.paths.job(job_id)
+    jd.path.mkdir(parents=True)
+    state = {"job_id": job_id, "node": "gb01", "uid": 1000, "gid": 1000, "user": "u", "nodes": ["gb01", "gb02"]}
+    state |= {"addresses": ["10.0.0.1", "10.0.0.2"], "port": 61000 + job_id, "backend": "exec"}
+    state |= {"channel_minor": None, "channel_path": "", "created": 0.0, "cmd_port": 62000 + job_id, **marks}
+    jd.state.write_text(json.dumps(state))
+    host.spawn_detached([rt.settings.commands.nvidia_imex, "-c", str(jd.config)], log_path=Path("/dev/null"))
+
+
+@pytest.mark.parametrize(
+    "marks",
+    [{}, {"set_up": 5.0, "ended": 9.0}],
+    ids=["prolog-setting-up", "epilog-begun"],
+)
+def test_a_hook_in_flight_is_never_a_fail(make_rt: Any, host: FakeHost, marks: dict[str, float]) -> None:
+    """A prolog setting up (state before its mark, no slurmstepd yet under PrologFlags=Alloc) or an epilog that
+    began: while it holds the node lock, doctor says "in progress" and fails nothing; once the lock is free, the
+    same leftovers are stale."""
+    from imexctl.hooks.state import node_lock
+
+    rt = make_rt()
+    _mid_flight(rt, host, 43, **marks)
+    with node_lock(rt.settings.paths.lock_file, host, 1):
+        checks = _checks(rt)
+        assert checks["imexctl.stale"].status == doctor.OK and "in progress" in checks["imexctl.stale"].message
+        assert checks["imexctl.channels"].status == doctor.OK
+        assert doctor.exit_code(list(checks.values())) == 0
+    # the hook died there (slurmd's timeout, a crash): now it is a fault of the tray
+    check = _checks(rt)["imexctl.stale"]
+    assert check.status == doctor.FAIL and "job 43 (directory, daemon pid" in check.message
+
+
+def test_doctor_takes_the_lock_without_waiting_or_writing(make_rt: Any, host: FakeHost) -> None:
+    """Doctor never waits for the lock (a held lock costs no time) and never creates the lock file or run_dir."""
+    rt = make_rt()
+    run_dir = rt.settings.paths.run_dir
+    assert not run_dir.exists()
+    _checks(rt)
+    assert not run_dir.exists() and host.slept == []
+    from imexctl.hooks.state import node_lock
+
+    _mid_flight(rt, host, 44)
+    with node_lock(rt.settings.paths.lock_file, host, 1):
+        before = host.now
+        _checks(rt)
+        assert host.now == before and host.slept == []

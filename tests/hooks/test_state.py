@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from imexctl.config.paths import JobDir
-from imexctl.hooks.state import JobState, mark_state, node_lock, read_state, write_state
+from imexctl.hooks.state import JobState, hooks_idle, mark_state, node_lock, read_state, write_state
 from imexctl.platform.errors import FileError, LockTimeout
 from tests.support.fakes import FakeHost
 from tests.support.privileges import needs_chown
@@ -100,6 +100,39 @@ class TestNodeLock:
         os.mkfifo(lock, 0o600)
         with pytest.raises(FileError, match="not a FIFO"), node_lock(lock, FakeHost(), 0.1):
             pass
+
+
+class TestHooksIdle:
+    """The admin's checks try the lock once: idle or a hook in flight, never a wait."""
+
+    def test_free_lock_is_held_for_the_block_then_released(self, lock: Path) -> None:
+        host = FakeHost()
+        with hooks_idle(lock) as idle:
+            assert idle is True
+            with pytest.raises(LockTimeout), node_lock(lock, host, 0.1):  # a prolog waits for the block
+                pass
+        with node_lock(lock, host, 0.1):
+            pass
+
+    @pytest.mark.parametrize("create", [True, False])
+    def test_a_held_lock_is_in_flight_at_once(self, lock: Path, create: bool) -> None:
+        host = FakeHost()
+        with node_lock(lock, host, 1), hooks_idle(lock, create=create) as idle:
+            assert idle is False
+        assert host.slept == []
+
+    def test_without_create_nothing_is_made(self, lock: Path) -> None:
+        with hooks_idle(lock, create=False) as idle:
+            assert idle is True
+        assert not lock.parent.exists()
+
+    def test_an_unsafe_lock_is_refused_as_the_hooks_refuse_it(self, lock: Path) -> None:
+        lock.parent.mkdir(parents=True)
+        lock.write_text("")
+        lock.chmod(0o666)
+        for create in (True, False):
+            with pytest.raises(FileError, match="must be a regular file"), hooks_idle(lock, create=create):
+                pass
 
 
 class TestMarks:
