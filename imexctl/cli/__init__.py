@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from typing import Any, Callable, NoReturn
 
     from imexctl.gpu.fabric import Gpu
+    from imexctl.platform.errors import ImexctlError
     from imexctl.platform.host import Host
 
 __all__ = ["console", "main"]
@@ -94,18 +95,45 @@ def main(
         # read: what the hooks' fast path read before it declined (quick.Read), for the hooks
         return _with_runtime(args, env, host, gpu, on_step, read)
     except ImexctlError as exc:
-        if not exc.logged:
-            log.log_failure(exc)
-        if args.command in ("status", "cleanup", "topology", "doctor") and getattr(args, "json", False):
-            from imexctl.platform.output import print_json
-
-            print_json(None, errors=[exc], indent=None if args.command == "topology" else 2)
-        return int(exc.exit_code)
+        return _failed(args, exc)
     except KeyboardInterrupt:
         return 130
     except Exception:  # a bug: leave a structured trace, never a bare traceback in slurmd's log only
         log.log_crash()
         return int(ExitCode.SOFTWARE)
+
+
+def _failed(args: argparse.Namespace, exc: ImexctlError) -> int:
+    """Report a command's expected failure and return its exit code.
+
+    The hooks' failure is a structured line (slurmd's log keeps it); an admin's
+    command says it in one plain line, its structured line going to the log
+    file only (with ``-v``: the structured line, as before).
+    """
+    from imexctl.platform import log
+
+    plain = args.command not in _STRUCTURED and not getattr(args, "verbose", False)
+    if not exc.logged:
+        log.log_failure(exc, stderr=not plain)
+    if args.command in ("status", "cleanup", "topology", "doctor") and getattr(args, "json", False):
+        from imexctl.platform.output import print_json
+
+        print_json(None, errors=[exc], indent=None if args.command == "topology" else 2)
+    if plain:
+        sys.stderr.write(f"{_plain_failure(args, exc)}\n")
+    return int(exc.exit_code)
+
+
+#: commands whose failure stays a structured line on stderr: the hooks slurmd runs (its log keeps what they say)
+_STRUCTURED = frozenset({"prolog", "epilog"})
+
+
+def _plain_failure(args: argparse.Namespace, exc: BaseException) -> str:
+    """``imexctl status: <reason> (config_invalid, exit 78)``: one line, as an admin reads it in a terminal."""
+    sub = getattr(args, "topology_command", None) or getattr(args, "hostlist_command", None)
+    what = " ".join(str(x) for x in ("imexctl", args.command, sub) if x)
+    reason = " ".join(str(exc).split()) or type(exc).__name__
+    return f"{what}: {reason} ({getattr(exc, 'code', 'error')}, exit {int(getattr(exc, 'exit_code', 1))})"
 
 
 def _parse(argv: Sequence[str]) -> argparse.Namespace:

@@ -103,6 +103,17 @@ def _topology_parser(sub: Any) -> None:
     form.add_argument("--map", action="store_true", help="a NODE KEY map (for source = map, topology_map)")
     bl.add_argument("--block-sizes", type=_block_sizes, metavar="N[,N...]", help="BlockSizes to write, e.g. 18")
     bl.add_argument("--topology-name", default="nvlink", metavar="NAME", help="with --yaml: its name (default nvlink)")
+    bl.add_argument(
+        "--names",
+        metavar="FILE",
+        help="block names: 'NAME KEY' or 'NAME NODES' lines (e.g. 'r01 gb200-r01-t[01-18]')",
+    )
+    bl.add_argument(
+        "--name-pattern",
+        type=_name_pattern,
+        metavar="REGEX",
+        help="block names from the node names: the one group of REGEX over a whole name, e.g. 'gb200-(r\\d+)-t\\d+'",
+    )
 
 
 def _node_name(text: str) -> str:
@@ -125,6 +136,17 @@ def _block_sizes(text: str) -> tuple[int, ...]:
 
     try:
         return parse_block_sizes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _name_pattern(text: str) -> Any:
+    import argparse
+
+    from imexctl.slurm.blocks import parse_pattern
+
+    try:
+        return parse_pattern(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

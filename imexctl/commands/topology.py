@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
     from imexctl.gpu.fabric import Gpu
     from imexctl.platform.host import Host
-    from imexctl.slurm.blocks import Report
+    from imexctl.slurm.blocks import BlockNames, Report
 
 __all__ = ["command"]
 
@@ -44,8 +44,11 @@ def _blocks(args: argparse.Namespace) -> int:
     """``imexctl topology blocks``: exit 69 (after printing) when a node's report says NVML failed."""
     from imexctl.slurm import blocks
 
+    names = _names(args)
     collected = blocks.collect(_read_reports(args.files or ["-"]))
     found = blocks.group(collected)
+    if names is not None:
+        found = blocks.name_blocks(found, names)
     sizes = args.block_sizes or ()
     if args.map:
         sys.stdout.write(blocks.render_map(collected))
@@ -60,6 +63,22 @@ def _blocks(args: argparse.Namespace) -> int:
     notes += [f"{node}: no answer, in no block: {why}" for node, why in sorted(collected.failed.items())]
     sys.stderr.write("".join(f"imexctl topology blocks: {line}\n" for line in notes))
     return int(ExitCode.UNAVAILABLE) if collected.failed else 0
+
+
+def _names(args: argparse.Namespace) -> BlockNames | None:
+    """The site's block names (``--names FILE``, ``--name-pattern REGEX``); None for the names made from the keys."""
+    from imexctl.slurm import blocks
+
+    if not args.names and args.name_pattern is None:
+        return None
+    names = blocks.BlockNames({}, {})
+    if args.names:
+        try:
+            text = Path(args.names).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ReportError(f"cannot read {args.names}: {exc}") from exc
+        names = blocks.parse_names(text, args.names)
+    return names._replace(pattern=args.name_pattern)
 
 
 def _read_reports(files: Sequence[str]) -> Iterator[Report]:

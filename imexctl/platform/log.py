@@ -95,6 +95,8 @@ class SinkLogger:
 
     def __init__(self, file: IO[str] | None, stderr: IO[str] | None, stderr_level: int, syslog: bool) -> None:
         self._file, self._stderr, self._stderr_level, self._syslog = file, stderr, stderr_level, syslog
+        #: stderr gets no line (an admin's command says its failure there in plain words: cli.main)
+        self.quiet = False
         if syslog:
             import syslog as _syslog
 
@@ -105,7 +107,7 @@ class SinkLogger:
         if self._file is not None:
             self._file.write(line + "\n")
             self._file.flush()
-        if self._stderr is not None and level >= self._stderr_level:
+        if self._stderr is not None and level >= self._stderr_level and not self.quiet:
             self._stderr.write(line + "\n")
             self._stderr.flush()
         if self._syslog:
@@ -351,6 +353,7 @@ def setup_command_logging(
 
     sink, problem = opened
     configure_structlog(sink, level)
+    _sinks["command"] = sink
     structlog.contextvars.bind_contextvars(**log_context(command, env))
     if problem:
         structlog.get_logger().warning("imexctl.failed", error_code="log_file", reason=problem)
@@ -358,6 +361,8 @@ def setup_command_logging(
 
 # "hook": a hook's logger, once setup_hook_logging has made it; the failure and crash lines go where its lines go
 _current: dict[str, LineLogger] = {}
+# "command": the sink of an admin's command, once setup_command_logging has configured structlog on it
+_sinks: dict[str, SinkLogger] = {}
 
 
 def setup_hook_logging(
@@ -374,18 +379,36 @@ def setup_hook_logging(
 def reset_logging() -> None:
     """Forget an earlier hook's logger (``cli.main`` runs one command; tests run many in one process)."""
     _current.clear()
+    _sinks.clear()
 
 
-def log_failure(exc: ImexctlError) -> None:
-    """The one ``imexctl.failed`` line of a command that stops on an error."""
+def log_failure(exc: ImexctlError, *, stderr: bool = True) -> None:
+    """The one ``imexctl.failed`` line of a command that stops on an error.
+
+    ``stderr=False`` (an admin's command, which says it on stderr in plain
+    words): the line goes to the log file and syslog only, where a command
+    opened them; without its sink it goes nowhere.
+    """
     hook = _current.get("hook")
     if hook is not None:
         hook.error("imexctl.failed", error_code=exc.code, exit_code=int(exc.exit_code), reason=str(exc))
         return
+    sink = _sinks.get("command")
+    if not stderr and sink is None:
+        return
     import structlog
 
     ensure_logging()
-    structlog.get_logger().error("imexctl.failed", error_code=exc.code, exit_code=int(exc.exit_code), reason=str(exc))
+    quiet = sink.quiet if sink is not None else False
+    if sink is not None:
+        sink.quiet = not stderr
+    try:
+        structlog.get_logger().error(
+            "imexctl.failed", error_code=exc.code, exit_code=int(exc.exit_code), reason=str(exc)
+        )
+    finally:
+        if sink is not None:
+            sink.quiet = quiet
 
 
 def log_crash() -> None:

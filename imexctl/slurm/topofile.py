@@ -24,7 +24,7 @@ from imexctl.platform.fsutil import read_text_nofollow
 from imexctl.platform.record import Record
 from imexctl.slurm import nodelist
 
-__all__ = ["KEY_COMMENT", "BlockMap", "load", "parse_map", "parse_topology", "parse_yaml"]
+__all__ = ["KEY_COMMENT", "BlockMap", "load", "node_key_fields", "parse_map", "parse_topology", "parse_yaml"]
 
 KEY_COMMENT = "imexctl-key:"
 
@@ -135,10 +135,25 @@ def parse_topology(text: str, source: str) -> BlockMap:
 # ---------------------------------------------------------------- NODE KEY map
 
 
+def node_key_fields(line: str) -> list[str]:
+    """The fields of one ``NODE KEY`` line, without its ``#`` comment and a ``host: `` prefix.
+
+    clush and pdsh put ``host: `` before each line a node printed, so a map
+    collected with them (``clush -w ... 'echo $(hostname -s) KEY'``) reads
+    ``host: NODE KEY``: the prefix is dropped and the node is the line's own,
+    as ``topology blocks`` does for a JSON report behind the prefix.
+    """
+    fields = line.split("#", 1)[0].split()
+    if len(fields) == 3 and fields[0].endswith(":") and len(fields[0]) > 1:
+        return fields[1:]
+    return fields
+
+
 def parse_map(text: str, source: str) -> BlockMap:
     """``NODE KEY`` lines (``imexctl topology blocks --map``); ``#`` comments and blank lines skipped.
 
     ``NODE -`` says the node has no multi-node NVLink fabric: it is in no domain.
+    A line may carry the ``host: `` prefix of clush and pdsh (:func:`node_key_fields`).
 
     Raises:
         ConfigError: a line that is not ``NODE KEY``, a bad key, a node given twice.
@@ -147,7 +162,7 @@ def parse_map(text: str, source: str) -> BlockMap:
 
     built, seen = _Builder(source, "map line"), set()
     for lineno, raw in enumerate(text.splitlines(), 1):
-        fields = raw.split("#", 1)[0].split()
+        fields = node_key_fields(raw)
         if not fields:
             continue
         where = f"{source}:{lineno}"

@@ -74,11 +74,19 @@ class TestHostlist:
         assert capsys.readouterr().out == ""
 
     def test_bad_node_list_exits_65_with_message(self, capsys: pytest.CaptureFixture[str]) -> None:
-        """A malformed expression exits 65 and stderr names the faulty part; stdout stays empty."""
+        """A malformed expression exits 65 and stderr names the faulty part in one plain line; stdout stays empty."""
         assert main(["hostlist", "expand", "gb01", "gb[01-"]) == 65
         captured = capsys.readouterr()
         assert captured.out == ""
-        line = json.loads(captured.err.strip().splitlines()[-1])
+        assert captured.err == (
+            "imexctl hostlist expand: invalid node list: '[' without ']': 'gb[01-' in 'gb[01-' "
+            "(nodelist_invalid, exit 65)\n"
+        )
+
+    def test_bad_node_list_with_v_is_the_structured_line(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """-v asks for the log lines on stderr: the failure is then the structured imexctl.failed line alone."""
+        assert main(["-v", "hostlist", "expand", "gb[01-"]) == 65
+        (line,) = [json.loads(ln) for ln in capsys.readouterr().err.splitlines()]
         assert (line["event"], line["error_code"], line["exit_code"]) == ("imexctl.failed", "nodelist_invalid", 65)
         assert "'gb[01-'" in line["reason"]
 
@@ -211,6 +219,23 @@ class TestStatus:
         assert run(cfg, "status", host=host) == 0
         out = capsys.readouterr().out
         assert "no IMEX domain on this node" in out and "stale: nothing" in out
+
+    @pytest.mark.skipif(os.geteuid() != 0, reason="a command opens [paths] log_file only as root")
+    def test_failure_is_one_plain_line_and_a_structured_one_in_the_log_file(
+        self, root: Path, host: FakeHost, make_settings: Callable[..., Settings], capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """An admin's command that fails says so on stderr in one plain line (no JSON record); the log file
+        still gets the structured imexctl.failed line."""
+        log_file = root / "var/log/imexctl.log"
+        cfg = make_settings(paths={"log_file": "/var/log/imexctl.log"})  # under [paths] root
+        host.euid_value = 1000  # cleanup refuses it after its log is set up
+        assert run(str(cfg.source), "cleanup", host=host) == 77
+        err = capsys.readouterr().err
+        assert err == "imexctl cleanup: imexctl cleanup must run as root (not_root, exit 77)\n"
+        logged = [json.loads(ln) for ln in log_file.read_text().splitlines()]
+        assert [(ln["event"], ln["error_code"], ln["hook"]) for ln in logged] == [
+            ("imexctl.failed", "not_root", "cleanup")
+        ]
 
     def test_json_error_envelope(self, root: Path, host: FakeHost, capsys: pytest.CaptureFixture[str]) -> None:
         """A failing status --json still prints the envelope, with the error and its exit code."""

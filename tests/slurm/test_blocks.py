@@ -6,6 +6,7 @@ import io
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -65,6 +66,12 @@ class TestParseLine:
     def test_node_key(self) -> None:
         """'NODE KEY' is a report; the key is made canonical (lower case)."""
         report = blocks.parse_line(f"  gb01   {KEY_A.upper()}  ", "f:1")
+        assert report == blocks.Report("gb01", KEY_A, "", "", "f:1")
+
+    @pytest.mark.parametrize("prefix", ["gb01: ", "gb01.cluster: ", "other: "], ids=["clush", "fqdn", "any-host"])
+    def test_node_key_behind_a_prefix(self, prefix: str) -> None:
+        """'host: NODE KEY', as clush or pdsh print a node's 'NODE KEY' line: the node is the line's own."""
+        report = blocks.parse_line(f"{prefix}gb01 {KEY_A}", "f:1")
         assert report == blocks.Report("gb01", KEY_A, "", "", "f:1")
 
     def test_dash_is_no_fabric(self) -> None:
@@ -409,3 +416,122 @@ def test_blocks_expand_back_to_an_exact_partition(
         assert len(keys) == 1, f"{expr}: nodes of several domains"
         seen += names
     assert sorted(seen) == sorted(CLUSTER) and len(seen) == len(set(seen))
+
+
+# ---------------------------------------------------------------- the site's block names
+
+RACKS = {**{f"gb200-r01-t{i:02d}": KEY_A for i in range(1, 19)}, **{f"gb200-r02-t{i:02d}": KEY_B for i in range(1, 19)}}
+
+
+def rack_blocks() -> list[blocks.Block]:
+    return blocks.group(blocks.collect(blocks.Report(n, k, "", "", "f:1") for n, k in RACKS.items()))
+
+
+class TestSiteNames:
+    def test_names_from_the_keys_by_default(self) -> None:
+        """Without a map or a pattern the names come from the keys, as before."""
+        assert [b.name for b in rack_blocks()] == ["nvl-4f2a9c1e-7", "nvl-11111111-7"]
+
+    def test_pattern_names_each_block_by_its_nodes(self) -> None:
+        """--name-pattern: the one group of the pattern over every node name of the block."""
+        names = blocks.BlockNames({}, {}, pattern=blocks.parse_pattern(r"gb200-(r\d+)-t\d+"))
+        named = blocks.name_blocks(rack_blocks(), names)
+        assert [(b.name, b.key, b.nodes[0]) for b in named] == [
+            ("r01", KEY_A, "gb200-r01-t01"),
+            ("r02", KEY_B, "gb200-r02-t01"),
+        ]
+
+    def test_map_by_nodes_and_by_key(self) -> None:
+        """--names: 'NAME NODES' names the block holding those trays, 'NAME KEY' the domain of that key."""
+        names = blocks.parse_names(f"# racks\nrow1-a gb200-r01-t[01-18]\nrow1-b {KEY_B}  # by key\n", "names")
+        assert [b.name for b in blocks.name_blocks(rack_blocks(), names)] == ["row1-a", "row1-b"]
+
+    def test_map_first_then_the_pattern_then_the_key(self) -> None:
+        """A block the map does not name takes the pattern's name; one neither names keeps its own."""
+        names = blocks.parse_names("first gb200-r01-t01\n", "names")._replace(pattern=re.compile(r"x(\d+)"))
+        with pytest.raises(ReportError, match="--name-pattern 'x"):
+            blocks.name_blocks(rack_blocks(), names)
+        names = names._replace(pattern=None)
+        assert [b.name for b in blocks.name_blocks(rack_blocks(), names)] == ["first", "nvl-11111111-7"]
+
+    def test_map_that_splits_a_domain_is_refused(self) -> None:
+        """A tray the inventory puts in another rack than NVML does is named, not silently renamed."""
+        names = blocks.parse_names("r01 gb200-r01-t[01-17]\nr02 gb200-r01-t18,gb200-r02-t[01-18]\n", "inv")
+        with pytest.raises(ReportError, match=r"inv names its trays r01, r02: gb200-r01-t\[01-17\] as r01; "
+                                              r"gb200-r01-t18 as r02"):  # fmt: skip
+            blocks.name_blocks(rack_blocks(), names)
+
+    def test_one_name_for_two_domains_is_refused(self) -> None:
+        """Two NVLink domains never share a block name (they would be one block to Slurm)."""
+        names = blocks.BlockNames({}, {}, pattern=blocks.parse_pattern(r"(gb200)-r\d+-t\d+"))
+        with pytest.raises(ReportError, match="would both be named gb200"):
+            blocks.name_blocks(rack_blocks(), names)
+
+    def test_pattern_that_gives_a_block_two_names_is_refused(self) -> None:
+        """Every node of one block must give the same name."""
+        names = blocks.BlockNames({}, {}, pattern=blocks.parse_pattern(r"gb200-r\d+-t(\d+)"))
+        with pytest.raises(ReportError, match="its trays give 01, 02"):
+            blocks.name_blocks(rack_blocks(), names)
+
+    @pytest.mark.parametrize(
+        ("text", "match"),
+        [
+            pytest.param("r01\n", "names:1: expected 'NAME KEY' or 'NAME NODES'", id="one-field"),
+            pytest.param("r 01 gb01\n", "names:1: expected", id="three-fields"),
+            pytest.param("r/1 gb01\n", "names:1: block name 'r/1' is not a word", id="bad-name"),
+            pytest.param(
+                "r1 gb[01-\n", "names:1: 'gb\\[01-' is neither an NVLink domain key nor a host list", id="list"
+            ),
+            pytest.param("r1 gb01\nr2 gb[01-02]\n", "names:2: node gb01 is named both r1 and r2", id="node-twice"),
+            pytest.param(f"r1 {KEY_A}\nr2 {KEY_A}\n", f"names:2: key {KEY_A} is named both", id="key-twice"),
+        ],
+    )
+    def test_bad_maps_are_refused(self, text: str, match: str) -> None:
+        """A map line that is not 'NAME KEY' or 'NAME NODES', or that names something twice, names its line."""
+        with pytest.raises(ReportError, match=match):
+            blocks.parse_names(text, "names")
+
+    @pytest.mark.parametrize(
+        ("text", "match"),
+        [("(", "is not a regular expression"), ("gb200-r\\d+", "it has 0"), ("(a)(b)", "it has 2")],
+    )
+    def test_pattern_needs_one_group(self, text: str, match: str) -> None:
+        """A pattern that does not compile or has not exactly one group is refused."""
+        with pytest.raises(ValueError, match=match):
+            blocks.parse_pattern(text)
+
+    def test_command_names_blocks_in_conf_and_yaml(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """imexctl topology blocks --name-pattern / --names: topology.conf and topology.yaml carry the site's names,
+        and read back as the same partition with the keys."""
+        stdin = "".join(f"{n}: {n} {k}\n" for n, k in RACKS.items())  # clush's prefix on 'NODE KEY' lines
+        code, out, err = run_blocks(
+            "--name-pattern", r"gb200-(r\d+)-t\d+", "--block-sizes", "18", stdin=stdin, capsys=capsys,
+            monkeypatch=monkeypatch,
+        )  # fmt: skip
+        assert (code, err) == (0, "")
+        assert out.splitlines()[1:3] == [
+            f"BlockName=r01 Nodes=gb200-r01-t[01-18]  # imexctl-key: {KEY_A}",
+            f"BlockName=r02 Nodes=gb200-r02-t[01-18]  # imexctl-key: {KEY_B}",
+        ]
+        source = parse_topology(out, "o")
+        assert source.block_of["gb200-r02-t07"] == "r02" and source.key_of("gb200-r02-t07") == KEY_B
+        (tmp_path / "names").write_text(f"r01 gb200-r01-t[01-18]\nr02 {KEY_B}\n")
+        code, out, _ = run_blocks("--yaml", "--names", str(tmp_path / "names"), stdin=stdin, capsys=capsys,
+                                  monkeypatch=monkeypatch)  # fmt: skip
+        assert code == 0 and set(parse_yaml(out, "o").block_of.values()) == {"r01", "r02"}
+
+    def test_command_refuses_a_bad_pattern_and_a_map_that_splits_a_domain(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A pattern without a group is a usage error (64); a map at odds with NVML exits 65, nothing printed."""
+        stdin = "".join(f"{n} {k}\n" for n, k in RACKS.items())
+        with pytest.raises(SystemExit) as exc:
+            run_blocks("--name-pattern", "gb200", stdin=stdin, capsys=capsys, monkeypatch=monkeypatch)
+        assert exc.value.code == 64 and "must have exactly one group" in capsys.readouterr().err
+        (tmp_path / "names").write_text("r01 gb200-r01-t[01-18],gb200-r02-t01\n")
+        code, out, err = run_blocks("--names", str(tmp_path / "names"), stdin=stdin, capsys=capsys,
+                                    monkeypatch=monkeypatch)  # fmt: skip
+        assert (code, out) == (65, "") and err.startswith("imexctl topology blocks: blocks ")
+        assert "would both be named r01" in err and err.endswith("(report_invalid, exit 65)\n")

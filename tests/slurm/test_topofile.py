@@ -130,10 +130,18 @@ class TestMap:
         assert source.block_of == {"gb01": KEY_A, "gb02": KEY_A, "gb03": KEY_B}
         assert source.key_of("gb03") == KEY_B and source.key_of("login1") is None
 
+    def test_clush_prefix_is_dropped(self) -> None:
+        """A map collected with clush or pdsh ('host: NODE KEY' lines) reads as the same map."""
+        text = f"gb01: gb01 {KEY_A}\ngb02.cluster: gb02 {KEY_A}  # rack 1\ngb03: gb03 {KEY_B}\nlogin1: login1 -\n"
+        source = parse_map(text, "m")
+        assert source.block_of == {"gb01": KEY_A, "gb02": KEY_A, "gb03": KEY_B}
+
     @pytest.mark.parametrize(
         ("text", "match"),
         [
             pytest.param(f"gb01 {KEY_A} extra\n", r"m:1: expected 'NODE KEY'", id="three-fields"),
+            pytest.param(f"gb01: gb01 {KEY_A} extra\n", r"m:1: expected 'NODE KEY'", id="prefix-three-fields"),
+            pytest.param(f": gb01 {KEY_A}\n", r"m:1: expected 'NODE KEY'", id="bare-colon"),
             pytest.param("gb01\n", r"m:1: expected 'NODE KEY'", id="one-field"),
             pytest.param(f"gb[01-02] {KEY_A}\n", r"m:1: expected 'NODE KEY'", id="hostlist"),
             pytest.param("gb01 nokey\n", r"m:1: node gb01: 'nokey' is not <clusterUuid>.<cliqueId>", id="bad-key"),
