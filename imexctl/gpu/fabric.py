@@ -104,6 +104,8 @@ def clique_key(infos: list[FabricInfo | None]) -> str | None:
             continue
         if info.state != STATE_COMPLETED:
             raise GpuError(f"GPU {info.gpu}: NVLink fabric not attached (state {info.state_name}); refusing IMEX")
+        # the status before the UUID: a failed registration reads COMPLETED with an all-zero UUID and clique 0,
+        # a fault of the tray and never "no fabric" (design.md source nvml-failed-registration)
         if info.status != nvml.SUCCESS:
             raise GpuError(f"GPU {info.gpu}: NVLink fabric registration error ({nvml.return_name(info.status)})")
         if info.cluster_uuid == bytes(16):

@@ -200,6 +200,16 @@ class TestEveryDriver:
         config = tray(driver, every={"uuid": "00" * 16})
         assert key_of(nvml, driver, config).out["key"] is None
 
+    def test_failed_registration_with_a_zero_identity_is_an_error(self, nvml: Any, driver: str) -> None:
+        """COMPLETED, status INSUFFICIENT_RESOURCES, all-zero UUID and clique 0 (Azure/azhpc-images PR #506): an
+        error naming the status on every layout, never 'no fabric'; the fields arrive as the driver wrote them."""
+        config = tray(driver, every={"status": 23, "uuid": "00" * 16, "clique": 0})
+        infos = nvml(config, variant=DRIVERS[driver][0]).out["infos"]
+        assert {(i["state"], i["status"], i["uuid"], i["clique"]) for i in infos} == {(3, 23, "00" * 16, 0)}
+        done = key_of(nvml, driver, config)
+        assert done.out["error"] == "GpuError" and "key" not in done.out, done.out
+        assert "GPU 0: NVLink fabric registration error (NVML_ERROR_INSUFFICIENT_RESOURCES (23))" in done.out["message"]
+
     def test_unhealthy_summary(self, nvml: Any, driver: str) -> None:
         """v3 UNHEALTHY fails with the decoded reason; without a summary the mask is reported, not judged."""
         bad_mask = HEALTHY & ~(0x3 << 4) | 0x1 << 4  # ROUTE_UNHEALTHY = TRUE

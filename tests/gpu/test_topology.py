@@ -312,6 +312,13 @@ class TestStandInNvml:
             and "no GPU supports" in data["reason"]
         )
 
+    def test_failed_registration_with_a_zero_identity_exits_69(self, stand_in: Any) -> None:
+        """COMPLETED with INSUFFICIENT_RESOURCES, a zero UUID and clique 0: fabric 'error' (exit 69), not 'none'."""
+        done = stand_in(tray(every={"status": 23, "uuid": "00" * 16, "clique": 0}), "--json")
+        doc = json.loads(done.stdout)
+        assert done.returncode == 69 and (doc["data"]["fabric"], doc["data"]["reason"]) == ("error", ""), doc
+        assert "NVML_ERROR_INSUFFICIENT_RESOURCES (23)" in doc["errors"][0]["message"]
+
     def test_pending_registration_exits_69(self, stand_in: Any) -> None:
         """A GPU still registering: exit 69 with the GPU named, every GPU listed."""
         done = stand_in(tray(gpu1={"state": 2}), "--json")

@@ -217,3 +217,24 @@ def test_tray_without_fabric_alone_or_outside_every_block_is_skipped(base: Path)
     (base / "cpu01/etc/slurm/nvlink").write_text((base / "gb01/etc/slurm/nvlink").read_text())
     out = prolog(job_env(job_id=43, nodelist="cpu01,gb[01-02]", node="cpu01"), outside)
     assert "no multi-node NVLink fabric" in out.skipped, out
+
+
+def _insufficient_resources_gpu() -> FakeGpu:
+    """What the driver reports for a tray whose fabric registration failed (Azure/azhpc-images PR #506):
+    COMPLETED, status NVML_ERROR_INSUFFICIENT_RESOURCES (23), an all-zero cluster UUID and clique 0."""
+    return FakeGpu([FabricInfo(i, b"\x00" * 16, 0, 3, 23) for i in range(4)])
+
+
+@pytest.mark.parametrize("nodelist", ["gb01", "gb[01-02]"])
+def test_failed_registration_with_a_zero_identity_fails_the_tray_even_alone(base: Path, nodelist: str) -> None:
+    """A registration that failed is a fault of the tray (gpu_failed, 69), never 'no fabric': also for a
+    one-tray job, which 'no fabric' would skip, and before the lock or a file."""
+    cluster = Cluster(base, {"gb01": "A", "gb02": "A"})
+    rt = cluster.runtime("gb01", KEYS["A"], policy={"fabric": "nvml"})
+    rt = Runtime(rt.host, _insufficient_resources_gpu(), rt.settings, rt.log)
+    with capture_logs() as logs, pytest.raises(GpuError) as info:
+        prolog(job_env(job_id=42, nodelist=nodelist, node="gb01"), rt)
+    assert "GPU 0: NVLink fabric registration error (NVML_ERROR_INSUFFICIENT_RESOURCES (23))" in str(info.value)
+    assert rt.host.calls == [] and not (base / "gb01/run/imexctl/jobs").exists()
+    assert not [e for e in logs if e["event"] == "imex.skipped"], logs
+    assert (logs[-1]["event"], logs[-1]["error_code"], logs[-1]["exit_code"]) == ("prolog.done", "gpu_failed", 69)
