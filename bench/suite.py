@@ -504,7 +504,66 @@ def bench_drift(mode: Mode, tmp: Path) -> list[Figure]:
     ]
 
 
-SECTIONS = {"startup": bench_startup, "nodelist": bench_nodelist, "readiness": bench_readiness, "drift": bench_drift}
+# A stand-in scontrol for the health section: it counts every call in the file beside it and refuses them all, so a
+# health check that asked slurmctld would show in the count (and could not drain this machine's nodes).
+FAKE_SCONTROL = """#!/bin/sh
+echo "$*" >> "$(dirname "$0")/scontrol.calls"
+exit 1
+"""
+
+
+def bench_health(mode: Mode, tmp: Path) -> list[Figure]:
+    """``imexctl health`` on an idle tray, as slurmd runs it with ``SLURM_NODE_IS_HEALTHY=yes``: wall and CPU time.
+
+    The tray reads this machine's real kernel log (``/dev/kmsg``) and asks the real ``systemctl``; its run
+    directory and log file are the bench's own, NVML is not read (``fabric = none``: no GPU here), and
+    ``[commands] scontrol`` is a counter that must stay at zero.  CPU is the command's user + system time with
+    the children it waited for (systemctl), from ``wait4``.  The first run (which reads the whole kernel log
+    and keeps its position) is left out, as every later health check of a boot reads only what is new.
+    """
+    base = tmp / "health"
+    base.mkdir()
+    scontrol = base / "scontrol"
+    scontrol.write_text(FAKE_SCONTROL)
+    scontrol.chmod(0o755)
+    cfg = base / "imexctl.conf"
+    cfg.write_text(
+        f"[paths]\nrun_dir = {base}/run\nlog_file = {base}/imexctl.log\n[policy]\nfabric = none\n"
+        f"[commands]\nscontrol = {scontrol}\n"
+    )
+    cfg.chmod(0o644)
+    env = {"SLURMD_NODENAME": "bench01", "SLURM_NODE_IS_HEALTHY": "yes"}
+    argv = [PY, "-I", "-c", MAIN, "--config", str(cfg), "health"]
+    walls, cpus = [], []
+    for i in range(mode.startup_runs + 1):
+        t0 = time.monotonic()
+        p = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/")
+        _, status, usage = os.wait4(p.pid, 0)
+        wall = time.monotonic() - t0
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise SystemExit(f"bench: imexctl health on an idle tray exited {os.waitstatus_to_exitcode(status)}")
+        if i:
+            walls.append(wall)
+            cpus.append(usage.ru_utime + usage.ru_stime)
+    queries = len((base / "scontrol.calls").read_text().splitlines()) if (base / "scontrol.calls").exists() else 0
+    wall_ms, cpu_ms = _median_ms(walls), _median_ms(cpus)
+    wall_p95, cpu_p95 = _pct(walls, 0.95) * 1000, _pct(cpus, 0.95) * 1000
+    return [
+        Figure("health.idle.wall_p50", wall_ms, "ms", "<=1000", wall_ms <= 1000),
+        Figure("health.idle.wall_p95", wall_p95, "ms", "<=1000", wall_p95 <= 1000),
+        Figure("health.idle.cpu_p50", cpu_ms, "ms", "<=150", cpu_ms <= 150),
+        Figure("health.idle.cpu_p95", cpu_p95, "ms", "<=150", cpu_p95 <= 150),
+        Figure("health.idle.slurmctld_queries", queries, "count", "0", queries == 0),
+    ]
+
+
+SECTIONS = {
+    "startup": bench_startup,
+    "nodelist": bench_nodelist,
+    "readiness": bench_readiness,
+    "drift": bench_drift,
+    "health": bench_health,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

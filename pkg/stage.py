@@ -7,7 +7,7 @@ The layout (docs/install.md, "What the packages install"):
       pyvenv.cfg, bin/python3 -> /usr/bin/python3, bin/imexctl,
       lib/pythonX.Y/site-packages/ imexctl (without the simulator and the demo) and its dependencies
     /usr/sbin/imexctl -> /opt/imexctl/bin/imexctl
-    /usr/share/imexctl/hooks/      prolog, epilog, task-prolog, enroot/99-imexctl.sh (installed nowhere else)
+    /usr/share/imexctl/hooks/      prolog, epilog, health, task-prolog, enroot/99-imexctl.sh (installed nowhere else)
     <unitdir>/                     imexctl-imex@.service, imexctl-cleanup.service (not enabled)
     /usr/share/imexctl/systemd/no-hardening.conf  the drop-in that turns the daemon unit's sandbox off
     /usr/share/imexctl/prometheus/imexctl.rules.yml  alert rules for the metrics (docs/operations.md)
@@ -156,7 +156,7 @@ def install_files(dest: Path, unitdir: str) -> None:
     sys.path.insert(0, str(SRC))
     from imexctl.cli import reference
 
-    for hook in ("prolog", "epilog", "task-prolog", "enroot/99-imexctl.sh"):
+    for hook in ("prolog", "epilog", "health", "task-prolog", "enroot/99-imexctl.sh"):
         _put(dest / "usr/share/imexctl/hooks" / hook, (SRC / "hooks" / hook).read_text(), 0o755)
     for unit in sorted((SRC / "systemd").glob("*.service")):
         _put(dest / unitdir.lstrip("/") / unit.name, unit.read_text(), 0o644)

@@ -50,6 +50,7 @@ FIGURES = [
     "memory.prolog_peak_rss",
     "drift.4trays.4cycles.last_over_first",
     "drift.4trays.leaks",
+    *(f"health.idle.{k}" for k in ("wall_p50", "wall_p95", "cpu_p50", "cpu_p95", "slurmctld_queries")),
 ]
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from imexctl.cli.parser import build_parser
-from imexctl.commands import demo
+from imexctl.commands import demo, health
 from imexctl.config import schema
 from imexctl.doctor import run as doctor
 from imexctl.imex import config as imexconf
@@ -241,6 +241,26 @@ def test_every_error_code_has_a_row_with_its_exit_code() -> None:
     assert set(rows) == set(expected)
     for code, number in expected.items():
         assert rows[code][1] == number, f"{code}: docs say {rows[code][1]}, code says {number}"
+
+
+def _heading_slugs(name: str) -> list[str]:
+    """Every heading's GitHub anchor (before GitHub's ``-1`` for a repeated one), in page order."""
+    return [_slug(h) for h in re.findall(r"^#{1,6} (.+)$", _without_fences(_page(name)), flags=re.MULTILINE)]
+
+
+@pytest.mark.parametrize("code", sorted({cls.code for cls in _error_classes()} | {"crashed"} | set(health.CODES)))
+def test_every_code_has_an_anchor_that_is_the_code(code: str) -> None:
+    """troubleshooting.md has one heading whose GitHub anchor is exactly the code (``#not_ready``): the alerts'
+    runbook_url and health's fixes link there, and a second heading of the same text would make it ``#code-1``."""
+    headings = re.findall(r"^#{1,6} (.+)$", _without_fences(_page("troubleshooting.md")), flags=re.MULTILINE)
+    assert f"{code}" in [h.strip() for h in headings], f"no heading '### {code}'"
+    assert _heading_slugs("troubleshooting.md").count(code) == 1
+
+
+def test_operations_lists_every_health_code() -> None:
+    """operations.md's health table names exactly the codes imexctl health finds."""
+    rows = _rows(_section(_page("operations.md"), "In a node health check"))
+    assert [row[0].strip("`") for row in rows if row] == list(health.CODES)
 
 
 # ---------------------------------------------------------------- events

@@ -43,6 +43,7 @@ LAYOUT = (
     "/usr/sbin/imexctl",
     "/usr/share/imexctl/hooks/prolog",
     "/usr/share/imexctl/hooks/epilog",
+    "/usr/share/imexctl/hooks/health",
     "/usr/share/imexctl/hooks/task-prolog",
     "/usr/share/imexctl/hooks/enroot/99-imexctl.sh",
     "/etc/imexctl/imexctl.conf",
@@ -473,6 +474,9 @@ def test_deb_installs_runs_removes_and_purges_cleanly(deb: Path, root: Path) -> 
         ran = chroot(root, f"env -i /usr/share/imexctl/hooks/{hook}", check=False)
         assert ran.returncode == code, ran.stderr
         assert '"error_code": "job_env_invalid"' in ran.stderr
+    # the health check (no arguments, no PATH): no NVIDIA driver here is a fault of the tray; no slurmctld to tell
+    health = chroot(root, "env -i /usr/share/imexctl/hooks/health", check=False)
+    assert health.returncode == 1 and " gpu_failed: NVML" in health.stdout.splitlines()[0], health.stdout
     demo = chroot(root, "imexctl demo", check=False)
     assert demo.returncode == 69 and "the simulator is not installed here" in demo.stderr
     assert not (root / "etc/systemd/system/multi-user.target.wants/imexctl-cleanup.service").exists()

@@ -57,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--json", action="store_true", help="the checks as JSON: name, status, message, fix")
     dr.add_argument("--slurm-conf", metavar="FILE", help="slurm.conf to check (default: $SLURM_CONF, /etc/slurm)")
     dr.add_argument("--nodes", metavar="LIST", default="", help="also resolve these trays (a host list, e.g. a rack)")
+    _health_parser(sub)
     _netcheck_parser(sub)
     cl = sub.add_parser("cleanup", help="reset the node after failed jobs")
     cl.add_argument("--job", type=int, metavar="ID", help="only this job")
@@ -76,6 +77,21 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--fault", metavar="NAME", help="inject a simulator fault (see 'imexctl demo --help')")
     de.add_argument("--keep", action="store_true", help="keep the demo's temporary directory")
     return p
+
+
+def _health_parser(sub: Any) -> None:
+    he = sub.add_parser(
+        "health",
+        help="judge this tray's faults in a second, drain or resume it (Slurm HealthCheckProgram; exit 1 on a fault)",
+        description="reads SLURMD_NODENAME and SLURM_NODE_IS_HEALTHY as slurmd gives them (docs/operations.md)",
+    )
+    he.add_argument("--json", action="store_true", help="the findings and what was done in Slurm, as JSON")
+    he.add_argument(
+        "--check-only", action="store_true", help="judge and report only: never ask or change Slurm (NHC, cron)"
+    )
+    he.add_argument(
+        "--node", type=_node_name, metavar="NAME", help="Slurm node name (default: $SLURMD_NODENAME, short host name)"
+    )
 
 
 def _netcheck_parser(sub: Any) -> None:

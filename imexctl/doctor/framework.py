@@ -65,7 +65,7 @@ def under_root(ctx: Context, path: str) -> Path:
 
 
 def exit_code(checks: list[Check]) -> int:
-    """0 when no check failed, else 1 (what a node health check acts on)."""
+    """0 when no check failed, else 1."""
     return 1 if any(c.status == FAIL for c in checks) else 0
 
 

@@ -1,7 +1,8 @@
 """``imexctl doctor``: find what would fail a job's prolog on this tray, before a job does.
 
-The exit code (0 = no FAIL) is meant for a node health check (NHC, slurm.conf
-``HealthCheckProgram``).  Doctor only reads: it starts, stops and writes
+The exit code is 0 when nothing FAILs; the node health check is ``imexctl
+health`` (:mod:`imexctl.commands.health`), which judges only faults of the
+tray.  Doctor only reads: it starts, stops and writes
 nothing, and every file it reads is taken under ``[paths] root`` so tests can
 give it a whole fake ``/proc``, ``/sys`` and ``/etc``.  This module runs every
 check group in a fixed order; docs/operations.md lists the checks.

@@ -34,6 +34,7 @@ __all__ = [
     "SlurmQueryError",
     "Terminated",
     "TopologyMismatch",
+    "TrayUnhealthy",
     "UnsafeNodeError",
     "shorten",
 ]
@@ -68,7 +69,7 @@ class ExitCode(enum.IntEnum):
 
 _MEANINGS = {
     ExitCode.OK: "ok",
-    ExitCode.FAILURE: "the demo's job failed, or doctor found a FAIL",
+    ExitCode.FAILURE: "the demo's job failed, doctor found a FAIL, or health a fault of the tray",
     ExitCode.USAGE: "usage",
     ExitCode.DATAERR: "bad node list, job environment or topology report",
     ExitCode.UNAVAILABLE: "IMEX, NVML, systemd or name resolution unavailable, or the node is busy",
@@ -283,4 +284,11 @@ class DoctorFailed(ImexctlError):
     """``imexctl doctor`` found at least one check that FAILs (the checks say which and why)."""
 
     code = "doctor_failed"
+    exit_code = ExitCode.FAILURE
+
+
+class TrayUnhealthy(ImexctlError):
+    """``imexctl health`` found a fault of the tray (its findings say which and why)."""
+
+    code = "tray_unhealthy"
     exit_code = ExitCode.FAILURE

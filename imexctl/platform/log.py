@@ -78,6 +78,7 @@ EVENTS: dict[str, str] = {
     "state.removed": "the job's per-job directory and state were removed",
     "prolog.rolled_back": "a failed prolog undid what it had done",
     "metrics.failed": "the Prometheus text file could not be updated; the run itself is not affected",
+    "health.done": "imexctl health found a fault of the tray, or drained or resumed the node in Slurm",
     "imexctl.failed": "a command failed with an expected error (error_code, exit_code)",
     "imexctl.crashed": "a command failed with an unexpected exception (a bug)",
 }

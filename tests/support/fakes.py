@@ -137,6 +137,9 @@ class FakeHost:
     #: what ``scontrol show job -o <id>`` prints per job id (absent: "Invalid job id specified")
     slurm_jobs: dict[int, str] = dataclasses.field(default_factory=dict)
     scontrol_hangs: bool = False
+    #: slurmctld's nodes for ``scontrol show node NAME`` and ``scontrol update NodeName=...``: name ->
+    #: ``{"state": "IDLE+DRAIN", "reason": "...", "comment": "..."}`` (absent: "Invalid node name specified")
+    slurm_nodes: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
     #: what ``nvidia-imex --version`` prints (imexctl doctor)
     imex_version_output: str = "IMEX version is: 580.95.05\n"
     #: what ``nvidia-ctk --version`` prints (imexctl doctor's container checks)
@@ -202,6 +205,11 @@ class FakeHost:
     def _scontrol(self, argv: tuple[str, ...], timeout_s: float) -> Completed:
         if argv[1:] == ("version",):  # local: slurmctld is not asked
             return Completed(argv, 0, self.slurm_version_output, "")
+        if argv[1:3] == ("show", "node") or argv[1] == "update":
+            if self.scontrol_hangs:
+                self.now += timeout_s
+                raise CommandError(argv, f"no answer within {timeout_s:g}s")
+            return self._scontrol_node(argv)
         if argv[1:4] != ("show", "job", "-o") or len(argv) != 5:
             raise AssertionError(f"FakeHost: unexpected scontrol arguments {argv}")
         if self.scontrol_hangs:
@@ -211,6 +219,34 @@ class FakeHost:
         if out is None:
             return Completed(argv, 1, "", "slurm_load_jobs error: Invalid job id specified\n")
         return Completed(argv, 0, out, "")
+
+    def _scontrol_node(self, argv: tuple[str, ...]) -> Completed:
+        """``scontrol show node NAME`` as src/api/node_info.c prints it; ``scontrol update NodeName=N State=...``."""
+        if argv[1:3] == ("show", "node") and len(argv) == 4:
+            node = self.slurm_nodes.get(argv[3])
+            if node is None:
+                return Completed(argv, 1, "", f"Node {argv[3]} not found\n")
+            return Completed(argv, 0, _show_node(argv[3], node), "")
+        fields = dict(a.split("=", 1) for a in argv[2:] if "=" in a)
+        if argv[1] != "update" or len(fields) != len(argv) - 2 or set(fields) - {"NodeName", "State", "Reason"}:
+            raise AssertionError(f"FakeHost: unexpected scontrol arguments {argv}")
+        node = self.slurm_nodes.get(fields.get("NodeName", ""))
+        if node is None:
+            return Completed(argv, 1, "", "slurm_update error: Invalid node name specified\n")
+        words = [w for w in node["state"].split("+") if w]
+        if fields.get("State") == "DRAIN":
+            if not fields.get("Reason"):
+                return Completed(
+                    argv, 1, "", "You must specify a reason when DOWNING or DRAINING a node. Request denied\n"
+                )
+            node["state"] = "+".join([*(w for w in words if w != "DRAIN"), "DRAIN"])
+            node["reason"] = fields["Reason"]
+        elif fields.get("State") == "RESUME":
+            node["state"] = "+".join(w for w in words if w != "DRAIN") or "IDLE"
+            node.pop("reason", None)
+        else:
+            raise AssertionError(f"FakeHost: unexpected scontrol update {argv}")
+        return Completed(argv, 0, "", "")
 
     def _systemctl(self, argv: tuple[str, ...]) -> Completed:
         verb, units = argv[1], [a for a in argv[2:] if not a.startswith("-")]
@@ -367,3 +403,32 @@ class FakeHost:
 
     def euid(self) -> int:
         return self.euid_value
+
+
+def _show_node(name: str, node: dict[str, str]) -> str:
+    """One node's record as ``scontrol show node`` prints it (22.05's layout: src/api/node_info.c)."""
+    lines = [
+        f"NodeName={name} Arch=x86_64 CoresPerSocket=1 ",
+        "   CPUAlloc=0 CPUTot=1 CPULoad=0.01",
+        "   AvailableFeatures=(null)",
+        "   ActiveFeatures=(null)",
+        "   Gres=(null)",
+        f"   NodeAddr={name} NodeHostName={name} Version=22.05.8",
+        "   OS=Linux 6.1.0-28-amd64 #1 SMP PREEMPT_DYNAMIC Debian 6.1.119-1 (2024-11-22) ",
+        "   RealMemory=1 AllocMem=0 FreeMem=N/A Sockets=1 Boards=1",
+        f"   State={node['state']} ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A",
+        "   Partitions=gpu ",
+        "   BootTime=2026-12-02T09:00:00 SlurmdStartTime=2026-12-02T09:00:05",
+        "   CfgTRES=cpu=1,mem=1M,billing=1",
+        "   AllocTRES=",
+        "   CapWatts=n/a",
+        "   CurrentWatts=0 AveWatts=0",
+        "   ExtSensorsJoules=n/s ExtSensorsWatts=0 ExtSensorsTemp=n/s",
+    ]
+    if node.get("reason"):
+        first, *rest = node["reason"].split("\n")
+        lines.append(f"   Reason={first} [root@2026-12-02T11:14:31]")
+        lines += [f"          {more}" for more in rest]
+    if node.get("comment"):
+        lines.append(f"   Comment={node['comment']}")
+    return "\n".join(lines) + "\n\n"

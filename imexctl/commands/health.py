@@ -1,0 +1,437 @@
+"""``imexctl health``: is this tray fit for the next job, judged in about a second, for Slurm's HealthCheckProgram.
+
+It judges only faults of the tray (docs/operations.md "In a node health check"):
+
+- a daemon of a job that no longer runs here, or an IMEX daemon of no job
+  (``stale_daemon``, ``stray_daemon``), judged only while it holds the node
+  lock, which it tries once and never waits for: a prolog or epilog that holds
+  it is in progress, healthy for now;
+- the stock ``nvidia-imex.service`` running (``stock_unit``);
+- NVML: the fabric failed, or is unhealthy (``gpu_failed``; ``fabric = nvml``);
+- the kernel's "Abrupt nvidia-imex daemon shutdown detected" since the last
+  check (``imex_shutdown``), read from ``/dev/kmsg`` after the sequence number
+  it keeps in ``<run_dir>/health.kmsg``;
+- a config file that does not load (``config_invalid``), or a node lock the
+  hooks would refuse (``file_failed``).
+
+"Idle, no daemon" is healthy.  Unless ``--check-only``, it then makes Slurm
+agree: it drains the node with a reason of its own prefix
+(``imex-health:<code> <node>: ...``), and resumes only a node whose reason
+carries that prefix, once the fault is gone (never for ``imex_shutdown``: the
+kernel refuses fabric allocations until an admin's recovery).  It asks
+slurmctld (``scontrol show node``) only when slurmd did not say what
+slurmctld thinks (``SLURM_NODE_IS_HEALTHY``) and the answer matters; an
+admin's or a hook's reason is never replaced.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any, Final
+
+from imexctl.platform.record import Record
+
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Mapping
+
+    from imexctl.config.settings import Settings
+    from imexctl.gpu.fabric import Gpu
+    from imexctl.hooks.runtime import Runtime
+    from imexctl.platform.host import Host
+    from imexctl.slurm.node import NodeView
+
+__all__ = ["AUTO_RESUME", "CODES", "PREFIX", "Finding", "command", "judge", "reason_of"]
+
+#: the start of every reason ``imexctl health`` gives a node; it resumes no other (the hooks' is ``imex:``)
+PREFIX: Final = "imex-health:"
+#: every finding's code, with the fix it prints (docs/troubleshooting.md has a section for each)
+CODES: Final = {
+    "stale_daemon": "imexctl cleanup (imexctl cleanup --dry-run shows what it removes)",
+    "stray_daemon": "stop it (imexctl status shows it); no imexctl command started it",
+    "stock_unit": "systemctl disable --now nvidia-imex.service && systemctl mask nvidia-imex.service",
+    "gpu_failed": "check the NVLink fabric (nvidia-smi -q -d FABRIC) and the GPU",
+    "imex_shutdown": "a job lost its IMEX daemon: once the cause is known, resume the node by hand",
+    "config_invalid": "correct the config file: every prolog here exits 78 until then",
+    "file_failed": "remove the node lock file; the hooks refuse it too",
+}
+#: faults that health clears by itself (resume) once they are gone; the others wait for an admin's resume
+AUTO_RESUME: Final = frozenset(CODES) - {"imex_shutdown"}
+#: the kernel's line when an IMEX daemon's session ended with exports left (open-gpu-kernel-modules,
+#: src/nvidia/src/kernel/compute/imex_session_api.c; design.md source imex-abrupt)
+KERNEL_LINE: Final = "Abrupt nvidia-imex daemon shutdown detected"
+_SYSTEMCTL_TIMEOUT_S: Final = 5.0
+_KMSG_CURSOR: Final = "health.kmsg"
+
+
+class Finding(Record):
+    """One fault of the tray: a code of :data:`CODES`, the evidence."""
+
+    code: str
+    message: str
+
+    def data(self) -> dict[str, Any]:
+        """The ``--json`` form."""
+        return {
+            "code": self.code,
+            "message": self.message,
+            "fix": CODES[self.code],
+            "resume": "auto" if self.code in AUTO_RESUME else "admin",
+        }
+
+
+class Verdict(Record):
+    """What health found on the tray: its faults, and whether a hook was in flight (not judged)."""
+
+    node: str
+    findings: tuple[Finding, ...]
+    in_progress: bool
+    idle: bool
+    notes: tuple[str, ...]
+
+    @property
+    def healthy(self) -> bool:
+        """No fault found (a hook in flight is healthy for now)."""
+        return not self.findings
+
+
+# ---------------------------------------------------------------- judging
+
+
+def judge(rt: Runtime, node: str, *, config_problem: str = "") -> Verdict:
+    """Every check, each bounded; a check that cannot look (no systemd, no kernel log) finds nothing."""
+    from imexctl.platform.errors import FileError
+
+    if config_problem:  # the other checks would read the built-in paths, maybe not this site's
+        return Verdict(node, (Finding("config_invalid", config_problem),), False, False, ("other checks not run",))
+    findings: list[Finding] = []
+    notes: list[str] = []
+    in_progress, idle = False, True
+    root = rt.host.euid() == 0
+    if not root:  # the node lock, the job directories and the kernel log's position are root's
+        notes.append(f"jobs and kernel log not judged as uid {rt.host.euid()}: run imexctl health as root")
+    else:
+        try:
+            found, in_progress, idle = _daemons(rt)
+            findings += found
+        except FileError as exc:  # a node lock (or run directory) the hooks would refuse
+            findings.append(Finding("file_failed", str(exc)))
+    findings += _stock_unit(rt, notes)
+    findings += _fabric(rt, node)
+    findings += _kernel(rt, notes) if root else []
+    return Verdict(node, tuple(findings), in_progress, idle, tuple(notes))
+
+
+def _daemons(rt: Runtime) -> tuple[list[Finding], bool, bool]:
+    """Daemons of gone jobs and strays, under the node lock; ``(findings, in progress, idle)``."""
+    from imexctl.hooks.jobs import scan_jobs, still_runs
+    from imexctl.hooks.state import hooks_idle
+    from imexctl.imex import daemon
+
+    out: list[Finding] = []
+    with hooks_idle(rt.settings.paths.lock_file) as free:
+        if not free:
+            return out, True, False
+        jobs, strays = scan_jobs(rt)
+        for job_id in jobs:
+            if still_runs(job_id, rt):
+                continue
+            procs = daemon.job_processes(rt.host, rt.settings, rt.settings.paths.job(job_id).config)
+            if procs:
+                pids = ", ".join(str(p.pid) for p in procs)
+                out.append(
+                    Finding("stale_daemon", f"IMEX daemon pid {pids} of job {job_id}, which no longer runs here")
+                )
+        where = rt.settings.paths.jobs_dir
+        out += [Finding("stray_daemon", f"IMEX daemon pid {p.pid} under {where} of no job") for p in strays]
+    return out, False, not jobs
+
+
+def _stock_unit(rt: Runtime, notes: list[str]) -> list[Finding]:
+    """NVIDIA's domain-wide unit active: every prolog refuses to start a job's daemon beside it."""
+    from imexctl.imex.daemon import parse_systemctl_show
+    from imexctl.platform.errors import CommandError
+
+    unit = rt.settings.daemon.stock_unit
+    argv = (rt.settings.commands.systemctl, "show", "--property=Id,LoadState,ActiveState", "--", unit)
+    try:
+        done = rt.host.run(argv, timeout_s=_SYSTEMCTL_TIMEOUT_S)
+    except CommandError as exc:
+        notes.append(f"{unit}: systemd not asked: {exc}")
+        return []
+    state = parse_systemctl_show(done.stdout).get(unit, {}).get("ActiveState", "")
+    if done.returncode != 0 or not state:
+        notes.append(f"{unit}: systemd did not say (exit {done.returncode})")
+        return []
+    if state in ("active", "activating", "reloading"):
+        return [Finding("stock_unit", f"{unit} is {state}: it runs one domain-wide daemon, no job's can start")]
+    return []
+
+
+def _fabric(rt: Runtime, node: str) -> list[Finding]:
+    """NVML, as the prolog asks it (``fabric = nvml``): failed, registration failed, unhealthy."""
+    s = rt.settings
+    if s.policy.fabric != "nvml":
+        return []
+    from imexctl.gpu.topology import read_tray
+
+    tray = read_tray(rt.gpu, node)
+    if tray.error and not tray.gpus:  # NVML itself failed
+        return [Finding("gpu_failed", f"NVML: {tray.error}")]
+    bad, pending = [], False
+    for g in tray.gpus:
+        if g["state"] in ("NOT_STARTED", "IN_PROGRESS"):  # registering (after a boot): the prolog waits for it
+            pending = True
+            continue
+        if g["status"] is None:  # no fabric on this GPU
+            continue
+        summary = g["health_summary"]
+        if (
+            g["state"] != "COMPLETED"
+            or not str(g["status"]).startswith("NVML_SUCCESS")
+            or summary == "UNHEALTHY"
+            or (summary == "LIMITED_CAPACITY" and s.policy.fabric_limited == "refuse")
+        ):
+            bad.append(f"GPU {g['gpu']}: state {g['state']}, {str(g['status']).split(' (')[0]}, {g['health'] or '-'}")
+    if bad:
+        return [Finding("gpu_failed", "NVLink fabric: " + "; ".join(bad))]
+    if tray.error and not pending:  # the GPUs disagree (several cliques, ...)
+        return [Finding("gpu_failed", f"NVML: {tray.error}")]
+    return []
+
+
+def _kernel(rt: Runtime, notes: list[str]) -> list[Finding]:
+    """The kernel's line for a daemon that ended with exports left, since the last check (this boot)."""
+    from imexctl.platform import kmsg
+
+    paths = rt.settings.paths
+    cursor = paths.run_dir / _KMSG_CURSOR
+    boot = _read(paths.root / "proc/sys/kernel/random/boot_id").strip()
+    seen_boot, _, seen_seq = _read(cursor).partition(" ")
+    after = int(seen_seq) if seen_boot == boot and seen_seq.strip().isdigit() else -1
+    try:
+        records, last = kmsg.read_after(str(paths.root / "dev/kmsg"), after)
+    except OSError as exc:
+        notes.append(f"kernel log not read: {exc.strerror or exc}")
+        return []
+    if last != after:
+        _remember(cursor, f"{boot} {last}\n", notes)
+    hits = [seq for seq, message in records if KERNEL_LINE in message]
+    if not hits:
+        return []
+    what = "disabled fabric allocations until a new daemon starts"
+    return [Finding("imex_shutdown", f"kernel: '{KERNEL_LINE}' ({len(hits)}x, last kmsg seq {hits[-1]}): {what}")]
+
+
+def _read(path: Any) -> str:
+    from imexctl.platform.fsutil import read_text_nofollow
+
+    try:
+        return read_text_nofollow(path)
+    except OSError:
+        return ""
+
+
+def _remember(cursor: Any, text: str, notes: list[str]) -> None:
+    from imexctl.platform.fsutil import atomic_write, ensure_dir
+
+    try:
+        ensure_dir(cursor.parent, 0o755, private_from=cursor.parent)
+        atomic_write(cursor, text, mode=0o600)
+    except OSError as exc:
+        notes.append(f"cannot keep the kernel log position in {cursor}: {exc.strerror or exc}")
+
+
+# ---------------------------------------------------------------- Slurm
+
+
+def reason_of(verdict: Verdict) -> str:
+    """The node reason for the findings: ``imex-health:<code> <node>: <message>``, the first finding first."""
+    first = verdict.findings[0]
+    more = f" (+{len(verdict.findings) - 1} more)" if len(verdict.findings) > 1 else ""
+    return f"{PREFIX}{first.code} {verdict.node}: {first.message}{more}"
+
+
+def _ours(reason: str) -> str:
+    """The finding code of a reason of ours ('' for anyone else's)."""
+    if not reason.startswith(PREFIX):
+        return ""
+    return reason[len(PREFIX) :].split(" ", 1)[0]
+
+
+def reconcile(verdict: Verdict, env: Mapping[str, str], rt: Runtime) -> dict[str, Any]:
+    """Make Slurm agree with the verdict: drain, resume or nothing; what was asked and done.
+
+    ``SLURM_NODE_IS_HEALTHY`` (slurmd 26.05.3 with ``health_check_report``,
+    the default from 26.11; design.md source slurm-healthcheck) says whether slurmctld keeps the node out of
+    service.  Where it is given, slurmctld is asked only when the node is
+    out of service and now healthy (is it ours to resume?).  A node that is
+    out of service for someone else's reason keeps it.
+    """
+    from imexctl.slurm import node as slurmnode
+
+    given = env.get("SLURM_NODE_IS_HEALTHY", "").strip().lower()
+    known = given if given in ("yes", "no") else None
+    out: dict[str, Any] = {"node_is_healthy": known, "asked": False, "state": None, "reason": None}
+    if verdict.healthy and known == "yes":
+        return {**out, "action": "none", "detail": "healthy, and in service"}
+    if not verdict.healthy and known == "no":
+        return {**out, "action": "kept", "detail": "already out of service (SLURM_NODE_IS_HEALTHY=no): reason kept"}
+    if verdict.healthy and verdict.in_progress:
+        return {**out, "action": "none", "detail": "a hook is in progress: judged on the next run"}
+    view: NodeView | None = None
+    if known is None or (verdict.healthy and known == "no"):
+        view = slurmnode.show_node(verdict.node, rt.host, rt.settings)
+        out.update(asked=True)
+        if view is None:
+            return {**out, "action": "skipped", "detail": f"slurmctld did not describe node {verdict.node}"}
+        out.update(state="+".join(view.state), reason=view.reason)
+    if not verdict.healthy:
+        return {**out, **_drain(verdict, view, rt)}
+    assert view is not None  # healthy and not known to be in service: asked above
+    return {**out, **_resume(verdict.node, view, rt)}
+
+
+def _drain(verdict: Verdict, view: NodeView | None, rt: Runtime) -> dict[str, str]:
+    """Drain for the findings, unless the node is out of service for someone else or for this very reason."""
+    from imexctl.slurm import node as slurmnode
+
+    want = reason_of(verdict)
+    if view is not None and slurmnode.unhealthy_state(view.state):
+        mine = bool(_ours(view.reason)) and view.drained
+        if not mine or slurmnode.clean_reason(want) == view.reason:  # ours with other findings: updated
+            return {"action": "kept", "detail": "already out of service: reason kept"}
+    failed = slurmnode.drain(verdict.node, want, rt.host, rt.settings)
+    if failed:
+        return {"action": "failed", "detail": f"drain: {failed}"}
+    return {"action": "drained", "detail": slurmnode.clean_reason(want)}
+
+
+def _resume(node: str, view: NodeView, rt: Runtime) -> dict[str, str]:
+    """Resume a node drained by health, for a fault that health clears by itself."""
+    from imexctl.slurm import node as slurmnode
+
+    code = _ours(view.reason)
+    if not view.drained or not code:
+        why = "in service" if not slurmnode.unhealthy_state(view.state) else "out of service for another reason"
+        return {"action": "none", "detail": why}
+    if code not in AUTO_RESUME:
+        return {"action": "kept", "detail": f"drained for {code}: an admin resumes it"}
+    failed = slurmnode.resume(node, rt.host, rt.settings)
+    if failed:
+        return {"action": "failed", "detail": f"resume: {failed}"}
+    return {"action": "resumed", "detail": f"the fault ({code}) is gone"}
+
+
+# ---------------------------------------------------------------- the command
+
+
+def render_text(verdict: Verdict, slurm: dict[str, Any] | None) -> str:
+    """The first line is the verdict (NHC's check reads it); one line per finding with its fix; Slurm's line."""
+    if verdict.healthy:
+        why = (
+            "a prolog or epilog is in progress"
+            if verdict.in_progress
+            else "idle, no IMEX daemon"
+            if verdict.idle
+            else "the jobs' domains run"
+        )
+        lines = [f"healthy {verdict.node}: {why}"]
+    else:
+        first = verdict.findings[0]
+        lines = [f"unhealthy {verdict.node}: {first.code}: {first.message}"]
+        lines += [f"unhealthy {verdict.node}: {f.code}: {f.message}" for f in verdict.findings[1:]]
+        lines += [f"  fix {f.code}: {CODES[f.code]} (docs/troubleshooting.md#{f.code})" for f in verdict.findings]
+    lines += [f"  note: {n}" for n in verdict.notes]
+    if slurm is not None:
+        if slurm["asked"] and slurm["state"]:
+            lines.append(
+                f"slurm: {verdict.node} is {slurm['state']}" + (f": {slurm['reason']}" if slurm["reason"] else "")
+            )
+        lines.append(f"slurm: {slurm['action']}: {slurm['detail']}")
+    return "\n".join(_printable(line) for line in lines) + "\n"
+
+
+def _printable(text: str) -> str:
+    """``text`` with every non-printing character escaped: a reason read back from Slurm is someone's text."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def command(args: argparse.Namespace, env: Mapping[str, str], host: Host | None, gpu: Gpu | None) -> int:
+    """``imexctl health``: exit 0 healthy (or a hook in progress), 1 with a fault of the tray."""
+    from imexctl.hooks.runtime import Runtime
+    from imexctl.platform import log
+    from imexctl.platform.errors import TrayUnhealthy
+    from imexctl.slurm import job as slurm
+
+    node = args.node or slurm.node_name(env, or_host=True)
+    cfg, problem = _settings(args, env, node)
+    # a config that does not load names no log file: stderr only, as for the hooks
+    log_file = None if problem else cfg.paths.log_file
+    opened = log.open_command_sink(log_file, syslog=cfg.log.syslog == "yes", verbose=args.verbose)
+    opened[0].quiet = not args.verbose  # stdout says it all; the structured line goes to the log file (-v: stderr too)
+    logger = log.setup_hook_logging(cfg.log.level, "health", env, opened)  # structlog's lines, without structlog
+    logger.bind_context(node=node)
+    if host is None:
+        from imexctl.platform.host import RealHost
+
+        host = RealHost()
+    if gpu is None and cfg.policy.fabric == "nvml":
+        from imexctl.gpu.fabric import NvmlGpu
+
+        gpu = NvmlGpu()
+    rt = Runtime(host, gpu, cfg, logger)  # type: ignore[arg-type]  # no GPU is asked with fabric = none
+    verdict = judge(rt, node, config_problem=problem)
+    slurm_done = None if args.check_only or host.euid() != 0 else reconcile(verdict, env, rt)
+    _log(rt, verdict, slurm_done)
+    _print(args, verdict, slurm_done)
+    return 0 if verdict.healthy else int(TrayUnhealthy.exit_code)
+
+
+def _print(args: argparse.Namespace, verdict: Verdict, slurm_done: dict[str, Any] | None) -> None:
+    if not args.json:
+        sys.stdout.write(render_text(verdict, slurm_done))
+        return
+    from imexctl.platform.errors import TrayUnhealthy
+    from imexctl.platform.output import print_json
+
+    data = {
+        "node": verdict.node,
+        "healthy": verdict.healthy,
+        "in_progress": verdict.in_progress,
+        "findings": [f.data() for f in verdict.findings],
+        "notes": list(verdict.notes),
+        "slurm": slurm_done,
+    }
+    print_json(data, errors=[] if verdict.healthy else [TrayUnhealthy(reason_of(verdict))])
+
+
+def _settings(args: argparse.Namespace, env: Mapping[str, str], node: str) -> tuple[Settings, str]:
+    """The file the hooks read under slurmd (issue 23); the defaults and why, when it does not load."""
+    from imexctl.config import schema, settings
+    from imexctl.platform.errors import ConfigError
+
+    path, required = schema.find_config(args.config, schema.as_under_slurmd(env))
+    try:
+        return settings.load(path, node=node, required=required), ""
+    except ConfigError as exc:
+        return settings.load(None, node=node), str(exc)
+
+
+def _log(rt: Runtime, verdict: Verdict, slurm_done: dict[str, Any] | None) -> None:
+    """One ``health.done`` line when a fault was found or Slurm was changed; a healthy idle run logs nothing."""
+    action = (slurm_done or {}).get("action", "none")
+    if verdict.healthy and action in ("none", "skipped"):
+        return
+    fields: dict[str, Any] = {
+        "ok": verdict.healthy,
+        "findings": [f"{f.code}: {f.message}" for f in verdict.findings],
+        "slurm": action,
+        "detail": (slurm_done or {}).get("detail", ""),
+    }
+    if action == "failed":
+        rt.log.error("health.done", **fields)
+    elif verdict.healthy:
+        rt.log.info("health.done", **fields)
+    else:
+        rt.log.warning("health.done", **fields)
