@@ -21,6 +21,7 @@ from imexctl.commands import demo, health
 from imexctl.config import schema
 from imexctl.doctor import run as doctor
 from imexctl.imex import config as imexconf
+from imexctl.imex.daemon import FORGET_S
 from imexctl.platform import errors, log
 from imexctl.platform.errors import ExitCode, ImexctlError
 
@@ -403,6 +404,7 @@ def test_install_timeout_advice_matches_the_defaults() -> None:
         + 10
         + d["kill_grace_s"]
         + 2
+        + FORGET_S
     )
     advised = re.search(r"^PrologEpilogTimeout=(\d+)$", _page("install.md"), flags=re.MULTILINE)
     assert advised is not None

@@ -22,6 +22,7 @@ from typing import Final
 
 from imexctl.config.settings import Settings
 from imexctl.doctor.framework import FAIL, OK, WARN, Check, Context, under_root
+from imexctl.imex.daemon import FORGET_S
 from imexctl.platform.errors import ConfigError, ImexctlError
 from imexctl.platform.fsutil import read_text_nofollow
 from imexctl.slurm import conf as slurmconf
@@ -50,9 +51,12 @@ def prolog_worst_case_s(s: Settings) -> float:
 
 
 def epilog_worst_case_s(s: Settings) -> float:
-    """The longest an epilog can take: the lock, ``systemctl stop`` and ``reset-failed``, SIGTERM, SIGKILL."""
+    """The longest an epilog can take: the lock, ``systemctl stop`` and ``reset-failed``, SIGTERM, SIGKILL.
+
+    After imexctl's own SIGKILL, the reset of the unit systemd then marks failed (``daemon.FORGET_S``).
+    """
     d = s.daemon
-    return d.lock_timeout_s + d.stop_timeout_s + 5 + 10 + d.kill_grace_s + 2
+    return d.lock_timeout_s + d.stop_timeout_s + 5 + 10 + d.kill_grace_s + 2 + FORGET_S
 
 
 def checks(ctx: Context) -> list[Check]:

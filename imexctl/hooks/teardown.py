@@ -107,8 +107,8 @@ def _stop_daemon(jd: JobDir, state: JobState | None, with_backend: bool, rt: Run
         UnsafeNodeError: a daemon process survives SIGKILL.
     """
     notes, killed_by = [], False
+    backend = daemon.make_backend(rt.host, rt.settings, state.backend if state else None)
     if with_backend:
-        backend = daemon.make_backend(rt.host, rt.settings, state.backend if state else None)
         try:
             forced = backend.stop(jd)
         except (ImexctlError, OSError) as exc:
@@ -125,6 +125,10 @@ def _stop_daemon(jd: JobDir, state: JobState | None, with_backend: bool, rt: Run
     if killed:
         rt.log.warning("imex.daemon.killed", pids=killed, config=str(jd.config))
         notes.append(f"SIGKILL to pid {', '.join(map(str, killed))}")
+        # a unit whose daemon imexctl killed is failed now, its own stop notwithstanding: clear it
+        left = backend.forget(jd)
+        if left:
+            notes.append(left)
     else:
         rt.log.info("imex.daemon.stopped", config=str(jd.config))
     return Action("stop_daemon", str(jd.job_id), "; ".join(notes), killed=killed_by or bool(killed))

@@ -23,6 +23,7 @@ from imexctl.platform.host import Host, ProcInfo
 from imexctl.platform.record import Record
 
 __all__ = [
+    "FORGET_S",
     "Backend",
     "DaemonInfo",
     "ExecBackend",
@@ -65,6 +66,13 @@ class Backend(Protocol):
 
     def info(self, jd: JobDir) -> DaemonInfo:
         """What ``status`` shows about the job's daemon."""
+
+    def forget(self, jd: JobDir) -> str:
+        """Clear what the service manager keeps of a daemon that had to be killed (a ``failed`` unit).
+
+        Returns:
+            What is still wrong afterwards, or "".
+        """
 
 
 def make_backend(host: Host, settings: Settings, name: str | None = None) -> Backend:
@@ -210,6 +218,10 @@ class ExecBackend:
         # the daemon is not imexctl's child (the hook that spawned it has exited): its exit status is lost
         return DaemonInfo("exec", "dead" if proc is not None else "absent", None)
 
+    def forget(self, jd: JobDir) -> str:  # noqa: ARG002 (the Backend protocol's signature)
+        """Nothing keeps a record of a detached daemon."""
+        return ""
+
     def _recorded(self, jd: JobDir) -> ProcInfo | None:
         try:
             pid_text, ctime_text = read_text_nofollow(jd.pid_file).split()
@@ -283,17 +295,53 @@ class SystemdBackend:
     def stop(self, jd: JobDir) -> str:
         """Stop the unit (systemd escalates to SIGKILL after TimeoutStopSec) and forget failures.
 
+        ``reset-failed`` runs whatever became of the stop: a unit left ``failed``
+        (a daemon that crashed, one systemd killed at the stop timeout) is what
+        health agents that watch units drain a node for (design.md source
+        healthagent-failed-units); stopping a failed unit leaves it failed.
+
         Returns:
             ``"<unit>: systemd sent SIGKILL after the stop timeout"`` when the daemon outlived SIGTERM
             by TimeoutStopSec (the unit's ``Result=timeout``), else "".
         """
         unit = self.unit(jd.job_id)
-        self._ctl("stop", unit, timeout_s=self.settings.daemon.stop_timeout_s + 5)
         try:
+            self._ctl("stop", unit, timeout_s=self.settings.daemon.stop_timeout_s + 5)
             result = self._show(unit).get(unit, {}).get("Result", "")
         finally:
-            self._ctl("reset-failed", unit, timeout_s=10, check=False)
+            self._reset_failed(unit)
         return f"{unit}: systemd sent SIGKILL after the stop timeout" if result == "timeout" else ""
+
+    def forget(self, jd: JobDir) -> str:
+        """After imexctl killed the unit's daemon itself: clear the ``failed`` state systemd gives the unit.
+
+        systemd marks the unit failed once it has seen its main process die of
+        SIGKILL, which may come a moment after the process is gone: until then the
+        unit still shows as running or stopping, so it is asked again (bounded).
+
+        Returns:
+            ``"<unit> is still <state>"`` when it did not settle or stays failed, else "".
+        """
+        unit, unsettled = self.unit(jd.job_id), ("failed", "deactivating", *_RUNNING)
+        deadline, state = self.host.monotonic() + FORGET_S, ""
+        while True:
+            self._reset_failed(unit, timeout_s=max(0.5, deadline - self.host.monotonic()))
+            try:
+                shown = self._show(unit, timeout_s=max(0.5, deadline - self.host.monotonic()))
+            except DaemonError as exc:
+                return f"{unit}: {exc}"
+            state = shown.get(unit, {}).get("ActiveState", "")
+            if state not in unsettled or self.host.monotonic() >= deadline:
+                break
+            self.host.sleep(0.1)
+        return f"{unit} is still {state} after reset-failed" if state in unsettled else ""
+
+    def _reset_failed(self, unit: str, timeout_s: float = 10) -> None:
+        """``systemctl reset-failed``: never raises (a failure leaves at worst a failed unit behind)."""
+        try:
+            self._ctl("reset-failed", unit, timeout_s=timeout_s, check=False)
+        except DaemonError:
+            pass
 
     def info(self, jd: JobDir) -> DaemonInfo:
         """ActiveState/SubState and MainPID of the job's unit."""
@@ -304,9 +352,9 @@ class SystemdBackend:
         running = props.get("ActiveState") in _RUNNING
         return DaemonInfo("systemd", state, pid, unit, running, "" if running else how_ended(props))
 
-    def _show(self, *units: str) -> dict[str, dict[str, str]]:
+    def _show(self, *units: str, timeout_s: float = 10) -> dict[str, dict[str, str]]:
         props = "Id,LoadState,ActiveState,SubState,Result,MainPID,ExecMainCode,ExecMainStatus,ExecStart,Environment"
-        done = self.host.run((self.systemctl, "show", f"--property={props}", "--", *units), timeout_s=10)
+        done = self.host.run((self.systemctl, "show", f"--property={props}", "--", *units), timeout_s=timeout_s)
         if done.returncode != 0:
             raise DaemonError(f"systemctl show {' '.join(units)}: exit {done.returncode}: {done.stderr.strip()}")
         shown = parse_systemctl_show(done.stdout)
@@ -325,6 +373,9 @@ class SystemdBackend:
 
 
 _RUNNING = ("active", "activating", "reloading")
+#: the most :meth:`SystemdBackend.forget` takes (its systemctl calls included, each at least 0.5 s): it waits
+#: for systemd to see the end of a daemon that imexctl killed
+FORGET_S = 2.0
 
 
 def _outcome(props: dict[str, str]) -> str:

@@ -14,7 +14,7 @@ from imexctl.config.paths import JobDir
 from imexctl.config.settings import Settings
 from imexctl.hooks.prolog import prolog
 from imexctl.hooks.runtime import Runtime
-from imexctl.hooks.teardown import epilog
+from imexctl.hooks.teardown import cleanup, epilog
 from imexctl.imex import daemon as daemon_module
 from imexctl.imex.daemon import (
     ExecBackend,
@@ -25,6 +25,7 @@ from imexctl.imex.daemon import (
     parse_systemctl_show,
 )
 from imexctl.platform.errors import DaemonError, DomainBusyError, UnsafeNodeError
+from imexctl.platform.fsutil import remove_tree
 from tests.support.fakes import FakeGpu, FakeHost, job_env
 
 UNIT = "imexctl-imex@42.service"
@@ -79,7 +80,30 @@ def test_fake_systemctl_start_records_main_pid() -> None:
     host = FakeHost()
     host.run(("/usr/bin/systemctl", "start", "--", UNIT), timeout_s=1)
     (pid,) = host.procs
-    assert host.units[UNIT] == {"ActiveState": "active", "pid": str(pid)}
+    assert host.units[UNIT] == {"ActiveState": "active", "SubState": "running", "Result": "success", "pid": str(pid)}
+
+
+@pytest.mark.parametrize(
+    ("signum", "after"),
+    [(signal.SIGKILL, ("failed", "signal", "2", "9")), (signal.SIGTERM, ("inactive", "success", "1", "0"))],
+)
+def test_fake_systemd_keeps_a_unit_failed_until_reset_failed(signum: int, after: tuple[str, ...]) -> None:
+    """As systemd (Restart=no): a main process killed by SIGKILL leaves the unit failed, and a stop leaves it
+    failed; only reset-failed clears it. A daemon ended by SIGTERM exits cleanly: inactive, nothing to clear."""
+    host = FakeHost()
+    host.run(("/usr/bin/systemctl", "start", "--", UNIT), timeout_s=1)
+    (proc,) = host.procs.values()
+    host.send_signal(proc.info, signum)
+    props = ("ActiveState", "Result", "ExecMainCode", "ExecMainStatus")
+
+    def shown() -> dict[str, str]:
+        return parse_systemctl_show(host.run(("/usr/bin/systemctl", "show", "--", UNIT), timeout_s=1).stdout)[UNIT]
+
+    assert tuple(shown()[k] for k in props) == after
+    host.run(("/usr/bin/systemctl", "stop", "--", UNIT), timeout_s=1)
+    assert shown()["ActiveState"] == after[0]
+    host.run(("/usr/bin/systemctl", "reset-failed", "--", UNIT), timeout_s=1)
+    assert (shown()["ActiveState"], shown()["Result"]) == ("inactive", "success")
 
 
 @pytest.fixture
@@ -289,6 +313,70 @@ class TestSystemdBackend:
                 "by": f"{UNIT}: systemd sent SIGKILL after the stop timeout",
             }
         ]
+
+    def test_stop_that_fails_still_resets_failed(self, shost: FakeHost, systemd: Settings, jd: JobDir) -> None:
+        """systemctl stop fails: reset-failed runs all the same, and the stop's error is raised."""
+        shost.fail_verbs.add("stop")
+        with pytest.raises(DaemonError, match="systemctl stop"):
+            SystemdBackend(shost, systemd).stop(jd)
+        assert verbs(shost) == ["stop", "reset-failed"]
+
+    def test_forget_waits_for_systemd_to_see_the_kill(self, shost: FakeHost, systemd: Settings, jd: JobDir) -> None:
+        """forget resets until the unit is neither failed nor still going; a unit that never settles is said."""
+        backend = SystemdBackend(shost, systemd)
+        backend.start(jd)
+        (proc,) = shost.procs.values()
+        shost.send_signal(proc.info, signal.SIGKILL)
+        assert backend.forget(jd) == "" and shost.units[UNIT]["ActiveState"] == "inactive"
+        assert verbs(shost)[-2:] == ["reset-failed", "show"] and shost.slept == []
+        shost.units[UNIT].update(ActiveState="deactivating", pid="0")
+        assert backend.forget(jd) == f"{UNIT} is still deactivating after reset-failed"
+        assert 2.0 <= sum(shost.slept) < 2.2  # daemon.FORGET_S
+
+    @pytest.mark.parametrize("how", ["stop-fails", "orphan"])
+    def test_a_unit_whose_daemon_imexctl_killed_is_not_left_failed(
+        self, shost: FakeHost, systemd: Settings, gpu: FakeGpu, root: Path, how: str
+    ) -> None:
+        """The daemon ignores SIGTERM and imexctl's teardown has to SIGKILL it, after systemctl stop failed or
+        for a daemon whose job directory is gone (cleanup): systemd then marks the unit failed, and a unit left
+        failed is what health agents drain a node for: teardown clears it (reset-failed after the kill)."""
+        rt = Runtime(shost, gpu, systemd, structlog.get_logger())
+        prolog(job_env(job_id=42), rt)
+        shost.procs[int(shost.units[UNIT]["pid"])].ignores_sigterm = True
+        if how == "stop-fails":
+            shost.fail_verbs.add("stop")
+            out = epilog(job_env(job_id=42), rt).fields()["actions"][0]
+        else:
+            remove_tree(root / "run/imexctl/jobs/42")
+            out = cleanup(rt).data()["actions"][0]
+        assert "SIGKILL to pid" in out, out
+        assert [p for p in shost.procs.values() if p.alive] == []
+        assert verbs(shost)[-2:] == ["reset-failed", "show"]  # after the kill
+        shown = parse_systemctl_show(shost.run(("/usr/bin/systemctl", "show", "--", UNIT), timeout_s=1).stdout)
+        assert shown[UNIT]["ActiveState"] == "inactive", shown
+
+    @pytest.mark.parametrize("how", ["crashed", "killed", "start-failed"])
+    def test_a_unit_whose_daemon_died_is_not_left_failed(
+        self, shost: FakeHost, systemd: Settings, gpu: FakeGpu, how: str
+    ) -> None:
+        """A daemon that crashed or was SIGKILLed mid-job (its unit failed, Restart=no), or that died during the
+        prolog's start (the roll-back): the stop leaves the unit failed, the reset-failed after it does not."""
+        rt = Runtime(shost, gpu, systemd, structlog.get_logger())
+        if how == "start-failed":
+            shost.daemon_dies = True
+            with pytest.raises(DaemonError, match="exited during start-up"):
+                prolog(job_env(job_id=42), rt)
+        else:
+            prolog(job_env(job_id=42), rt)
+            proc = shost.procs[int(shost.units[UNIT]["pid"])]
+            if how == "crashed":
+                proc.alive = False
+            else:
+                shost.send_signal(proc.info, signal.SIGKILL)
+            assert SystemdBackend(shost, systemd).info(rt.settings.paths.job(42)).state == "failed/failed"
+            epilog(job_env(job_id=42), rt)
+        assert verbs(shost)[-3:] == ["stop", "show", "reset-failed"]
+        assert shost.units[UNIT]["ActiveState"] == "inactive"
 
 
 class TestExecBackend:

@@ -96,6 +96,9 @@ class _Proc:
     alive: bool = True
     ignores_sigterm: bool = False
     unkillable: bool = False
+    #: how it ended, as systemd records a main process's end: (ExecMainCode, ExecMainStatus), CLD_EXITED = 1
+    #: with the exit status, CLD_KILLED = 2 with the signal; a daemon that died on its own exits 1
+    ended: tuple[int, int] = (1, 1)
 
 
 @dataclasses.dataclass
@@ -252,6 +255,8 @@ class FakeHost:
         verb, units = argv[1], [a for a in argv[2:] if not a.startswith("-")]
         if verb in self.fail_verbs:
             return Completed(argv, 1, "", f"Job for {units[0]} failed.")
+        for unit in units:
+            self._settle(unit)
         if verb == "show":
             return Completed(argv, 0, "\n\n".join(self._show(u) for u in units) + "\n", "")
         if verb not in ("start", "stop", "reset-failed"):
@@ -260,22 +265,43 @@ class FakeHost:
         state = self.units.setdefault(unit, {"ActiveState": "inactive"})
         if verb == "start":
             job = unit.split("@", 1)[1].split(".", 1)[0]
-            state["ActiveState"] = "active"
+            state.update(ActiveState="active", SubState="running", Result="success")
             proc = self._spawn(tuple(self.unit_exec.format(job=job).split()))
             if self.unit_exec_scans:
                 self._pending_exec[proc.info.pid] = (self.unit_exec_scans, proc.info.cmdline)
                 proc.info = proc.info._replace(cmdline=("(nvidia-imex)",), exe="/usr/lib/systemd/systemd")
             state["pid"] = str(proc.info.pid)
-        elif verb == "stop":
-            for p in self.procs.values():
-                if str(p.info.pid) == state.get("pid") and p.alive:
-                    # systemd: SIGTERM, and SIGKILL once TimeoutStopSec has passed (Result=timeout)
-                    state["Result"] = "timeout" if p.ignores_sigterm else "success"
-                    p.alive = p.unkillable
-            state["ActiveState"] = "inactive"
-        else:  # reset-failed
-            state["Result"] = "success"
+        elif verb == "stop" and state["ActiveState"] == "active":  # stopping a failed unit leaves it failed
+            main = self.procs.get(int(state.get("pid", "0")))
+            if main is not None and main.alive:
+                # systemd: SIGTERM; SIGKILL once TimeoutStopSec has passed, and the unit fails (Result=timeout)
+                main.alive = main.unkillable
+                main.ended = (2, signal.SIGKILL) if main.ignores_sigterm else (1, 0)
+            timed_out = main is not None and main.ignores_sigterm
+            state.update(
+                ActiveState="failed" if timed_out else "inactive", Result="timeout" if timed_out else "success"
+            )
+            state["SubState"] = "failed" if timed_out else "dead"
+        elif verb == "reset-failed" and state["ActiveState"] == "failed":
+            state.update(ActiveState="inactive", SubState="dead", Result="success")
         return Completed(argv, 0, "", "")
+
+    def _settle(self, unit: str) -> None:
+        """What systemd does when a unit's main process ends by itself: Restart=no, so the unit stays down;
+        ``failed`` unless it exited 0 or on SIGTERM (systemd.service(5): SuccessExitStatus=, "clean")."""
+        state = self.units.get(unit, {})
+        main = self.procs.get(int(state.get("pid", "0")))
+        if state.get("ActiveState") != "active" or main is None or main.alive:
+            return
+        code, status = main.ended
+        clean = (code, status) in ((1, 0), (2, signal.SIGTERM))
+        state.update(
+            ActiveState="inactive" if clean else "failed",
+            SubState="dead" if clean else "failed",
+            Result="success" if clean else ("exit-code" if code == 1 else "signal"),
+            ExecMainCode=str(code),
+            ExecMainStatus=str(status),
+        )
 
     def _show(self, unit: str) -> str:
         st = self.units.get(unit, {})
@@ -284,10 +310,6 @@ class FakeHost:
             argv = self.unit_exec.format(job=job)
             exec_start = f"{{ path={argv.split()[0]} ; argv[]={argv} ; ignore_errors=no }}"
             st = {"LoadState": "loaded", "ExecStart": exec_start, "Environment": self.unit_env, **st}
-        main = self.procs.get(int(st.get("pid", "0")))
-        if st.get("ActiveState") == "active" and main is not None and not main.alive:
-            # Restart=no: a daemon that died leaves its unit failed
-            st = {**st, "ActiveState": "failed", "SubState": "failed", "Result": "exit-code", "ExecMainStatus": "1"}
         props = {
             "Id": unit,
             "LoadState": "not-found",
@@ -351,9 +373,9 @@ class FakeHost:
         if p is None or not p.alive:
             return
         if signum == signal.SIGKILL:
-            p.alive = p.unkillable
+            p.alive, p.ended = p.unkillable, (2, signal.SIGKILL)
         elif signum == signal.SIGTERM and not p.ignores_sigterm:
-            p.alive = False
+            p.alive, p.ended = False, (1, 0)  # the daemon's clean shutdown
 
     def job_is_running(self, job_id: int) -> bool:
         return job_id in self.running_jobs

@@ -178,6 +178,46 @@ def test_daemon_crash_leaves_a_failed_unit_that_status_shows_and_the_epilog_clea
         assert units(sysd, node) == [], node
 
 
+def test_daemon_sigkilled_mid_job_leaves_no_failed_unit_after_the_epilog(sysd: SystemdLab) -> None:
+    """`systemctl kill -s KILL` on the job's daemon (first-rack.md step 7): the unit is failed (result signal);
+    the epilog's stop leaves a failed unit failed, its reset-failed does not: no unit of the job is left, so a
+    health agent that watches units has nothing to drain the node for."""
+    job = hold(sysd, NODES)
+    unit = sysd.unit(job)
+    try:
+        sysd.node("node2").exec(["systemctl", "kill", "-s", "KILL", unit])
+        wait_for(lambda: is_active(sysd, "node2", unit) == "failed", 30, 0.5, what=f"{unit} to fail")
+        assert show(sysd, "node2", unit, "Result", "ExecMainStatus") == {"Result": "signal", "ExecMainStatus": "9"}
+    finally:
+        release(sysd, job)
+    wait_done(sysd, job)
+    for node in NODES:
+        assert units(sysd, node) == [], node
+        assert is_active(sysd, node, unit) == "inactive", node
+    assert sysd.node_states()["node2"]["state"] == "idle"
+
+
+def test_daemon_imexctl_had_to_kill_leaves_no_failed_unit(sysd: SystemdLab) -> None:
+    """A daemon that ignores SIGTERM and a systemctl stop cut short by imexctl's own bound ([daemon]
+    stop_timeout_s = 1: systemctl gets 6 s, the unit's TimeoutStopSec is 15 s): the epilog kills the daemon
+    itself (SIGKILL after kill_grace_s), which leaves the unit failed; it then resets it: no unit is left."""
+    conf = sysd.node_root("node2") / "etc/imexctl/imexctl.conf"
+    before = conf.read_text()
+    conf.write_text(before + "\n[daemon]\nstop_timeout_s = 1\nkill_grace_s = 1\n")
+    sysd.set_faults("node2", "ignore_sigterm")
+    try:
+        job, _ = srun_check(sysd, NODES)
+        wait_done(sysd, job)
+    finally:
+        conf.write_text(before)
+    (done,) = events(sysd, "node2", job, "epilog.done")
+    stop = done["actions"][0]
+    assert done["ok"] and "systemctl stop" in stop and "SIGKILL to pid" in stop, done
+    assert "still" not in stop, stop  # forget() found the unit settled
+    assert units(sysd, "node2") == [] and is_active(sysd, "node2", sysd.unit(job)) == "inactive"
+    assert sysd.node_states()["node2"]["state"] == "idle"
+
+
 # ---------------------------------------------------------------- slurmd and the stock unit
 
 
