@@ -8,7 +8,8 @@ The layout (docs/install.md, "What the packages install"):
       lib/pythonX.Y/site-packages/ imexctl (without the simulator and the demo) and its dependencies
     /usr/sbin/imexctl -> /opt/imexctl/bin/imexctl
     /usr/share/imexctl/hooks/      prolog, epilog, health, task-prolog, enroot/99-imexctl.sh (installed nowhere else)
-    <unitdir>/                     imexctl-imex@.service, imexctl-cleanup.service (not enabled)
+    <unitdir>/                     imexctl-imex@.service, imexctl-cleanup.service, imexctl-metrics.service and
+                                   imexctl-metrics.timer (none enabled)
     /usr/share/imexctl/systemd/no-hardening.conf  the drop-in that turns the daemon unit's sandbox off
     /usr/share/imexctl/prometheus/imexctl.rules.yml  alert rules for the metrics (docs/operations.md)
     /etc/imexctl/imexctl.conf      pkg/imexctl.conf: sets nothing, the same text in every release
@@ -158,7 +159,7 @@ def install_files(dest: Path, unitdir: str) -> None:
 
     for hook in ("prolog", "epilog", "health", "task-prolog", "enroot/99-imexctl.sh"):
         _put(dest / "usr/share/imexctl/hooks" / hook, (SRC / "hooks" / hook).read_text(), 0o755)
-    for unit in sorted((SRC / "systemd").glob("*.service")):
+    for unit in sorted([*(SRC / "systemd").glob("*.service"), *(SRC / "systemd").glob("*.timer")]):
         _put(dest / unitdir.lstrip("/") / unit.name, unit.read_text(), 0o644)
     # not a drop-in yet: docs/security.md says how to install it
     _put(dest / "usr/share/imexctl/systemd/no-hardening.conf", (SRC / "systemd/no-hardening.conf").read_text(), 0o644)

@@ -55,7 +55,7 @@ LAYOUT = (
     "/usr/share/doc/imexctl/docs/configuration.md",
     "/etc/logrotate.d/imexctl",
 )
-UNITS = ("imexctl-imex@.service", "imexctl-cleanup.service")
+UNITS = ("imexctl-imex@.service", "imexctl-cleanup.service", "imexctl-metrics.service", "imexctl-metrics.timer")
 #: imexctl's and its bundled dependencies' (debian/copyright has one paragraph each)
 RPM_LICENSE = "Apache-2.0 AND (MIT OR Apache-2.0) AND BSD-3-Clause AND PSF-2.0 AND MIT"
 #: imexctl-cleanup.service's [Install] WantedBy=: where systemctl enable links it
@@ -501,6 +501,9 @@ def test_deb_install_enable_edit_upgrade_purge_unattended(deb: Path, deb_next: P
     # docs/install.md: systemctl enable imexctl-cleanup.service (the root has no systemd: --root makes the same links)
     sh(["systemctl", f"--root={root}", "enable", "imexctl-cleanup.service"])
     links = [root / "etc/systemd/system" / wants / "imexctl-cleanup.service" for wants in REQUIRED_BY]
+    # docs/metrics.md: systemctl enable --now imexctl-metrics.timer (the live gauges)
+    sh(["systemctl", f"--root={root}", "enable", "imexctl-metrics.timer"])
+    links.append(root / "etc/systemd/system/timers.target.wants/imexctl-metrics.timer")
     assert all(link.is_symlink() for link in links)
     conf = root / "etc/imexctl/imexctl.conf"
     edited = conf.read_text() + "\n[readiness]\ndeadline_s = 90\n"
@@ -635,6 +638,7 @@ def test_rpm_scriptlets_enable_nothing_and_clean_byte_code(rpms: dict[str, Path]
     preun = _rpm(rpms["x86_64"], "--qf", "%{PREUN}")
     erase = preun.split('if [ "$1" -eq 0 ]; then', 1)[1].split("fi", 1)[0]
     assert "systemctl --no-reload disable imexctl-cleanup.service" in erase, "erase removes the enable links"
+    assert "systemctl --no-reload disable --now imexctl-metrics.timer" in erase, "and stops the live-gauge timer"
 
 
 def test_rpm_payload_matches_its_architecture(rpms: dict[str, Path], tmp_path: Path) -> None:

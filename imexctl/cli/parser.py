@@ -49,10 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     sub.add_parser("prolog", help="set up this job's IMEX domain (Slurm Prolog=)", description=HOOK_HELP)
     sub.add_parser("epilog", help="tear down this job's IMEX domain (Slurm Epilog=)", description=HOOK_HELP)
-    st = sub.add_parser("status", help="show this node's IMEX domain, channels and stale state")
-    form = st.add_mutually_exclusive_group()
-    form.add_argument("--json", action="store_true", help="machine-readable output on stdout")
-    form.add_argument("--prometheus", action="store_true", help="the domain gauges in Prometheus text format")
+    _status_parser(sub)
     dr = sub.add_parser("doctor", help="check this tray and slurm.conf before a job does (exit 1 on a FAIL)")
     dr.add_argument("--json", action="store_true", help="the checks as JSON: name, status, message, fix")
     dr.add_argument("--slurm-conf", metavar="FILE", help="slurm.conf to check (default: $SLURM_CONF, /etc/slurm)")
@@ -91,6 +88,20 @@ def _health_parser(sub: Any) -> None:
     )
     he.add_argument(
         "--node", type=_node_name, metavar="NAME", help="Slurm node name (default: $SLURMD_NODENAME, short host name)"
+    )
+
+
+def _status_parser(sub: Any) -> None:
+    st = sub.add_parser("status", help="show this node's IMEX domain, channels and stale state")
+    form = st.add_mutually_exclusive_group()
+    form.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    form.add_argument(
+        "--prometheus", action="store_true", help="the live gauges in Prometheus text format (what --textfile writes)"
+    )
+    form.add_argument(
+        "--textfile",
+        action="store_true",
+        help="replace [metrics] textfile_dir/imexctl-live.prom with the live gauges (imexctl-metrics.timer)",
     )
 
 

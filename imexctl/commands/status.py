@@ -21,8 +21,11 @@ if TYPE_CHECKING:
 __all__ = ["collect", "command", "render_text"]
 
 
-def collect(rt: Runtime, node: str) -> dict[str, Any]:
-    """Owner job, daemon, port, nodes, domain and peer states, channels, staleness."""
+def collect(rt: Runtime, node: str, *, nvml: bool = True) -> dict[str, Any]:
+    """Owner job, daemon, port, nodes, domain and peer states, channels, staleness.
+
+    ``nvml=False``: the fabric is not read (``fabric`` is None), as with ``[policy] fabric = none``.
+    """
     paths = rt.settings.paths
     jobs = [_job(jid, rt) for jid in known_jobs(rt)]
     claimed = {j["channel"]["minor"] for j in jobs if j.get("channel")}
@@ -34,7 +37,7 @@ def collect(rt: Runtime, node: str) -> dict[str, Any]:
         # the config file this status read: the one the hooks read under slurmd (None: built-in defaults)
         "config": str(rt.settings.source) if rt.settings.source else None,
         "owner_job": jobs[0]["job_id"] if len(jobs) == 1 else None,
-        "fabric": _fabric(rt, node),
+        "fabric": _fabric(rt, node) if nvml else None,
         "jobs": jobs,
         "channels": channels,
         "stale": stale,
@@ -82,13 +85,27 @@ def _job(job_id: int, rt: Runtime) -> dict[str, Any]:
     out["nodes_config"] = _read(jd.nodes)
     out["domain"] = _domain(config, rt) if procs else None
     out["running"] = bool(still_runs(job_id, rt))  # cleanup's rule: a set-up domain without a step counts
+    out["lost"] = _lost(state, bool(procs), out["daemon"])
     if not out["running"]:
         out["stale"].append("job no longer runs on this node")
-    if not procs:
+    if out["lost"]:
+        out["stale"].append("its IMEX daemon has ended while the job runs on (daemon lost)")
+    elif not procs:
         out["stale"].append("no daemon process")
     if not jd.exists():
         out["stale"].append("daemon without job directory")
     return out
+
+
+def _lost(state: Any, procs: bool, info: dict[str, Any]) -> bool:
+    """The epilog's rule (``imex.daemon.lost``), asked now: a set-up domain, not ended here, without its daemon.
+
+    A prolog still at work (no ``set_up`` mark) or an epilog at work (``ended``) is no loss, and neither is a
+    daemon the backend could not be asked about.
+    """
+    if state is None or not state.set_up or state.ended or state.backend == "none" or procs:
+        return False
+    return not info.get("running", False) and "error" not in info
 
 
 def _domain(config: Path, rt: Runtime) -> dict[str, Any]:
@@ -184,14 +201,54 @@ def render_text(st: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def command(args: argparse.Namespace, rt: Runtime, node: str) -> int:
-    """``imexctl status``: text, ``--json`` (the result envelope) or ``--prometheus`` (the domain gauges)."""
-    data = collect(rt, node)
-    if args.prometheus:
-        from imexctl.hooks import metrics
+def _live(rt: Runtime, node: str) -> str:
+    """The live gauges' text (``--prometheus``, ``--textfile``): NVML is asked only when no topology names the block."""
+    from imexctl.commands import live
+    from imexctl.hooks import members
 
-        sys.stdout.write(metrics.render_gauges(metrics.domain_of_status(data)))
-    elif args.json:
+    try:
+        source = members.load_source(rt.settings)
+    except ImexctlError:
+        source = None  # the prolog says what is wrong with it; the gauges still come
+    block = members.block_label(node, source, None)
+    data = collect(rt, node, nvml=not block)
+    if not block and data["fabric"] is not None:
+        block = members.block_label(node, None, data["fabric"]["key"])
+    return live.render(live.live_of(data, block), rt.host.time())
+
+
+def write_textfile(rt: Runtime, node: str) -> Path:
+    """Replace ``<textfile_dir>/imexctl-live.prom`` atomically (``status --textfile``: the live-gauge timer).
+
+    Raises:
+        ConfigError: ``[metrics] textfile_dir`` is not set.
+        FileError: the file cannot be written (a missing directory, a full disk).
+    """
+    from imexctl.commands import live
+    from imexctl.platform.errors import ConfigError, FileError
+    from imexctl.platform.fsutil import atomic_write
+
+    target = live.textfile(rt.settings)
+    if target is None:
+        raise ConfigError("status --textfile: [metrics] textfile_dir is not set (docs/metrics.md)")
+    text = _live(rt, node)
+    try:
+        atomic_write(target, text, mode=0o644)
+    except OSError as exc:
+        raise FileError(f"{target}: {exc.strerror or exc}") from exc
+    return target
+
+
+def command(args: argparse.Namespace, rt: Runtime, node: str) -> int:
+    """``imexctl status``: text, ``--json`` (the result envelope), ``--prometheus`` or ``--textfile`` (live gauges)."""
+    if getattr(args, "textfile", False):
+        write_textfile(rt, node)
+        return 0
+    if args.prometheus:
+        sys.stdout.write(_live(rt, node))
+        return 0
+    data = collect(rt, node)
+    if args.json:
         print_json(data)
     else:
         sys.stdout.write(render_text(data))

@@ -21,23 +21,41 @@ from imexctl.platform.host import Host
 from imexctl.slurm import nodelist, topofile
 from imexctl.slurm.topofile import BlockMap
 
-__all__ = ["check_own", "cross_check", "domain_members", "job_domain", "load_source", "parse_hosts_file", "resolve_all"]
+__all__ = [
+    "block_label",
+    "check_own",
+    "cross_check",
+    "domain_members",
+    "job_domain",
+    "load_source",
+    "parse_hosts_file",
+    "resolve_all",
+]
 
 
-def job_domain(nodes: Sequence[str], me: str, settings: Settings, nvml_key: str | None, log: Any) -> tuple[str, ...]:
+def job_domain(
+    nodes: Sequence[str],
+    me: str,
+    settings: Settings,
+    nvml_key: str | None,
+    log: Any,
+    source: BlockMap | bool | None = True,
+) -> tuple[str, ...]:
     """This tray's domain members, after checking its NVML key against the configured source.
 
     Reads ``[topology] source`` (``[paths] topology_file``) and ``[paths]
     topology_map``; touches nothing else, so a failure here happens before the
     prolog takes the lock or writes a file.  A job over several NVLink domains
-    logs ``imex.domain.split`` with the domain this tray joined.
+    logs ``imex.domain.split`` with the domain this tray joined.  ``source``:
+    the source as the caller already read it (:func:`load_source`), else read here.
 
     Raises:
         ConfigError: a source that cannot be read or parsed, this node in no block or not in the map.
         TopologyMismatch: the source gives this tray another key than NVML.
     """
     paths = settings.paths
-    source = load_source(settings)
+    if source is True or source is False:  # not given: read here
+        source = load_source(settings)
     trays = domain_members(nodes, me, source)
     checks = [(source, False)] if source is not None else []
     if paths.topology_map is not None:
@@ -58,6 +76,18 @@ def load_source(settings: Settings) -> BlockMap | None:
     if topo.source == "none" or paths.topology_file is None:
         return None
     return topofile.load(topo.source, paths.topology_file, topo.yaml_topology)
+
+
+def block_label(me: str, source: BlockMap | None, key: str | None) -> str:
+    """This tray's block as the metrics name it: its block in the source, else the name made from its key.
+
+    A map's blocks are keys, named as ``topology blocks`` names them
+    (``nvl-4f2a9c1e-7``); '' where neither is known (no source, no NVML).
+    """
+    block = source.block_of.get(me, "") if source is not None else ""
+    if block and source is not None and source.unit == topofile.MAP_UNIT:
+        return topofile.short_name(block)  # a map's blocks are its keys
+    return block or (topofile.short_name(key) if key else "")
 
 
 def domain_members(nodes: Sequence[str], me: str, source: BlockMap | None) -> tuple[str, ...]:

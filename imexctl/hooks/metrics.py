@@ -35,9 +35,9 @@ __all__ = [
     "domain_of_status",
     "record",
     "render",
-    "render_gauges",
     "run_of",
     "textfile",
+    "with_block",
 ]
 
 FILE_NAME: Final = "imexctl.prom"
@@ -91,6 +91,8 @@ class Run(Record):
     actions: tuple[str, ...] = ()
     #: an epilog: domains whose daemon had ended before the job
     lost: int = 0
+    #: this tray's block (the ``block`` label of every series), where the run learned it; '': keep the last
+    block: str = ""
 
 
 #: the ``action`` label of each kind of teardown action (docs/metrics.md); a note counts as the job's files
@@ -122,7 +124,8 @@ def run_of(command: str, result: Result | None, error: BaseException | None, dur
     peers = setup.trays - 1
     connected = peers - len(setup.blamed) if level == "domain" else None
     domain = Domain(0, "up" if setup.ready else "not_ready", peers, connected)
-    return Run(command, "ok", duration_s=duration_s, ready_s=duration_s if setup.ready else None, domain=domain)
+    ready_s = duration_s if setup.ready else None
+    return Run(command, "ok", duration_s=duration_s, ready_s=ready_s, domain=domain, block=setup.block)
 
 
 def _action_labels(action: Action) -> tuple[str, ...]:
@@ -174,6 +177,8 @@ def record(settings: Settings, run: Run, now: float) -> bool:
         totals = _load(run_dir / STATE_FILE)
         _count(totals, run, now)
         totals["domain"] = _domain_after(settings, run, totals.get("domain"))._asdict()
+        if run.block:
+            totals["block"] = run.block
         atomic_write(run_dir / STATE_FILE, json.dumps(totals, sort_keys=True) + "\n", mode=0o644)
         atomic_write(target, render(totals), mode=0o644)
     return True
@@ -292,7 +297,30 @@ def render(totals: Mapping[str, Any]) -> str:
         f"imexctl_last_run_timestamp_seconds{_labels(command=k)} {_number(round(t, 3))}"
         for k, t in sorted(totals.get("last_run", {}).items())
     ]
-    return "\n".join(lines) + "\n"
+    return "\n".join(with_block(lines, str(totals.get("block") or ""))) + "\n"
+
+
+def with_block(lines: list[str], block: str) -> list[str]:
+    """The lines with ``block="<block>"`` first among every sample's labels; as they are without a block.
+
+    Every series of a tray carries its block (NVLink domain), so that the
+    alerts of one domain's trays group into one (docs/metrics.md).
+    """
+    if not block:
+        return lines
+    label = f'block="{_escape(block)}"'
+    out = []
+    for line in lines:
+        if line.startswith("#"):
+            out.append(line)
+            continue
+        name, brace, rest = line.partition("{")
+        if brace and " " not in name:
+            out.append(f"{name}{{{label},{rest}")
+        else:
+            name, _, value = line.partition(" ")
+            out.append(f"{name}{{{label}}} {value}")
+    return out
 
 
 def _histogram(name: str, label: str, histograms: Mapping[str, Any]) -> list[str]:
@@ -307,6 +335,7 @@ def _histogram(name: str, label: str, histograms: Mapping[str, Any]) -> list[str
 
 
 def _gauge_lines(domain: Domain) -> list[str]:
+    """The hooks' domain gauges (``imexctl status --prometheus`` prints the live ones: :mod:`imexctl.commands.live`)."""
     state = domain.state if domain.state in STATES else "unknown"
     lines = _head("imexctl_domain_state")
     lines += [f"imexctl_domain_state{_labels(state=s)} {int(s == state)}" for s in STATES]
@@ -317,8 +346,3 @@ def _gauge_lines(domain: Domain) -> list[str]:
     lines += [*_head("imexctl_domain_owner_job"), f"imexctl_domain_owner_job {domain.owner_job}"]
     lines += [*_head("imexctl_build_info"), f"imexctl_build_info{_labels(version=__version__)} 1"]
     return lines
-
-
-def render_gauges(domain: Domain) -> str:
-    """The gauges alone: what ``imexctl status --prometheus`` prints."""
-    return "\n".join(_gauge_lines(domain)) + "\n"

@@ -129,7 +129,8 @@ def _prolog(env: Mapping[str, str], rt: Runtime, run: _Run) -> PrologResult:
         _refuse_without_fabric(job, no_fabric, rt)
         return _done(rt, run.t0, skipped=no_fabric)
     job = _het_domain(job, rt)
-    trays = members.job_domain(job.nodes, job.node, rt.settings, key, rt.log)  # cross-checks the NVML key
+    source = members.load_source(rt.settings)
+    trays = members.job_domain(job.nodes, job.node, rt.settings, key, rt.log, source)  # cross-checks the NVML key
     single = rt.settings.policy.single_tray if len(trays) == 1 else "domain"
     if single == "none":
         return _done(rt, run.t0, skipped="the job has one tray in this NVLink domain ([policy] single_tray = none)")
@@ -141,6 +142,7 @@ def _prolog(env: Mapping[str, str], rt: Runtime, run: _Run) -> PrologResult:
         rt.step("claimed")
         try:
             setup = _setup(job, trays, rt, deadline, with_daemon=single == "domain", slurm_channels=run.slurm_channels)
+            setup = setup._replace(block=members.block_label(job.node, source, key))
             _mark_set_up(job, rt)
         except BaseException as exc:
             _rollback(job.job_id, rt, exc)

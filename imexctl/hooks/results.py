@@ -69,6 +69,8 @@ class Setup(Record):
     cmd_port: int = 0
     ready: bool = False
     blamed: tuple[str, ...] = ()
+    #: this tray's block (NVLink domain) as the metrics label it (members.block_label); '' unknown
+    block: str = ""
 
     def fields(self) -> dict[str, Any]:
         """Its fields of ``prolog.done``, in their order."""

@@ -27,7 +27,7 @@ from imexctl.gpu.topology import NO_FABRIC, parse_key
 from imexctl.platform.errors import NodeListError, ReportError
 from imexctl.platform.record import Record
 from imexctl.slurm import nodelist
-from imexctl.slurm.topofile import KEY_COMMENT, node_key_fields
+from imexctl.slurm.topofile import KEY_COMMENT, node_key_fields, short_name
 
 __all__ = [
     "Block",
@@ -51,7 +51,6 @@ __all__ = [
 ]
 
 _MAX_LEVEL = 15  # block_record.c: a block level above 15 is an invalid BlockSizes value
-_SHORT_UUID = 8  # hex digits of the cluster UUID in a block name
 _YAML_WORDS = frozenset({"y", "n", "yes", "no", "on", "off", "true", "false", "null", "~"})
 
 
@@ -173,7 +172,7 @@ def natural(name: str) -> tuple[tuple[tuple[bool, Any], ...], str]:
 def block_names(keys: Iterable[str]) -> dict[str, str]:
     """Key -> block name: ``nvl-<first 8 hex of the UUID>-<cliqueId>``, the whole UUID where two would clash."""
     keys = set(keys)
-    short = {k: f"nvl-{k[:_SHORT_UUID]}-{k.rpartition('.')[2]}" for k in keys}
+    short = {k: short_name(k) for k in keys}
     clashes = {name for name in short.values() if list(short.values()).count(name) > 1}
     return {
         k: (f"nvl-{k.partition('.')[0].replace('-', '')}-{k.rpartition('.')[2]}" if short[k] in clashes else short[k])

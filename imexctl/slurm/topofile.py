@@ -24,9 +24,30 @@ from imexctl.platform.fsutil import read_text_nofollow
 from imexctl.platform.record import Record
 from imexctl.slurm import nodelist
 
-__all__ = ["KEY_COMMENT", "BlockMap", "load", "node_key_fields", "parse_map", "parse_topology", "parse_yaml"]
+__all__ = [
+    "KEY_COMMENT",
+    "MAP_UNIT",
+    "BlockMap",
+    "load",
+    "node_key_fields",
+    "parse_map",
+    "parse_topology",
+    "parse_yaml",
+    "short_name",
+]
 
 KEY_COMMENT = "imexctl-key:"
+#: what names a node's domain in a NODE KEY map (its blocks are keys)
+MAP_UNIT = "map line"
+
+
+#: hex digits of the cluster UUID in a block name made from a key
+_SHORT_UUID = 8
+
+
+def short_name(key: str) -> str:
+    """The block name made from an NVLink domain key: ``nvl-<first 8 hex of the UUID>-<cliqueId>``."""
+    return f"nvl-{key[:_SHORT_UUID]}-{key.rpartition('.')[2]}"
 
 
 class BlockMap(Record):
@@ -160,7 +181,7 @@ def parse_map(text: str, source: str) -> BlockMap:
     """
     from imexctl.gpu.topology import parse_key
 
-    built, seen = _Builder(source, "map line"), set()
+    built, seen = _Builder(source, MAP_UNIT), set()
     for lineno, raw in enumerate(text.splitlines(), 1):
         fields = node_key_fields(raw)
         if not fields:

@@ -297,3 +297,59 @@ class TestBootCleanupUnit:
             daemon.kill()
         assert not job.exists() and list(chan_dir.iterdir()) == []
         assert "job 4711" in done.stdout and "channel7" in done.stdout
+
+
+# ---------------------------------------------------------------- the live-gauge timer
+
+METRICS_SERVICE = REPO / "systemd" / "imexctl-metrics.service"
+METRICS_TIMER = REPO / "systemd" / "imexctl-metrics.timer"
+
+
+def _seconds(text: str) -> float:
+    """A systemd time span as written in a unit (``15s``, ``1min``, ``500ms``), in seconds."""
+    units = {"ms": 0.001, "s": 1, "sec": 1, "min": 60, "m": 60}
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+    return float(number) * units[text[len(number) :] or "s"]
+
+
+class TestLiveGaugeUnits:
+    def test_service_refreshes_the_live_file_once(self) -> None:
+        """A oneshot running the installed imexctl's status --textfile, never enabled by itself (no [Install]):
+        the timer starts it."""
+        keys = _unit_keys(METRICS_SERVICE)
+        assert keys["Type"] == ["oneshot"] and keys["ExecStart"] == [f"{INSTALLED} status --textfile"]
+        assert "WantedBy" not in keys and "RemainAfterExit" not in keys
+        assert _seconds(keys["TimeoutStartSec"][0]) >= 30  # above [readiness] ctl_timeout_s's default of 5 s
+
+    def test_timer_counts_a_lost_daemon_within_a_minute(self) -> None:
+        """Every 15 s, first right after it starts, to the second (not systemd's default accuracy of one minute);
+        enabled into timers.target by the one line of docs/metrics.md."""
+        keys = _unit_keys(METRICS_TIMER)
+        assert _seconds(keys["OnUnitActiveSec"][0]) <= 15 and _seconds(keys["OnActiveSec"][0]) <= 1
+        assert _seconds(keys["AccuracySec"][0]) <= 1
+        assert keys["WantedBy"] == ["timers.target"] and "Unit" not in keys  # the service of its own name
+        page = (REPO / "docs/metrics.md").read_text()
+        assert "systemctl enable --now imexctl-metrics.timer" in page
+
+    @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+    @pytest.mark.parametrize("unit", [METRICS_SERVICE, METRICS_TIMER], ids=lambda p: p.name)
+    def test_units_verify(self, unit: Path, tmp_path: Path) -> None:
+        """systemd-analyze verify reports nothing but the installed imexctl this machine lacks."""
+        for path in (METRICS_SERVICE, METRICS_TIMER):
+            shutil.copy(path, tmp_path / path.name)
+        findings = [ln for ln in _verify_all(tmp_path / unit.name) if INSTALLED not in ln]
+        assert findings == []
+
+    @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+    def test_verify_catches_a_bad_timer_key(self, tmp_path: Path) -> None:
+        """The verify check is able to fail: an unknown key of the timer is reported."""
+        shutil.copy(METRICS_SERVICE, tmp_path / METRICS_SERVICE.name)
+        (tmp_path / METRICS_TIMER.name).write_text(METRICS_TIMER.read_text().replace("[Install]", "Bogus=1\n[Install]"))
+        assert any("Bogus" in ln for ln in _verify_all(tmp_path / METRICS_TIMER.name))
+
+
+def _verify_all(unit: Path) -> list[str]:
+    done = subprocess.run(
+        ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60, check=False
+    )
+    return [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]

@@ -132,7 +132,10 @@ def test_metrics_count_lost_daemons(make_settings: Callable[..., Settings], host
     text = (root / "var/lib/prom" / metrics.FILE_NAME).read_text()
     (fam,) = [f for f in text_string_to_metric_families(text) if f.name == "imexctl_daemon_lost"]
     assert [s.value for s in fam.samples] == [2]
-    assert 'imexctl_hook_runs_total{hook="epilog",outcome="failed",error_code="daemon_lost"} 1' in text
+    assert (
+        'imexctl_hook_runs_total{block="nvl-11111111-7",hook="epilog",outcome="failed",error_code="daemon_lost"} 1'
+        in text
+    )
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the prolog needs root (device nodes, chown)")

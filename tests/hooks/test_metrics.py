@@ -16,7 +16,7 @@ from imexctl.cli import main
 from imexctl.config.settings import Settings
 from imexctl.hooks import metrics
 from imexctl.hooks.results import Action, CleanupResult
-from tests.support.fakes import FakeGpu, FakeHost, domain_json, job_env
+from tests.support.fakes import FakeGpu, FakeHost, job_env
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -45,10 +45,10 @@ def families(prom_dir: Path) -> dict[str, Any]:
 
 
 def sample(fams: dict[str, Any], name: str, **labels: str) -> float:
-    """The value of the one sample ``name`` with exactly these labels (family of name without suffixes)."""
+    """The value of the one sample ``name`` with exactly these labels, the tray's ``block`` aside."""
     for fam in fams.values():
         for s in fam.samples:
-            if s.name == name and s.labels == labels:
+            if s.name == name and {k: v for k, v in s.labels.items() if k != "block"} == labels:
                 return float(s.value)
     raise AssertionError(f"no sample {name}{labels}")
 
@@ -186,46 +186,50 @@ def test_label_values_are_escaped() -> None:
     assert fams["imexctl_hook_runs"].samples[0].labels["error_code"] == 'od"d\\\ncode'
 
 
-def test_status_prometheus_prints_the_same_gauges(
-    cfg: str, host: FakeHost, prom_dir: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """``status --prometheus`` prints the gauges of the file, from a live -N query."""
+def test_every_series_carries_the_trays_block(cfg: str, host: FakeHost, prom_dir: Path) -> None:
+    """After a prolog every sample of the file has the tray's block: here the name made from its NVML key."""
     assert run(cfg, "prolog", host=host) == 0
-    capsys.readouterr()
-    host.running_jobs.add(42)
-    host.domain = lambda hosts: (
-        0,
-        domain_json(hosts, status="DEGRADED", node_status={1: "UNAVAILABLE"}, conn_status="INVALID"),
+    samples = [s for fam in families(prom_dir).values() for s in fam.samples]
+    assert samples and {s.labels.get("block") for s in samples} == {"nvl-11111111-7"}
+
+
+def test_the_block_comes_from_the_topology_and_stays_after_the_epilog(
+    make_settings: Callable[..., Settings], host: FakeHost, root: Path, prom_dir: Path
+) -> None:
+    """With a topology file the block is the file's name for the tray's block; the epilog (which reads no
+    topology) keeps it, so a tray's series keep one label set."""
+    topo = root / "etc/slurm/topology.conf"
+    topo.parent.mkdir(parents=True)
+    topo.write_text("BlockName=r01 Nodes=gb[01-02]\n")
+    cfg = make_settings(
+        metrics={"textfile_dir": "/var/lib/node_exporter"}, paths={"topology_file": "/etc/slurm/topology.conf"}
     )
-    assert run(cfg, "status", "--prometheus", host=host, env={"SLURMD_NODENAME": "gb01"}) == 0
-    out = capsys.readouterr().out
-    fams = {f.name: f for f in text_string_to_metric_families(out)}
-    gauges = {n for n, (kind, _help) in metrics.METRICS.items() if kind == "gauge"} - {
-        "imexctl_last_run_timestamp_seconds"
-    }
-    assert set(fams) == gauges
-    assert sample(fams, "imexctl_domain_state", state="degraded") == 1
-    assert sample(fams, "imexctl_domain_owner_job") == 42
-    assert sample(fams, "imexctl_domain_peers") == 1
-    assert sample(fams, "imexctl_domain_peers_connected") == 0
+    for hook in ("prolog", "epilog"):
+        assert run(str(cfg.source), hook, host=host) == 0
+        blocks = {s.labels.get("block") for fam in families(prom_dir).values() for s in fam.samples}
+        assert blocks == {"r01"}, hook
 
 
-def test_status_prometheus_without_a_domain(cfg: str, host: FakeHost, capsys: pytest.CaptureFixture[str]) -> None:
-    """No domain on the tray: state none, owner 0."""
-    assert run(cfg, "status", "--prometheus", host=host, env={"SLURMD_NODENAME": "gb01"}) == 0
-    fams = {f.name: f for f in text_string_to_metric_families(capsys.readouterr().out)}
-    assert sample(fams, "imexctl_domain_state", state="none") == 1
-    assert sample(fams, "imexctl_domain_owner_job") == 0
+def test_without_a_block_the_series_have_no_block_label(
+    make_settings: Callable[..., Settings], host: FakeHost, prom_dir: Path
+) -> None:
+    """[policy] fabric = none and no topology: nothing names the block, and no sample gets an empty label."""
+    cfg = make_settings(metrics={"textfile_dir": "/var/lib/node_exporter"}, policy={"fabric": "none"})
+    assert run(str(cfg.source), "prolog", host=host) == 0
+    assert "block=" not in (prom_dir / metrics.FILE_NAME).read_text()
 
 
 def test_docs_metrics_page_lists_every_metric_with_its_type() -> None:
-    """docs/metrics.md has one table row per metric: name, type; and names no other metric."""
+    """docs/metrics.md has one table row per metric (the hooks' and the live ones): name, type; and names no other."""
+    from imexctl.commands.live import LIVE_METRICS
+
+    every = {**metrics.METRICS, **LIVE_METRICS}
     text = (DOCS / "metrics.md").read_text(encoding="utf-8")
     rows = re.findall(r"^\| `(imexctl_[a-z_]+)` \| (\w+) \|", text, flags=re.MULTILINE)
-    assert dict(rows) == {name: kind for name, (kind, _help) in metrics.METRICS.items()}
-    assert len(rows) == len(metrics.METRICS)
+    assert dict(rows) == {name: kind for name, (kind, _help) in every.items()}
+    assert len(rows) == len(every)
     mentioned = set(re.findall(r"\bimexctl_[a-z_]+[a-z]\b", text)) - {"imexctl_result_version"}
-    known = set(metrics.METRICS) | {f"{n}_{s}" for n in metrics.METRICS for s in ("bucket", "sum", "count")}
+    known = set(every) | {f"{n}_{s}" for n in metrics.METRICS for s in ("bucket", "sum", "count")}
     assert mentioned <= known, sorted(mentioned - known)
 
 
