@@ -11,7 +11,8 @@ The layout (docs/install.md, "What the packages install"):
     <unitdir>/                     imexctl-imex@.service, imexctl-cleanup.service, imexctl-metrics.service and
                                    imexctl-metrics.timer (none enabled)
     /usr/share/imexctl/systemd/no-hardening.conf  the drop-in that turns the daemon unit's sandbox off
-    /usr/share/imexctl/prometheus/imexctl.rules.yml  alert rules for the metrics (docs/operations.md)
+    /usr/share/imexctl/prometheus/ imexctl.rules.yml (alert rules for the metrics, docs/operations.md),
+                                   alertmanager.yml (their route, grouped by block), imexctl.dashboard.json (Grafana)
     /etc/imexctl/imexctl.conf      pkg/imexctl.conf: sets nothing, the same text in every release
     /usr/share/imexctl/imexctl.conf.example  every key commented out (python3 -m imexctl.cli.reference config)
     /etc/logrotate.d/imexctl       imexctl's log and the IMEX daemon's log
@@ -168,8 +169,8 @@ def install_files(dest: Path, unitdir: str) -> None:
     _put(dest / "etc/imexctl/imexctl.conf", (SRC / "pkg/imexctl.conf").read_text(), 0o644)
     _put(dest / "usr/share/imexctl/imexctl.conf.example", reference.default_config(), 0o644)
     _put(dest / "etc/logrotate.d/imexctl", (SRC / "pkg/logrotate").read_text(), 0o644)
-    rules = "prometheus/imexctl.rules.yml"
-    _put(dest / "usr/share/imexctl" / rules, (SRC / "pkg" / rules).read_text(), 0o644)
+    for name in ("imexctl.rules.yml", "alertmanager.yml", "imexctl.dashboard.json"):
+        _put(dest / "usr/share/imexctl/prometheus" / name, (SRC / "pkg/prometheus" / name).read_text(), 0o644)
     _put(dest / "usr/share/man/man8/imexctl.8", reference.man_page(), 0o644)
     configuration = (SRC / "docs/configuration.md").read_text()
     _put(dest / "usr/share/man/man5/imexctl.conf.5", reference.config_man_page(configuration), 0o644)

@@ -50,6 +50,8 @@ LAYOUT = (
     "/usr/share/imexctl/imexctl.conf.example",
     "/usr/share/imexctl/systemd/no-hardening.conf",
     "/usr/share/imexctl/prometheus/imexctl.rules.yml",
+    "/usr/share/imexctl/prometheus/alertmanager.yml",
+    "/usr/share/imexctl/prometheus/imexctl.dashboard.json",
     "/usr/share/doc/imexctl/README.md",
     "/usr/share/doc/imexctl/docs/install.md",
     "/usr/share/doc/imexctl/docs/configuration.md",
