@@ -36,7 +36,7 @@ _SYSTEMCTL_TIMEOUT_S: Final = 10.0
 
 def imex_checks(ctx: Context) -> list[Check]:
     """The binaries, their version against the driver, the systemd units, the channel device."""
-    out = [_binaries(ctx), _version(ctx), *_units(ctx)]
+    out = [_binaries(ctx), _version(ctx), _held(ctx), *_units(ctx)]
     if ctx.rt.settings.policy.channels == "job":
         out += [_channel_device(ctx), _channel_count(ctx)]
     return out
@@ -75,6 +75,64 @@ def _version(ctx: Context) -> Check:
         why = f"nvidia-imex {found.group(1)} but the driver is {driver}: the daemon refuses to start"
         return Check("imex.version", FAIL, why, f"install nvidia-imex {driver} (the same version as the driver)")
     return Check("imex.version", OK, f"nvidia-imex {driver} matches the driver")
+
+
+#: NVIDIA's package of the daemon: ``nvidia-imex`` from driver 580 on, ``nvidia-imex-<branch>`` before (imex.md 1.1)
+_IMEX_PACKAGE: Final = re.compile(r"nvidia-imex(?:-\d+)?")
+#: a ``dnf versionlock`` line: ``nvidia-imex-0:580.105.08-1.el9.*`` or ``nvidia-imex-580-580.95.05-1.el9.*``
+_VERSIONLOCK: Final = re.compile(r"^!?(nvidia-imex(?:-\d+)?)-(?:\d+:)?(\d+\.\d+(?:\.\d+)*)-", re.MULTILINE)
+
+
+def _held(ctx: Context) -> Check:
+    """``nvidia-imex`` held at the driver's version: an unattended upgrade of it alone stops every daemon.
+
+    dpkg's status file says whether ``apt-mark hold`` holds the package (``Status: hold ...``); an RPM
+    system's ``dnf versionlock`` list names the locked version.  Both are read under ``[paths] root``.
+    """
+    driver = _driver_version(ctx.rt.settings.paths.nvidia_params.parent / "version")
+    dpkg = _read_or_empty(under_root(ctx, "/var/lib/dpkg/status"))
+    locks = _read_or_empty(under_root(ctx, "/etc/dnf/plugins/versionlock.list"))
+    found = _dpkg_imex(dpkg)
+    if found is not None:
+        name, version, held = found
+        fix = f"apt-mark hold {name} (and upgrade it with the driver, to the same version)"
+        if not held:
+            why = f"{name} {version} is not held: an unattended upgrade of it or of the driver alone stops every daemon"
+            return Check("imex.held", WARN, why, fix)
+        return _held_version(name, version, driver, "held (apt-mark)", fix)
+    lock = _VERSIONLOCK.search(locks)
+    if lock is not None:
+        name, version = lock.group(1), lock.group(2)
+        return _held_version(name, version, driver, "locked (dnf versionlock)", f"dnf versionlock add {name}")
+    if _rpm_system(ctx):
+        why = "nvidia-imex is not in dnf's versionlock list: an upgrade of it or of the driver alone stops every daemon"
+        return Check(
+            "imex.held", WARN, why, "dnf versionlock add nvidia-imex (dnf install python3-dnf-plugin-versionlock)"
+        )
+    return Check("imex.held", OK, "not checked: no dpkg status or dnf versionlock list names nvidia-imex here")
+
+
+def _held_version(name: str, version: str, driver: str | None, how: str, fix: str) -> Check:
+    if driver is not None and version.split("-", 1)[0] != driver:
+        why = f"{name} is {how} at {version}, but the driver is {driver}: the daemon refuses to start"
+        return Check("imex.held", FAIL, why, f"upgrade {name} to {driver}, then hold it again ({fix})")
+    return Check(
+        "imex.held", OK, f"{name} {version} is {how}" + (f" at the driver's version {driver}" if driver else "")
+    )
+
+
+def _dpkg_imex(status: str) -> tuple[str, str, bool] | None:
+    """(package, version, held) of an installed ``nvidia-imex`` or ``nvidia-imex-<branch>`` in dpkg's status."""
+    for stanza in status.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line and not line[0].isspace())
+        name, state = fields.get("Package", ""), fields.get("Status", "").split()
+        if _IMEX_PACKAGE.fullmatch(name) and state[-1:] == ["installed"]:
+            return name, fields.get("Version", "?"), state[0] == "hold"
+    return None
+
+
+def _rpm_system(ctx: Context) -> bool:
+    return under_root(ctx, "/var/lib/rpm").is_dir() and not under_root(ctx, "/var/lib/dpkg/status").exists()
 
 
 def _driver_version(path: Path) -> str | None:

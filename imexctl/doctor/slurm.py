@@ -74,6 +74,7 @@ def checks(ctx: Context) -> list[Check]:
     out = [Check("slurm.conf", OK, f"read {path}" + _included(conf)), version_check]
     out += [_hook(conf, "prolog", ctx), _hook(conf, "epilog", ctx), _flags(conf, version)]
     out += [_prolog_timeout(conf, ctx.rt.settings), _epilog_timeout(conf, ctx.rt.settings)]
+    out += [_batch_start_timeout(conf, ctx.rt.settings)]
     out += [*_timeout_keys(conf, version), *_partitions(conf, ctx, version)]
     out += [_switch(conf, ctx.rt.settings), *_topology(conf, ctx)]
     return out
@@ -318,6 +319,28 @@ def _hook_timeout(
     if seconds < worst:
         return Check(name, WARN, f"{key}={seconds} is below the {hook}'s worst case {worst:g} s: {too_short}", fix)
     return Check(name, OK, f"{key}={seconds} covers the {hook}'s worst case {worst:g} s")
+
+
+#: slurm.conf(5): BatchStartTimeout's default
+_BATCH_START_DEFAULT_S: Final = 10
+
+
+def _batch_start_timeout(conf: slurmconf.SlurmConf, s: Settings) -> Check:
+    """``BatchStartTimeout`` not below the prolog's timeout (or, without one, the prolog's worst case).
+
+    Else a batch job whose prolog runs longer may be taken for lost and
+    requeued (slurm.conf(5); Slurm 26.11 warns, SchedMD/slurm 81ac96b985).
+    """
+    seconds = conf.seconds("BatchStartTimeout")
+    key = "BatchStartTimeout=" + (f"{seconds}" if seconds is not None else f"{_BATCH_START_DEFAULT_S} (its default)")
+    seconds = _BATCH_START_DEFAULT_S if seconds is None else seconds
+    found = slurmconf.hook_timeout(conf, "prolog")
+    need, what = (found[0], f"{found[1]}={found[0]}") if found else (prolog_worst_case_s(s), "the prolog's worst case")
+    if seconds < need:
+        why = (f"{key} is below {what}: a batch job whose prolog runs longer may be taken for lost "
+               "and requeued (Slurm 26.11 warns about it)")  # fmt: skip
+        return Check("slurm.batch_start_timeout", WARN, why, f"set BatchStartTimeout={_round_up(need)}")
+    return Check("slurm.batch_start_timeout", OK, f"{key} is not below {what}")
 
 
 def _round_up(seconds: float) -> int:

@@ -202,6 +202,7 @@ SLURM_CHECKS = (
     "slurm.prolog_flags",
     "slurm.prolog_timeout",
     "slurm.epilog_timeout",
+    "slurm.batch_start_timeout",
     "slurm.timeout_keys",
     "slurm.partitions",
     "slurm.switch",
@@ -220,6 +221,7 @@ SLURM_CHECKS = (
         ("no-timeout.conf", {"slurm.prolog_timeout": "WARN", "slurm.epilog_timeout": "WARN"}),
         ("short-timeout.conf", {"slurm.prolog_timeout": "WARN", "slurm.epilog_timeout": "WARN"}),
         ("short-prolog-timeout.conf", {"slurm.prolog_timeout": "WARN"}),
+        ("short-batch-start.conf", {"slurm.batch_start_timeout": "WARN"}),
         ("switch-imex.conf", {"slurm.switch": "WARN"}),
         ("block-no-topology.conf", {"slurm.topology": "WARN"}),
     ],
@@ -740,3 +742,75 @@ def test_doctor_takes_the_lock_without_waiting_or_writing(make_rt: Any, host: Fa
         before = host.now
         _checks(rt)
         assert host.now == before and host.slept == []
+
+
+# ---------------------------------------------------------------- nvidia-imex held at the driver's version (issue 35)
+
+DPKG_IMEX = "Package: {name}\nStatus: {state} ok installed\nPriority: optional\nVersion: {version}\nDescription: IMEX\n"
+
+
+def _dpkg(tray: Path, name: str, state: str, version: str) -> None:
+    status = tray / "var/lib/dpkg/status"
+    status.parent.mkdir(parents=True, exist_ok=True)
+    other = "Package: bash\nStatus: install ok installed\nVersion: 5.2.15-2\n"
+    status.write_text(other + "\n" + DPKG_IMEX.format(name=name, state=state, version=version) + "\n")
+
+
+@pytest.mark.parametrize(
+    ("name", "state", "version", "status", "words"),
+    [
+        ("nvidia-imex", "hold", "580.95.05-1", "OK", "nvidia-imex 580.95.05-1 is held (apt-mark) at the driver's"),
+        ("nvidia-imex-570", "hold", "580.95.05-0ubuntu1", "OK", "nvidia-imex-570 580.95.05-0ubuntu1 is held"),
+        ("nvidia-imex", "install", "580.95.05-1", "WARN", "nvidia-imex 580.95.05-1 is not held"),
+        ("nvidia-imex", "hold", "580.82.07-1", "FAIL", "held (apt-mark) at 580.82.07-1, but the driver is 580.95.05"),
+    ],
+)
+def test_imex_package_is_held_at_the_drivers_version_dpkg(
+    make_rt: Any, tray: Path, name: str, state: str, version: str, status: str, words: str
+) -> None:
+    """dpkg's status: nvidia-imex (580 on) or nvidia-imex-<branch> held by apt-mark at the driver's version; not
+    held WARNs with the apt-mark line for that package; held at another version FAILs."""
+    _dpkg(tray, name, state, version)
+    check = _checks(make_rt())["imex.held"]
+    assert (check.status, words in check.message) == (status, True), check
+    if status == "WARN":
+        assert check.fix.startswith(f"apt-mark hold {name}")
+
+
+@pytest.mark.parametrize(
+    ("lock", "status", "words"),
+    [
+        ("nvidia-imex-0:580.95.05-1.el9.*\n", "OK", "nvidia-imex 580.95.05 is locked (dnf versionlock)"),
+        ("nvidia-imex-580-580.82.07-1.el9.*\n", "FAIL", "nvidia-imex-580 is locked (dnf versionlock) at 580.82.07"),
+        ("", "WARN", "not in dnf's versionlock list"),
+    ],
+)
+def test_imex_package_is_locked_at_the_drivers_version_rpm(
+    make_rt: Any, tray: Path, lock: str, status: str, words: str
+) -> None:
+    """An RPM system: dnf versionlock's list names nvidia-imex at the driver's version."""
+    (tray / "var/lib/rpm").mkdir(parents=True)
+    if lock:
+        (tray / "etc/dnf/plugins").mkdir(parents=True)
+        (tray / "etc/dnf/plugins/versionlock.list").write_text("# locks\n" + lock)
+    check = _checks(make_rt())["imex.held"]
+    assert (check.status, words in check.message) == (status, True), check
+
+
+def test_imex_held_without_a_package_database_is_not_checked(make_rt: Any, tray: Path) -> None:
+    """No dpkg status and no RPM database (binaries copied by hand): nothing to judge, said so."""
+    check = _checks(make_rt())["imex.held"]
+    assert check.status == doctor.OK and check.message.startswith("not checked")
+
+
+def test_batch_start_timeout_without_a_prolog_timeout_is_judged_by_the_worst_case(make_rt: Any, tray: Path) -> None:
+    """No prolog timeout at all: BatchStartTimeout (default 10 s) is compared with the prolog's worst case."""
+    _use_conf(tray, "no-timeout.conf")
+    conf = tray / "etc/slurm/slurm.conf"
+    conf.write_text(conf.read_text().replace("BatchStartTimeout=120\n", ""))
+    check = _checks(make_rt())["slurm.batch_start_timeout"]
+    assert (
+        check.status == doctor.WARN
+        and "BatchStartTimeout=10 (its default) is below the prolog's worst case" in check.message
+    )
+    assert check.fix == "set BatchStartTimeout=120"
