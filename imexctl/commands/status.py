@@ -89,7 +89,7 @@ def _job(job_id: int, rt: Runtime) -> dict[str, Any]:
     if not out["running"]:
         out["stale"].append("job no longer runs on this node")
     if out["lost"]:
-        out["stale"].append("its IMEX daemon has ended while the job runs on (daemon lost)")
+        out["stale"].append("no daemon process: it ended before the job (daemon lost)")
     elif not procs:
         out["stale"].append("no daemon process")
     if not jd.exists():
