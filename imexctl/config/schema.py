@@ -282,6 +282,8 @@ SCHEMA: dict[str, dict[str, tuple[str, Parser]]] = {
         # Slurm 22.05 sets neither SLURM_JOB_OVERSUBSCRIBE nor SLURM_JOB_EXCLUSIVE: ask slurmctld once
         "ask_sharing": ("yes", _choice("yes", "no")),
         "query_timeout_s": ("3", _number(float, 0.1, 60)),
+        # a hook that fails for a fault of its tray drains its node with its own reason first (sinfo -R)
+        "drain_reason": ("yes", _choice("yes", "no")),
         # het jobs: one IMEX domain over all components (joint) or one per component
         "het_jobs": ("joint", _choice("joint", "per_component")),
     },

@@ -116,6 +116,7 @@ class Slurm(Record):
     check_cancelled: str
     ask_sharing: str
     query_timeout_s: float
+    drain_reason: str
     het_jobs: str
 
 

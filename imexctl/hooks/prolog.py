@@ -40,8 +40,9 @@ from imexctl.platform.errors import (
 from imexctl.platform.fsutil import atomic_write, ensure_dir
 from imexctl.platform.host import Host, ProcInfo
 from imexctl.slurm import conf as slurmconf
+from imexctl.slurm import drain
 from imexctl.slurm import scontrol as slurmctl
-from imexctl.slurm.job import JobContext
+from imexctl.slurm.job import JobContext, node_name
 
 __all__ = ["prolog"]
 
@@ -49,7 +50,7 @@ __all__ = ["prolog"]
 class _Run:
     """What one prolog run has learned so far, for its summary and its failure path (mutable)."""
 
-    __slots__ = ("deadline_s", "hook_timeout", "job", "slurm_channels", "t0")
+    __slots__ = ("deadline_s", "hook_timeout", "job", "names", "slurm_channels", "t0")
 
     def __init__(self, t0: float, job: JobContext | None = None, *, deadline_s: float = 0.0) -> None:
         self.t0 = t0
@@ -59,6 +60,8 @@ class _Run:
         self.hook_timeout = ""
         #: slurm.conf sets SwitchType=switch/nvidia_imex: Slurm's plugin owns the channels
         self.slurm_channels = False
+        #: address -> node name of the domain's trays, once resolved (the drain reason names trays)
+        self.names: dict[str, str] = {}
 
 
 def prolog(env: Mapping[str, str], rt: Runtime, job: JobContext | None = None) -> PrologResult:
@@ -77,7 +80,7 @@ def prolog(env: Mapping[str, str], rt: Runtime, job: JobContext | None = None) -
         try:
             return _prolog(env, rt, run)
         except ImexctlError as exc:
-            return _failed(exc, run, rt)
+            return _failed(exc, run, rt, env)
 
 
 def _on_signal(exc: Terminated, run: _Run, rt: Runtime) -> None:
@@ -92,12 +95,13 @@ def _on_signal(exc: Terminated, run: _Run, rt: Runtime) -> None:
     log_failed("prolog.done", exc, rt, run.t0)
 
 
-def _failed(exc: ImexctlError, run: _Run, rt: Runtime) -> PrologResult:
+def _failed(exc: ImexctlError, run: _Run, rt: Runtime, env: Mapping[str, str]) -> PrologResult:
     """Exit 0 for a job that will not run here any more, if this tray did its part; else fail.
 
     Only a tray whose own daemon got READY, and which waited for its peers in
     vain, asks slurmctld (once).  A tray whose own daemon never got ready is
-    broken whatever became of the job, and is drained.
+    broken whatever became of the job, and is drained, with its own reason
+    (``slurm.drain``).
     """
     # a tray that reached none of its peers is likely the broken one: it fails even if the job was requeued
     timed_out = isinstance(exc, HealthTimeout) and exc.local_ready and not exc.isolated
@@ -108,7 +112,21 @@ def _failed(exc: ImexctlError, run: _Run, rt: Runtime) -> PrologResult:
             return _done(rt, run.t0, job_ended=state)
     if not exc.logged:
         log_failed("prolog.done", exc, rt, run.t0)
+    if not isinstance(exc, Terminated):  # SIGKILL follows SIGTERM within 10 ms: no time to ask slurmctld
+        _leave_reason(exc, run, rt, env)
     raise exc
+
+
+def _leave_reason(exc: ImexctlError, run: _Run, rt: Runtime, env: Mapping[str, str]) -> None:
+    """Drain this node with the failure's own reason before slurmd reports it (``[slurm] drain_reason``)."""
+    try:
+        node = run.job.node if run.job is not None else node_name(env)
+    except ImexctlError:  # SLURMD_NODENAME unusable: Slurm's "Prolog error" stands
+        return
+    detail = (exc.summary if isinstance(exc, HealthTimeout) else "") or str(exc)
+    text = drain.reason(exc.code, node, detail, run.names)
+    slurm_conf = run.job.slurm_conf if run.job is not None else env.get("SLURM_CONF", "").strip()
+    drain.leave(rt.host, rt.settings, rt.log, node=node, slurm_conf=slurm_conf, text=text)
 
 
 def _prolog(env: Mapping[str, str], rt: Runtime, run: _Run) -> PrologResult:
@@ -141,7 +159,10 @@ def _prolog(env: Mapping[str, str], rt: Runtime, run: _Run) -> PrologResult:
         _claim(job, rt)
         rt.step("claimed")
         try:
-            setup = _setup(job, trays, rt, deadline, with_daemon=single == "domain", slurm_channels=run.slurm_channels)
+            daemon_too = single == "domain"
+            setup = _setup(
+                job, trays, rt, deadline, with_daemon=daemon_too, slurm_channels=run.slurm_channels, names=run.names
+            )
             setup = setup._replace(block=members.block_label(job.node, source, key))
             _mark_set_up(job, rt)
         except BaseException as exc:
@@ -320,13 +341,24 @@ def _clear_ended_jobs(job: JobContext, others: list[int], rt: Runtime) -> list[t
 
 
 def _setup(
-    job: JobContext, trays: tuple[str, ...], rt: Runtime, deadline: float, *, with_daemon: bool, slurm_channels: bool
+    job: JobContext,
+    trays: tuple[str, ...],
+    rt: Runtime,
+    deadline: float,
+    *,
+    with_daemon: bool,
+    slurm_channels: bool,
+    names: dict[str, str],
 ) -> Setup:
-    """Resolve, write the files, start the daemon, wait for readiness, create the channel."""
+    """Resolve, write the files, start the daemon, wait for readiness, create the channel.
+
+    ``names`` gets each tray's address -> node name once they are resolved.
+    """
     if not with_daemon:
         return _setup_channel_only(job, trays, rt)
     try:
         addresses = _resolve(job, trays, rt)
+        names.update(zip(addresses, trays))
         own = addresses[trays.index(job.node)]
         channel = _plan_channel(job, rt, slurm_channels=slurm_channels)
         ports = _ports(job, rt)

@@ -289,7 +289,7 @@ def wait_ready(host: Host, settings: Settings, p: Probe, *, deadline: float, log
     if result.blamed and settings.readiness.blame_peers == "yes":
         return result
     culprits = f"; not ready: {', '.join(result.blamed)}" if result.blamed else ""
-    silent, isolated = _silent(host, result.domain, p, watch.seen, watch.full_view)
+    silent, isolated, short = _silent(host, result.domain, p, watch.seen, watch.full_view, result.blamed)
     raise HealthTimeout(
         f"IMEX not ready after {waited:.1f}s ({watch.attempts} probes): {result.status}{culprits}{silent}",
         last_status=result.status,
@@ -297,7 +297,19 @@ def wait_ready(host: Host, settings: Settings, p: Probe, *, deadline: float, log
         waited_s=waited,
         local_ready=watch.local_ready,
         isolated=isolated,
+        summary=_summary(result, watch.local_ready, short),
     )
+
+
+def _summary(result: Readiness, local_ready: bool, silent: str) -> str:
+    """The failure in a few words for the node's drain reason: whose fault it looks like, trays by address."""
+    if not local_ready:  # "local WAITING_FOR_PEERS (then ctl -q: no answer ...)": the state word says enough
+        words = result.status.split()
+        return "own daemon not ready" + (f" ({words[1]})" if words[:1] == ["local"] and len(words) > 1 else "")
+    parts = [f"peers {','.join(result.blamed)} not ready"] if result.blamed else []
+    if silent:
+        parts.append(silent)
+    return "; ".join(parts) or result.status
 
 
 #: how long the last look at the silent peers' command ports may take (all at once)
@@ -310,7 +322,8 @@ def _silent(
     p: Probe,
     seen: dict[str, str],
     full_view: ctloutput.DomainStatus | None = None,
-) -> tuple[str, bool]:
+    blamed: tuple[str, ...] = (),
+) -> tuple[str, bool, str]:
     """The peers that never answered, and whether their command port takes a TCP connection from here.
 
     Also whether this tray is cut off: two or more peers, none of which
@@ -329,7 +342,7 @@ def _silent(
     no_view = dict.fromkeys(others, "no answer to the ctl")
     silent = dict(dom.silent_peers(p.own_address)) if dom is not None else no_view
     if not silent:
-        return "", False
+        return "", False, ""
     reach = host.tcp_reach(others, p.cmd_port, REACH_TIMEOUT_S) if p.cmd_port else {}
     shown = [
         f"{a} ({what}" + (f"; TCP port {p.cmd_port}: {reach[a]}" if a in reach else "") + ")"
@@ -342,16 +355,20 @@ def _silent(
         and not any(a in seen for a in others)
         and (not reach or all(reach.get(a) not in ("open", "refused") for a in others))
     )
+    unreached = [a for a in silent if a not in blamed]
+    short = f"peers {','.join(unreached)} unreachable" if unreached else ""
     if isolated:
         text += (
             f"; this tray never reached the command service of any of its {len(others)} peers"
             + (f" (port {p.cmd_port})" if p.cmd_port else "")
             + ": check its firewall and interfaces"
         )
+        short = f"reached none of its {len(others)} peers {','.join(others)}: firewall or interfaces?"
     elif full_view is not None and _left_out(full_view, p.own_address):
         text += "; the other trays connected to each other but none of them to this tray: check this tray"
         isolated = True
-    return text, isolated
+        short = f"peers {','.join(silent)} connected to each other, none to this tray"
+    return text, isolated, short
 
 
 def _left_out(dom: ctloutput.DomainStatus, me: str) -> bool:

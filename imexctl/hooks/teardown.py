@@ -23,6 +23,7 @@ from imexctl.hooks.state import JobState, job_ids, mark_state, node_lock, read_s
 from imexctl.imex import daemon
 from imexctl.platform.errors import DaemonLostError, DeviceError, ImexctlError, UnsafeNodeError
 from imexctl.platform.fsutil import remove_tree
+from imexctl.slurm import drain
 from imexctl.slurm.job import JobContext
 
 __all__ = ["cleanup", "epilog", "idle_epilog", "teardown"]
@@ -183,6 +184,9 @@ def epilog(env: Mapping[str, str], rt: Runtime, job: JobContext | None = None) -
             )
     except ImexctlError as exc:
         log_failed("epilog.done", exc, rt, t0)
+        if job is not None:  # the node is drained with its own reason, not "Epilog error" (slurm.drain)
+            text = drain.reason(exc.code, job.node, str(exc))
+            drain.leave(rt.host, rt.settings, rt.log, node=job.node, slurm_conf=job.slurm_conf, text=text)
         raise
     return _epilog_done(rt, t0, tuple(actions), tuple(lost))
 

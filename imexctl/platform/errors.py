@@ -227,6 +227,7 @@ class HealthTimeout(ImexctlError):
         waited_s: float,
         local_ready: bool = False,
         isolated: bool = False,
+        summary: str = "",
     ) -> None:
         super().__init__(message)
         self.last_status = last_status
@@ -236,6 +237,8 @@ class HealthTimeout(ImexctlError):
         self.local_ready = local_ready
         #: this tray reached the command service of none of its peers: most likely its own fault
         self.isolated = isolated
+        #: the failure in a few words, naming trays by address (the node's drain reason maps them to names)
+        self.summary = summary
 
 
 class SlurmQueryError(ImexctlError):

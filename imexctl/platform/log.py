@@ -77,6 +77,8 @@ EVENTS: dict[str, str] = {
     "device.channel.foreign": "other channel nodes are visible next to the job's channel",
     "state.removed": "the job's per-job directory and state were removed",
     "prolog.rolled_back": "a failed prolog undid what it had done",
+    "slurm.drained": "a failing hook drained its node with its own reason (sinfo -R), before slurmd reports it",
+    "slurm.drain_failed": "a failing hook could not set its node's drain reason; Slurm's own stands",
     "metrics.failed": "the Prometheus text file could not be updated; the run itself is not affected",
     "health.done": "imexctl health found a fault of the tray, or drained or resumed the node in Slurm",
     "imexctl.failed": "a command failed with an expected error (error_code, exit_code)",

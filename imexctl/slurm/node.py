@@ -98,9 +98,12 @@ def clean_reason(text: str) -> str:
     return " ".join(cleaned.split())[:_REASON_MAX]
 
 
-def drain(name: str, reason: str, host: Host, settings: Settings) -> str:
-    """Drain the node with ``reason``; '' when slurmctld took it, else why not."""
-    return _update(name, host, settings, "State=DRAIN", f"Reason={clean_reason(reason)}")
+def drain(name: str, reason: str, host: Host, settings: Settings, slurm_conf: str = "") -> str:
+    """Drain the node with ``reason``; '' when slurmctld took it, else why not.
+
+    ``slurm_conf``: the hook's ``SLURM_CONF``, handed to scontrol (the hooks run with it; configless).
+    """
+    return _update(name, host, settings, "State=DRAIN", f"Reason={clean_reason(reason)}", slurm_conf=slurm_conf)
 
 
 def resume(name: str, host: Host, settings: Settings) -> str:
@@ -108,10 +111,11 @@ def resume(name: str, host: Host, settings: Settings) -> str:
     return _update(name, host, settings, "State=RESUME")
 
 
-def _update(name: str, host: Host, settings: Settings, *fields: str) -> str:
+def _update(name: str, host: Host, settings: Settings, *fields: str, slurm_conf: str = "") -> str:
     argv = (settings.commands.scontrol, "update", f"NodeName={name}", *fields)
+    env = {"SLURM_CONF": slurm_conf} if slurm_conf else None
     try:
-        done = host.run(argv, timeout_s=settings.slurm.query_timeout_s)
+        done = host.run(argv, timeout_s=settings.slurm.query_timeout_s, env=env)
     except CommandError as exc:
         return str(exc)
     if done.returncode != 0:

@@ -65,7 +65,7 @@ _CHOICES = {
     ("policy", "single_tray"): "domain", ("slurm", "cap_deadline"): "yes", ("slurm", "check_cancelled"): "yes",
     ("slurm", "het_jobs"): "joint", ("slurm", "ask_sharing"): "yes", ("topology", "source"): "auto",
     ("auth", "enabled"): "no", ("auth", "mode"): "SSL_TLS", ("containers", "on_error"): "open",
-    ("policy", "lost_daemon"): "warn",
+    ("policy", "lost_daemon"): "warn", ("slurm", "drain_reason"): "yes",
 }  # fmt: skip
 
 WRONG_TYPES = [

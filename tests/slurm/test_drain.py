@@ -1,0 +1,184 @@
+"""A hook that fails for a fault of its tray drains its node with its own reason first (issue 34 §1).
+
+slurmctld keeps a reason the node already has and drains a draining node no further (node_mgr.c
+``validate_node_specs``, ``_drain_node``), so ``sinfo -R`` shows ``imex:<code> <node>: ...`` instead of
+``Prolog error``. The fake slurmctld records each ``scontrol update`` and refuses any other form.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import structlog
+from structlog.testing import capture_logs
+
+from imexctl.config.settings import Settings
+from imexctl.hooks.prolog import prolog
+from imexctl.hooks.runtime import Runtime
+from imexctl.hooks.teardown import epilog
+from imexctl.platform.errors import DaemonLostError, DomainBusyError, HealthTimeout
+from imexctl.slurm import drain
+from tests.support.fakes import FakeGpu, FakeHost, domain_json, job_env
+
+
+def _rt(host: FakeHost, make_settings: Callable[..., Settings], **sections: dict[str, Any]) -> Runtime:
+    return Runtime(host, FakeGpu(), make_settings(**sections), structlog.get_logger())
+
+
+def _env(root: Path, **extra: str) -> dict[str, str]:
+    """A prolog under slurmd: SLURM_CONF set, the job owns its trays (23.02+), three trays gb01-gb03.
+
+    Tests that expect a drain tell the fake slurmctld about gb01 (``_known``): an unknown node is refused.
+    """
+    conf = root / "slurm.conf"
+    conf.write_text("ClusterName=x\n")
+    return job_env(job_id=42, nodelist="gb[01-03]", SLURM_CONF=str(conf), SLURM_JOB_OVERSUBSCRIBE="NO", **extra)
+
+
+def _updates(host: FakeHost) -> list[tuple[str, ...]]:
+    return [c for c in host.calls if c[0].endswith("scontrol") and c[1] == "update"]
+
+
+def _known(host: FakeHost) -> FakeHost:
+    """slurmctld knows gb01, allocated to the job whose prolog runs."""
+    host.slurm_nodes["gb01"] = {"state": "ALLOCATED"}
+    return host
+
+
+def _reason(host: FakeHost) -> str | None:
+    """gb01's reason once drained by the hook (DRAIN in its state), else None."""
+    node = host.slurm_nodes.get("gb01", {})
+    return node.get("reason") if "DRAIN" in node.get("state", "").split("+") else None
+
+
+class TestReason:
+    def test_code_and_node_come_first(self) -> None:
+        """``sinfo -R`` prints 20 characters: the error code and the tray are in them."""
+        text = drain.reason("not_ready", "r03t12", "peers 10.1.0.5,10.1.0.7 unreachable",
+                            {"10.1.0.5": "r03t05", "10.1.0.7": "r03t07"})  # fmt: skip
+        assert text == "imex:not_ready r03t12: peers r03t05,r03t07 unreachable"
+        assert text[:20] == "imex:not_ready r03t1"
+
+    def test_an_address_is_never_taken_for_the_start_of_another(self) -> None:
+        """10.0.0.1 and 10.0.0.12 are two trays; ports and punctuation around an address stay."""
+        names = {"10.0.0.1": "gb01", "10.0.0.12": "gb12"}
+        text = drain.reason("not_ready", "gb03", "10.0.0.12 (TCP port 62042: timeout); 10.0.0.1:62042, 10.0.0.123",
+                            names)  # fmt: skip
+        assert text == "imex:not_ready gb03: gb12 (TCP port 62042: timeout); gb01:62042, 10.0.0.123"
+
+    @pytest.mark.parametrize(
+        "detail",
+        [
+            pytest.param("line one\nline two\tand\x00a NUL", id="control-characters"),
+            pytest.param('"quoted from start to end"', id="quotes"),
+            pytest.param("é" * 400, id="multibyte"),
+            pytest.param("x" * 1000, id="long"),
+        ],
+    )
+    def test_one_printable_line_within_slurmdbds_255_bytes(self, detail: str) -> None:
+        """What scontrol passes on unchanged and slurmdbd keeps whole: no newline, no quote at the ends."""
+        text = drain.reason("gpu_failed", "gb01", detail)
+        assert len(text.encode()) <= drain.REASON_BYTES and text.isprintable() and '"' not in text
+        assert text.startswith("imex:gpu_failed gb01: ") and "\n" not in text
+
+
+class TestProlog:
+    def test_a_tray_whose_daemon_never_gets_ready_names_itself(self, host: FakeHost,
+                                                              make_settings: Callable[..., Settings],
+                                                              root: Path) -> None:  # fmt: skip
+        """The broken tray drains itself with its code, before slurmd reports the failure."""
+        host.ready_after = 10**6
+        rt = _rt(_known(host), make_settings, readiness={"deadline_s": 2})
+        env = _env(root)
+        with capture_logs() as logs, pytest.raises(HealthTimeout):
+            prolog(env, rt)
+        assert _reason(host) == "imex:not_ready gb01: own daemon not ready (WAITING_FOR_PEERS)"
+        (update,) = _updates(host)
+        assert update[:4] == ("/usr/bin/scontrol", "update", "NodeName=gb01", "State=DRAIN")
+        assert [e for e in host.envs if e[0] == update] == [(update, {"SLURM_CONF": env["SLURM_CONF"]})]
+        events = [e["event"] for e in logs]
+        assert events.index("prolog.done") < events.index("slurm.drained")
+
+    def test_a_healthy_tray_that_fails_names_its_peers_by_node_name(self, host: FakeHost,
+                                                                    make_settings: Callable[..., Settings],
+                                                                    root: Path) -> None:  # fmt: skip
+        """A peer that says it is not ready, the job still running: the reason names gb02, never 10.0.0.2."""
+        host.domain = lambda hosts: (0, domain_json(hosts, status="DEGRADED", node_status={1: "WAITING_FOR_PEERS"}))
+        host.slurm_jobs[42] = "JobId=42 JobState=RUNNING Reason=None\n"
+        rt = _rt(_known(host), make_settings, readiness={"deadline_s": 2})
+        with pytest.raises(HealthTimeout):
+            prolog(_env(root), rt)
+        assert _reason(host) == "imex:not_ready gb01: peers gb02 not ready"
+
+    def test_a_job_that_went_away_drains_nothing(self, host: FakeHost, make_settings: Callable[..., Settings],
+                                                 root: Path) -> None:  # fmt: skip
+        """Cancelled while the prologs waited: exit 0, and no reason is set (the node is not drained)."""
+        host.domain = lambda hosts: (0, domain_json(hosts, status="DEGRADED", node_status={1: "UNAVAILABLE"},
+                                                    conn_status="INVALID"))  # fmt: skip
+        host.reach = {"10.0.0.2": "refused", "10.0.0.3": "refused"}
+        host.slurm_jobs[42] = "JobId=42 JobState=CANCELLED Reason=None\n"
+        rt = _rt(_known(host), make_settings, readiness={"deadline_s": 2})
+        assert prolog(_env(root), rt).job_ended == "CANCELLED"
+        assert _reason(host) is None and _updates(host) == []
+
+    def test_a_shared_job_is_skipped_without_a_drain(self, host: FakeHost, make_settings: Callable[..., Settings],
+                                                     root: Path) -> None:  # fmt: skip
+        """The job's request (it may share its trays) is no fault of the tray: nothing is asked of slurmctld."""
+        rt = _rt(host, make_settings)
+        assert prolog(_env(root) | {"SLURM_JOB_OVERSUBSCRIBE": "OK"}, rt).skipped
+        assert host.calls == []
+
+    def test_other_faults_of_the_tray_set_their_own_code(self, host: FakeHost,
+                                                         make_settings: Callable[..., Settings],
+                                                         root: Path) -> None:  # fmt: skip
+        """A port taken on this tray: ``imex:domain_busy`` with what was found."""
+        host.ports_in_use.add(("10.0.0.1", 61042))
+        rt = _rt(_known(host), make_settings)
+        with pytest.raises(DomainBusyError):
+            prolog(_env(root), rt)
+        assert _reason(host) == "imex:domain_busy gb01: SERVER_PORT gb01:61042 is in use (a stale IMEX daemon?)"
+
+    def test_off_or_outside_slurmd_nothing_is_asked(self, host: FakeHost, make_settings: Callable[..., Settings],
+                                                    root: Path) -> None:  # fmt: skip
+        """``[slurm] drain_reason = no``, or no SLURM_CONF (a prolog run by hand): Slurm's reason stands."""
+        host.ready_after = 10**6
+        for rt, env in (
+            (_rt(host, make_settings, readiness={"deadline_s": 1}, slurm={"drain_reason": "no"}), _env(root)),
+            (_rt(host, make_settings, readiness={"deadline_s": 1}), job_env(job_id=42, nodelist="gb[01-03]")),
+        ):
+            with pytest.raises(HealthTimeout):
+                prolog(env, rt)
+        assert _updates(host) == []
+
+    @pytest.mark.parametrize("how", ["hangs", "refused"])
+    def test_a_failure_to_set_it_changes_nothing_else(self, host: FakeHost, make_settings: Callable[..., Settings],
+                                                      root: Path, how: str) -> None:  # fmt: skip
+        """scontrol that hangs (bounded by query_timeout_s) or is refused: a warning, the same exit code."""
+        host.ready_after = 10**6
+        host.scontrol_hangs = how == "hangs"
+        if how == "hangs":
+            _known(host)  # else slurmctld refuses it: it does not know the node
+        rt = _rt(host, make_settings, readiness={"deadline_s": 2}, slurm={"query_timeout_s": 1.5})
+        with capture_logs() as logs, pytest.raises(HealthTimeout) as info:
+            prolog(_env(root), rt)
+        assert int(info.value.exit_code) == 75 and _reason(host) is None
+        (failed,) = [e for e in logs if e["event"] == "slurm.drain_failed"]
+        assert failed["log_level"] == "warning" and failed["drain_reason"].startswith("imex:not_ready gb01: ")
+        assert ("no answer within 1.5s" if how == "hangs" else "exit 1: slurm_update error") in failed["problem"]
+        assert host.now - 1000.0 <= 2 + 1.5 + 0.5
+
+
+def test_the_epilog_of_a_lost_daemon_names_its_code(host: FakeHost, make_settings: Callable[..., Settings],
+                                                     root: Path) -> None:  # fmt: skip
+    """``[policy] lost_daemon = drain``: the epilog drains its node with ``imex:daemon_lost``, not 'Epilog error'."""
+    rt = _rt(_known(host), make_settings, policy={"lost_daemon": "drain"})
+    env = _env(root) | {"SLURM_JOB_NODELIST": "gb01", "SLURM_NODELIST": "gb01"}
+    prolog(env, rt)
+    for p in host.procs.values():
+        p.alive = False
+    with pytest.raises(DaemonLostError):
+        epilog(env, rt)
+    text = _reason(host) or ""
+    assert text.startswith("imex:daemon_lost gb01: the IMEX daemon of job 42 ended before the job: not running")
