@@ -557,8 +557,141 @@ def bench_health(mode: Mode, tmp: Path) -> list[Figure]:
     ]
 
 
+# A local user's crowd (issue 33): one process that forks into ``argv[1]`` processes, all with this command line, and
+# says "ready"; the bench ends the whole process group.  The forks share the command line's pages with their parent.
+CROWD = (
+    "import os, signal, sys\n"
+    "for _ in range(int(sys.argv[1]) - 1):\n"
+    "    if os.fork() == 0:\n"
+    "        signal.pause()\n"
+    "        os._exit(0)\n"
+    "print('ready', flush=True)\n"
+    "signal.pause()\n"
+)
+#: the crowd: processes, and bytes of command line each (48 elements of 128 KiB; the stack limit is raised for it)
+CROWD_SIZE = (200, 48 * 131000)
+
+
+def _crowd_user() -> tuple[int, int]:
+    """The unprivileged user the crowd runs as: the lab's ``imexlab``, else ``nobody``."""
+    import pwd
+
+    for name in ("imexlab", "nobody"):
+        try:
+            pw = pwd.getpwnam(name)
+        except KeyError:
+            continue
+        return pw.pw_uid, pw.pw_gid
+    raise SystemExit("bench: no unprivileged user (imexlab or nobody) for the crowd")
+
+
+def _start_crowd(count: int, size: int) -> subprocess.Popen[bytes]:
+    """``count`` processes of an unprivileged user, each with a command line of ``size`` bytes (issue 33's attack)."""
+    import resource
+
+    uid, gid = _crowd_user()
+    args = ["x" * 130999] * (size // 131000)
+    # the kernel takes at most a quarter of the stack limit for argv and the environment: the child inherits this one
+    old = resource.getrlimit(resource.RLIMIT_STACK)
+    resource.setrlimit(resource.RLIMIT_STACK, (max(old[0], 4 * size + (64 << 20)), old[1]))
+    try:
+        p = subprocess.Popen(
+            [PY, "-I", "-c", CROWD, str(count), *args],
+            user=uid,
+            group=gid,
+            extra_groups=[],
+            cwd="/",
+            env={},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+        )
+    finally:
+        resource.setrlimit(resource.RLIMIT_STACK, old)
+    assert p.stdout is not None
+    if p.stdout.readline() != b"ready\n":
+        _end_crowd(p)
+        raise SystemExit("bench: the crowd did not start")
+    return p
+
+
+def _end_crowd(p: subprocess.Popen[bytes]) -> None:
+    """Kill the crowd and wait until every process of it is gone: the kernel frees their memory for seconds."""
+    import signal
+
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    p.wait()
+    if p.stdout is not None:
+        p.stdout.close()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(p.pid, 0)  # the forks are init's to reap now
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    raise SystemExit(f"bench: the crowd (process group {p.pid}) outlived SIGKILL by 60 s")
+
+
+def _peak(argv: Sequence[str], env: dict[str, str]) -> tuple[float, float]:
+    """Run ``argv`` under the RSS launcher: (seconds, peak RSS MiB of the hook alone)."""
+    r, w = os.pipe()
+    t0 = time.monotonic()
+    p = subprocess.Popen(
+        [PY, "-I", "-c", RSS_LAUNCHER, str(w), *argv],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        pass_fds=(w,),
+        cwd="/",
+    )
+    t1, _ = _wait(p)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        peak = int(f.read().split()[0])
+    if p.returncode != 0:
+        raise SystemExit(f"bench: {argv[3:]} exited {p.returncode}")
+    return t1 - t0, peak / 1024
+
+
+def bench_crowd(mode: Mode, tmp: Path) -> list[Figure]:
+    """An idle epilog beside 200 processes of an unprivileged user with 6 MB command lines: its peak RSS and time.
+
+    Issue 33: every scan of /proc kept every process's whole command line at
+    once; an unrelated job's epilog grew by 1.1 GiB and took 2.2 s beside such
+    a crowd.  The time is over ``python -I -c pass`` beside the same crowd,
+    alternated: the crowd slows every process start on this machine (the
+    floor moved from 15 to 39 ms in one run), which is not the epilog's cost.
+    """
+    root = tmp / "crowd"
+    root.mkdir()
+    cfg = root / "imexctl.conf"
+    cfg.write_text(f"[paths]\nroot = {root}\n[policy]\nfabric = none\n")
+    cfg.chmod(0o644)
+    env = {"SLURM_JOB_ID": "77", "SLURMD_NODENAME": "n1", "SLURM_JOB_NODELIST": "n1", "SLURM_JOB_UID": "0"}
+    argv = [PY, "-I", "-c", MAIN, "--config", str(cfg), "epilog"]
+    floor: list[float] = []
+    runs: list[tuple[float, float]] = []
+    crowd = _start_crowd(*CROWD_SIZE)
+    try:
+        for _ in range(mode.startup_runs):
+            floor.append(_peak([PY, "-I", "-c", "pass"], env)[0])
+            runs.append(_peak(argv, env))
+    finally:
+        _end_crowd(crowd)
+    peak, over = max(p for _, p in runs), _median_ms([t for t, _ in runs]) - _median_ms(floor)
+    return [
+        Figure("crowd.epilog_idle.peak_rss", peak, "MiB", "<=30", peak <= 30),
+        Figure("crowd.epilog_idle.over_floor", over, "ms", "<=25", over <= 25),
+    ]
+
+
 SECTIONS = {
     "startup": bench_startup,
+    "crowd": bench_crowd,
     "nodelist": bench_nodelist,
     "readiness": bench_readiness,
     "drift": bench_drift,

@@ -28,6 +28,8 @@ NODELIST = [
 FIGURES = [
     "startup.floor",
     *(f"startup.{h}.{k}" for h in ("version", "prolog_skipped", "epilog_idle") for k in ("over_floor", "ratio")),
+    "crowd.epilog_idle.peak_rss",
+    "crowd.epilog_idle.over_floor",
     *NODELIST,
     "nodelist.scontrol_checked",
     *(

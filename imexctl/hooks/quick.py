@@ -202,7 +202,7 @@ def _idle_epilog(job: JobContext, policy: Mapping[str, Any], paths: Mapping[str,
         return gate.left_anything(
             job_dir,
             os.path.join(job_dir, schema.JOB_CONFIG),
-            has_process=mentioned_in_proc,
+            has_process=lambda config: mentioned_in_proc(config, uids={0, os.geteuid()}),  # a daemon's owners
             channel_left=lambda: _channel_node_left(job_id, policy, paths["channel_dir"]),
         )
 

@@ -106,13 +106,17 @@ def imex_processes(
 
     ``prefix``: an element that starts with ``arg`` (every job's daemon: ``<jobs_dir>/``).
     ``main_pid``: a systemd unit's main process, which counts whatever it runs.
+    Only processes of root and of this process's user are read (a daemon is
+    theirs), unless ``main_pid`` is given: other users' processes cost the scan
+    nothing then, however long their command lines (``procscan.scan``).
     """
     from imexctl.imex import procs as imexproc
 
-    procs = host.processes_with_arg(arg, prefix=prefix)
+    own = host.euid()
+    procs = host.processes_with_arg(arg, prefix=prefix, uids=None if main_pid else {0, own})
     if not procs:
         return []
-    progs, own = imexproc.programs(settings.commands.nvidia_imex), host.euid()
+    progs = imexproc.programs(settings.commands.nvidia_imex)
     return [
         p
         for p in procs

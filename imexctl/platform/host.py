@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import stat
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import subprocess
 
 from imexctl.platform.errors import CommandError, DeviceError
-from imexctl.platform.procscan import cmdlines
+from imexctl.platform.procscan import CMDLINE_BYTES, read_cmdline, scan
 from imexctl.platform.record import Record
 
 __all__ = ["MAX_OUTPUT", "SAFE_ENV", "Completed", "Host", "ProcInfo", "RealHost", "split_cmdline"]
@@ -87,8 +87,13 @@ class Host(Protocol):
     def mknod_char(self, path: Path, major: int, minor: int, *, mode: int, uid: int, gid: int) -> None:
         """Create a character device node with exactly this owner and mode."""
 
-    def processes_with_arg(self, arg: str, *, prefix: bool = False) -> list[ProcInfo]:
-        """Live processes with an argv element equal to (or starting with) ``arg``, with their uid and exe."""
+    def processes_with_arg(
+        self, arg: str, *, prefix: bool = False, uids: Collection[int] | None = None
+    ) -> list[ProcInfo]:
+        """Live processes with an argv element equal to (or starting with) ``arg``, with their uid and exe.
+
+        ``uids``: only processes whose ``/proc/<pid>`` one of them owns (``procscan.scan``).
+        """
 
     def is_alive(self, proc: ProcInfo) -> bool:
         """Whether that very process (pid and start time) still runs."""
@@ -231,26 +236,29 @@ class RealHost:
         finally:
             os.umask(old)
 
-    def processes_with_arg(self, arg: str, *, prefix: bool = False) -> list[ProcInfo]:
+    def processes_with_arg(
+        self, arg: str, *, prefix: bool = False, uids: Collection[int] | None = None
+    ) -> list[ProcInfo]:
         """Live (non-zombie) processes with an argv element equal to (or starting with) ``arg``.
 
         Read from ``/proc`` as psutil reads it (see :func:`split_cmdline`), without
         importing psutil: that import alone is about 13 ms of a hook (docs/performance.md).
+        One process at a time, at most ``procscan.CMDLINE_BYTES`` of each command line;
+        with ``uids``, only processes whose ``/proc/<pid>`` one of them owns (``procscan.scan``).
         """
         needle = os.fsencode(arg)
         found = []
         try:
-            every = cmdlines()
+            for pid, raw in scan(uids=uids):
+                if needle not in raw:  # a cheap superset of the matches: an element always is a substring
+                    continue
+                cmd = _split_raw(raw)
+                hit = any(a.startswith(arg) for a in cmd) if prefix else arg in cmd
+                info = self._info(pid, identity=True) if hit else None
+                if info is not None:  # None: a zombie, or it exited meanwhile
+                    found.append(info)
         except OSError as exc:
             raise CommandError(("listdir", "/proc"), exc.strerror or str(exc)) from exc
-        for pid, raw in every:
-            if needle not in raw:  # a cheap superset of the matches: an element always is a substring
-                continue
-            cmd = split_cmdline(os.fsdecode(raw))
-            hit = any(a.startswith(arg) for a in cmd) if prefix else arg in cmd
-            info = self._info(pid, identity=True) if hit else None
-            if info is not None:  # None: a zombie, or it exited meanwhile
-                found.append(info)
         return found
 
     def is_alive(self, proc: ProcInfo) -> bool:
@@ -267,22 +275,41 @@ class RealHost:
                 pass
 
     def job_is_running(self, job_id: int) -> bool:
-        """Whether job ``job_id`` still has anything on this node (slurmstepd or cgroup)."""
+        """Whether job ``job_id`` still has anything on this node: a slurmstepd of the job, or its cgroup.
+
+        Only what Slurm makes counts, never what a user can make (issue 33: any
+        user's process named ``slurmstepd`` with ``[<id>.`` in its arguments kept
+        a gone job alive).  A slurmstepd is a process of root's (real or saved
+        uid 0: slurmstepd takes the job user's effective uid for moments, and
+        for a pty its real uid too, keeping the saved one) whose executable
+        (``/proc/<pid>/exe``; ``(deleted)`` after a package upgrade) is named
+        ``slurmstepd`` or ``slurmstepd-<suffix>`` (Debian's ``slurmstepd-wlm``,
+        behind the ``/usr/sbin/slurmstepd`` symlink: seen in the labs of 22.05,
+        24.11 and 26.05), wherever it lies (``/usr/sbin``, ``/opt/slurm/sbin``,
+        a chroot), and whose title (Slurm's ``setproctitle``) holds
+        ``[<id>.<step>``.  A job's cgroup is a directory ``job_<id>`` of root's
+        in Slurm's cgroup v2 or v1 layout: Slurm creates it as root (only the
+        step directories below it are the user's), and a directory a user
+        creates (in a cgroup delegated to them) is theirs.
+
+        Every process costs one bounded read of its command line
+        (``procscan.scan``); the owner and the executable are read only for
+        those whose title names the job.
+        """
         import glob
 
-        import psutil
-
-        tag = f"[{job_id}."
-        for p in psutil.process_iter(["name", "cmdline"]):
-            name = p.info.get("name") or ""
-            if name.startswith("slurmstepd") and tag in " ".join(p.info.get("cmdline") or []):
+        tag = f"[{job_id}.".encode()
+        try:
+            if any(tag in raw and _is_slurmstepd(pid) for pid, raw in scan()):
                 return True
+        except OSError as exc:
+            raise CommandError(("listdir", "/proc"), exc.strerror or str(exc)) from exc
         # cgroup v2 (slurmstepd.scope) and v1 (<controller>/slurm*/uid_*/job_N) layouts
         patterns = (
-            f"/sys/fs/cgroup/system.slice/slurmstepd.scope/job_{job_id}",
-            f"/sys/fs/cgroup/*/slurm*/uid_*/job_{job_id}",
+            f"{_CGROUP}/system.slice/slurmstepd.scope/job_{job_id}",
+            f"{_CGROUP}/*/slurm*/uid_*/job_{job_id}",
         )
-        return any(glob.glob(pattern) for pattern in patterns)
+        return any(_roots_dir(path) for pattern in patterns for path in glob.glob(pattern))
 
     def port_in_use(self, address: str, port: int) -> bool:
         """Whether a TCP listener could not bind ``address:port`` now."""
@@ -426,10 +453,16 @@ def _stat(pid: int) -> tuple[bytes, float]:
 
 def _uid(pid: int) -> int:
     """Process ``pid``'s real user id: the first number of the ``Uid:`` line of ``/proc/<pid>/status``."""
+    return _uids(pid)[0]
+
+
+def _uids(pid: int) -> tuple[int, int, int, int]:
+    """Process ``pid``'s real, effective, saved and file-system uids: the ``Uid:`` line of ``/proc/<pid>/status``."""
     with open(f"/proc/{pid}/status", "rb") as f:
         for line in f:
             if line.startswith(b"Uid:"):
-                return int(line.split()[1])
+                real, effective, saved, fs = (int(x) for x in line.split()[1:5])
+                return real, effective, saved, fs
     raise ValueError(f"/proc/{pid}/status has no Uid line")
 
 
@@ -449,8 +482,59 @@ def _cmdline(pid: int) -> tuple[str, ...]:
     NUL, or one final NUL after them all: then the words are split at blanks.
     Empty for a kernel thread.
     """
-    with open(f"/proc/{pid}/cmdline", "rb") as f:
-        return split_cmdline(os.fsdecode(f.read()))
+    return _split_raw(read_cmdline(pid))
+
+
+def _split_raw(raw: bytes) -> tuple[str, ...]:
+    """The argv in the first bytes of a command line; a cut-off last element is left out.
+
+    ``procscan`` reads at most ``CMDLINE_BYTES``: when that much came back,
+    the command line may go on, and what follows the last NUL is part of an
+    element (split as a whole, the text would be taken for a title with blanks).
+    """
+    if len(raw) >= CMDLINE_BYTES and b"\0" in raw:
+        raw = raw[: raw.rindex(b"\0") + 1]
+    return split_cmdline(os.fsdecode(raw))
+
+
+#: where the cgroup file systems are mounted
+_CGROUP = "/sys/fs/cgroup"
+#: what names Slurm's step daemon: the base name of its executable, or its start before a packager's suffix
+#: (Debian and Ubuntu install /usr/sbin/slurmstepd-wlm, /usr/sbin/slurmstepd a symlink to it through alternatives)
+_SLURMSTEPD = "slurmstepd"
+#: what the kernel appends to /proc/<pid>/exe when the file was replaced (a package upgrade under a running job)
+_DELETED = " (deleted)"
+
+
+def _is_slurmstepd(pid: int) -> bool:
+    """Whether process ``pid`` is root's slurmstepd (see :meth:`RealHost.job_is_running`).
+
+    Judged by its executable where the kernel shows it; to a caller that is
+    not root, which may not read root's ``/proc/<pid>/exe``, by its command
+    name (``/proc/<pid>/comm``: a user may name their own processes so, but
+    cannot give them uid 0).
+    """
+    try:
+        real, _, saved, _ = _uids(pid)
+        if 0 not in (real, saved):
+            return False
+        exe = _exe(pid)
+        if exe:
+            name = os.path.basename(exe.removesuffix(_DELETED))
+            return name == _SLURMSTEPD or name.startswith(f"{_SLURMSTEPD}-")
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            return f.read(64).rstrip(b"\n") == _SLURMSTEPD.encode()
+    except (OSError, ValueError):
+        return False
+
+
+def _roots_dir(path: str) -> bool:
+    """Whether ``path`` is a directory (not a symlink) owned by root."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == 0
 
 
 def split_cmdline(data: str) -> tuple[str, ...]:

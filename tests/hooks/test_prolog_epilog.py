@@ -116,8 +116,8 @@ class TestProlog:
         host.unit_exec = f"/usr/bin/nvidia-imex -c {rt.settings.paths.jobs_dir}/{{job}}/config.cfg"
         real, after_start = host.processes_with_arg, []
 
-        def scan(arg: str, *, prefix: bool = False) -> list[Any]:
-            found = real(arg, prefix=prefix)
+        def scan(arg: str, *, prefix: bool = False, uids: Any = None) -> list[Any]:
+            found = real(arg, prefix=prefix, uids=uids)
             if any(c[1:2] == ("start",) for c in host.calls):
                 after_start.append(len(found))
                 if len(after_start) == 2:  # the first scan after the start's own: mid-exec

@@ -14,7 +14,7 @@ import json
 import os
 import signal
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Callable
 
@@ -350,7 +350,9 @@ class FakeHost:
         self.procs[proc.info.pid] = proc
         return proc
 
-    def processes_with_arg(self, arg: str, *, prefix: bool = False) -> list[ProcInfo]:
+    def processes_with_arg(
+        self, arg: str, *, prefix: bool = False, uids: Collection[int] | None = None
+    ) -> list[ProcInfo]:
         for pid, (scans, cmdline) in list(self._pending_exec.items()):
             if scans <= 1:
                 self.procs[pid].info = self.procs[pid].info._replace(cmdline=cmdline, exe=cmdline[0])
@@ -360,7 +362,9 @@ class FakeHost:
         return [
             p.info
             for p in self.procs.values()
-            if p.alive and any(a.startswith(arg) if prefix else a == arg for a in p.info.cmdline)
+            if p.alive
+            and (uids is None or p.info.uid in uids)
+            and any(a.startswith(arg) if prefix else a == arg for a in p.info.cmdline)
         ]
 
     def is_alive(self, proc: ProcInfo) -> bool:
