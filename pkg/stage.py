@@ -16,6 +16,7 @@ The layout (docs/install.md, "What the packages install"):
     /etc/imexctl/imexctl.conf      pkg/imexctl.conf: sets nothing, the same text in every release
     /usr/share/imexctl/imexctl.conf.example  every key commented out (python3 -m imexctl.cli.reference config)
     /etc/logrotate.d/imexctl       imexctl's log and the IMEX daemon's log
+    /etc/nhc/scripts/imexctl.nhc   LBNL NHC's check_imexctl_health (the same text in every release)
     /usr/share/man/man8/imexctl.8  from the argparse definitions (python3 -m imexctl.cli.reference man)
     /usr/share/man/man5/imexctl.conf.5  every key from the schema, meanings from docs/configuration.md
     /usr/share/doc/imexctl/        README.md and docs/*.md
@@ -171,6 +172,8 @@ def install_files(dest: Path, unitdir: str) -> None:
     _put(dest / "etc/logrotate.d/imexctl", (SRC / "pkg/logrotate").read_text(), 0o644)
     for name in ("imexctl.rules.yml", "alertmanager.yml", "imexctl.dashboard.json"):
         _put(dest / "usr/share/imexctl/prometheus" / name, (SRC / "pkg/prometheus" / name).read_text(), 0o644)
+    # LBNL NHC's check (docs/operations.md): NHC sources /etc/nhc/scripts/*.nhc; harmless where NHC is absent
+    _put(dest / "etc/nhc/scripts/imexctl.nhc", (SRC / "pkg/nhc/imexctl.nhc").read_text(), 0o644)
     _put(dest / "usr/share/man/man8/imexctl.8", reference.man_page(), 0o644)
     configuration = (SRC / "docs/configuration.md").read_text()
     _put(dest / "usr/share/man/man5/imexctl.conf.5", reference.config_man_page(configuration), 0o644)

@@ -56,6 +56,7 @@ LAYOUT = (
     "/usr/share/doc/imexctl/docs/install.md",
     "/usr/share/doc/imexctl/docs/configuration.md",
     "/etc/logrotate.d/imexctl",
+    "/etc/nhc/scripts/imexctl.nhc",
 )
 UNITS = ("imexctl-imex@.service", "imexctl-cleanup.service", "imexctl-metrics.service", "imexctl-metrics.timer")
 #: imexctl's and its bundled dependencies' (debian/copyright has one paragraph each)
@@ -307,7 +308,7 @@ def test_deb_control_and_files(deb: Path) -> None:
     assert not [f for f in files if "/etc/systemd/" in f or "/tests/" in f or f.endswith(".pyc")]
     assert not [f for f in files if _simulator(f)], "the simulator and the demo stay off the nodes"
     conffiles = sh(["dpkg-deb", "--info", str(deb), "conffiles"]).split()
-    assert conffiles == ["/etc/imexctl/imexctl.conf", "/etc/logrotate.d/imexctl"]
+    assert conffiles == ["/etc/imexctl/imexctl.conf", "/etc/logrotate.d/imexctl", "/etc/nhc/scripts/imexctl.nhc"]
 
 
 def _bundled_metadata(deb: Path) -> dict[str, str]:
@@ -620,7 +621,11 @@ def test_rpm_metadata_files_and_configs(rpms: dict[str, Path]) -> None:
     assert not [f for f in files if f.startswith(("/usr/lib/.build-id", "/etc/systemd")) or f.endswith(".pyc")]
     assert not [f for f in files if _simulator(f)], "the simulator and the demo stay off the nodes"
     assert "logrotate" not in _rpm(rpm, "--recommends") and "logrotate" in _rpm(rpm, "--suggests")
-    assert set(_rpm(rpm, "-c").split()) == {"/etc/imexctl/imexctl.conf", "/etc/logrotate.d/imexctl"}
+    assert set(_rpm(rpm, "-c").split()) == {
+        "/etc/imexctl/imexctl.conf",
+        "/etc/logrotate.d/imexctl",
+        "/etc/nhc/scripts/imexctl.nhc",
+    }
     assert "/usr/share/licenses/imexctl/LICENSE" in files
     assert _rpm(rpm, "--qf", "%{LICENSE}") == RPM_LICENSE
     # the conffile is pkg/imexctl.conf as it is, the same in every release: no .rpmnew on upgrade

@@ -1,0 +1,141 @@
+"""pkg/nhc/imexctl.nhc under a harness that calls it as LBNL NHC does (tests/support/nhc_harness.sh).
+
+NHC is not in Debian; the harness follows its driver's calling convention (sourced scripts, eval'd check
+lines, ``die``, ``TIMEOUT``, the node marked by an eval with the message in single quotes).  The checks run
+the real ``imexctl health --check-only`` on a tray under a temporary root where they can, and a stand-in
+where a fault cannot be made without a GPU (a hang, an unexpected exit).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import write_config
+
+REPO = Path(__file__).resolve().parent.parent
+NHC_FILE = REPO / "pkg/nhc/imexctl.nhc"
+HARNESS = REPO / "tests/support/nhc_harness.sh"
+BOOT = "7e0493b2-61b7-4448-b8c3-88f6a56ee7c9"
+
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None or not Path("/usr/bin/timeout").exists(), reason="bash")
+
+
+def _nhc(tmp: Path, conf: str, command: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    confdir = tmp / "nhc"
+    (confdir / "scripts").mkdir(parents=True, exist_ok=True)
+    shutil.copy(NHC_FILE, confdir / "scripts/imexctl.nhc")
+    (confdir / "nhc.conf").write_text(f"# site checks\n{conf}\n")
+    assignments = [f"{k}={v}" for k, v in {"HOSTNAME": "gb01", "IMEXCTL_HEALTH_CMD": str(command), **env}.items()]
+    return subprocess.run(
+        ["/bin/bash", str(HARNESS), str(confdir), *assignments],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "SLURMD_NODENAME": "gb01"},
+    )
+
+
+def _imexctl(tmp: Path, root: Path) -> Path:
+    """The real imexctl of this checkout, with the tray's config (what /usr/sbin/imexctl is on a node)."""
+    main = f"import sys; sys.path.insert(0, {str(REPO)!r}); from imexctl.cli import console; console()"
+    script = tmp / "imexctl"
+    script.write_text(f'#!/bin/sh\nexec {sys.executable} -I -c "{main}" --config {root}/imexctl.conf "$@"\n')
+    script.chmod(0o755)
+    return script
+
+
+def _stub(tmp: Path, body: str) -> Path:
+    script = tmp / "stub-imexctl"
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    script.chmod(0o755)
+    return script
+
+
+def _tray(root: Path, *kernel: str) -> None:
+    (root / "proc/sys/kernel/random").mkdir(parents=True)
+    (root / "proc/sys/kernel/random/boot_id").write_text(BOOT + "\n")
+    (root / "dev").mkdir()
+    (root / "dev/kmsg").write_text("".join(f"6,{i},{i},-;{line}\n" for i, line in enumerate(kernel)))
+    write_config(root, {"paths": {"root": str(root)}, "daemon": {"backend": "exec"}, "policy": {"fabric": "none"}})
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="imexctl health judges the jobs and the kernel log as root")
+def test_a_healthy_tray_passes_and_nhc_marks_it_online(root: Path, tmp_path: Path) -> None:
+    _tray(root, "Linux version 6.1.0")
+    done = _nhc(tmp_path, "* || check_imexctl_health", _imexctl(tmp_path, root))
+    assert (done.returncode, done.stdout.strip()) == (0, "online gb01"), done.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="imexctl health judges the jobs and the kernel log as root")
+def test_the_first_finding_is_the_nhc_message_with_quotes_made_safe(root: Path, tmp_path: Path) -> None:
+    """The kernel's line comes back between single quotes, which NHC's eval would break on: they become blanks,
+    the code comes first, the node is named."""
+    _tray(root, "Linux version 6.1.0", "NVRM: Abrupt nvidia-imex daemon shutdown detected, disabled fabric allocations")
+    done = _nhc(tmp_path, "gb* || check_imexctl_health", _imexctl(tmp_path, root))
+    assert done.returncode == 1, done.stderr
+    offline = done.stdout.splitlines()[-1]
+    assert offline.startswith("offline gb01 NHC: imexctl:imex_shutdown gb01: kernel:  Abrupt nvidia-imex daemon")
+    assert "'" not in offline and len(offline) <= len("offline gb01 NHC: ") + 200
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="imexctl health judges the jobs and the kernel log as root")
+def test_a_config_that_does_not_load(root: Path, tmp_path: Path) -> None:
+    _tray(root)
+    (root / "imexctl.conf").write_text("[readiness]\ndeadline_s = soon\n")
+    done = _nhc(tmp_path, "* || check_imexctl_health", _imexctl(tmp_path, root))
+    assert done.returncode == 1
+    assert done.stdout.splitlines()[-1].startswith("offline gb01 NHC: imexctl:config_invalid gb01: ")
+
+
+def test_a_hang_ends_at_the_checks_limit_not_nhcs(tmp_path: Path) -> None:
+    started = time.monotonic()
+    done = _nhc(tmp_path, "* || check_imexctl_health -t 1", _stub(tmp_path, "exec sleep 60"))
+    assert time.monotonic() - started < 10
+    assert done.stdout.splitlines()[-1] == "offline gb01 NHC: imexctl:timeout no verdict from imexctl health within 1s"
+
+
+@pytest.mark.parametrize("limit", ["30", "45"])
+def test_a_limit_at_or_above_nhcs_timeout_is_refused(tmp_path: Path, limit: str) -> None:
+    """As NHC's own check_cmd_status refuses a -t above TIMEOUT, so that NHC's watchdog never cuts a check short."""
+    done = _nhc(tmp_path, f"* || check_imexctl_health -t {limit}", _stub(tmp_path, "exit 0"))
+    assert done.stdout.splitlines()[-1] == (
+        f"offline gb01 NHC: check_imexctl_health:  Command timeout {limit} is not below NHC timeout 30"
+    )
+    assert _nhc(tmp_path, "* || check_imexctl_health -t 45", _stub(tmp_path, "exit 0"), TIMEOUT="60").returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("exit 69", "imexctl:exit_69 imexctl health --check-only exited 69"),
+        ("echo 'Traceback (most recent call last):'; exit 1", "imexctl:unknown exit 1 without a verdict"),
+        (
+            'echo "unhealthy gb01: stale_daemon: it\'s pid 7 \\$(reboot) \\`id\\`"; exit 1',
+            "imexctl:stale_daemon gb01: it s pid 7  (reboot)  id ",
+        ),
+    ],
+)
+def test_anything_else_fails_with_a_safe_message(tmp_path: Path, body: str, message: str) -> None:
+    done = _nhc(tmp_path, "* || check_imexctl_health", _stub(tmp_path, body))
+    assert done.returncode == 1
+    assert done.stdout.splitlines()[-1] == f"offline gb01 NHC: {message}"
+
+
+def test_imexctl_missing(tmp_path: Path) -> None:
+    done = _nhc(tmp_path, "* || check_imexctl_health", tmp_path / "nope")
+    assert done.stdout.splitlines()[-1] == f"offline gb01 NHC: check_imexctl_health:  {tmp_path}/nope is not installed"
+
+
+def test_the_check_asks_health_to_judge_only(tmp_path: Path) -> None:
+    """NHC drains and resumes the node itself: the check never lets imexctl change Slurm."""
+    args = tmp_path / "args"
+    done = _nhc(tmp_path, "* || check_imexctl_health", _stub(tmp_path, f'echo "$@" > {args}; exit 0'))
+    assert done.returncode == 0 and args.read_text() == "health --check-only\n"
