@@ -21,7 +21,7 @@ import pytest
 
 from imexctl.commands.demo import HookResult, SimRack
 from tests.simhelpers import wait_for
-from tests.support.racks import sim_racks
+from tests.support.racks import JOB_GID, JOB_UID, sim_racks
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the prolog needs root (device nodes, chown)")
 
@@ -79,7 +79,11 @@ def test_job_gets_a_domain_and_leaves_nothing(make_rack: Any, trays: int) -> Non
         assert all(c["status"] == "CONNECTED" for n in dom["nodes"].values() for c in n["connections"].values())
         (chan,) = (t.root / "dev/nvidia-caps-imex-channels").iterdir()
         st = os.lstat(chan)
-        assert stat.S_ISCHR(st.st_mode) and (st.st_uid, stat.S_IMODE(st.st_mode)) == (4242, 0o600)
+        assert stat.S_ISCHR(st.st_mode) and (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (
+            JOB_UID,
+            JOB_GID,
+            0o600,
+        )
         minors.add(os.minor(st.st_rdev))
     assert len(minors) == 1
     assert codes(rack.run_hooks("epilog", 500)) == [0] * trays

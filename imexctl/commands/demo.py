@@ -88,13 +88,16 @@ class SimRack:
         deadline_s: float = 30,
         channels: bool | None = None,
         uid: int | None = None,
+        gid: int | None = None,
         first_address: int = 11,
     ) -> None:
         self.base = base
         self.faults = base / "faults"
         self.bins = _simulator_bins(base, self.faults)
         self.channels = _can_mknod(base) if channels is None else channels
-        self.uid = _demo_uid() if uid is None else uid
+        # the job's user and its primary group: never the same number, so a channel given the wrong way
+        # round (chown with uid and gid swapped) shows
+        self.uid, self.gid = _demo_ids(uid, gid)
         self.trays = [
             Tray(f"tray{i:02d}", f"127.0.0.{first_address - 1 + i}", base / f"tray{i:02d}", base / f"tray{i:02d}.conf")
             for i in range(1, trays + 1)
@@ -143,7 +146,7 @@ class SimRack:
             "SLURM_NODELIST": nl,
             "SLURMD_NODENAME": t.name,
             "SLURM_JOB_UID": str(self.uid),
-            "SLURM_JOB_GID": str(self.uid),
+            "SLURM_JOB_GID": str(self.gid),
             "SLURM_JOB_USER": "demo",
             "SLURM_JOB_PARTITION": "nvl72",
             "SLURM_CLUSTER_NAME": "demo",
@@ -245,7 +248,7 @@ def _run(rack: SimRack, fault: str | None) -> int:
     t1, t2 = rack.trays[0], rack.trays[min(1, len(rack.trays) - 1)]
     _say(
         f"imexctl demo: job {job_id} on {len(rack.trays)} simulated trays {rack.nodelist()} "
-        f"(127.0.0.11 and up), user uid {rack.uid}"
+        f"(127.0.0.11 and up), user uid {rack.uid} gid {rack.gid}"
     )
     if fault:
         _say(f"fault '{fault}': {FAULTS[fault][1]}")
@@ -260,6 +263,7 @@ def _run(rack: SimRack, fault: str | None) -> int:
         ok = _hook_round(rack, "prolog", job_id)
         if ok:
             _show_domain(rack, t1, job_id)
+            ok = _check_channels(rack)
         _hook_round(rack, "epilog", job_id)
     finally:
         if blocker is not None:
@@ -307,13 +311,27 @@ def _can_mknod(base: Path) -> bool:
     return True
 
 
-def _demo_uid() -> int:
-    import pwd
+#: the demo job's group when the caller names none: ``users`` on Debian and Red Hat alike
+_DEMO_GID = 100
 
-    try:
-        return pwd.getpwnam("nobody").pw_uid
-    except KeyError:
-        return 0
+
+def _demo_ids(uid: int | None, gid: int | None) -> tuple[int, int]:
+    """The demo job's ``(uid, gid)``: ``nobody`` (root without it) and group 100, unless given.
+
+    Raises:
+        ConfigError: the two are the same number (a swapped owner would not show).
+    """
+    if uid is None:
+        import pwd
+
+        try:
+            uid = pwd.getpwnam("nobody").pw_uid
+        except KeyError:
+            uid = 0
+    gid = _DEMO_GID if gid is None else gid
+    if gid == uid:
+        raise ConfigError(f"the demo job's uid and gid must differ (both {uid})")
+    return uid, gid
 
 
 def _hook_round(rack: SimRack, hook: str, job_id: int) -> bool:
@@ -346,6 +364,26 @@ def _show_domain(rack: SimRack, t: Tray, job_id: int) -> None:
     _say(f"\n== imexctl status on {t.name}  (no slurmstepd here, so status calls the job 'not running')")
     done = rack.imexctl(t, "status")
     _say((done.stdout + done.stderr).rstrip())
+
+
+def _check_channels(rack: SimRack) -> bool:
+    """Each tray holds one channel node, the job's user's and group's with mode 0600; say which does not."""
+    import stat
+
+    if not rack.channels:
+        return True
+    want = (rack.uid, rack.gid, 0o600)
+    _say(f"\n== the job's channel on each tray: owner uid {rack.uid}, group gid {rack.gid}, mode 0600")
+    ok = True
+    for t in rack.trays:
+        found = sorted((t.root / "dev/nvidia-caps-imex-channels").glob("channel*"))
+        got = [(os.lstat(p), p.name) for p in found]
+        owners = [(st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) for st, _ in got]
+        right = len(got) == 1 and stat.S_ISCHR(got[0][0].st_mode) and owners == [want]
+        ok = ok and right
+        shown = ", ".join(f"{name} uid {u} gid {g} mode {m:04o}" for (_, name), (u, g, m) in zip(got, owners))
+        _say(f"  {t.name}: {shown or 'no channel'}{'' if right else '  WRONG'}")
+    return ok
 
 
 def _occupy_port(t: Tray, job_id: int) -> socket.socket:

@@ -1,7 +1,7 @@
 """Corpus family 2: the job environment slurmd gives the hooks, one case per id.
 
 Each case changes the environment of ``job_env()`` (job 42 of user alice,
-uid/gid 1000, on gb01 of ``gb[01-02]``, partition ``gpu``): a value of
+uid 1000 and gid 100, on gb01 of ``gb[01-02]``, partition ``gpu``): a value of
 ``None`` removes the variable.  A case either fails with ``code`` naming
 ``names``, or succeeds (``code`` empty): then ``skipped`` is the skip reason
 expected, or '' when the job gets its domain, with the channel owned by
@@ -30,7 +30,7 @@ class EnvCase:
     hook: str = "prolog"
     config: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
     skipped: str = ""
-    owner: tuple[int, int] = (1000, 1000)
+    owner: tuple[int, int] = (1000, 100)
     inert: tuple[str, ...] = ()
 
 
@@ -98,20 +98,20 @@ OWNERS = [
     *(_bad(f"gid-{name}", "SLURM_JOB_GID", value) for name, value in _BAD_OWNER_IDS),
     EnvCase("uid-missing", {"SLURM_JOB_UID": None}, "job_env_invalid", 65, ("SLURM_JOB_UID is not set",)),
     EnvCase("uid-empty", {"SLURM_JOB_UID": ""}, "job_env_invalid", 65, ("SLURM_JOB_UID is not set",)),
-    EnvCase("uid-legacy-variable", {"SLURM_JOB_UID": None, "SLURM_UID": "1500"}, owner=(1500, 1000)),
+    EnvCase("uid-legacy-variable", {"SLURM_JOB_UID": None, "SLURM_UID": "1500"}, owner=(1500, 100)),
     EnvCase("uid-legacy-variable-bad", {"SLURM_JOB_UID": None, "SLURM_UID": "-3"}, "job_env_invalid", 65,
             ("SLURM_UID='-3'",)),
     EnvCase("uid-root", {"SLURM_JOB_UID": "0", "SLURM_JOB_GID": "0"}, owner=(0, 0)),
-    EnvCase("uid-largest", {"SLURM_JOB_UID": str(2**32 - 2)}, owner=(2**32 - 2, 1000)),
+    EnvCase("uid-largest", {"SLURM_JOB_UID": str(2**32 - 2)}, owner=(2**32 - 2, 100)),
     EnvCase("gid-missing", {"SLURM_JOB_GID": None}, owner=(1000, 0)),
     EnvCase("gid-empty", {"SLURM_JOB_GID": ""}, owner=(1000, 0)),
     EnvCase("epilog-uid-missing", {"SLURM_JOB_UID": None}, hook="epilog"),
     EnvCase("epilog-uid-letters", {"SLURM_JOB_UID": "alice"}, "job_env_invalid", 65, ("SLURM_JOB_UID='alice'",),
             hook="epilog"),
     # the numeric uid decides the channel's owner, whatever the name says
-    EnvCase("user-says-root-uid-1000", {"SLURM_JOB_USER": "root"}, owner=(1000, 1000)),
-    EnvCase("user-says-bob-uid-1000", {"SLURM_JOB_USER": "bob"}, owner=(1000, 1000)),
-    EnvCase("user-says-alice-uid-0", {"SLURM_JOB_UID": "0"}, owner=(0, 1000)),
+    EnvCase("user-says-root-uid-1000", {"SLURM_JOB_USER": "root"}, owner=(1000, 100)),
+    EnvCase("user-says-bob-uid-1000", {"SLURM_JOB_USER": "bob"}, owner=(1000, 100)),
+    EnvCase("user-says-alice-uid-0", {"SLURM_JOB_UID": "0"}, owner=(0, 100)),
     EnvCase("user-missing", {"SLURM_JOB_USER": None}),
     EnvCase("user-path", {"SLURM_JOB_USER": "../../root"}, inert=("../../root",)),
     EnvCase("user-shell", {"SLURM_JOB_USER": "alice;reboot"}, inert=("alice;reboot",)),

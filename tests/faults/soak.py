@@ -25,6 +25,7 @@ from pathlib import Path
 
 from tests.faults.cycles import Cycler, Result, make_plan, replay_hint, seed_from_env
 from tests.faults.rack import REPO, FaultRack
+from tests.support.racks import JOB_GID, JOB_UID
 
 __all__ = ["main", "report", "run_cycles", "run_parallel", "summary"]
 
@@ -34,7 +35,7 @@ _TAG = "CYCLE "
 def run_cycles(seed: int, indices: Sequence[int], *, address: int = 20) -> list[Result]:
     """Run the cycles ``indices`` of run ``seed`` here, on a fresh rack; every process it started is ended after."""
     base = Path(tempfile.mkdtemp(prefix="imxsoak", dir="/tmp"))
-    rack = FaultRack(base, 2, deadline_s=1.2, uid=4242, first_address=address)
+    rack = FaultRack(base, 2, deadline_s=1.2, uid=JOB_UID, gid=JOB_GID, first_address=address)
     results = []
     try:
         cycler = Cycler(rack)

@@ -25,8 +25,10 @@ import pytest
 
 from imexctl.commands.demo import Tray
 from tests.faults.rack import FaultRack
+from tests.support.racks import JOB_GID, JOB_UID
 
-JOB_UID = 4242  # make_rack's job user (uid = gid = 4242); no such account is needed
+#: make_rack's job user and its group (no such account is needed); the lab user is 1501, its group 1502
+LAB_UID, LAB_GID = 1501, 1502
 NO_DRIVER = {errno.ENXIO, errno.ENODEV}
 
 OPEN = """
@@ -83,11 +85,11 @@ def test_only_the_jobs_uid_gets_past_the_permission_check(rack: FaultRack) -> No
     assert rack.run(t, "prolog", 901)[0].returncode == 0
     chan = channel_of(t)
     st = os.lstat(chan)
-    assert stat.S_ISCHR(st.st_mode) and (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (JOB_UID, JOB_UID, 0o600)
+    assert stat.S_ISCHR(st.st_mode) and (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (JOB_UID, JOB_GID, 0o600)
     assert os.major(st.st_rdev) == 234 and chan.name == f"channel{os.minor(st.st_rdev)}"
-    owner = open_as(chan, JOB_UID, JOB_UID)
+    owner = open_as(chan, JOB_UID, JOB_GID)
     assert owner["stat"] == "ok" and owner["open"] in {errno.errorcode[e] for e in NO_DRIVER}
-    for uid, gid, groups in [(4243, 4243, ()), (4243, JOB_UID, ()), (4244, 4244, (JOB_UID,)), (1501, 1501, ())]:
+    for uid, gid, groups in [(4243, 4243, ()), (4243, JOB_GID, ()), (4244, 4244, (JOB_GID,)), (LAB_UID, LAB_GID, ())]:
         assert open_as(chan, uid, gid, groups) == {"stat": "ok", "open": "EACCES"}, (uid, gid, groups)
     assert rack.run(t, "epilog", 901)[0].returncode == 0
     assert not os.path.lexists(chan) and rack.dirty() == []

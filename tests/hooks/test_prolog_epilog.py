@@ -26,7 +26,7 @@ from imexctl.platform.errors import (
     ResolveError,
     UnsafeNodeError,
 )
-from tests.support.fakes import FakeHost, domain_json, job_env
+from tests.support.fakes import JOB_GID, FakeHost, domain_json, job_env
 
 
 def events(logs: list[dict], level: str = "info") -> list[str]:
@@ -59,7 +59,7 @@ class TestProlog:
         assert "IMEX_CMD_UNIX_DOMAIN_PATH=" in cfg
         assert ("spawn", "/usr/bin/nvidia-imex", "-c", f"{job_dir}/config.cfg") in host.calls
         chan = root / "dev/nvidia-caps-imex-channels/channel43"
-        assert host.mknods == [(str(chan), 234, 43, 0o600, 1234, 1234)]
+        assert host.mknods == [(str(chan), 234, 43, 0o600, 1234, JOB_GID)]
         assert host.slept == [0.03, 0.03]  # a twentieth of the time waited is less than poll_initial_s
         assert out.ok and (out.setup.port, out.setup.cmd_port) == (61042, 62042) and out.setup.ready
         assert json.loads((job_dir / "state.json").read_text())["cmd_port"] == 62042

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from imexctl.platform.fsutil import atomic_write
-from tests.lab.debroot import TEST_UID, TEST_USER
+from tests.lab.debroot import TEST_GID, TEST_UID, TEST_USER
 from tests.lab.procs import (
     SYS_PATH,
     LabError,
@@ -47,6 +47,7 @@ from tests.lab.versions import LabNames, SlurmInstall, install_from_state
 from tests.simhelpers import wait_for
 
 __all__ = [
+    "TEST_GID",
     "TEST_UID",
     "TEST_USER",
     "LabBusy",

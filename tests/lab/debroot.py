@@ -5,7 +5,8 @@ background build started by ``.ci/setup test`` share one build):
 
 1. ``debootstrap --variant=minbase`` of :func:`packages` from :data:`MIRROR` (Slurm, munge, Python, and
    systemd + dbus so that the same root can be booted with ``systemd-nspawn``; sid adds Apptainer);
-2. the lab's job user (:data:`TEST_USER`, uid :data:`TEST_UID`), as on the host;
+2. the lab's job user (:data:`TEST_USER`, uid :data:`TEST_UID`) and its own primary group
+   (:data:`TEST_GROUP`, gid :data:`TEST_GID`, a number other than the uid), as on the host;
 3. a venv at ``/opt/imexctl`` made with the root's own ``python3``, imexctl's dependencies from PyPI
    (wheels fetched by the host's pip for the root's Python), and imexctl installed *editable* from
    ``/opt/imexctl-src``. That directory is left empty: a lab bind-mounts the checkout there, so the
@@ -40,6 +41,8 @@ __all__ = [
     "PACKAGES",
     "SRC",
     "SUITE_PACKAGES",
+    "TEST_GID",
+    "TEST_GROUP",
     "TEST_UID",
     "TEST_USER",
     "VENV",
@@ -88,6 +91,10 @@ VENV = "/opt/imexctl"
 SRC = "/opt/imexctl-src"
 TEST_USER = "imexlab"
 TEST_UID = 1501
+#: the job user's primary group: its gid differs from the uid, so a channel given to the two the wrong way
+#: round shows in the lab (``.ci/setup`` makes the same group on the host)
+TEST_GROUP = "imexlabgrp"
+TEST_GID = 1502
 # bump when the build steps change in a way the key does not see
 BUILD_STEPS = 1
 REPO = Path(__file__).resolve().parents[2]
@@ -128,7 +135,7 @@ def root_key(repo: Path = REPO, suite: str = SUITE) -> str:
         "variant": "minbase",
         "packages": sorted(packages(suite)),
         "requires": _install_requires(repo),
-        "user": [TEST_USER, TEST_UID],
+        "user": [TEST_USER, TEST_UID, TEST_GROUP, TEST_GID],
         "steps": BUILD_STEPS,
         # the editable install fixes the console scripts; the code itself comes from the checkout
         "scripts": _setup_cfg(repo, "options.entry_points", "console_scripts"),
@@ -292,7 +299,11 @@ def _build(partial: Path, repo: Path, suite: str, log: Callable[[str], None]) ->
     if res.returncode != 0:
         tail = "\n".join((res.stdout + res.stderr).splitlines()[-15:])
         raise LabError(f"debootstrap failed ({res.returncode}); see {partial}/debootstrap.log:\n{tail}")
-    _chroot(root, "useradd", "--uid", str(TEST_UID), "--no-create-home", "--shell", "/usr/sbin/nologin", TEST_USER)
+    _chroot(root, "groupadd", "--gid", str(TEST_GID), TEST_GROUP)
+    _chroot(
+        root, "useradd", "--uid", str(TEST_UID), "--gid", str(TEST_GID), "--no-create-home",
+        "--shell", "/usr/sbin/nologin", TEST_USER,
+    )  # fmt: skip
     if not (root / "etc/munge/munge.key").exists():
         _chroot(root, "mungekey", "--create")
         _chroot(root, "chown", "munge:munge", "/etc/munge/munge.key")

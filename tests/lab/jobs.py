@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from imexctl.platform.fsutil import atomic_write
-from tests.lab.cluster import IMEXCTL_PREFIX, TEST_UID, TEST_USER, SlurmLab
+from tests.lab.cluster import IMEXCTL_PREFIX, TEST_GID, TEST_UID, TEST_USER, SlurmLab
 from tests.lab.procs import proc_start_time
 from tests.simhelpers import wait_for
 
 __all__ = [
     "DONE_STATES",
+    "GID",
     "IMEXCTL",
     "JOB_TIMEOUT",
     "PROLOG_TIMEOUT",
@@ -63,7 +64,7 @@ __all__ = [
 IMEXCTL = IMEXCTL_PREFIX / "bin" / "imexctl"
 SIM = IMEXCTL_PREFIX / "bin" / "nvidia-imex-sim"
 SIM_CTL = IMEXCTL_PREFIX / "bin" / "nvidia-imex-ctl-sim"
-USER, UID = TEST_USER, TEST_UID
+USER, UID, GID = TEST_USER, TEST_UID, TEST_GID
 PROLOG_TIMEOUT = 30
 JOB_TIMEOUT = 60
 DONE_STATES = {

@@ -9,6 +9,7 @@ import pytest
 from tests.lab.cluster import SlurmLab
 from tests.lab.conftest import NODES
 from tests.lab.jobs import (
+    GID,
     JOB_TIMEOUT,
     SIM_CTL,
     UID,
@@ -64,7 +65,7 @@ def test_four_node_job_gets_domain_and_channel_and_leaves_nodes_clean(lab: Slurm
         assert rec["host"] == node and rec["uid"] == UID
         assert len(rec["channels"]) == 1, f"{node}: channels visible to the step: {rec['channels']}"
         ch = rec["channels"][0]
-        assert ch["chr"] and ch["uid"] == UID and ch["mode"] == 0o600, f"{node}: {ch}"
+        assert ch["chr"] and (ch["uid"], ch["gid"], ch["mode"]) == (UID, GID, 0o600), f"{node}: {ch}"
         assert ch["name"] == f"channel{ch['minor']}" and ch["major"] == 234, f"{node}: {ch}"
         minors.add(ch["minor"])
     assert len(minors) == 1, f"channel minors differ between nodes: {checks}"
@@ -124,7 +125,9 @@ def test_twenty_jobs_back_to_back_leak_nothing(lab: SlurmLab) -> None:
         job, checks = srun_check(lab, nodes)
         jobs.append(job)
         for node, rec in checks.items():
-            assert [c["uid"] for c in rec["channels"]] == [UID], f"job {job} on {node}: {rec['channels']}"
+            assert [(c["uid"], c["gid"]) for c in rec["channels"]] == [(UID, GID)], (
+                f"job {job} on {node}: {rec['channels']}"
+            )
     for job in jobs:
         wait_done(lab, job)
     for node in nodes:

@@ -11,6 +11,7 @@ import pytest
 from tests.lab.cluster import SlurmLab
 from tests.lab.conftest import NODES
 from tests.lab.jobs import (
+    GID,
     UID,
     assert_domain_up,
     consume_steps,
@@ -49,7 +50,7 @@ def test_default_single_tray_job_gets_a_one_tray_domain_and_its_channel(lab: Slu
     done = events(lab, NODE, job, "prolog.done")[-1]
     assert done["ok"] and done["trays"] == 1 and done["ready"] and done["channel"], done
     chans = checks[NODE]["channels"]
-    assert len(chans) == 1 and chans[0]["uid"] == UID and chans[0]["mode"] == 0o600, chans
+    assert len(chans) == 1 and (chans[0]["uid"], chans[0]["gid"], chans[0]["mode"]) == (UID, GID, 0o600), chans
     assert f"channel{chans[0]['minor']}" == done["channel"].rsplit("/", 1)[1], (chans, done)
     wait_done(lab, job)
     assert leftovers(lab, NODE) == []
@@ -65,7 +66,7 @@ def test_single_tray_policies_channel_and_none(lab: SlurmLab, policy: str) -> No
     assert done["ok"], done
     if policy == "channel":
         assert done.get("daemon") is False and done["trays"] == 1, done
-        assert len(chans) == 1 and chans[0]["uid"] == UID, chans
+        assert len(chans) == 1 and (chans[0]["uid"], chans[0]["gid"]) == (UID, GID), chans
         assert f"channel{chans[0]['minor']}" == done["channel"].rsplit("/", 1)[1], (chans, done)
         assert not events(lab, NODE, job, "imex.daemon.started"), "single_tray = channel started a daemon"
     else:

@@ -186,3 +186,15 @@ def test_port_in_use_sees_a_listener_and_not_a_foreign_address() -> None:
         port = listener.getsockname()[1]
         assert RealHost().port_in_use("127.0.0.1", port)
         assert not RealHost().port_in_use("192.0.2.1", port)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creating a device node and giving it to another uid")
+def test_mknod_char_gives_the_node_to_the_uid_and_the_gid_each_in_its_place(tmp_path: Path) -> None:
+    """The channel node is the job's user's and the job's group's, never the other way round (uid != gid)."""
+    import stat
+
+    path = tmp_path / "channel7"
+    RealHost().mknod_char(path, 234, 7, mode=0o600, uid=4242, gid=4343)
+    st = os.lstat(path)
+    assert stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (234, 7)
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (4242, 4343, 0o600)

@@ -9,7 +9,7 @@ import pytest
 
 from imexctl.platform.errors import EnvironmentError_, ExitCode, NodeListError
 from imexctl.slurm.job import JobContext, constraint_features, node_name
-from tests.support.fakes import job_env
+from tests.support.fakes import JOB_GID, job_env
 
 
 def env_without(*names: str, **extra: str) -> dict[str, str]:
@@ -28,7 +28,7 @@ class TestNodeList:
             42,
             "gb01",
             1234,
-            1234,
+            JOB_GID,
             "alice",
             "gpu",
         )

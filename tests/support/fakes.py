@@ -22,20 +22,33 @@ from imexctl.gpu.fabric import FabricInfo
 from imexctl.platform.errors import CommandError
 from imexctl.platform.host import Completed, ProcInfo
 
-__all__ = ["FakeGpu", "FakeHost", "domain_json", "job_env"]
+__all__ = ["JOB_GID", "FakeGpu", "FakeHost", "domain_json", "job_env"]
+
+#: the job's primary group in :func:`job_env`: never a uid of any fixture
+JOB_GID = 100
 
 
 def job_env(
-    *, job_id: int = 42, nodelist: str = "gb[01-02]", node: str = "gb01", uid: int = 1000, **extra: str
+    *,
+    job_id: int = 42,
+    nodelist: str = "gb[01-02]",
+    node: str = "gb01",
+    uid: int = 1000,
+    gid: int = JOB_GID,
+    **extra: str,
 ) -> dict[str, str]:
-    """The environment slurmd (23.02+) gives a prolog, as a plain dict."""
+    """The environment slurmd (23.02+) gives a prolog, as a plain dict.
+
+    The job's group differs from its user (``JOB_GID``), so that an owner given
+    the wrong way round (``chown(path, gid, uid)``) shows in every test.
+    """
     env = {
         "SLURM_JOB_ID": str(job_id),
         "SLURM_JOB_NODELIST": nodelist,
         "SLURM_NODELIST": nodelist,
         "SLURMD_NODENAME": node,
         "SLURM_JOB_UID": str(uid),
-        "SLURM_JOB_GID": str(uid),
+        "SLURM_JOB_GID": str(gid),
         "SLURM_JOB_USER": "alice",
         "SLURM_JOB_PARTITION": "gpu",
         "SLURM_SCRIPT_CONTEXT": "prolog_slurmd",

@@ -12,7 +12,10 @@ from typing import Callable, TypeVar
 
 from imexctl.commands.demo import SimRack
 
-__all__ = ["rack_addresses", "sim_racks"]
+__all__ = ["JOB_GID", "JOB_UID", "rack_addresses", "sim_racks"]
+
+#: the simulated racks' job user and its primary group: different numbers, so a swapped owner shows
+JOB_UID, JOB_GID = 4242, 4343
 
 
 def rack_addresses() -> dict[str, list[str]]:
@@ -34,7 +37,14 @@ def sim_racks(kind: type[R], prefix: str, *, deadline_s: float = 20) -> Iterator
 
     def make(trays: int = 2, deadline_s: float = deadline_s) -> R:
         base = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
-        rack = kind(base, trays, deadline_s=deadline_s, uid=4242, first_address=random.randrange(20, 250 - trays))
+        rack = kind(
+            base,
+            trays,
+            deadline_s=deadline_s,
+            uid=JOB_UID,
+            gid=JOB_GID,
+            first_address=random.randrange(20, 250 - trays),
+        )
         made.append(rack)
         return rack
 
