@@ -361,7 +361,7 @@ def _reason(output: str) -> str:
 def _show_domain(rack: SimRack, t: Tray, job_id: int) -> None:
     _say(f"\n== the job's domain, as {t.name} sees it: nvidia-imex-ctl -N")
     _say(rack.ctl(t, job_id, "-N").stdout.rstrip())
-    _say(f"\n== imexctl status on {t.name}  (no slurmstepd here, so status calls the job 'not running')")
+    _say(f"\n== imexctl status on {t.name}  (no slurmstepd here: a set-up domain, no epilog yet, counts as running)")
     done = rack.imexctl(t, "status")
     _say((done.stdout + done.stderr).rstrip())
 

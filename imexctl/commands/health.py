@@ -134,7 +134,7 @@ def _daemons(rt: Runtime) -> tuple[list[Finding], bool, bool]:
             return out, True, False
         jobs, strays = scan_jobs(rt)
         for job_id in jobs:
-            if still_runs(job_id, rt):
+            if still_runs(job_id, rt).runs:
                 continue
             procs = daemon.job_processes(rt.host, rt.settings, rt.settings.paths.job(job_id).config)
             if procs:

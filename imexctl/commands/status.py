@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from imexctl.channels import devices
 from imexctl.hooks.jobs import known_jobs, still_runs
 from imexctl.hooks.runtime import Runtime
-from imexctl.hooks.state import read_state
+from imexctl.hooks.state import JobState, read_state
 from imexctl.imex import daemon
 from imexctl.platform.errors import CommandError, ImexctlError
 from imexctl.platform.fsutil import read_text_nofollow
@@ -17,6 +17,8 @@ from imexctl.platform.output import print_json
 
 if TYPE_CHECKING:
     import argparse
+
+    from imexctl.config.paths import JobDir
 
 __all__ = ["collect", "command", "render_text"]
 
@@ -55,22 +57,10 @@ def _fabric(rt: Runtime, node: str) -> dict[str, Any] | None:
 
 
 def _job(job_id: int, rt: Runtime) -> dict[str, Any]:
-    host, s = rt.host, rt.settings
-    jd = s.paths.job(job_id)
-    config, state = jd.config, read_state(jd)
-    backend = daemon.make_backend(host, s, state.backend if state else None)
+    jd = rt.settings.paths.job(job_id)
+    state = read_state(jd)
     out: dict[str, Any] = {"job_id": job_id, "job_dir": str(jd.path), "stale": []}
-    try:
-        out["daemon"] = backend.info(jd)._asdict()
-    except ImexctlError as exc:
-        out["daemon"] = {"error": str(exc)}
-    # with systemd, the unit's main process is the daemon whatever it runs (a site's wrapper)
-    main = (out["daemon"].get("pid") or 0) if out["daemon"].get("backend") == "systemd" else 0
-    procs = daemon.job_processes(host, s, config, main_pid=main)
-    if procs:
-        out["daemon"]["pid"] = procs[0].pid
-        # both on the boot clock: a stepped wall clock changes neither; never negative
-        out["daemon"]["uptime_s"] = round(max(0.0, host.since_boot() - procs[0].create_time), 1)
+    out["daemon"], daemon_up = _daemon(jd, state, rt)
     if state is not None:
         out.update(
             user=state.user,
@@ -83,27 +73,51 @@ def _job(job_id: int, rt: Runtime) -> dict[str, Any]:
         if state.channel_minor is not None:
             out["channel"] = {"path": state.channel_path, "minor": state.channel_minor}
     out["nodes_config"] = _read(jd.nodes)
-    out["domain"] = _domain(config, rt) if procs else None
-    out["running"] = bool(still_runs(job_id, rt))  # cleanup's rule: a set-up domain without a step counts
-    out["lost"] = _lost(state, bool(procs), out["daemon"])
+    out["domain"] = _domain(jd.config, rt) if daemon_up else None
+    out["running"] = still_runs(job_id, rt).runs  # cleanup's rule: a set-up domain without a step counts
+    out["lost"] = _lost(state, daemon_up, out["daemon"])
     if not out["running"]:
         out["stale"].append("job no longer runs on this node")
     if out["lost"]:
         out["stale"].append("no daemon process: it ended before the job (daemon lost)")
-    elif not procs:
+    elif not daemon_up:
         out["stale"].append("no daemon process")
     if not jd.exists():
         out["stale"].append("daemon without job directory")
     return out
 
 
-def _lost(state: Any, procs: bool, info: dict[str, Any]) -> bool:
+def _daemon(jd: JobDir, state: JobState | None, rt: Runtime) -> tuple[dict[str, Any], bool]:
+    """What the backend says of the job's daemon, its pid and uptime from ``/proc``; and whether it runs.
+
+    Whether it runs is the one rule (``daemon.daemon_runs``): a daemon that
+    ``/proc`` no longer ties to the program (its executable moved under it)
+    runs while its backend says so, and a backend that cannot be asked counts
+    as running.
+    """
+    host, s = rt.host, rt.settings
+    backend = daemon.make_backend(host, s, state.backend if state else None)
+    try:
+        said = backend.info(jd)._asdict()
+    except ImexctlError as exc:
+        said = {"error": str(exc)}
+    # with systemd, the unit's main process is the daemon whatever it runs (a site's wrapper)
+    main = (said.get("pid") or 0) if said.get("backend") == "systemd" else 0
+    procs = daemon.job_processes(host, s, jd.config, main_pid=main)
+    if procs:
+        said["pid"] = procs[0].pid
+        # both on the boot clock: a stepped wall clock changes neither; never negative
+        said["uptime_s"] = round(max(0.0, host.since_boot() - procs[0].create_time), 1)
+    return said, bool(procs) or said.get("running") is True or "error" in said
+
+
+def _lost(state: Any, daemon_up: bool, info: dict[str, Any]) -> bool:
     """The epilog's rule (``imex.daemon.lost``), asked now: a set-up domain, not ended here, without its daemon.
 
     A prolog still at work (no ``set_up`` mark) or an epilog at work (``ended``) is no loss, and neither is a
     daemon the backend could not be asked about.
     """
-    if state is None or not state.set_up or state.ended or state.backend == "none" or procs:
+    if state is None or not state.set_up or state.ended or state.backend == "none" or daemon_up:
         return False
     return not info.get("running", False) and "error" not in info
 

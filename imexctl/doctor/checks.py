@@ -126,7 +126,7 @@ def stale_checks(ctx: Context) -> list[Check]:
             if not idle:
                 return _in_progress(rt)
             # cleanup's rule: what cleanup would remove
-            gone = [jid for jid in known_jobs(rt) if not still_runs(jid, rt)]
+            gone = [jid for jid in known_jobs(rt) if not still_runs(jid, rt).runs]
             channels = _stale_channels(rt) if rt.settings.policy.channels == "job" else None
     except FileError as exc:
         if os.geteuid() == 0:

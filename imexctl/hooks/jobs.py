@@ -12,12 +12,38 @@ from imexctl.hooks.runtime import Runtime
 from imexctl.hooks.state import job_ids, read_state
 from imexctl.imex import daemon
 from imexctl.platform.host import ProcInfo
+from imexctl.platform.record import Record
 
-__all__ = ["known_jobs", "scan_jobs", "still_runs"]
+__all__ = ["GONE", "Liveness", "known_jobs", "scan_jobs", "still_runs"]
 
 
-def still_runs(job_id: int, rt: Runtime) -> str:
-    """Why job ``job_id`` may still run on this node ('' when it surely does not).
+class Liveness(Record):
+    """Whether a job may still run on this node (:func:`still_runs`), and why.
+
+    Ask ``runs``: the record itself has no truth value (a tuple is always
+    true, so ``if still_runs(...)`` would keep every job).
+    """
+
+    #: the job may still run here: its domain must be left alone
+    runs: bool
+    #: a slurmstepd or a cgroup of the job shows it runs: no answer of slurmctld changes that
+    seen: bool = False
+    #: why it may still run, for the admin ('' when it does not)
+    why: str = ""
+
+    def __bool__(self) -> bool:
+        raise TypeError("Liveness has no truth value: ask its runs")
+
+
+#: the job surely does not run on this node
+GONE = Liveness(False)
+
+_SET_UP = "its domain is set up and its epilog has not run here"
+_NO_STEP = "and a job has no slurmstepd or cgroup on a node before its first step there"
+
+
+def still_runs(job_id: int, rt: Runtime) -> Liveness:
+    """Whether job ``job_id`` may still run on this node, decided on the tray.
 
     A slurmstepd or a cgroup of the job proves it runs.  Their absence does not
     prove the opposite: a job has neither on a node before its first step
@@ -25,24 +51,27 @@ def still_runs(job_id: int, rt: Runtime) -> str:
     whole job, and even ``Contain`` starts the extern step only after the
     prolog (design.md source slurm-prolog-order).  So a job whose prolog set up
     its domain, which is still there, and whose epilog has not run here, counts
-    as running too: when in doubt, leave it.
+    as running too: when in doubt, leave it.  Whether its daemon is still there
+    is :func:`imexctl.imex.daemon.daemon_runs`'s rule, and a backend that
+    cannot be asked counts as a daemon that runs.
     """
     if rt.host.job_is_running(job_id):
-        return "still runs on this node"
+        return Liveness(True, True, "still runs on this node")
     jd = rt.settings.paths.job(job_id)
     state = read_state(jd)
     if state is None or not state.set_up or state.ended:
-        return ""
+        return GONE
     if state.backend == "none":
-        live = bool(state.channel_path) and os.path.lexists(state.channel_path)
-    else:
-        live = bool(daemon.job_processes(rt.host, rt.settings, jd.config))
-    if not live:
-        return ""
-    return (
-        "may still run on this node: its domain is set up and its epilog has not run here, "
-        "and a job has no slurmstepd or cgroup on a node before its first step there"
-    )
+        if not (state.channel_path and os.path.lexists(state.channel_path)):
+            return GONE
+        return Liveness(True, why=f"may still run on this node: {_SET_UP}, {_NO_STEP}")
+    runs = daemon.daemon_runs(rt.host, rt.settings, jd, state.backend)
+    if runs is False:
+        return GONE
+    if runs is None:
+        unknown = f"and whether its daemon runs is unknown (the {state.backend} backend cannot be asked)"
+        return Liveness(True, why=f"may still run on this node: {_SET_UP}, {unknown}")
+    return Liveness(True, why=f"may still run on this node: {_SET_UP}, {_NO_STEP}")
 
 
 def known_jobs(rt: Runtime) -> list[int]:

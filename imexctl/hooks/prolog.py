@@ -19,7 +19,7 @@ from imexctl.config.settings import Settings
 from imexctl.gpu.fabric import fabric_key
 from imexctl.hooks import members
 from imexctl.hooks.gate import Skip, shared_reason, skipped_prolog
-from imexctl.hooks.jobs import scan_jobs, still_runs
+from imexctl.hooks.jobs import GONE, scan_jobs, still_runs
 from imexctl.hooks.results import PrologResult, Setup, texts
 from imexctl.hooks.runtime import Runtime, bind, log_failed, terminations
 from imexctl.hooks.state import JobState, mark_state, node_lock, write_state
@@ -324,13 +324,13 @@ def _clear_ended_jobs(job: JobContext, others: list[int], rt: Runtime) -> list[t
     """
     held = []
     for other in others:
-        why = still_runs(other, rt)
-        if why.startswith("may still run"):
+        live = still_runs(other, rt)
+        if live.runs and not live.seen:
             state = slurmctl.job_state(other, rt.host, rt.settings, job.slurm_conf) if job.slurm_conf else None
             if state is not None and not slurmctl.wants_to_start(state):
-                why = ""
-        if why:
-            held.append((other, why))
+                live = GONE
+        if live.runs:
+            held.append((other, live.why))
             continue
         rt.log.warning(
             "state.removed",
@@ -525,12 +525,8 @@ def _alive_check(host: Host, settings: Settings, jd: JobDir) -> Callable[[], boo
         if known:
             return any(host.is_alive(p) for p in known)
         known.extend(daemon.job_processes(host, settings, jd.config))
-        if known:
-            return True
-        try:
-            return daemon.make_backend(host, settings).info(jd).running
-        except ImexctlError:  # systemctl show failed: no word that it runs
-            return False
+        # the one rule (daemon.daemon_runs); here a backend that cannot be asked gives no word that it runs
+        return daemon.daemon_runs(host, settings, jd, found=known) is True
 
     return alive
 

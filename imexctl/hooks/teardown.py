@@ -16,7 +16,7 @@ from typing import Any, Callable
 from imexctl.channels import devices, notes
 from imexctl.config.paths import JobDir
 from imexctl.hooks.gate import domains, left_anything, nothing_left
-from imexctl.hooks.jobs import known_jobs, still_runs
+from imexctl.hooks.jobs import GONE, known_jobs, still_runs
 from imexctl.hooks.results import Action, CleanupResult, EpilogResult
 from imexctl.hooks.runtime import Runtime, bind, log_failed
 from imexctl.hooks.state import JobState, job_ids, mark_state, node_lock, read_state
@@ -281,9 +281,9 @@ def cleanup(rt: Runtime, *, job_id: int | None = None, dry_run: bool = False, fo
     with node_lock(rt.settings.paths.lock_file, rt.host, rt.settings.daemon.lock_timeout_s):
         rt.step("locked")
         for jid in [job_id] if job_id is not None else known_jobs(rt):
-            why = "" if force else still_runs(jid, rt)
-            if why:
-                skipped.append(f"job {jid} {why} (use --force)")
+            live = GONE if force else still_runs(jid, rt)
+            if live.runs:
+                skipped.append(f"job {jid} {live.why} (use --force)")
                 continue
             chan = _channel_of(jid, read_state(rt.settings.paths.job(jid)), rt)
             planned |= {chan[0]} if chan else set()

@@ -28,6 +28,7 @@ __all__ = [
     "DaemonInfo",
     "ExecBackend",
     "SystemdBackend",
+    "daemon_runs",
     "ensure_gone",
     "how_ended",
     "imex_processes",
@@ -97,6 +98,32 @@ def job_processes(
     ``with_clients`` it is included, for the teardown that ends it as well.
     """
     return imex_processes(host, settings, str(config), with_clients=with_clients, main_pid=main_pid)
+
+
+def daemon_runs(
+    host: Host, settings: Settings, jd: JobDir, backend: str | None = None, *, found: list[ProcInfo] | None = None
+) -> bool | None:
+    """Whether the job's daemon runs: the one rule of every caller (the prolog's claim and readiness, cleanup, status).
+
+    A daemon process of the job in ``/proc`` (``found``: what the caller's own
+    scan found) says yes.  A scan that finds none proves nothing: a daemon
+    whose executable changed under it (a driver branch's symlink moved) is no
+    longer recognised by its program, and one started through a wrapper shows
+    no command line for a moment during the exec.  Then the backend that
+    started it answers (``backend``: the job's, from its ``state.json``): the
+    process it recorded (exec) or its unit (systemd).
+
+    Returns:
+        True or False, or None when the backend cannot be asked (``systemctl
+        show`` fails): a caller that would stop a daemon must count that as
+        running.
+    """
+    if job_processes(host, settings, jd.config) if found is None else found:
+        return True
+    try:
+        return make_backend(host, settings, backend).info(jd).running
+    except (ImexctlError, OSError):
+        return None
 
 
 def imex_processes(

@@ -1,0 +1,171 @@
+"""Leftovers and liveness decided on facts (issue 32, sections 2 and 4), over FakeHost with real files.
+
+- One liveness rule (``jobs.still_runs`` over ``daemon.daemon_runs``): cleanup, the prolog's claim, status
+  and doctor agree that a daemon runs when ``/proc`` shows it, or else when its backend says so, and a
+  backend that cannot be asked counts as running.
+- Stray daemons (an IMEX daemon under the jobs directory that names no job): found, and a prolog refuses
+  the tray while one runs.
+- The epilog of a job that left no ``state.json`` leaves a channel of the same minor that another job claims.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import structlog
+
+from imexctl.commands.status import collect
+from imexctl.config.settings import Settings
+from imexctl.doctor import framework as doctor
+from imexctl.doctor.checks import stale_checks
+from imexctl.hooks.jobs import scan_jobs, still_runs
+from imexctl.hooks.prolog import prolog
+from imexctl.hooks.runtime import Runtime
+from imexctl.hooks.teardown import cleanup, epilog
+from imexctl.platform.errors import DomainBusyError
+from tests.support.fakes import JOB_GID, FakeGpu, FakeHost, job_env
+
+#: where a driver branch's copy of the daemon lives once ``[commands] nvidia_imex`` (a symlink) points elsewhere
+OLD_BRANCH = "/usr/lib/nvidia/580/nvidia-imex"
+
+
+def runtime(host: FakeHost, make_settings: Callable[..., Settings], backend: str = "exec") -> Runtime:
+    rt = Runtime(host, FakeGpu(), make_settings(daemon={"backend": backend}), structlog.get_logger())
+    host.unit_exec = f"/usr/bin/nvidia-imex -c {rt.settings.paths.jobs_dir}/{{job}}/config.cfg"
+    return rt
+
+
+def daemon_of(host: FakeHost, rt: Runtime, job_id: int) -> Any:
+    """The job's one live daemon in the fake's process table."""
+    config = str(rt.settings.paths.job(job_id).config)
+    (proc,) = [p for p in host.procs.values() if p.alive and config in p.info.cmdline]
+    return proc
+
+
+def move_program(host: FakeHost, rt: Runtime, job_id: int) -> int:
+    """The driver branch's symlink moves: the job's daemon still runs, its executable is no longer the program."""
+    proc = daemon_of(host, rt, job_id)
+    proc.info = proc.info._replace(exe=OLD_BRANCH)
+    assert not [p for p in host.processes_with_arg(str(rt.settings.paths.job(job_id).config)) if p.exe != OLD_BRANCH]
+    return int(proc.info.pid)
+
+
+class TestOneLivenessRule:
+    @pytest.mark.parametrize("backend", ["exec", "systemd"])
+    def test_a_daemon_whose_program_moved_under_it_still_runs(
+        self, host: FakeHost, make_settings: Callable[..., Settings], backend: str
+    ) -> None:
+        """/proc no longer ties job 42's daemon to ``[commands] nvidia_imex``; its backend says it runs: cleanup
+        leaves it, status and doctor call it running, another job's prolog is refused."""
+        rt = runtime(host, make_settings, backend)
+        assert prolog(job_env(job_id=42), rt).ok
+        pid = move_program(host, rt, 42)
+        report = cleanup(rt).data()
+        assert report["actions"] == [] and len(report["skipped"]) == 1, report
+        assert report["skipped"][0].startswith("job 42 may still run on this node"), report
+        assert daemon_of(host, rt, 42).info.pid == pid and not [s for s in host.signals if s[0] == pid]
+        assert rt.settings.paths.job(42).exists()
+        job = collect(rt, "gb01")["jobs"][0]
+        assert job["running"] is True and job["stale"] == [], job
+        stale = stale_checks(doctor.Context(rt, {}, "gb01"))[0]
+        assert stale.status == doctor.OK, stale
+        with pytest.raises(DomainBusyError, match="belongs to job 42, which may still run on this node"):
+            prolog(job_env(job_id=43), rt)
+
+    def test_a_backend_that_cannot_be_asked_counts_as_running(
+        self, host: FakeHost, make_settings: Callable[..., Settings]
+    ) -> None:
+        """systemd backend, the daemon out of /proc's sight and ``systemctl show`` failing: nothing is stopped."""
+        rt = runtime(host, make_settings, "systemd")
+        assert prolog(job_env(job_id=42), rt).ok
+        pid = move_program(host, rt, 42)
+        host.fail_verbs.add("show")
+        live = still_runs(42, rt)
+        assert live.runs and not live.seen and "backend cannot be asked" in live.why, live
+        report = cleanup(rt).data()
+        assert report["actions"] == [] and "(the systemd backend cannot be asked)" in report["skipped"][0], report
+        assert daemon_of(host, rt, 42).info.pid == pid and not [c for c in host.calls if c[1:2] == ("stop",)]
+        assert collect(rt, "gb01")["jobs"][0]["running"] is True
+
+    def test_a_daemon_its_backend_says_is_gone_is_cleared(
+        self, host: FakeHost, make_settings: Callable[..., Settings]
+    ) -> None:
+        """Control: the moved daemon really exits, the backend says so, and cleanup removes the job's leftovers."""
+        rt = runtime(host, make_settings)
+        assert prolog(job_env(job_id=42), rt).ok
+        move_program(host, rt, 42)
+        daemon_of(host, rt, 42).alive = False
+        assert not still_runs(42, rt).runs
+        assert cleanup(rt).data()["skipped"] == [] and not rt.settings.paths.job(42).exists()
+
+    def test_the_answer_has_no_truth_value(self, rt: Runtime) -> None:
+        """``if still_runs(...)`` would keep every job (a record is a non-empty tuple): it raises instead."""
+        with pytest.raises(TypeError, match="ask its runs"):
+            bool(still_runs(42, rt))
+
+
+class TestStrayDaemons:
+    def _jobs_dir(self, rt: Runtime) -> str:
+        return str(rt.settings.paths.jobs_dir)
+
+    def test_a_daemon_under_the_jobs_directory_that_names_no_job_is_a_stray(self, rt: Runtime, host: FakeHost) -> None:
+        """One scan: job 7's daemon counts for job 7; daemons that name no job id are strays; a pager, another
+        user's copy of the program and root's ctl client are neither."""
+        jobs = self._jobs_dir(rt)
+        imex = rt.settings.commands.nvidia_imex
+        host.add_process([imex, "-c", f"{jobs}/7/config.cfg"])
+        stray = host.add_process([imex, "-c", f"{jobs}/old/config.cfg"])
+        bare = host.add_process([imex, "-c", f"{jobs}/config.cfg"])
+        host.add_process(["/usr/bin/less", f"{jobs}/x/config.cfg"], uid=1000)
+        host.add_process([imex, "-c", f"{jobs}/y/config.cfg"], uid=1000)
+        host.add_process(["/usr/bin/nvidia-imex-ctl", "-c", f"{jobs}/z/config.cfg", "-q"])
+        found, strays = scan_jobs(rt)
+        assert found == [7] and strays == [stray, bare], (found, strays)
+
+    def test_a_prolog_refuses_a_tray_where_a_stray_daemon_runs(self, rt: Runtime, host: FakeHost, root: Path) -> None:
+        """The stray may serve anybody's domain: the prolog fails naming it, starts nothing and signals nobody."""
+        cmd = [rt.settings.commands.nvidia_imex, "-c", f"{self._jobs_dir(rt)}/old/config.cfg"]
+        stray = host.add_process(cmd)
+        with pytest.raises(DomainBusyError, match=rf"a stray IMEX daemon runs \(pid {stray.pid}: {' '.join(cmd)}\)"):
+            prolog(job_env(job_id=42), rt)
+        assert not [c for c in host.calls if c[0] == "spawn"] and host.signals == [] and host.mknods == []
+        assert not rt.settings.paths.job(42).exists() and host.procs[stray.pid].alive
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: real channel device nodes (CAP_MKNOD)")
+
+
+@needs_root
+class TestEpilogChannelGuard:
+    """Jobs 42 and 2089 have the same channel minor (43 with 2048 channels): one's epilog never takes the other's."""
+
+    @pytest.mark.parametrize("other_state", ["claims-minor-43", "unreadable"])
+    def test_a_stateless_jobs_epilog_leaves_a_channel_another_job_claims(
+        self, rt: Runtime, real_nodes: FakeHost, root: Path, other_state: str
+    ) -> None:
+        """Job 42's prolog died before its state.json; job 2089's channel43 stays through 42's epilog, whether
+        2089's state names minor 43 or cannot be read (it may)."""
+        assert prolog(job_env(job_id=2089, uid=1234), rt).ok
+        chan = rt.settings.paths.channel_dir / "channel43"
+        if other_state == "unreadable":
+            rt.settings.paths.job(2089).state.write_text('{"job_id": 20')
+        rt.settings.paths.job(42).path.mkdir()
+        before = os.lstat(chan)
+        out = epilog(job_env(job_id=42), rt)
+        assert [a.kind for a in out.actions] == ["stop_daemon", "remove_job_dir"], out.actions
+        after = os.lstat(chan)
+        assert (after.st_ino, after.st_uid, after.st_gid) == (before.st_ino, 1234, JOB_GID)
+        assert not rt.settings.paths.job(42).exists() and len([p for p in real_nodes.procs.values() if p.alive]) == 1
+
+    def test_a_stateless_jobs_epilog_removes_its_own_channel(
+        self, rt: Runtime, real_nodes: FakeHost, root: Path
+    ) -> None:
+        """Control: no other job claims minor 43, so job 42's epilog removes channel43 (its state was lost)."""
+        assert prolog(job_env(job_id=42), rt).ok
+        rt.settings.paths.job(42).state.unlink()
+        out = epilog(job_env(job_id=42), rt)
+        assert "remove_channel" in [a.kind for a in out.actions]
+        assert not os.path.lexists(rt.settings.paths.channel_dir / "channel43")
