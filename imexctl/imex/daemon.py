@@ -216,6 +216,10 @@ class ExecBackend:
             proc = self.host.spawn_detached(argv, log_path=self.settings.paths.imex_log_file, env=DAEMON_ENV)
         except CommandError as exc:
             raise DaemonError(f"start IMEX daemon: {exc}") from exc
+        if proc.create_time <= 0:
+            # never a pid without the start that proves it is this process: a later stop would signal
+            # whoever has the pid by then; without a pid file the daemon is found by its command line
+            return
         try:
             atomic_write(jd.pid_file, f"{proc.pid} {proc.create_time!r}\n", mode=0o600)
         except BaseException:
@@ -254,11 +258,13 @@ class ExecBackend:
         return ""
 
     def _recorded(self, jd: JobDir) -> ProcInfo | None:
+        """The process ``start`` recorded; None without a pid file, or one whose start proves nothing."""
         try:
             pid_text, ctime_text = read_text_nofollow(jd.pid_file).split()
-            return ProcInfo(int(pid_text), float(ctime_text), ())
+            pid, start = int(pid_text), float(ctime_text)
         except (OSError, ValueError):
             return None
+        return ProcInfo(pid, start, ()) if pid > 0 and start > 0 else None
 
 
 class SystemdBackend:

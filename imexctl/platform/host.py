@@ -79,7 +79,11 @@ class Host(Protocol):
         """
 
     def spawn_detached(self, argv: Sequence[str], *, log_path: Path, env: Mapping[str, str] | None = None) -> ProcInfo:
-        """Start a daemon in a new session, stdio on ``log_path``, ``env`` added to :data:`SAFE_ENV`."""
+        """Start a daemon in a new session, stdio on ``log_path``, ``env`` added to :data:`SAFE_ENV`.
+
+        The answer's ``create_time`` is the kernel's start of that very process, even when it exited at
+        once; 0.0 only when not even that could be read (then it must not be recorded: see ``is_alive``).
+        """
 
     def resolve(self, name: str) -> list[str]:
         """Every address of a host name, in resolver order."""
@@ -205,8 +209,10 @@ class RealHost:
         deadline = time.monotonic() + 1.0
         while True:
             info = self._info(pid)
-            if info is None or info.cmdline or time.monotonic() >= deadline:
-                return info or ProcInfo(pid, 0.0, argv)
+            if info is None:
+                return ProcInfo(pid, _zombie_start(pid), argv)
+            if info.cmdline or time.monotonic() >= deadline:
+                return info
             time.sleep(0.001)
 
     def resolve(self, name: str) -> list[str]:
@@ -262,9 +268,12 @@ class RealHost:
         return found
 
     def is_alive(self, proc: ProcInfo) -> bool:
-        """True while the same process (pid and start time) runs and is not a zombie."""
+        """True while the same process (pid and start time) runs and is not a zombie.
+
+        A start time of 0 (not known) matches no process: a pid alone may be anybody's by now.
+        """
         info = self._info(proc.pid)
-        return info is not None and (not proc.create_time or info.create_time == proc.create_time)
+        return info is not None and info.create_time == proc.create_time
 
     def send_signal(self, proc: ProcInfo, signum: int) -> None:
         """Signal the process if it is still the same one; a vanished process is fine."""
@@ -449,6 +458,19 @@ def _stat(pid: int) -> tuple[bytes, float]:
     # the command name (field 2) is in parentheses and may hold blanks or ')': split after the last ')'
     fields = data[data.rindex(b")") + 2 :].split()
     return fields[0], int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def _zombie_start(pid: int) -> float:
+    """The start of our child ``pid`` that exited already (a zombie until it is reaped); 0.0 when gone.
+
+    Its ``/proc/<pid>/stat`` stays readable until the parent reaps it, so the
+    start read there is that very process's, never a later one's with the
+    same pid.
+    """
+    try:
+        return _stat(pid)[1]
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def _uid(pid: int) -> int:

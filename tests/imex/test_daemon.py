@@ -26,7 +26,8 @@ from imexctl.imex.daemon import (
 )
 from imexctl.platform.errors import DaemonError, DomainBusyError, UnsafeNodeError
 from imexctl.platform.fsutil import remove_tree
-from tests.support.fakes import FakeGpu, FakeHost, job_env
+from imexctl.platform.host import ProcInfo
+from tests.support.fakes import FakeGpu, FakeHost, _Proc, job_env
 
 UNIT = "imexctl-imex@42.service"
 SHOW = """\
@@ -408,6 +409,34 @@ class TestExecBackend:
             ExecBackend(host, exec_settings).start(jd)
         (pid,) = host.procs
         assert host.signals == [(pid, signal.SIGTERM)] and not host.procs[pid].alive
+
+    def test_a_start_time_that_is_not_known_is_never_recorded(
+        self, host: FakeHost, exec_settings: Settings, config: Path, jd: JobDir
+    ) -> None:
+        """spawn could not tell the daemon's start: no pid file, so when its pid is someone else's later, stop
+        signals nobody and info does not take that process for the daemon."""
+        config.parent.mkdir(parents=True)
+        host.spawn_start_unknown = True
+        backend = ExecBackend(host, exec_settings)
+        backend.start(jd)
+        assert not jd.pid_file.exists()
+        (pid,) = host.procs
+        host.procs[pid].alive = False
+        host.now += 60
+        host.procs[pid] = _Proc(ProcInfo(pid, host.now, ("/usr/bin/vim",), uid=1000))  # the pid, reused
+        backend.stop(jd)
+        assert host.signals == [] and host.procs[pid].alive and backend.info(jd).state == "absent"
+
+    def test_a_pid_file_without_a_start_time_is_not_believed(
+        self, host: FakeHost, exec_settings: Settings, config: Path, jd: JobDir
+    ) -> None:
+        """A pid file of an older imexctl that recorded start 0.0: its pid alone is nobody's word."""
+        config.parent.mkdir(parents=True)
+        other = host.add_process(["/usr/bin/vim"], uid=1000)
+        jd.pid_file.write_text(f"{other.pid} 0.0\n")
+        backend = ExecBackend(host, exec_settings)
+        backend.stop(jd)
+        assert host.signals == [] and backend.info(jd).state == "absent"
 
     def test_info_by_pid_file(self, host: FakeHost, exec_settings: Settings, config: Path, jd: JobDir) -> None:
         """info reports the recorded daemon as running, then dead once it exited."""

@@ -198,3 +198,41 @@ def test_mknod_char_gives_the_node_to_the_uid_and_the_gid_each_in_its_place(tmp_
     st = os.lstat(path)
     assert stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (234, 7)
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (4242, 4343, 0o600)
+
+
+def _zombie(argv: list[str]) -> subprocess.Popen[bytes]:
+    """A child that has exited and is not reaped yet (state Z): what spawn finds of a daemon that exits at once."""
+    child = subprocess.Popen(argv)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child.pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] != b"Z":
+        assert time.monotonic() < deadline, f"{argv} did not exit"
+        time.sleep(0.005)
+    return child
+
+
+def test_a_daemon_that_exits_at_once_comes_back_with_its_own_start_time() -> None:
+    """spawn's answer for a process that is already a zombie is its start from /proc, never 0.0 (which would
+    make any later process with that pid pass for it)."""
+    child = _zombie(["/bin/true"])
+    try:
+        info = RealHost()._once_visible(child.pid, ("/bin/true",))
+        start = int(Path(f"/proc/{child.pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[19])
+        assert info.create_time > 0 and info.create_time == start / os.sysconf("SC_CLK_TCK"), info
+    finally:
+        child.wait()
+
+
+def test_a_pid_without_a_start_time_is_no_process() -> None:
+    """ProcInfo(pid, 0.0): is_alive says no and send_signal sends nothing, whoever has the pid."""
+    from imexctl.platform.host import ProcInfo
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        unknown = ProcInfo(child.pid, 0.0, ())
+        assert not RealHost().is_alive(unknown)
+        RealHost().send_signal(unknown, signal.SIGKILL)
+        time.sleep(0.05)
+        assert child.poll() is None
+    finally:
+        child.kill()
+        child.wait()

@@ -133,6 +133,8 @@ class FakeHost:
     #: the exec backend's daemon, started through a wrapper that execs it: no command line (mid-exec) for
     #: this many process-table scans, then its own
     spawn_exec_scans: int = 0
+    #: the exec backend's daemon comes back from spawn without a start time (0.0): a host that could not read it
+    spawn_start_unknown: bool = False
     fail_verbs: set[str] = dataclasses.field(default_factory=set)
     ports_in_use: set[tuple[str, int]] = dataclasses.field(default_factory=set)
     running_jobs: set[int] = dataclasses.field(default_factory=set)
@@ -339,6 +341,8 @@ class FakeHost:
         self.calls.append(("spawn", *argv))
         self.spawn_envs.append((tuple(argv), dict(env or {})))
         proc = self._spawn(tuple(argv))
+        if self.spawn_start_unknown:
+            return proc.info._replace(create_time=0.0)
         if self.spawn_exec_scans:
             self._pending_exec[proc.info.pid] = (self.spawn_exec_scans + 1, proc.info.cmdline)
             proc.info = proc.info._replace(cmdline=(), exe="")
@@ -381,14 +385,16 @@ class FakeHost:
         ]
 
     def is_alive(self, proc: ProcInfo) -> bool:
+        """As the kernel's process table answers it: the same pid and start time (0: no start known, no match)."""
         p = self.procs.get(proc.pid)
-        return p is not None and p.alive
+        return p is not None and p.alive and p.info.create_time == proc.create_time
 
     def send_signal(self, proc: ProcInfo, signum: int) -> None:
+        """Recorded always; delivered only to that very process (pid and start time), as RealHost does."""
         self.signals.append((proc.pid, signum))
-        p = self.procs.get(proc.pid)
-        if p is None or not p.alive:
+        if not self.is_alive(proc):
             return
+        p = self.procs[proc.pid]
         if signum == signal.SIGKILL:
             p.alive, p.ended = p.unkillable, (2, signal.SIGKILL)
         elif signum == signal.SIGTERM and not p.ignores_sigterm:
