@@ -35,8 +35,8 @@ _SYSTEMCTL_TIMEOUT_S: Final = 10.0
 
 
 def imex_checks(ctx: Context) -> list[Check]:
-    """The binaries, their version against the driver, the systemd units, the channel device."""
-    out = [_binaries(ctx), _version(ctx), _held(ctx), *_units(ctx)]
+    """The binaries, their version against the driver, the systemd units, DCGM's view, the channel device."""
+    out = [_binaries(ctx), _version(ctx), _held(ctx), *_units(ctx), _dcgm(ctx)]
     if ctx.rt.settings.policy.channels == "job":
         out += [_channel_device(ctx), _channel_count(ctx)]
     return out
@@ -196,6 +196,61 @@ def _template(ctx: Context, unit: str, props: dict[str, str]) -> Check:
         fix = "make ExecStart match [paths] run_dir and [commands] nvidia_imex (a drop-in; docs/install.md)"
         return Check("imex.unit", FAIL, f"{unit} does not run '{want.strip()}'", fix)
     return Check("imex.unit", OK, f"{unit} runs '{want.strip()}'")
+
+
+#: what NVIDIA's tools read without ``-c``: nvidia-imex-ctl's default config, the shipped file's nodes file
+DEFAULT_CONFIG: Final = "/etc/nvidia-imex/config.cfg"
+DEFAULT_NODES: Final = "/etc/nvidia-imex/nodes_config.cfg"
+
+
+def _dcgm(ctx: Context) -> Check:
+    """What DCGM's IMEX fields read on this tray: it runs ``nvidia-imex-ctl -N -j`` and ``-q`` without ``-c``.
+
+    Against the default config, with no nodes file it can read, the ctl exits
+    255 saying "Failed to read node configuration file": DCGM takes the exit
+    for a command error, so the domain field reads UNAVAILABLE (which passes)
+    and the daemon field -3 (incident 122, on every tray without the stock
+    daemon, idle or in a job).  A readable default nodes file makes ``-N``
+    ask those trays' command ports, where nothing answers: the domain reads
+    DOWN or DEGRADED, incident 122 for the domain too (design.md source dcgm-imex).
+    """
+    config = under_root(ctx, DEFAULT_CONFIG)
+    try:
+        with open(config, encoding="utf-8", errors="replace") as f:  # the ctl follows a link: so does this
+            text = f.read()
+    except FileNotFoundError:
+        why = f"no {DEFAULT_CONFIG}: nvidia-imex-ctl without -c cannot read one"
+        return Check("imex.dcgm", OK, f"{why}; {_DCGM_IDLE}")
+    except OSError as exc:
+        return Check("imex.dcgm", WARN, f"cannot read {DEFAULT_CONFIG}: {exc.strerror}", "run doctor as root")
+    named = [line.split("=", 1)[1].strip() for line in text.splitlines() if line.startswith("IMEX_NODE_CONFIG_FILE=")]
+    nodes = (named[-1] if named else "") or DEFAULT_NODES
+    found = under_root(ctx, nodes)
+    if not os.path.exists(found):
+        return Check("imex.dcgm", OK, f"{DEFAULT_CONFIG} names {nodes}, which is absent: {_DCGM_IDLE}")
+    entries = _lines(found)
+    why = (
+        f"{nodes} ({entries}), named by {DEFAULT_CONFIG}, is readable: nvidia-imex-ctl -N -j without -c (DCGM's) "
+        "asks those trays' command ports, where no stock daemon answers, so DCGM reads the IMEX domain DOWN or "
+        "DEGRADED (field 1502, incident 122) on an idle tray"
+    )
+    fix = f"move it away (mv {nodes} {nodes}.unused): imexctl writes each job's nodes file under [paths] run_dir"
+    return Check("imex.dcgm", WARN, why, fix)
+
+
+_DCGM_IDLE = (
+    "DCGM reads the IMEX domain UNAVAILABLE (field 1502, passes) and the daemon -3 (field 1503, incident 122 on "
+    "every tray without the stock daemon: docs/metrics.md)"
+)
+
+
+def _lines(path: Path) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            count = sum(1 for line in f if line.strip())
+    except OSError as exc:
+        return f"unreadable: {exc.strerror}"
+    return f"{count} entries" if count != 1 else "1 entry"
 
 
 def _channel_device(ctx: Context) -> Check:

@@ -59,6 +59,7 @@ CHECK_NAMES: Final = (
     "imex.held",
     "imex.stock_unit",
     "imex.unit",
+    "imex.dcgm",
     "imex.channel_device",
     "imex.channel_count",
     "ports.ephemeral",
