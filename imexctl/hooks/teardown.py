@@ -248,8 +248,11 @@ def _mark_ended(jd: JobDir, rt: Runtime) -> None:
     lock still leaves its job to plain ``cleanup``.  Without the lock it may
     race a prolog of the same job, which slurmd never runs at the same time
     (design.md source slurm-prolog-order); a lost mark only makes ``cleanup``
-    more careful.  Best effort: if the state cannot be written, teardown
-    (which removes it) reports the problem.
+    more careful.  It may also race a ``cleanup`` or another job's claim that
+    holds the lock and removes this very directory: ``fsutil.remove_tree``
+    empties it again when the mark's file lands meanwhile, and the mark's own
+    write then fails, which is fine here.  Best effort: if the state cannot be
+    written, teardown (which removes it) reports the problem.
     """
     try:
         mark_state(jd, ended=rt.host.time())

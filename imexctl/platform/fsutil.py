@@ -208,27 +208,58 @@ def remove_file(path: Path) -> bool:
     return True
 
 
+#: how often :func:`remove_tree` lists a directory again that gained an entry while it was being emptied
+_RMDIR_TRIES = 5
+
+
 def remove_tree(path: Path) -> bool:
     """Remove a directory tree without following symlinks anywhere.
 
+    Another process may write into the directory meanwhile without the node
+    lock: the epilog records ``ended`` in ``state.json`` (a temporary file
+    renamed into place) before it waits for the lock, while a ``cleanup`` or a
+    prolog's claim that holds the lock removes the same job directory.  An
+    entry that vanishes under the removal is fine, and a directory that got a
+    new entry is emptied again (a few times; an atomic write adds at most two).
+    The writer's own write then fails (the directory is gone) and it knows
+    that may happen.
+
     Returns:
         True if something was removed.
+
+    Raises:
+        OSError: as the removal met it; ``ENOTEMPTY`` when entries kept
+            appearing ``_RMDIR_TRIES`` times.
     """
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         return False
     if not stat.S_ISDIR(st.st_mode):
-        os.unlink(path)
+        remove_file(path)
         return True
-    for entry in os.scandir(path):
-        child = Path(entry.path)
-        if entry.is_dir(follow_symlinks=False):
-            remove_tree(child)
-        else:
-            os.unlink(child)
-    os.rmdir(path)
-    return True
+    tries = 0
+    while True:
+        try:
+            entries = list(os.scandir(path))
+        except FileNotFoundError:
+            return True  # removed meanwhile by another holder of the path
+        for entry in entries:
+            child = Path(entry.path)
+            if entry.is_dir(follow_symlinks=False):
+                remove_tree(child)
+            else:
+                remove_file(child)
+        try:
+            os.rmdir(path)
+        except FileNotFoundError:
+            return True
+        except OSError as exc:
+            tries += 1
+            if exc.errno != errno.ENOTEMPTY or tries >= _RMDIR_TRIES:
+                raise
+            continue
+        return True
 
 
 def _unlink_quiet(path: Path) -> None:

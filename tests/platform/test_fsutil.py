@@ -321,6 +321,88 @@ class TestRemove:
         """Removing a tree that does not exist reports that nothing was removed."""
         assert remove_tree(tmp_path / "nope") is False
 
+    @staticmethod
+    def _after_listing(monkeypatch: pytest.MonkeyPatch, tree: Path, meanwhile: Any) -> None:
+        """Run ``meanwhile`` once, right after the removal first lists ``tree``: another process's write lands."""
+        real, done = os.scandir, []
+
+        def scandir(path: Any) -> Any:
+            listed = list(real(path))
+            if Path(path) == tree and not done:
+                done.append(path)
+                meanwhile()
+            return iter(listed)
+
+        monkeypatch.setattr(os, "scandir", scandir)
+
+    def test_remove_tree_empties_a_directory_that_gained_an_entry(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """An atomic write begins after the listing (the epilog's ``ended`` mark, without the node lock, has made
+        its temporary file): the directory is emptied again, where rmdir used to fail with 'Directory not empty'."""
+        tree = tmp_path / "42"
+        tree.mkdir()
+        (tree / "state.json").write_text("{}")
+        self._after_listing(monkeypatch, tree, lambda: (tree / ".state.json.0123456789abcdef").write_text("{"))
+        assert remove_tree(tree) is True and not os.path.lexists(tree)
+
+    def test_remove_tree_takes_an_entry_that_vanished(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The writer's temporary file is renamed into place after the listing: the listed name is gone."""
+        tree = tmp_path / "42"
+        tree.mkdir()
+        (tree / ".state.json.tmp").write_text("{}")
+        self._after_listing(monkeypatch, tree, lambda: os.rename(tree / ".state.json.tmp", tree / "state.json"))
+        assert remove_tree(tree) is True and not os.path.lexists(tree)
+
+    def test_remove_tree_gives_up_on_a_directory_that_keeps_filling(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Bounded: a writer that never stops makes the removal fail, naming ENOTEMPTY, after a few tries."""
+        tree = tmp_path / "42"
+        tree.mkdir()
+        real, count = os.scandir, []
+
+        def scandir(path: Any) -> Any:
+            listed = list(real(path))
+            count.append(path)
+            (tree / f"f{len(count)}").write_text("x")
+            return iter(listed)
+
+        monkeypatch.setattr(os, "scandir", scandir)
+        with pytest.raises(OSError) as info:
+            remove_tree(tree)
+        assert info.value.errno == errno.ENOTEMPTY and len(count) == 5
+
+    def test_remove_tree_and_a_concurrent_atomic_write(self, tmp_path: Path) -> None:
+        """For real, in threads: the write either lands before (and is removed) or fails; the removal never fails."""
+        import threading
+
+        failures = []
+        for i in range(100):
+            tree = tmp_path / str(i)
+            tree.mkdir()
+            (tree / "state.json").write_text("{}")
+            go = threading.Event()
+
+            def mark(tree: Path = tree, go: threading.Event = go) -> None:
+                go.wait()
+                for _ in range(20):
+                    try:
+                        atomic_write(tree / "state.json", '{"ended": 1}')
+                    except OSError:
+                        return  # the directory is gone: what the epilog's mark expects
+
+            writer = threading.Thread(target=mark)
+            writer.start()
+            go.set()
+            try:
+                remove_tree(tree)
+            except OSError as exc:
+                failures.append(exc)
+            writer.join()
+            assert not os.path.lexists(tree) or failures
+        assert failures == []
+
     def test_remove_file_removes_symlink_not_target(self, tmp_path: Path) -> None:
         """remove_file unlinks a symlink and leaves its target."""
         (tmp_path / "t").write_text("x")
