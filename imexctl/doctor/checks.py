@@ -1,4 +1,4 @@
-"""The checks of imexctl itself for ``imexctl doctor``: its config, its directories, stale jobs and channels.
+"""The checks of imexctl itself for ``imexctl doctor``: its config, its directories and logs, stale jobs and channels.
 
 The other groups: :mod:`imexctl.doctor.slurm` (slurm.conf),
 :mod:`imexctl.doctor.resolve` (node addresses), :mod:`imexctl.doctor.host`
@@ -8,16 +8,19 @@ The other groups: :mod:`imexctl.doctor.slurm` (slurm.conf),
 
 from __future__ import annotations
 
+import glob
 import os
+import re
 import stat
 from pathlib import Path
+from typing import Final
 
 from imexctl.channels import devices
-from imexctl.doctor.framework import FAIL, OK, WARN, Check, Context
+from imexctl.doctor.framework import FAIL, OK, WARN, Check, Context, under_root
 from imexctl.hooks.runtime import Runtime
 from imexctl.hooks.state import job_ids, read_state
 
-__all__ = ["auth_checks", "config_checks", "dir_checks", "stale_checks"]
+__all__ = ["auth_checks", "config_checks", "dir_checks", "log_checks", "mount_fs", "stale_checks"]
 
 
 def config_checks(ctx: Context) -> list[Check]:
@@ -105,6 +108,165 @@ def _unsafe_dir(path: Path, forbidden: int) -> str:
     if mode & forbidden and not (forbidden == 0o002 and mode & stat.S_ISVTX):
         return f"{path} has mode {mode:04o} (writable by {'others' if forbidden == 0o002 else 'group or others'})"
     return ""
+
+
+#: file systems whose files are gone at the next boot: tmpfs and ramfs, and ``rootfs``, the initramfs root
+#: that stateless images (Warewulf's default, BCM's and xCAT's diskless nodes) run from
+VOLATILE_FS: Final = frozenset({"tmpfs", "ramfs", "rootfs"})
+#: journald's configuration: the main file, then the drop-ins by file name (the first directory that has a
+#: name wins), as ``man journald.conf`` orders them
+_JOURNALD_DROPINS: Final = (
+    "/etc/systemd/journald.conf.d",
+    "/run/systemd/journald.conf.d",
+    "/usr/local/lib/systemd/journald.conf.d",
+    "/usr/lib/systemd/journald.conf.d",
+)
+#: an rsyslog action that sends elsewhere: ``action(type="omfwd" ...)``, RELP, or a legacy ``@host``/``@@host``
+_RSYSLOG_REMOTE: Final = re.compile(r"""type\s*=\s*"om(fwd|relp)"|^\s*\S+\s+@@?[\w\[(]""", re.MULTILINE)
+#: a syslog-ng destination that sends elsewhere (its sources use the same drivers, hence only destinations)
+_SYSLOGNG_DEST: Final = re.compile(r"destination\s+\S+\s*\{([^}]*)\}", re.DOTALL)
+_SYSLOGNG_REMOTE: Final = re.compile(r"\b(network|syslog|tcp6?|udp6?)\s*\(")
+
+
+def log_checks(ctx: Context) -> list[Check]:
+    """WARN when the hooks' log lines would not outlive a reboot: no log file on a disk, nothing kept or forwarded.
+
+    The lines outlive a reboot when ``[paths] log_file`` lies on a file system
+    that is not volatile (:data:`VOLATILE_FS`), or when ``[log] syslog = yes``
+    and either journald keeps its journal on one (``Storage=persistent``, or
+    ``auto`` with ``/var/log/journal`` present) or something sends syslog
+    elsewhere (an rsyslog ``omfwd``/``omrelp``/``@host`` action, a syslog-ng
+    network destination, ``systemd-journal-upload.service`` enabled).  Which
+    file system holds a path is read from ``/proc/self/mountinfo`` (the longest
+    mount point above it); without it nothing is judged.
+    """
+    mounts = _mounts(under_root(ctx, "/proc/self/mountinfo"))
+    if mounts is None:
+        return [Check("imexctl.logs", OK, "not checked: /proc/self/mountinfo cannot be read")]
+    s = ctx.rt.settings
+    kept: list[str] = []
+    lost: list[str] = []
+    if s.paths.log_file is not None:
+        path = _on_node(ctx, s.paths.log_file)
+        fs = mount_fs(mounts, path)
+        (lost if fs in VOLATILE_FS else kept).append(f"{path} is on {fs}")
+    else:
+        lost.append("[paths] log_file is empty")
+    if s.log.syslog == "yes":
+        found = [why for why in (_journal_kept(ctx, mounts), _forwarded(ctx)) if why]
+        kept += found
+        if not found:
+            lost.append("[log] syslog = yes, but the journal is not kept on a disk and nothing forwards syslog")
+    else:
+        lost.append("[log] syslog = no")
+    if kept:
+        return [Check("imexctl.logs", OK, f"the hooks' lines outlive a reboot: {'; '.join(kept)}")]
+    fix = (
+        "keep them: [log] syslog = yes with journald Storage=persistent on a disk or a remote syslog (rsyslog "
+        "omfwd), or [paths] log_file on a disk (docs/install.md#stateless-images)"
+    )
+    return [Check("imexctl.logs", WARN, f"the hooks' lines are lost at a reboot: {'; '.join(lost)}", fix)]
+
+
+def _on_node(ctx: Context, path: Path) -> str:
+    """A path under ``[paths] root`` as the node names it."""
+    rel = os.path.relpath(path, ctx.rt.settings.paths.root)
+    return "/" if rel == "." else "/" + rel
+
+
+def _mounts(path: Path) -> dict[str, str] | None:
+    """Mount point -> file system type, from a ``mountinfo`` file (None when it cannot be read).
+
+    A mount point mounted twice keeps its last (topmost) entry.
+    """
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    out = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if "-" not in fields[6:]:
+            continue
+        sep = fields.index("-", 6)
+        if len(fields) > sep + 1:
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+            out[point] = fields[sep + 1]
+    return out
+
+
+def mount_fs(mounts: dict[str, str], path: str) -> str:
+    """The type of the file system that holds ``path``: its longest mount point ('unknown' without one)."""
+    best = ""
+    for point in mounts:
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and len(point) > len(best):
+            best = point
+    return mounts.get(best, "unknown") if best else "unknown"
+
+
+def _journal_kept(ctx: Context, mounts: dict[str, str]) -> str:
+    """Why journald keeps the lines across a reboot ('' when it does not, or when systemd does not run here)."""
+    if not under_root(ctx, "/run/systemd/system").is_dir():
+        return ""
+    storage = _journald_storage(ctx)
+    journal = "/var/log/journal"
+    present = under_root(ctx, journal).is_dir()
+    if storage == "persistent" or (storage == "auto" and present):
+        fs = mount_fs(mounts, journal)
+        if fs not in VOLATILE_FS:
+            return f"journald Storage={storage} keeps {journal} on {fs}"
+    return ""
+
+
+def _journald_storage(ctx: Context) -> str:
+    """The ``Storage=`` of journald's configuration files (default ``auto``)."""
+    names: dict[str, str] = {}
+    for d in reversed(_JOURNALD_DROPINS):
+        names.update({os.path.basename(f): f for f in glob.glob(str(under_root(ctx, d) / "*.conf"))})
+    files = [str(under_root(ctx, "/etc/systemd/journald.conf")), *(names[n] for n in sorted(names))]
+    storage = "auto"
+    for f in files:
+        section = ""
+        for raw in _read(f).splitlines():
+            line = raw.strip()
+            if line.startswith("[") and line.endswith("]"):
+                section = line[1:-1]
+            elif section == "Journal" and line.startswith("Storage="):
+                storage = line.partition("=")[2].strip()
+    return storage
+
+
+def _forwarded(ctx: Context) -> str:
+    """What sends syslog to another machine ('' when nothing does)."""
+    for f in ["/etc/rsyslog.conf", *_glob(ctx, "/etc/rsyslog.d/*.conf")]:
+        if _RSYSLOG_REMOTE.search(_uncommented(_read(str(under_root(ctx, f))))):
+            return f"rsyslog forwards it ({f})"
+    for f in ["/etc/syslog-ng/syslog-ng.conf", *_glob(ctx, "/etc/syslog-ng/conf.d/*.conf")]:
+        text = _uncommented(_read(str(under_root(ctx, f))))
+        if any(_SYSLOGNG_REMOTE.search(body) for body in _SYSLOGNG_DEST.findall(text)):
+            return f"syslog-ng forwards it ({f})"
+    if _glob(ctx, "/etc/systemd/system/*.wants/systemd-journal-upload.service"):
+        return "systemd-journal-upload.service forwards the journal"
+    return ""
+
+
+def _glob(ctx: Context, pattern: str) -> list[str]:
+    """Node paths matching ``pattern`` under ``[paths] root``, sorted."""
+    root = str(ctx.rt.settings.paths.root).rstrip("/")
+    return sorted(f[len(root) :] if root else f for f in glob.glob(root + pattern))
+
+
+def _uncommented(text: str) -> str:
+    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read(1 << 20)
+    except OSError:
+        return ""
 
 
 def stale_checks(ctx: Context) -> list[Check]:

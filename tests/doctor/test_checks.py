@@ -639,6 +639,112 @@ def test_sticky_world_writable_log_dir_is_fine(make_rt: Any, tray: Path) -> None
     assert _checks(make_rt())["imexctl.dirs"].status == doctor.OK
 
 
+def _mountinfo(tray: Path, *mounts: tuple[str, str]) -> None:
+    """The tray's /proc/self/mountinfo: (mount point, file system type) in mount order."""
+    (tray / "proc/self").mkdir(parents=True, exist_ok=True)
+    escaped = [(point.replace(" ", "\\040"), fs) for point, fs in mounts]
+    lines = [f"{20 + i} 1 0:{i} / {point} rw,relatime - {fs} {fs} rw" for i, (point, fs) in enumerate(escaped)]
+    (tray / "proc/self/mountinfo").write_text("\n".join(lines) + "\n")
+
+
+def _put(tray: Path, path: str, text: str) -> None:
+    (tray / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+    (tray / path.lstrip("/")).write_text(text)
+
+
+#: a stateless image: the root is the initramfs (Warewulf), /var/log a tmpfs, systemd running
+STATELESS = (("/", "rootfs"), ("/run", "tmpfs"), ("/var/log", "tmpfs"))
+
+
+def test_logs_on_a_disk_outlive_a_reboot(make_rt: Any, tray: Path) -> None:
+    """The default log file on a disk: OK, naming the file system."""
+    _mountinfo(tray, ("/", "ext4"), ("/run", "tmpfs"))
+    check = _checks(make_rt())["imexctl.logs"]
+    assert check.status == doctor.OK and "/var/log/imexctl.log is on ext4" in check.message
+
+
+def test_logs_on_tmpfs_without_syslog_warn(make_rt: Any, tray: Path) -> None:
+    """The log file on tmpfs (a stateless image) and no syslog: WARN, the fix names the stateless section."""
+    _mountinfo(tray, *STATELESS)
+    (tray / "run/systemd/system").mkdir(parents=True)
+    check = _checks(make_rt())["imexctl.logs"]
+    assert check.status == doctor.WARN
+    assert "/var/log/imexctl.log is on tmpfs" in check.message and "[log] syslog = no" in check.message
+    assert "docs/install.md#stateless-images" in check.fix
+    _mountinfo(tray, ("/", "rootfs"), ("/run", "tmpfs"))  # no /var/log mount: the initramfs root holds it
+    assert "/var/log/imexctl.log is on rootfs" in _checks(make_rt())["imexctl.logs"].message
+
+
+def test_syslog_into_a_journal_on_tmpfs_is_still_lost(make_rt: Any, tray: Path) -> None:
+    """[log] syslog = yes, journald persistent, but /var/log/journal on tmpfs: the journal goes too."""
+    _mountinfo(tray, *STATELESS)
+    (tray / "run/systemd/system").mkdir(parents=True)
+    (tray / "var/log/journal").mkdir(parents=True)
+    _put(tray, "/etc/systemd/journald.conf", "[Journal]\nStorage=persistent\n")
+    check = _checks(make_rt(log={"syslog": "yes"}))["imexctl.logs"]
+    assert check.status == doctor.WARN and "nothing forwards syslog" in check.message
+
+
+def test_journal_on_a_disk_keeps_syslogged_lines(make_rt: Any, tray: Path) -> None:
+    """An empty log_file, syslog on, journald auto with /var/log/journal on a disk: OK; a drop-in's volatile: WARN."""
+    _mountinfo(tray, ("/", "rootfs"), ("/run", "tmpfs"), ("/var/log", "tmpfs"), ("/var/log/journal", "xfs"))
+    (tray / "run/systemd/system").mkdir(parents=True)
+    (tray / "var/log/journal").mkdir(parents=True)
+    rt = make_rt(log={"syslog": "yes"}, paths={"log_file": ""})
+    check = _checks(rt)["imexctl.logs"]
+    assert check.status == doctor.OK and "journald Storage=auto keeps /var/log/journal on xfs" in check.message
+    _put(tray, "/usr/lib/systemd/journald.conf.d/10-image.conf", "[Journal]\nStorage=volatile\n")
+    check = _checks(rt)["imexctl.logs"]
+    assert check.status == doctor.WARN and "[paths] log_file is empty" in check.message
+    _put(tray, "/etc/systemd/journald.conf.d/90-site.conf", "[Journal]\nStorage=persistent\n")
+    assert _checks(rt)["imexctl.logs"].status == doctor.OK
+
+
+@pytest.mark.parametrize(
+    ("path", "text", "found"),
+    [
+        (
+            "/etc/rsyslog.d/50-remote.conf",
+            '*.* action(type="omfwd" target="logs.example" port="514" protocol="tcp")\n',
+            "rsyslog forwards it (/etc/rsyslog.d/50-remote.conf)",
+        ),
+        ("/etc/rsyslog.conf", "daemon.*  @@logs.example:514\n", "rsyslog forwards it (/etc/rsyslog.conf)"),
+        (
+            "/etc/syslog-ng/conf.d/remote.conf",
+            'destination d_remote { network("logs.example" port(514)); };\n',
+            "syslog-ng forwards it",
+        ),
+        ("/etc/systemd/system/multi-user.target.wants/systemd-journal-upload.service", "", "systemd-journal-upload"),
+    ],
+)
+def test_syslog_forwarded_elsewhere_is_kept(make_rt: Any, tray: Path, path: str, text: str, found: str) -> None:
+    """On a stateless image, syslog sent to another machine keeps the lines: OK, naming what sends them."""
+    _mountinfo(tray, *STATELESS)
+    (tray / "run/systemd/system").mkdir(parents=True)
+    _put(tray, path, text)
+    check = _checks(make_rt(log={"syslog": "yes"}))["imexctl.logs"]
+    assert check.status == doctor.OK and found in check.message
+    assert _checks(make_rt())["imexctl.logs"].status == doctor.WARN, "with [log] syslog = no nothing reaches it"
+
+
+@pytest.mark.parametrize(
+    ("path", "text"),
+    [
+        ("/etc/rsyslog.conf", "# *.* @@logs.example:514\n*.* /var/log/syslog\n"),
+        (
+            "/etc/syslog-ng/syslog-ng.conf",
+            'source s_net { network(port(514)); };\ndestination d_file { file("/var/log/x"); };\n',
+        ),
+    ],
+)
+def test_local_or_commented_syslog_is_not_forwarding(make_rt: Any, tray: Path, path: str, text: str) -> None:
+    """A commented-out remote action, a network source, a local file destination: nothing forwards."""
+    _mountinfo(tray, *STATELESS)
+    (tray / "run/systemd/system").mkdir(parents=True)
+    _put(tray, path, text)
+    assert _checks(make_rt(log={"syslog": "yes"}))["imexctl.logs"].status == doctor.WARN
+
+
 def test_job_that_is_gone_is_stale(make_rt: Any, host: FakeHost) -> None:
     """A job directory of a job that no longer runs here fails, and the fix is imexctl cleanup."""
     rt = make_rt()
