@@ -78,10 +78,11 @@ def _job(job_id: int, rt: Runtime) -> dict[str, Any]:
     out["lost"] = _lost(state, daemon_up, out["daemon"])
     if not out["running"]:
         out["stale"].append("job no longer runs on this node")
-    if out["lost"]:
-        out["stale"].append("no daemon process: it ended before the job (daemon lost)")
-    elif not daemon_up:
+    if not daemon_up:
+        # one entry per fact, each its own fixed text (the faults' soak and scripts match them whole)
         out["stale"].append("no daemon process")
+    if out["lost"]:
+        out["stale"].append("daemon lost: it ended before the job")
     if not jd.exists():
         out["stale"].append("daemon without job directory")
     return out
