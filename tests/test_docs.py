@@ -258,6 +258,14 @@ def test_every_code_has_an_anchor_that_is_the_code(code: str) -> None:
     assert _heading_slugs("troubleshooting.md").count(code) == 1
 
 
+@pytest.mark.parametrize("name", PAGES)
+def test_no_command_forces_a_requeued_job_to_start(name: str) -> None:
+    """A requeued job started before cred_expire may run without its domain on a tray (troubleshooting.md): no
+    page gives 'StartTime=now' as a command to run; the recovery is to resume the trays and release the job."""
+    blocks = re.findall(r"^[ \t]*```.*?^[ \t]*```", _page(name), flags=re.DOTALL | re.MULTILINE)
+    assert not [b for b in blocks if "StartTime=now" in b.replace(" ", "")]
+
+
 def test_operations_lists_every_health_code() -> None:
     """operations.md's health table names exactly the codes imexctl health finds."""
     rows = _rows(_section(_page("operations.md"), "In a node health check"))

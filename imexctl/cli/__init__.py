@@ -115,7 +115,7 @@ def _failed(args: argparse.Namespace, exc: ImexctlError) -> int:
     plain = args.command not in _STRUCTURED and not getattr(args, "verbose", False)
     if not exc.logged:
         log.log_failure(exc, stderr=not plain)
-    if args.command in ("status", "cleanup", "topology", "doctor", "health") and getattr(args, "json", False):
+    if args.command in ("status", "cleanup", "topology", "doctor", "health", "why") and getattr(args, "json", False):
         from imexctl.platform.output import print_json
 
         print_json(None, errors=[exc], indent=None if args.command == "topology" else 2)
@@ -166,6 +166,7 @@ _HANDLERS = {
     "topology": "imexctl.commands.topology",
     "doctor": "imexctl.doctor.run",
     "health": "imexctl.commands.health",
+    "why": "imexctl.commands.why",
     "netcheck": "imexctl.commands.netcheck",
     "demo": "imexctl.commands.demo",
 }

@@ -89,6 +89,7 @@ def _health_parser(sub: Any) -> None:
     he.add_argument(
         "--node", type=_node_name, metavar="NAME", help="Slurm node name (default: $SLURMD_NODENAME, short host name)"
     )
+    _why_parser(sub)
 
 
 def _status_parser(sub: Any) -> None:
@@ -103,6 +104,14 @@ def _status_parser(sub: Any) -> None:
         action="store_true",
         help="replace [metrics] textfile_dir/imexctl-live.prom with the live gauges (imexctl-metrics.timer)",
     )
+
+
+def _why_parser(sub: Any) -> None:
+    wh = sub.add_parser(
+        "why", help="what happened to a job on this tray, from imexctl's log (skipped, set up, failed, ...)"
+    )
+    wh.add_argument("job", type=_job_id, metavar="JOBID", help="the Slurm job id")
+    wh.add_argument("--json", action="store_true", help="the job's events and outcomes as JSON")
 
 
 def _netcheck_parser(sub: Any) -> None:
@@ -154,6 +163,14 @@ def _node_name(text: str) -> str:
     except NodeListError as exc:
         raise argparse.ArgumentTypeError(f"{text!r} is not one node name: {exc.reason}") from None
     return text
+
+
+def _job_id(text: str) -> int:
+    import argparse
+
+    if not (text.isascii() and text.isdigit()) or not 0 < int(text) < 2**32:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a Slurm job id (1 to 4294967295)")
+    return int(text)
 
 
 def _block_sizes(text: str) -> tuple[int, ...]:

@@ -25,6 +25,7 @@ __all__ = [
     "GpuError",
     "HealthTimeout",
     "ImexctlError",
+    "JobNotInLog",
     "LockTimeout",
     "NodeListError",
     "NotPrivilegedError",
@@ -69,7 +70,7 @@ class ExitCode(enum.IntEnum):
 
 _MEANINGS = {
     ExitCode.OK: "ok",
-    ExitCode.FAILURE: "the demo's job failed, doctor found a FAIL, or health a fault of the tray",
+    ExitCode.FAILURE: "the demo's job failed, doctor found a FAIL, health a fault of the tray, or why no line",
     ExitCode.USAGE: "usage",
     ExitCode.DATAERR: "bad node list, job environment or topology report",
     ExitCode.UNAVAILABLE: "IMEX, NVML, systemd or name resolution unavailable, or the node is busy",
@@ -294,4 +295,11 @@ class TrayUnhealthy(ImexctlError):
     """``imexctl health`` found a fault of the tray (its findings say which and why)."""
 
     code = "tray_unhealthy"
+    exit_code = ExitCode.FAILURE
+
+
+class JobNotInLog(ImexctlError):
+    """``imexctl why``: the log of this tray (and its rotated copies) holds no line about the job."""
+
+    code = "job_not_in_log"
     exit_code = ExitCode.FAILURE
