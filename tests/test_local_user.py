@@ -22,7 +22,14 @@ from imexctl.commands.demo import SimRack
 from imexctl.config.settings import Settings
 from imexctl.platform import procscan
 from tests.support.fakes import job_env
-from tests.support.localuser import fat_processes, needs_local_user, read_counted, shared_dir, spawn_as_user
+from tests.support.localuser import (
+    as_user,
+    fat_processes,
+    needs_local_user,
+    read_counted,
+    shared_dir,
+    spawn_as_user,
+)
 from tests.support.racks import sim_racks
 
 pytestmark = needs_local_user
@@ -115,6 +122,64 @@ def test_a_users_fake_slurmstepd_keeps_no_gone_job_alive(make_rack: Any) -> None
             for p in fakes:
                 p.kill()
                 p.wait()
+    assert rack.leftovers() == []
+
+
+# ---------------------------------------------------------------- slurmd's umask
+
+
+@pytest.fixture
+def user_rack() -> Iterator[SimRack]:
+    """One simulated tray whose jobs belong to the local user, under a directory that user may traverse."""
+    import random
+    import shutil
+    import tempfile
+
+    from tests.support.localuser import user_ids
+
+    ids = user_ids()
+    assert ids is not None
+    base = Path(tempfile.mkdtemp(prefix="imxu", dir="/tmp"))
+    base.chmod(0o755)
+    rack = SimRack(base, 1, deadline_s=20, uid=ids[0], first_address=random.randrange(20, 249))
+    try:
+        yield rack
+    finally:
+        rack.kill_all()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _task_prolog(rack: SimRack, job: int, **env: str) -> str:
+    """What ``imexctl task-prolog`` prints for the job's task, run as the job's (local) user."""
+    t = rack.trays[0]
+    code = f"import sys; sys.path.insert(0, {str(REPO)!r}); from imexctl.channels.taskprolog import main; main()"
+    done = as_user(
+        [sys.executable, "-I", "-c", code],
+        env={"SLURM_JOB_ID": str(job), "SLURMD_NODENAME": t.name, "IMEXCTL_CONFIG": str(t.config), **env},
+    )
+    assert done.returncode == 0, done.stdout
+    return done.stdout
+
+
+def test_under_slurmds_strict_umask_the_task_prolog_exports_the_channel(user_rack: SimRack) -> None:
+    """A real prolog under umask 027 (slurmd's at some sites): the job's user's TaskProlog exports the channel.
+
+    Issue 33: the run directories came out 0750 and the TaskProlog exported
+    nothing; the channel directory too, so the channel could not be opened.
+    """
+    rack, t = user_rack, user_rack.trays[0]
+    old = os.umask(0o027)
+    try:
+        (result,) = rack.run_hooks("prolog", 4260)
+    finally:
+        os.umask(old)
+    assert result.returncode == 0, result.output
+    minor = json.loads((t.root / "run/imexctl/jobs/4260/state.json").read_text())["channel_minor"]
+    assert minor is not None
+    assert _task_prolog(rack, 4260) == f"export NVIDIA_IMEX_CHANNELS={minor}\n"
+    for d in ("run", "run/imexctl", "run/imexctl/jobs", "run/imexctl/jobs/4260", "dev/nvidia-caps-imex-channels"):
+        assert (t.root / d).stat().st_mode & 0o777 == 0o755, d
+    assert [r.returncode for r in rack.run_hooks("epilog", 4260)] == [0]
     assert rack.leftovers() == []
 
 

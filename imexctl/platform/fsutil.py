@@ -26,10 +26,15 @@ def ensure_dir(path: Path, mode: int = 0o755, *, private_from: Path | None = Non
 
     Args:
         path: the directory.
-        mode: for the directories created now.
+        mode: for the directories created now: exactly this mode, whatever the
+            process's umask (slurmd runs the hooks under its own, 027 at some
+            sites: a ``0755`` that came out ``0750`` hid the job's state and
+            channel from the job's user, issue 33).
         private_from: from this directory down (it and every component below it on the
             way to ``path``), each directory must be ours: see :func:`check_private_dir`.
-            Checked before anything is created inside it.
+            Checked before anything is created inside it.  Such a directory that
+            lacks some of ``mode``'s bits (made under a strict umask by an earlier
+            version) gets them: imexctl's own run directory is read by the job's user.
 
     Returns:
         True if the last component was created now.
@@ -43,15 +48,27 @@ def ensure_dir(path: Path, mode: int = 0o755, *, private_from: Path | None = Non
         try:
             os.mkdir(part, mode)
             created = part == path
+            _chmod_dir(part, mode)
         except FileExistsError:
             pass
         if private_from is not None and (part == private_from or private_from in part.parents):
             check_private_dir(part)
+            if stat.S_IMODE(os.lstat(part).st_mode) & mode != mode:
+                _chmod_dir(part, stat.S_IMODE(os.lstat(part).st_mode) | mode)
             continue
         st = os.lstat(part)
         if not stat.S_ISDIR(st.st_mode):
             raise OSError(errno.ENOTDIR, "exists and is not a directory (symlink?)", str(part))
     return created
+
+
+def _chmod_dir(path: Path, mode: int) -> None:
+    """Give the directory ``path`` exactly ``mode``: through a descriptor opened without following a symlink."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
 
 
 def check_private_dir(path: Path) -> None:

@@ -205,7 +205,22 @@ class TestEnsureDir:
         """Missing parents are created and True means the last component is new."""
         assert ensure_dir(tmp_path / "a" / "b" / "c", 0o750) is True
         assert (tmp_path / "a/b/c").is_dir()
-        assert stat.S_IMODE(os.stat(tmp_path / "a/b/c").st_mode) & 0o777 == 0o750 & ~_umask()
+        assert stat.S_IMODE(os.stat(tmp_path / "a/b/c").st_mode) == 0o750
+
+    @pytest.mark.parametrize("umask", [0o027, 0o077, 0o777])
+    def test_directories_made_now_get_their_mode_whatever_the_umask(self, tmp_path: Path, umask: int) -> None:
+        """Under slurmd's umask (027 at some sites) every directory made gets exactly ``mode``; existing ones keep theirs.
+
+        Issue 33: 0755 came out 0750 and hid the job's state and channel from the job's user.
+        """
+        (tmp_path / "a").mkdir(mode=0o700)
+        old = os.umask(umask)
+        try:
+            assert ensure_dir(tmp_path / "a" / "b" / "c", 0o755) is True
+        finally:
+            os.umask(old)
+        modes = [stat.S_IMODE(os.stat(tmp_path / p).st_mode) for p in ("a", "a/b", "a/b/c")]
+        assert modes == [0o700, 0o755, 0o755]
 
     def test_existing_directory_is_not_created(self, tmp_path: Path) -> None:
         """An existing directory is accepted and reported as not created."""
@@ -242,6 +257,16 @@ class TestPrivateDirectories:
         run = tmp_path / "run" / "imexctl"
         assert ensure_dir(run / "jobs" / "7", 0o755, private_from=run) is True
         check_private_dir(run / "jobs")
+
+    def test_own_directories_a_strict_umask_narrowed_are_opened_up(self, tmp_path: Path) -> None:
+        """A run directory an earlier version made 0750 under a strict umask gets 0755 back; above it, nothing changes."""
+        run = tmp_path / "run" / "imexctl"
+        (run / "jobs").mkdir(parents=True, mode=0o750)
+        run.chmod(0o700)
+        (tmp_path / "run").chmod(0o750)
+        assert ensure_dir(run / "jobs" / "7", 0o755, private_from=run) is True
+        modes = [stat.S_IMODE(os.stat(p).st_mode) for p in (tmp_path / "run", run, run / "jobs", run / "jobs/7")]
+        assert modes == [0o750, 0o755, 0o755, 0o755]
 
     @pytest.mark.parametrize(
         "mode",
@@ -409,12 +434,6 @@ class TestRemove:
         (tmp_path / "l").symlink_to(tmp_path / "t")
         assert remove_file(tmp_path / "l") is True
         assert (tmp_path / "t").exists() and remove_file(tmp_path / "l") is False
-
-
-def _umask() -> int:
-    old = os.umask(0)
-    os.umask(old)
-    return old
 
 
 def test_flock_held_waits_on_the_callers_clock_then_gives_up(tmp_path: Path) -> None:
