@@ -44,7 +44,6 @@ __all__ = [
     "Unreadable",
     "caller_host_uid",
     "candidate_job_ids",
-    "channel_minor",
     "find_job",
     "open_channel",
     "read_note",
@@ -108,11 +107,6 @@ class JobChannel:
 
 
 # ---------------------------------------------------------------- configuration
-
-
-def channel_minor(job_id: int, channel_count: int) -> int:
-    """The job's channel number, identical on every tray; never 0 (shared by convention)."""
-    return 1 + job_id % (channel_count - 1)
 
 
 def read_paths(env: Mapping[str, str], explicit: str | None = None, uid_map: UidMap = None) -> NodePaths:

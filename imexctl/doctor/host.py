@@ -18,7 +18,7 @@ from imexctl.channels import devices
 from imexctl.doctor.framework import FAIL, OK, WARN, Check, Context, under_root
 from imexctl.hooks.state import job_ids, read_state
 from imexctl.imex import daemon
-from imexctl.platform.errors import CommandError, DeviceError
+from imexctl.platform.errors import CommandError, ConfigError, DeviceError
 from imexctl.platform.fsutil import read_text_nofollow
 
 __all__ = ["imex_checks", "nvml_checks", "parse_listening", "parse_port_set", "port_checks"]
@@ -278,7 +278,25 @@ def _channel_count(ctx: Context) -> Check:
             f"NVreg_ImexChannelCount={count} but [policy] channel_count = {wanted}: jobs whose minor is >= {count} fail"
         )
         return Check("imex.channel_count", FAIL, why, f"set [policy] channel_count = {count}")
+    clique = _largest_clique(ctx)
+    if clique >= wanted:
+        why = (
+            f"the topology source's largest NVLink clique has {clique} trays, [policy] channel_count = {wanted} gives "
+            f"{wanted - 1} channels: two domains of one clique can get the same channel (design.md, the channel rule)"
+        )
+        return Check("imex.channel_count", WARN, why, f"raise NVreg_ImexChannelCount and channel_count above {clique}")
     return Check("imex.channel_count", OK, f"NVreg_ImexChannelCount={count} covers [policy] channel_count = {wanted}")
+
+
+def _largest_clique(ctx: Context) -> int:
+    """Trays of the topology source's largest clique (0 without a source; a broken one is another check's)."""
+    from imexctl.hooks import members
+
+    try:
+        source = members.load_source(ctx.rt.settings)
+    except ConfigError:
+        return 0
+    return 0 if source is None else members.largest_clique(source)
 
 
 # ---------------------------------------------------------------- ports

@@ -57,6 +57,7 @@ EVENTS: dict[str, str] = {
     "prolog.deadline": "the readiness deadline was capped below slurm.conf's hook timeout (or it was unreadable)",
     "prolog.job_ended": "the job was cancelled while its prolog waited: rolled back, exit 0, no drain",
     "imex.channels.slurm": "slurm.conf sets SwitchType=switch/nvidia_imex: Slurm owns the channels, imexctl makes none",
+    "imex.channel.unplaced": "no topology source and slurm.conf does not place the domain: the job-id channel rule",
     "imex.het_job": "a het job: one domain over its components (joint) or one per component",
     "imex.domain.split": "the job spans several NVLink domains: the one this tray joined and its tray count",
     "imex.nodes.resolved": "the job's trays in this NVLink domain, their addresses and the list's hash",

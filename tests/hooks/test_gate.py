@@ -63,22 +63,14 @@ def test_a_note_left_under_slurmds_umask_can_be_read_by_the_job_user(tmp_path: P
     assert [stat.S_IMODE(os.stat(p).st_mode) for p in made] == [0o755, 0o755, 0o755, 0o644]
 
 
-@pytest.mark.parametrize(
-    ("left", "want"),
-    [("nothing", False), ("dir", True), ("process", True), ("channel", True)],
-)
+@pytest.mark.parametrize(("left", "want"), [("nothing", False), ("dir", True), ("process", True)])
 def test_left_anything(tmp_path: Path, left: str, want: bool) -> None:
-    """A directory, a process naming the config, or a channel node: each is something left."""
+    """A directory, or a process naming the config: each is something left (a channel node alone is not)."""
     job_dir = tmp_path / "jobs" / "7"
     if left == "dir":
         job_dir.mkdir(parents=True)
     config = str(job_dir / "config.cfg")
-    found = gate.left_anything(
-        str(job_dir),
-        config,
-        has_process=lambda arg: left == "process" and arg == config,
-        channel_left=lambda: left == "channel",
-    )
+    found = gate.left_anything(str(job_dir), config, has_process=lambda arg: left == "process" and arg == config)
     assert found is want
 
 

@@ -323,11 +323,57 @@ class TestSlurmOwnsChannels:
         epilog(env, rt)
         assert leftovers(root) == []
 
+    def test_channel_only_tray_makes_no_channel_either(self, host: FakeHost, make_settings: Callable[..., Settings],
+                                                       root: Path) -> None:  # fmt: skip
+        """single_tray = channel under switch/nvidia_imex: Slurm's plugin owns the channel there too (the one-tray
+        path used to make one all the same, invisible to the job's steps)."""
+        rt = runtime(host, make_settings, policy={"single_tray": "channel"})
+        env = job_env(nodelist="gb01", SLURM_CONF=slurm_conf(root, "SwitchType=switch/nvidia_imex\n"))
+        out = prolog(env, rt)
+        assert out.setup.daemon is False and out.setup.channel == "" and host.mknods == []
+        epilog(env, rt)
+        assert leftovers(root) == []
+
     def test_other_switch_types_keep_channels(self, host: FakeHost, make_settings: Callable[..., Settings],
                                               root: Path) -> None:  # fmt: skip
         """switch/none (or none set): imexctl creates the job's channel as usual."""
         out = prolog(job_env(SLURM_CONF=slurm_conf(root, "SwitchType=switch/none\n")), runtime(host, make_settings))
         assert out.setup.channel and len(host.mknods) == 1
+
+
+class TestChannelWithoutTopology:
+    """No topology source: the clique is every node of slurm.conf, in Slurm's order (design.md "The channel rule")."""
+
+    CONF = "NodeName=DEFAULT CPUs=4\nNodeName=login1\nNodeName=gb[01-04] NodeAddr=10.0.0.[1-4]\n"
+
+    # five nodes, 2047 // 5 = 409 turns: 1 + position + 5 * (job id % 409)
+    @pytest.mark.parametrize(
+        ("job_id", "nodelist", "node", "minor"),
+        [(610, "gb[01-02]", "gb02", 1 + 1 + 5 * 201), (2657, "gb[03-04]", "gb03", 1 + 3 + 5 * 203)],
+    )
+    def test_slurm_conf_order_places_the_domain(self, host: FakeHost, make_settings: Callable[..., Settings],
+                                                root: Path, job_id: int, nodelist: str, node: str,
+                                                minor: int) -> None:  # fmt: skip
+        """Five nodes (login1, gb01-gb04): jobs 610 and 2657, which the job-id rule gave one channel, sit at
+        positions 1 and 3 and get different ones."""
+        env = job_env(job_id=job_id, nodelist=nodelist, node=node, SLURM_CONF=slurm_conf(root, self.CONF))
+        with capture_logs() as logs:
+            out = prolog(env, runtime(host, make_settings))
+        assert out.setup.channel.endswith(f"channel{minor}")
+        (created,) = [e for e in logs if e["event"] == "device.channel.created"]
+        assert (created["clique"], created["clique_trays"]) == ("slurm.conf", 5)
+        assert not [e for e in logs if e["event"] == "imex.channel.unplaced"]
+
+    def test_a_tray_slurm_conf_does_not_list_falls_back_to_the_job_id(self, host: FakeHost,
+                                                                      make_settings: Callable[..., Settings],
+                                                                      root: Path) -> None:  # fmt: skip
+        """A dynamic node (not in slurm.conf): the job-id rule, and a warning that says why."""
+        env = job_env(job_id=42, SLURM_CONF=slurm_conf(root, "NodeName=gb01\n"))
+        with capture_logs() as logs:
+            out = prolog(env, runtime(host, make_settings))
+        assert out.setup.channel.endswith("channel43")
+        (warned,) = [e for e in logs if e["event"] == "imex.channel.unplaced"]
+        assert warned["log_level"] == "warning" and "slurm.conf does not list gb02" in warned["reason"]
 
 
 class TestSharingUnderSlurm2205:
