@@ -110,17 +110,36 @@ def atomic_write(path: Path, data: str, *, mode: int = 0o644) -> bool:
             a full (``ENOSPC``) or read-only (``EROFS``) file system; nothing is left.
     """
     raw = data.encode()
-    try:
-        if read_text_nofollow(path).encode() == raw and stat.S_IMODE(os.lstat(path).st_mode) == mode:
-            return False
-    except (FileNotFoundError, OSError):
-        pass
+    if _holds(path, raw, mode):
+        return False
     try:
         _replace(path, raw, mode)
         _fsync_dir(path.parent)
     except OSError as exc:
         raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
     return True
+
+
+def _holds(path: Path, raw: bytes, mode: int) -> bool:
+    """Whether ``path`` is a regular file with exactly ``raw`` and ``mode``, reading at most ``len(raw) + 1`` bytes.
+
+    A file of another size is not read at all: whoever may write the
+    directory (node_exporter's, for the metrics) could leave a sparse file of
+    a gibibyte there, which a whole read cost every hook 2 GiB and 7 s (issue 33).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != len(raw) or stat.S_IMODE(st.st_mode) != mode:
+            return False
+        return os.read(fd, len(raw) + 1) == raw
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _replace(path: Path, raw: bytes, mode: int) -> None:

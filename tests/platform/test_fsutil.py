@@ -463,3 +463,25 @@ def test_flock_held_waits_on_the_callers_clock_then_gives_up(tmp_path: Path) -> 
         os.fstat(holder)  # closed at the end: the lock is free again
     with held(os.open(path, os.O_RDWR)):
         assert len(naps) == 3  # taken at once
+
+
+def test_atomic_write_reads_no_more_than_the_new_text_of_what_is_there(tmp_path: Path) -> None:
+    """A sparse 4 GiB file at the target: replaced unread; a file of the same size is read once, bounded (issue 33)."""
+
+    def rchar() -> int:
+        for line in Path("/proc/self/io").read_text().splitlines():
+            if line.startswith("rchar:"):
+                return int(line.split()[1])
+        raise AssertionError("no rchar")
+
+    path = tmp_path / "imexctl.prom"
+    with open(path, "wb") as f:
+        f.truncate(4 << 30)
+    before = rchar()
+    assert atomic_write(path, "a 1\n", mode=0o644) is True
+    assert rchar() - before < 1 << 16
+    assert path.read_text() == "a 1\n"
+    before = rchar()
+    assert atomic_write(path, "a 1\n", mode=0o644) is False  # the same: compared, not rewritten
+    assert atomic_write(path, "a 2\n", mode=0o644) is True
+    assert rchar() - before < 1 << 16
