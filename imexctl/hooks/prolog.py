@@ -41,7 +41,7 @@ from imexctl.platform.fsutil import atomic_write, ensure_dir
 from imexctl.platform.host import Host, ProcInfo
 from imexctl.slurm import conf as slurmconf
 from imexctl.slurm import drain
-from imexctl.slurm import scontrol as slurmctl
+from imexctl.slurm import slurmctld as slurmctl
 from imexctl.slurm.job import JobContext, node_name
 from imexctl.slurm.topofile import BlockMap
 
@@ -278,11 +278,11 @@ def _ask_sharing(job: JobContext, rt: Runtime) -> JobContext:
     """
     if rt.settings.slurm.ask_sharing != "yes" or not job.slurm_conf:
         return job
-    found = slurmctl.job_oversubscribe(job.job_id, rt.host, rt.settings, job.slurm_conf)
+    found = slurmctl.job_record(job.job_id, rt.host, rt.settings, job.slurm_conf)
     if found is None:
-        rt.log.warning("imex.sharing_unknown", reason="slurmctld did not say (scontrol show job): counted as exclusive")
+        rt.log.warning("imex.sharing_unknown", reason="slurmctld did not say (squeue): counted as exclusive")
         return job
-    return job.replace(oversubscribe=found, sharing_from="slurmctld")
+    return job.replace(oversubscribe=found.oversubscribe, sharing_from="slurmctld")
 
 
 def _refuse_shared(job: JobContext, rt: Runtime) -> None:
