@@ -124,7 +124,7 @@ def judge(rt: Runtime, node: str, *, config_problem: str = "") -> Verdict:
 
 def _daemons(rt: Runtime) -> tuple[list[Finding], bool, bool]:
     """Daemons of gone jobs and strays, under the node lock; ``(findings, in progress, idle)``."""
-    from imexctl.hooks.jobs import scan_jobs, still_runs
+    from imexctl.hooks.jobs import epilog_pending, scan_jobs, still_runs
     from imexctl.hooks.state import hooks_idle
     from imexctl.imex import daemon
 
@@ -133,8 +133,12 @@ def _daemons(rt: Runtime) -> tuple[list[Finding], bool, bool]:
         if not free:
             return out, True, False
         jobs, strays = scan_jobs(rt)
+        pending = False
         for job_id in jobs:
             if still_runs(job_id, rt).runs:
+                continue
+            if epilog_pending(job_id, rt):  # its epilog began and may be waiting for the lock: in flight
+                pending = True
                 continue
             procs = daemon.job_processes(rt.host, rt.settings, rt.settings.paths.job(job_id).config)
             if procs:
@@ -144,7 +148,7 @@ def _daemons(rt: Runtime) -> tuple[list[Finding], bool, bool]:
                 )
         where = rt.settings.paths.jobs_dir
         out += [Finding("stray_daemon", f"IMEX daemon pid {p.pid} under {where} of no job") for p in strays]
-    return out, False, not jobs
+    return out, pending, not jobs
 
 
 def _stock_unit(rt: Runtime, notes: list[str]) -> list[Finding]:
@@ -281,18 +285,19 @@ def reconcile(verdict: Verdict, env: Mapping[str, str], rt: Runtime) -> dict[str
         return {**out, "action": "none", "detail": "a hook is in progress: judged on the next run"}
     view: NodeView | None = None
     if known is None or (verdict.healthy and known == "no"):
-        view = slurmnode.show_node(verdict.node, rt.host, rt.settings)
+        view = slurmnode.show_node(verdict.node, rt.host, rt.settings, env.get("SLURM_CONF", ""))
         out.update(asked=True)
         if view is None:
             return {**out, "action": "skipped", "detail": f"slurmctld did not describe node {verdict.node}"}
         out.update(state="+".join(view.state), reason=view.reason)
+    conf = env.get("SLURM_CONF", "")
     if not verdict.healthy:
-        return {**out, **_drain(verdict, view, rt)}
+        return {**out, **_drain(verdict, view, rt, conf)}
     assert view is not None  # healthy and not known to be in service: asked above
-    return {**out, **_resume(verdict.node, view, rt)}
+    return {**out, **_resume(verdict.node, view, rt, conf)}
 
 
-def _drain(verdict: Verdict, view: NodeView | None, rt: Runtime) -> dict[str, str]:
+def _drain(verdict: Verdict, view: NodeView | None, rt: Runtime, conf: str) -> dict[str, str]:
     """Drain for the findings, unless the node is out of service for someone else or for this very reason."""
     from imexctl.slurm import node as slurmnode
 
@@ -301,13 +306,13 @@ def _drain(verdict: Verdict, view: NodeView | None, rt: Runtime) -> dict[str, st
         mine = bool(_ours(view.reason)) and view.drained
         if not mine or slurmnode.clean_reason(want) == view.reason:  # ours with other findings: updated
             return {"action": "kept", "detail": "already out of service: reason kept"}
-    failed = slurmnode.drain(verdict.node, want, rt.host, rt.settings)
+    failed = slurmnode.drain(verdict.node, want, rt.host, rt.settings, conf)
     if failed:
         return {"action": "failed", "detail": f"drain: {failed}"}
     return {"action": "drained", "detail": slurmnode.clean_reason(want)}
 
 
-def _resume(node: str, view: NodeView, rt: Runtime) -> dict[str, str]:
+def _resume(node: str, view: NodeView, rt: Runtime, conf: str) -> dict[str, str]:
     """Resume a node drained by health, for a fault that health clears by itself."""
     from imexctl.slurm import node as slurmnode
 
@@ -317,7 +322,7 @@ def _resume(node: str, view: NodeView, rt: Runtime) -> dict[str, str]:
         return {"action": "none", "detail": why}
     if code not in AUTO_RESUME:
         return {"action": "kept", "detail": f"drained for {code}: an admin resumes it"}
-    failed = slurmnode.resume(node, rt.host, rt.settings)
+    failed = slurmnode.resume(node, rt.host, rt.settings, conf)
     if failed:
         return {"action": "failed", "detail": f"resume: {failed}"}
     return {"action": "resumed", "detail": f"the fault ({code}) is gone"}
@@ -399,6 +404,7 @@ def _print(args: argparse.Namespace, verdict: Verdict, slurm_done: dict[str, Any
         "node": verdict.node,
         "healthy": verdict.healthy,
         "in_progress": verdict.in_progress,
+        "idle": verdict.idle,
         "findings": [f.data() for f in verdict.findings],
         "notes": list(verdict.notes),
         "slurm": slurm_done,

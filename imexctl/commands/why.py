@@ -196,6 +196,8 @@ def _tell(line: dict[str, Any]) -> tuple[str, str] | None:
         "prolog.job_ended": ("job ended", f"the job ended while its prolog ran ({_render(get('job_state', ''))})"),
         "prolog.rolled_back": ("", f"rolled back: {_render(get('actions') or get('error', ''))}"),
         "imex.daemon.lost": ("lost its daemon", f"lost its daemon: {_render(get('how', ''))}"),
+        "slurm.drained": ("", f"drained the node: {_render(get('drain_reason', ''))}"),
+        "slurm.drain_failed": ("", f"could not drain the node with its reason: {_render(get('problem', ''))}"),
         "state.removed": ("", f"leftovers removed: {_render(get('reason', ''))}"),
         "cleanup.done": ("", f"imexctl cleanup: {_render(get('actions', []))}"),
     }

@@ -65,7 +65,6 @@ class Commands(Record):
     nvidia_imex_ctl: str
     systemctl: str
     scontrol: str
-    squeue: str
 
 
 class Daemon(Record):

@@ -278,7 +278,7 @@ def stale_checks(ctx: Context) -> list[Check]:
     and what it left so far is no fault: both checks are then OK, "in
     progress".
     """
-    from imexctl.hooks.jobs import known_jobs, still_runs
+    from imexctl.hooks.jobs import epilog_pending, known_jobs, still_runs
     from imexctl.hooks.state import hooks_idle
     from imexctl.platform.errors import FileError
 
@@ -289,6 +289,10 @@ def stale_checks(ctx: Context) -> list[Check]:
                 return _in_progress(rt)
             # cleanup's rule: what cleanup would remove
             gone = [jid for jid in known_jobs(rt) if not still_runs(jid, rt).runs]
+            pending = [jid for jid in gone if epilog_pending(jid, rt)]  # an epilog began, before its lock
+            gone = [jid for jid in gone if jid not in pending]
+            if pending and not gone:
+                return _in_progress(rt)
             channels = _stale_channels(rt) if rt.settings.policy.channels == "job" else None
     except FileError as exc:
         if os.geteuid() == 0:

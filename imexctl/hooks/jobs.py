@@ -14,7 +14,7 @@ from imexctl.imex import daemon
 from imexctl.platform.host import ProcInfo
 from imexctl.platform.record import Record
 
-__all__ = ["GONE", "Liveness", "known_jobs", "scan_jobs", "still_runs"]
+__all__ = ["GONE", "Liveness", "epilog_pending", "known_jobs", "scan_jobs", "still_runs"]
 
 
 class Liveness(Record):
@@ -72,6 +72,28 @@ def still_runs(job_id: int, rt: Runtime) -> Liveness:
         unknown = f"and whether its daemon runs is unknown (the {state.backend} backend cannot be asked)"
         return Liveness(True, why=f"may still run on this node: {_SET_UP}, {unknown}")
     return Liveness(True, why=f"may still run on this node: {_SET_UP}, {_NO_STEP}")
+
+
+def epilog_pending(job_id: int, rt: Runtime) -> bool:
+    """Whether the job's epilog began here so recently that it may still be waiting for the node lock.
+
+    The epilog marks the job ``ended`` *before* it takes the node lock
+    (``teardown._mark_ended``), so for a moment, or while another hook holds
+    the lock, a job can look ended with its daemon alive and the lock free.
+    An epilog takes at most ``[daemon] lock_timeout_s`` for the lock, then
+    ``stop_timeout_s`` and ``kill_grace_s`` for the daemon: until that much
+    time (and a margin) has passed since the mark, what it left is no fault
+    yet (``imexctl health``, ``imexctl doctor``).
+    """
+    state = read_state(rt.settings.paths.job(job_id))
+    if state is None or not state.ended:
+        return False
+    d = rt.settings.daemon
+    return rt.host.time() - state.ended < d.lock_timeout_s + d.stop_timeout_s + d.kill_grace_s + _EPILOG_SLACK_S
+
+
+#: what an epilog may take beyond its waits: its start-up and its other steps
+_EPILOG_SLACK_S = 10.0
 
 
 def known_jobs(rt: Runtime) -> list[int]:

@@ -80,11 +80,16 @@ def _without_stamp(first_line: str) -> str:
     return head if sep and tail.endswith("]") and "@" in tail else first_line
 
 
-def show_node(name: str, host: Host, settings: Settings) -> NodeView | None:
+def _env(slurm_conf: str) -> dict[str, str]:
+    """The environment of scontrol: the caller's ``SLURM_CONF`` when it has one (else scontrol's own default)."""
+    return {"SLURM_CONF": slurm_conf} if slurm_conf else {}
+
+
+def show_node(name: str, host: Host, settings: Settings, slurm_conf: str = "") -> NodeView | None:
     """``scontrol show node NAME``, bounded; None when slurmctld cannot be asked or does not know the node."""
     argv = (settings.commands.scontrol, "show", "node", name)
     try:
-        done = host.run(argv, timeout_s=settings.slurm.query_timeout_s)
+        done = host.run(argv, timeout_s=settings.slurm.query_timeout_s, env=_env(slurm_conf))
     except CommandError:
         return None
     if done.returncode != 0:
@@ -106,16 +111,15 @@ def drain(name: str, reason: str, host: Host, settings: Settings, slurm_conf: st
     return _update(name, host, settings, "State=DRAIN", f"Reason={clean_reason(reason)}", slurm_conf=slurm_conf)
 
 
-def resume(name: str, host: Host, settings: Settings) -> str:
-    """Resume the node; '' when slurmctld took it, else why not."""
-    return _update(name, host, settings, "State=RESUME")
+def resume(name: str, host: Host, settings: Settings, slurm_conf: str = "") -> str:
+    """Resume the node; '' when slurmctld took it, else why not (``slurm_conf`` as for :func:`drain`)."""
+    return _update(name, host, settings, "State=RESUME", slurm_conf=slurm_conf)
 
 
 def _update(name: str, host: Host, settings: Settings, *fields: str, slurm_conf: str = "") -> str:
     argv = (settings.commands.scontrol, "update", f"NodeName={name}", *fields)
-    env = {"SLURM_CONF": slurm_conf} if slurm_conf else None
     try:
-        done = host.run(argv, timeout_s=settings.slurm.query_timeout_s, env=env)
+        done = host.run(argv, timeout_s=settings.slurm.query_timeout_s, env=_env(slurm_conf))
     except CommandError as exc:
         return str(exc)
     if done.returncode != 0:

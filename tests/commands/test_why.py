@@ -16,8 +16,6 @@ from tests.conftest import write_config
 from tests.support.fakes import FakeGpu, FakeHost, job_env
 
 LOG = "var/log/imexctl.log"
-# why tells a job's story from the log the hooks wrote, and a command writes [paths] log_file only as root
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the hooks write [paths] log_file only as root")
 
 
 @pytest.fixture
@@ -68,13 +66,15 @@ def test_lost_its_daemon(cfg: Path, host: FakeHost, gpu: FakeGpu, capsys: Any) -
 
 def test_failed_with_its_code_and_where_to_read(cfg: Path, host: FakeHost, gpu: FakeGpu, capsys: Any) -> None:
     host.ready_after = 10**6
-    assert hook(cfg, host, gpu, "prolog", 44) == 75
+    host.slurm_nodes["gb01"] = {"state": "IDLE"}
+    assert hook(cfg, host, gpu, "prolog", 44, SLURM_CONF="/etc/slurm/slurm.conf") == 75
     hook(cfg, host, gpu, "epilog", 44)
     capsys.readouterr()
     assert run_why(cfg, 44) == 0
     out = capsys.readouterr().out
     assert out.startswith("job 44 on gb01: failed\n")
     assert "prolog  failed: not_ready (exit 75): IMEX not ready after" in out
+    assert "prolog  drained the node: imex:not_ready gb01: " in out
     assert "epilog  nothing to tear down here" in out
     assert "  see docs/troubleshooting.md#not_ready\n" in out
 

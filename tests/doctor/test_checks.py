@@ -529,19 +529,6 @@ def test_driver_channel_count_below_the_config_fails(make_rt: Any, tray: Path) -
     assert check.status == doctor.FAIL and check.fix == "set [policy] channel_count = 128"
 
 
-@pytest.mark.parametrize(("count", "status"), [(16, doctor.WARN), (17, doctor.OK)])
-def test_a_clique_with_more_trays_than_channels_warns(make_rt: Any, tray: Path, count: int, status: str) -> None:
-    """A topology block of 16 trays: with 16 channels (15 numbers) two of its domains can share one: WARN."""
-    (tray / "proc/driver/nvidia/params").write_text(f"ImexChannelCount: {count}\n")
-    (tray / "etc/slurm").mkdir(parents=True, exist_ok=True)
-    (tray / "etc/slurm/topology.conf").write_text("BlockName=r1 Nodes=gb[01-16]\nBlockName=r2 Nodes=gb[17-18]\n")
-    rt = make_rt(policy={"channel_count": str(count)}, paths={"topology_file": "/etc/slurm/topology.conf"})
-    check = _checks(rt)["imex.channel_count"]
-    assert check.status == status, check
-    if status == doctor.WARN:
-        assert "largest NVLink clique has 16 trays" in check.message and "above 16" in check.fix
-
-
 # ---------------------------------------------------------------- ports
 
 
@@ -933,3 +920,14 @@ def test_batch_start_timeout_without_a_prolog_timeout_is_judged_by_the_worst_cas
         and "BatchStartTimeout=10 (its default) is below the prolog's worst case" in check.message
     )
     assert check.fix == "set BatchStartTimeout=120"
+
+
+def test_an_epilog_before_its_lock_is_in_flight(make_rt: Any, host: FakeHost) -> None:
+    """The epilog marks its job ended before it takes the node lock: with the lock free for that moment, the
+    job's daemon is no stale fault until an epilog's longest wait has passed since the mark."""
+    rt = make_rt()
+    _mid_flight(rt, host, 45, set_up=5.0, ended=host.time() - 2)
+    check = _checks(rt)["imexctl.stale"]
+    assert check.status == doctor.OK and "in progress" in check.message
+    host.now += 120
+    assert _checks(rt)["imexctl.stale"].status == doctor.FAIL
