@@ -3,9 +3,15 @@
 
 The layout (docs/install.md, "What the packages install"):
 
-    /opt/imexctl/                  a virtual environment for the target's /usr/bin/python3:
-      pyvenv.cfg, bin/python3 -> /usr/bin/python3, bin/imexctl,
-      lib/pythonX.Y/site-packages/ imexctl (without the simulator and the demo) and its dependencies
+    /opt/imexctl/packaged/<version>/  a virtual environment for the target's /usr/bin/python3, as shipped:
+      pyvenv.cfg, bin/python3 -> /usr/bin/python3, bin/imexctl, BUILD (the tree's digest),
+      lib/pythonX.Y/site-packages/ imexctl (without the simulator and the demo) and its dependencies;
+      its scripts name /opt/imexctl/versions/<version>/bin/python3, where libexec/imexctl-switch puts
+      its copy (never run from here: the package manager removes it at the next upgrade)
+    /opt/imexctl/libexec/imexctl-switch  judges the tray with the new version, then switches the link
+                                   /opt/imexctl/current to versions/<version> by one rename (pkg/imexctl-switch)
+    /opt/imexctl/bin/imexctl -> ../current/bin/imexctl   what the hooks and units run
+    /opt/imexctl/bin/python3, python   the interpreter of the version in use, resolved once (pkg/python3-wrapper)
     /usr/sbin/imexctl -> /opt/imexctl/bin/imexctl
     /usr/share/imexctl/hooks/      prolog, epilog, health, task-prolog, enroot/99-imexctl.sh (installed nowhere else)
     <unitdir>/                     imexctl-imex@.service, imexctl-cleanup.service, imexctl-metrics.service and
@@ -14,9 +20,9 @@ The layout (docs/install.md, "What the packages install"):
     /usr/share/imexctl/prometheus/ imexctl.rules.yml (alert rules for the metrics, docs/operations.md),
                                    alertmanager.yml (their route, grouped by block), imexctl.dashboard.json (Grafana)
     /etc/imexctl/imexctl.conf      pkg/imexctl.conf: sets nothing, the same text in every release
+    /etc/nhc/scripts/imexctl.nhc   LBNL NHC's check_imexctl_health (the same text in every release)
     /usr/share/imexctl/imexctl.conf.example  every key commented out (python3 -m imexctl.cli.reference config)
     /etc/logrotate.d/imexctl       imexctl's log and the IMEX daemon's log
-    /etc/nhc/scripts/imexctl.nhc   LBNL NHC's check_imexctl_health (the same text in every release)
     /usr/share/man/man8/imexctl.8  from the argparse definitions (python3 -m imexctl.cli.reference man)
     /usr/share/man/man5/imexctl.conf.5  every key from the schema, meanings from docs/configuration.md
     /usr/share/doc/imexctl/        README.md and docs/*.md
@@ -25,9 +31,9 @@ The environment is built by hand rather than by ``python3 -m venv`` so that it
 can be made for another Python than the build host's (the RPM for Rocky 9's
 3.9 is built on Debian) and at its final path without living there: pip
 installs binary wheels for ``--python-version``/``--platform`` with
-``--target``, and the ``bin/`` scripts name ``/opt/imexctl/bin/python3``.
-Byte-code is compiled by the package's post-install script, with the target's
-interpreter, and removed before the files are.  The dependencies are the
+``--target``, and the ``bin/`` scripts name ``/opt/imexctl/versions/<version>/bin/python3``.
+Byte-code is compiled by ``imexctl-switch``, with the target's interpreter, in
+the copy that runs; the package's files hold none.  The dependencies are the
 versions of ``pkg/requirements.lock``, checked against its hashes, from the
 package index or, offline, from ``--wheels DIR`` (``python3 pkg/wheels.py
 download DIR`` makes it).  Run with the build host's python3 from the source
@@ -38,7 +44,9 @@ from __future__ import annotations
 
 import argparse
 import configparser
+import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -50,6 +58,14 @@ from wheels import locked_for, target_args  # pkg/wheels.py, beside this file
 
 PREFIX = "/opt/imexctl"
 SRC = Path(__file__).resolve().parent.parent
+
+
+def version() -> str:
+    """The version of the source tree's imexctl (``imexctl/__init__.py``)."""
+    found = re.search(r'^__version__ = "([^"]+)"$', (SRC / "imexctl/__init__.py").read_text(), re.MULTILINE)
+    if found is None:
+        sys.exit("stage: imexctl/__init__.py has no __version__ line")
+    return found.group(1)
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -131,8 +147,8 @@ def make_venv(root: Path, pyver: str) -> None:
     (root / "lib64").symlink_to("lib")
 
 
-def write_scripts(bindir: Path) -> list[str]:
-    """bin/<name> for each console script of setup.cfg but the simulator's, run by the venv's interpreter (-I)."""
+def write_scripts(bindir: Path, prefix: str) -> list[str]:
+    """bin/<name> for each console script of setup.cfg but the simulator's, run by ``prefix``'s interpreter (-I)."""
     cfg = configparser.ConfigParser()
     cfg.read(SRC / "setup.cfg", encoding="utf-8")
     names = []
@@ -141,11 +157,37 @@ def write_scripts(bindir: Path) -> list[str]:
         if name in SIM_SCRIPTS:
             continue
         module, _, func = target.partition(":")
-        text = f"#!{PREFIX}/bin/python3 -I\nimport sys\n\nfrom {module} import {func}\n\nsys.exit({func}())\n"
+        text = f"#!{prefix}/bin/python3 -I\nimport sys\n\nfrom {module} import {func}\n\nsys.exit({func}())\n"
         (bindir / name).write_text(text)
         (bindir / name).chmod(0o755)
         names.append(name)
     return names
+
+
+def write_build_id(tree: Path, ver: str) -> str:
+    """``<tree>/BUILD``: the version and a digest of every file and link of the tree (what a switch compares)."""
+    digest = hashlib.sha256()
+    for path in sorted(tree.rglob("*")):
+        rel = str(path.relative_to(tree))
+        if path.is_symlink():
+            digest.update(f"L {rel} {os.readlink(path)}\n".encode())
+        elif path.is_file():
+            digest.update(
+                f"F {rel} {path.stat().st_mode & 0o777:o} ".encode() + hashlib.sha256(path.read_bytes()).digest()
+            )
+    text = f"imexctl {ver} {digest.hexdigest()}\n"
+    (tree / "BUILD").write_text(text)
+    return text
+
+
+def install_switch(dest: Path, ver: str) -> None:
+    """The entry points that never change with a version: the link, the interpreter wrapper, the switch."""
+    top = dest / PREFIX.lstrip("/")
+    (top / "bin").mkdir(parents=True, exist_ok=True)
+    (top / "bin/imexctl").symlink_to("../current/bin/imexctl")
+    _put(top / "bin/python3", (SRC / "pkg/python3-wrapper").read_text(), 0o755)
+    (top / "bin/python").symlink_to("python3")
+    _put(top / "libexec/imexctl-switch", (SRC / "pkg/imexctl-switch").read_text().replace("@VERSION@", ver), 0o755)
 
 
 def _put(path: Path, text: str, mode: int) -> None:
@@ -189,18 +231,22 @@ def install_files(dest: Path, unitdir: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Stage everything under ``--destdir``."""
     args = _args(argv)
-    root = args.destdir / PREFIX.lstrip("/")
-    if root.exists():
-        shutil.rmtree(root)
+    ver = version()
+    top = args.destdir / PREFIX.lstrip("/")
+    if top.exists():
+        shutil.rmtree(top)
+    root = top / "packaged" / ver
     with tempfile.TemporaryDirectory() as tmp:
         wheel = build_wheel(Path(tmp))
         site = root / f"lib/python{args.python_version}/site-packages"
         install_site(site, wheel, args.python_version, args.arch, args.wheels)
     drop_simulator(site)
     make_venv(root, args.python_version)
-    scripts = write_scripts(root / "bin")
+    scripts = write_scripts(root / "bin", f"{PREFIX}/versions/{ver}")
+    build = write_build_id(root, ver)
+    install_switch(args.destdir, ver)
     install_files(args.destdir, args.unitdir)
-    print(f"stage: {args.destdir}: Python {args.python_version} {args.arch}, scripts {', '.join(scripts)}")
+    print(f"stage: {args.destdir}: {build.strip()}, Python {args.python_version} {args.arch}, scripts {scripts}")
     return 0
 
 

@@ -107,7 +107,12 @@ def test_epilog_and_cleanup_refuse_too_and_touch_nothing(
     before = sorted(p.name for p in (run_dir / "jobs/42").iterdir())
     capsys.readouterr()
     assert run(cfg, hook, host) == 71
-    assert f"{run_dir}: {RULE}" in str(failure(capsys)["reason"])
+    if hook == "epilog":
+        assert f"{run_dir}: {RULE}" in str(failure(capsys)["reason"])
+    else:  # an admin's command says its failure in one plain line (cli: plain_failure)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith("imexctl cleanup: ") and f"{run_dir}: {RULE}" in err[-1]
+        assert err[-1].endswith("(file_failed, exit 71)")
     assert sorted(p.name for p in (run_dir / "jobs/42").iterdir()) == before
     os.chmod(run_dir, 0o755)
     assert run(cfg, hook, host) == 0 and not (run_dir / "jobs/42").exists()

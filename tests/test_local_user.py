@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +23,14 @@ from imexctl.commands.demo import SimRack
 from imexctl.config.settings import Settings
 from imexctl.platform import procscan
 from tests.support.fakes import job_env
-from tests.support.localuser import fat_processes, needs_local_user, read_counted, shared_dir, spawn_as_user
+from tests.support.localuser import (
+    as_user,
+    fat_processes,
+    needs_local_user,
+    read_counted,
+    shared_dir,
+    spawn_as_user,
+)
 from tests.support.racks import sim_racks
 
 pytestmark = needs_local_user
@@ -115,6 +123,179 @@ def test_a_users_fake_slurmstepd_keeps_no_gone_job_alive(make_rack: Any) -> None
             for p in fakes:
                 p.kill()
                 p.wait()
+    assert rack.leftovers() == []
+
+
+# ---------------------------------------------------------------- files in directories others can write
+
+
+@pytest.fixture
+def tray() -> Iterator[Path]:
+    """A tray's root (0755) with an imexctl.conf whose log and metrics directories the tests make."""
+
+    with shared_dir() as base:
+        _config(base)
+        yield base
+
+
+#: the tray's policy: jobs outside partition gpu are skipped (the prolog's fast path, as for most jobs of a cluster)
+POLICY = {"fabric": "none", "jobs": "partitions", "partitions": "gpu"}
+
+
+def _config(base: Path, **sections: dict[str, str]) -> Path:
+    from tests.conftest import write_config
+
+    return write_config(base, {"paths": {"root": str(base)}, "policy": POLICY, **sections})
+
+
+def _dir_of_the_users_group(path: Path) -> Path:
+    """``path`` made root's with mode 0775 and the local user's group: the user may write it (Ubuntu's /var/log)."""
+    from tests.support.localuser import user_ids
+
+    ids = user_ids()
+    assert ids is not None
+    path.mkdir(parents=True)
+    os.chown(path, 0, ids[1])
+    path.chmod(0o775)
+    return path
+
+
+def _hook(base: Path, hook: str, job: int = 78, timeout: float = 60) -> tuple[int, str]:
+    """Run a real hook (``prolog`` or ``epilog``) for ``job`` with the tray's config: exit code and stderr."""
+    import subprocess
+
+    argv = [sys.executable, "-I", "-c", MAIN, "--config", str(base / "imexctl.conf"), hook]
+    env = job_env(job_id=job, SLURM_JOB_PARTITION="cpu")
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    return done.returncode, done.stderr
+
+
+@pytest.mark.parametrize("where", ["group", "others"])
+def test_a_fifo_at_the_log_name_blocks_no_hook(tray: Path, where: str) -> None:
+    """The local user's FIFO at ``[paths] log_file`` (in a directory they may write): the hook runs on, unlogged.
+
+    Issue 33: the log was opened without ``O_NONBLOCK`` or a type check, so
+    the open waited for a reader: every hook blocked until slurmd killed it
+    and drained the tray.  Now a directory others may write is refused
+    outright, and in one the group may write (Ubuntu's ``/var/log``) only a
+    regular file of root's is opened, never waited for.
+    """
+    logs = tray / "var/log"
+    if where == "group":
+        _dir_of_the_users_group(logs)
+    else:
+        logs.mkdir(parents=True)
+        logs.chmod(0o1777)
+    fifo = logs / "imexctl.log"
+    assert as_user(["/usr/bin/mkfifo", "-m", "0666", str(fifo)]).returncode == 0
+    for hook in ("epilog", "prolog"):
+        rc, err = _hook(tray, hook)
+        assert rc == 0, err
+        why = (
+            "is a FIFO (not a regular file)" if where == "group" else "must be owned by root and not writable by others"
+        )
+        assert f"cannot open log file {fifo}: " in err and why in err, err
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and os.lstat(fifo).st_uid != 0  # left as the user made it
+
+
+def test_a_users_file_at_the_log_name_is_not_written(tray: Path) -> None:
+    """The local user's own regular file at the log's name, in a directory of their group: refused, not appended to."""
+    logs = _dir_of_the_users_group(tray / "var/log")
+    mine = logs / "imexctl.log"
+    assert as_user(["/usr/bin/touch", str(mine)]).returncode == 0
+    rc, err = _hook(tray, "epilog")
+    assert rc == 0 and "must be a regular file of root's that others may not write" in err, err
+    assert mine.read_text() == ""
+
+
+def test_a_huge_sparse_metrics_file_is_not_read(tray: Path) -> None:
+    """The local user's 1 GiB sparse ``imexctl.prom`` in ``textfile_dir`` (their group may write it): read not at all.
+
+    Issue 33: the metrics write read the old file whole to compare it (2 GiB
+    and 7 s per hook).  Now a file of another size is replaced unread.
+    """
+    metrics = _dir_of_the_users_group(tray / "metrics")
+    _config(tray, metrics={"textfile_dir": "/metrics"})
+    argv = [sys.executable, "-I", "-c", MAIN, "--config", str(tray / "imexctl.conf"), "epilog"]
+    before = min(read_counted(argv, job_env(job_id=78))[1] for _ in range(2))
+    prom = metrics / "imexctl.prom"
+    prom.unlink()
+    assert as_user(["/usr/bin/truncate", "-s", "1G", str(prom)]).returncode == 0
+    rc, read, out = read_counted(argv, job_env(job_id=78))
+    assert rc == 0, out
+    assert read - before < 1 << 20, f"the epilog read {read - before} bytes more beside a 1 GiB imexctl.prom"
+    assert os.stat(prom).st_uid == 0 and "imexctl_hook_runs_total" in prom.read_text()
+
+
+def test_metrics_in_a_directory_others_may_write_are_refused(tray: Path) -> None:
+    """``textfile_dir`` writable by others: the hook warns (``metrics.failed``), writes nothing there, and succeeds."""
+    metrics = tray / "metrics"
+    metrics.mkdir()
+    metrics.chmod(0o1777)
+    _config(tray, metrics={"textfile_dir": "/metrics"})
+    rc, err = _hook(tray, "epilog")
+    assert rc == 0, err
+    failed = [json.loads(line) for line in (tray / "var/log/imexctl.log").read_text().splitlines()]
+    assert [r["event"] for r in failed][-2:] == ["epilog.done", "metrics.failed"], failed
+    assert "textfile_dir" in failed[-1]["reason"] and "not writable by others" in failed[-1]["reason"]
+    assert list(metrics.iterdir()) == []
+
+
+# ---------------------------------------------------------------- slurmd's umask
+
+
+@pytest.fixture
+def user_rack() -> Iterator[SimRack]:
+    """One simulated tray whose jobs belong to the local user, under a directory that user may traverse."""
+    import random
+    import shutil
+    import tempfile
+
+    from tests.support.localuser import user_ids
+
+    ids = user_ids()
+    assert ids is not None
+    base = Path(tempfile.mkdtemp(prefix="imxu", dir="/tmp"))
+    base.chmod(0o755)
+    rack = SimRack(base, 1, deadline_s=20, uid=ids[0], first_address=random.randrange(20, 249))
+    try:
+        yield rack
+    finally:
+        rack.kill_all()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _task_prolog(rack: SimRack, job: int, **env: str) -> str:
+    """What ``imexctl task-prolog`` prints for the job's task, run as the job's (local) user."""
+    t = rack.trays[0]
+    code = f"import sys; sys.path.insert(0, {str(REPO)!r}); from imexctl.channels.taskprolog import main; main()"
+    done = as_user(
+        [sys.executable, "-I", "-c", code],
+        env={"SLURM_JOB_ID": str(job), "SLURMD_NODENAME": t.name, "IMEXCTL_CONFIG": str(t.config), **env},
+    )
+    assert done.returncode == 0, done.stdout
+    return done.stdout
+
+
+def test_under_slurmds_strict_umask_the_task_prolog_exports_the_channel(user_rack: SimRack) -> None:
+    """A real prolog under umask 027 (slurmd's at some sites): the job's user's TaskProlog exports the channel.
+
+    Issue 33: the run directories came out 0750 and the TaskProlog exported
+    nothing; the channel directory too, so the channel could not be opened.
+    """
+    rack, t = user_rack, user_rack.trays[0]
+    old = os.umask(0o027)
+    try:
+        (result,) = rack.run_hooks("prolog", 4260)
+    finally:
+        os.umask(old)
+    assert result.returncode == 0, result.output
+    minor = json.loads((t.root / "run/imexctl/jobs/4260/state.json").read_text())["channel_minor"]
+    assert minor is not None
+    assert _task_prolog(rack, 4260) == f"export NVIDIA_IMEX_CHANNELS={minor}\n"
+    for d in ("run", "run/imexctl", "run/imexctl/jobs", "run/imexctl/jobs/4260", "dev/nvidia-caps-imex-channels"):
+        assert (t.root / d).stat().st_mode & 0o777 == 0o755, d
+    assert [r.returncode for r in rack.run_hooks("epilog", 4260)] == [0]
     assert rack.leftovers() == []
 
 

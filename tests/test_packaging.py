@@ -10,6 +10,7 @@ for the RPM: docs/install.md, "The RPM".
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import json
@@ -26,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from imexctl import __version__
+from tests.simhelpers import wait_for
 
 pytestmark = pytest.mark.packaging
 
@@ -36,10 +38,16 @@ SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 ROOT_PACKAGES = ("python3",)
 #: what both packages install (pkg/stage.py), besides the units (Debian: /lib, EL9: /usr/lib) and the man page
+#: (the Python environment in packaged/<version>, the entry points that lead to the version in use)
+PACKAGED = f"/opt/imexctl/packaged/{__version__}"
 LAYOUT = (
     "/opt/imexctl/bin/imexctl",
     "/opt/imexctl/bin/python3",
-    "/opt/imexctl/pyvenv.cfg",
+    "/opt/imexctl/bin/python",
+    "/opt/imexctl/libexec/imexctl-switch",
+    f"{PACKAGED}/pyvenv.cfg",
+    f"{PACKAGED}/BUILD",
+    f"{PACKAGED}/bin/imexctl",
     "/usr/sbin/imexctl",
     "/usr/share/imexctl/hooks/prolog",
     "/usr/share/imexctl/hooks/epilog",
@@ -281,10 +289,31 @@ def deb(dist: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def deb_next(dist: Path) -> Path:
-    """A .deb of the next version (NEXT in imexctl/__init__.py and debian/changelog), else the same sources."""
+    """A .deb of the next version (NEXT in imexctl/__init__.py and debian/changelog), with one change inside.
+
+    As between real releases, a module of NEXT needs what only NEXT's other
+    modules have: ``hooks/readiness.py``, which a prolog imports only once it
+    has started the daemon, imports a name that only NEXT's
+    ``platform/record.py`` defines.  A hook that read ``record`` from one
+    version and ``readiness`` from the other fails (ImportError, exit 70).
+    """
     src = _unpacked_sdist(dist, "deb-next")
     init = src / "imexctl/__init__.py"
     init.write_text(init.read_text().replace(f'__version__ = "{__version__}"', f'__version__ = "{NEXT}"'))
+    record = src / "imexctl/platform/record.py"
+    record.write_text(
+        record.read_text() + "\n#: only the next release has it (tests/test_packaging.py)\nNEXT_ONLY = True\n"
+    )
+    readiness = src / "imexctl/hooks/readiness.py"
+    text = readiness.read_text()
+    readiness.write_text(
+        text.replace(
+            "from imexctl.platform.record import Record\n",
+            "from imexctl.platform.record import NEXT_ONLY, Record  # noqa: F401\n",
+            1,
+        )
+    )
+    assert "NEXT_ONLY" in readiness.read_text()
     changelog = (src / "debian/changelog").read_text()
     trailer = next(line for line in changelog.splitlines() if line.startswith(" -- "))
     entry = f"imexctl ({NEXT}) unstable; urgency=medium\n\n  * The next release (a test build).\n\n{trailer}\n\n"
@@ -483,7 +512,12 @@ def test_deb_installs_runs_removes_and_purges_cleanly(deb: Path, root: Path) -> 
     demo = chroot(root, "imexctl demo", check=False)
     assert demo.returncode == 69 and "the simulator is not installed here" in demo.stderr
     assert not (root / "etc/systemd/system/multi-user.target.wants/imexctl-cleanup.service").exists()
-    assert list((root / "opt/imexctl/lib").rglob("__pycache__/*.pyc")), "postinst compiles the byte-code"
+    assert list((root / f"opt/imexctl/versions/{__version__}/lib").rglob("__pycache__/*.pyc")), "compiled at the switch"
+    assert os.readlink(root / "opt/imexctl/current") == f"versions/{__version__}"
+    # /opt/imexctl/bin/python (the enroot hook's, the TaskProlog's) is the version in use, found once
+    code = "import sys, imexctl; print(sys.prefix, imexctl.__file__)"
+    prefix, module = chroot(root, f"/opt/imexctl/bin/python -I -c '{code}'").stdout.split()
+    assert prefix == f"/opt/imexctl/versions/{__version__}" and module.startswith(f"{prefix}/lib/python3.")
     chroot(root, "dpkg -r imexctl")
     assert not (root / "opt/imexctl").exists()
     assert (root / "etc/imexctl/imexctl.conf").exists(), "remove keeps the conffiles"
@@ -517,7 +551,7 @@ def test_deb_install_enable_edit_upgrade_purge_unattended(deb: Path, deb_next: P
     assert "Configuration file" not in upgrade.stdout + upgrade.stderr, "dpkg came to its conffile prompt"
     status = chroot(root, "dpkg-query -W -f '${Status} ${Version}' imexctl").stdout
     assert status == f"install ok installed {NEXT}", "the new postinst ran (configured, not left unpacked)"
-    assert list((root / "opt/imexctl/lib").rglob("__pycache__/*.pyc")), "the new postinst compiled the byte-code"
+    assert list((root / f"opt/imexctl/versions/{NEXT}/lib").rglob("__pycache__/*.pyc")), "the new postinst switched"
     assert conf.read_text() == edited
     assert sorted(p.name for p in conf.parent.iterdir()) == ["imexctl.conf"], "no .dpkg-dist or .dpkg-new beside it"
     assert chroot(root, "imexctl --version").stdout.strip() == f"imexctl {NEXT}"
@@ -536,8 +570,306 @@ def test_deb_upgrade_over_itself_keeps_a_changed_config(deb: Path, root: Path) -
     conf.write_text(conf.read_text() + "\n[readiness]\ndeadline_s = 90\n")
     chroot(root, "dpkg -i /tmp/imexctl.deb")
     assert conf.read_text().endswith("\n[readiness]\ndeadline_s = 90\n")
-    assert list((root / "opt/imexctl/lib").rglob("__pycache__/*.pyc"))
+    assert list((root / f"opt/imexctl/versions/{__version__}/lib").rglob("__pycache__/*.pyc"))
     assert chroot(root, "imexctl --version").stdout.strip() == f"imexctl {__version__}"
+
+
+# ---------------------------------------------------------------- upgrades while hooks run
+
+#: where the simulated trays live in the root, and their loopback addresses (not the demo's 127.0.0.x)
+RACK = "/var/tmp/rack"
+RACK_NET = "127.0.35"
+SIM_PROC_DEVICES = "Character devices:\n195 nvidia\n234 nvidia-caps-imex-channels\nBlock devices:\n  8 sd\n"
+#: runs in the root (stdlib only): ``loop RACK TRAYS`` runs jobs on every tray, prologs then epilogs, each
+#: hook as slurmd does (the installed hooks/<hook>, no PATH), until RACK/stop exists, and records every hook
+#: in RACK/results.jsonl with the version link before and after it; ``once RACK TRAYS HOOK JOB`` runs one hook
+HOOKS = r"""
+import json, os, subprocess, sys
+
+
+def env(rack, tray, trays, job, hook):
+    nodes = "tray[%s-%s]" % (trays[0][4:], trays[-1][4:]) if len(trays) > 1 else trays[0]
+    return {
+        "SLURM_JOB_ID": str(job), "SLURM_JOBID": str(job), "SLURM_JOB_NODELIST": nodes, "SLURM_NODELIST": nodes,
+        "SLURMD_NODENAME": tray, "SLURM_JOB_UID": "65534", "SLURM_JOB_GID": "65534", "SLURM_JOB_USER": "demo",
+        "SLURM_JOB_PARTITION": "nvl72", "SLURM_CLUSTER_NAME": "test", "SLURM_SCRIPT_CONTEXT": hook + "_slurmd",
+        "IMEXCTL_CONFIG": "%s/%s.conf" % (rack, tray),
+    }
+
+
+def run(rack, trays, hook, job):
+    procs = [
+        (t, subprocess.Popen(["/usr/share/imexctl/hooks/" + hook], env=env(rack, t, trays, job, hook), cwd="/",
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        for t in trays
+    ]
+    return [(t, p.communicate()[0].decode(errors="replace"), p.returncode) for t, p in procs]
+
+
+mode, rack, trays = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
+if mode == "once":
+    ((_, text, rc),) = run(rack, trays, sys.argv[4], int(sys.argv[5]))
+    sys.stdout.write(text)
+    sys.exit(rc)
+job = 1000
+with open(rack + "/results.jsonl", "a") as out:
+    while not os.path.exists(rack + "/stop"):
+        job += 1
+        for hook in ("prolog", "epilog"):
+            before = os.readlink("/opt/imexctl/current")
+            for tray, text, rc in run(rack, trays, hook, job):
+                after = os.readlink("/opt/imexctl/current")
+                rec = {"job": job, "hook": hook, "tray": tray, "rc": rc, "before": before, "after": after}
+                out.write(json.dumps(dict(rec, output=text[-800:])) + "\n")
+            out.flush()
+"""
+
+
+def _sim_rack(root: Path, trays: int, **extra: dict[str, str]) -> list[str]:
+    """Simulated trays in the root, as ``imexctl demo`` makes them, for the installed hooks; their names.
+
+    The node packages leave the simulator out: it is copied from this checkout
+    to ``/opt/imexsim`` (it imports nothing of imexctl), with the installed
+    package's psutil (the simulator's one dependency), and each tray's config
+    names its launchers in ``[commands]``; ``extra`` adds keys.
+    """
+    sim = root / "opt/imexsim"
+    shutil.copytree(REPO / "imexctl/sim", sim / "imexctl/sim", ignore=shutil.ignore_patterns("__pycache__"))
+    (psutil,) = root.glob("opt/imexctl/packaged/*/lib/python3.*/site-packages/psutil")
+    shutil.copytree(psutil, sim / "psutil", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "imexctl/__init__.py", sim / "imexctl/__init__.py")
+    rack = root / RACK.lstrip("/")
+    rack.mkdir(parents=True)
+    (rack / "faults").write_text("\n")
+    (rack / "hooks.py").write_text(HOOKS)
+    bins = {}
+    for key, name, module in (
+        ("nvidia_imex", "nvidia-imex-sim", "imexctl.sim.daemon"),
+        ("nvidia_imex_ctl", "nvidia-imex-ctl-sim", "imexctl.sim.ctl"),
+    ):
+        faults = f"os.environ['IMEX_SIM_FAULTS_FILE'] = '{RACK}/faults'\n" if key == "nvidia_imex" else ""
+        path = sim / "bin" / name
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(
+            f"#!/usr/bin/python3\nimport os, sys\n{faults}sys.path.insert(0, '/opt/imexsim')\n"
+            f"from {module} import main\nsys.exit(main())\n"
+        )
+        path.chmod(0o755)
+        bins[key] = f"/opt/imexsim/bin/{name}"
+    names = [f"tray{i:02d}" for i in range(1, trays + 1)]
+    hosts = "".join(f"{RACK_NET}.{10 + i} {n}\n" for i, n in enumerate(names, 1))
+    for n in names:
+        (rack / n / "proc").mkdir(parents=True)
+        (rack / n / "proc/devices").write_text(SIM_PROC_DEVICES)
+        (rack / n / "etc/imexctl").mkdir(parents=True)
+        (rack / n / "etc/imexctl/hosts").write_text(hosts)
+        sections = {
+            "paths": {"root": f"{RACK}/{n}"},
+            "commands": bins,
+            "daemon": {"backend": "exec", "kill_grace_s": "2"},
+            "policy": {"fabric": "none", "channels": "job"},
+            "resolve": {"method": "hosts_file"},
+            "readiness": {"deadline_s": "30"},
+        }
+        for section, keys in extra.items():
+            sections.setdefault(section, {}).update(keys)
+        text = "".join(f"[{k}]\n" + "".join(f"{a} = {b}\n" for a, b in v.items()) for k, v in sections.items())
+        (rack / f"{n}.conf").write_text(text)
+    return names
+
+
+def _chroot_popen(root: Path, script: str) -> subprocess.Popen[str]:
+    """:func:`chroot`, in the background."""
+    argv = ["unshare", "--mount", "--fork", "sh", "-c", 'mount -t proc proc "$0/proc" && exec chroot "$0" sh -c "$1"']
+    return subprocess.Popen(
+        [*argv, str(root), script], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, env=ENV,
+    )  # fmt: skip
+
+
+def _end_processes_in(root: Path) -> None:
+    """SIGKILL every process whose root is ``root`` (a test that failed may leave daemons behind)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{pid}/root") == str(root):
+                os.kill(int(pid), 9)
+        except OSError:
+            continue
+
+
+def _hook(root: Path, trays: list[str], hook: str, job: int) -> subprocess.CompletedProcess[str]:
+    return chroot(root, f"exec /usr/bin/python3 {RACK}/hooks.py once {RACK} {','.join(trays)} {hook} {job}", False)
+
+
+def _active(root: Path) -> str:
+    return os.readlink(root / "opt/imexctl/current")
+
+
+def test_deb_upgrades_and_downgrades_while_hooks_run(deb: Path, deb_next: Path, root: Path) -> None:
+    """Two simulated trays run jobs back to back (the installed hooks, the simulator's daemons) while the .deb is
+    upgraded to NEXT and downgraded again, 10 times each: no hook fails, hooks ran across the switches, and
+    nothing is left behind."""
+    shutil.copy(deb, root / "tmp/old.deb")
+    shutil.copy(deb_next, root / "tmp/new.deb")
+    chroot(root, "dpkg -i /tmp/old.deb")
+    trays = _sim_rack(root, 2)
+    results = root / RACK.lstrip("/") / "results.jsonl"
+    loop = _chroot_popen(root, f"exec /usr/bin/python3 {RACK}/hooks.py loop {RACK} {','.join(trays)}")
+    switches = []
+    try:
+        wait_for(lambda: results.exists() and results.read_text().count("\n") >= 4, 60, 0.2, what="the first job")
+        for _ in range(10):
+            for which, version in (("new", NEXT), ("old", __version__)):
+                done = chroot(root, f"DEBIAN_FRONTEND=noninteractive dpkg -i /tmp/{which}.deb", check=False)
+                assert done.returncode == 0, done.stdout + done.stderr
+                assert _active(root) == f"versions/{version}"
+                switches.append(version)
+        (root / RACK.lstrip("/") / "stop").touch()
+        loop.communicate(timeout=120)
+    finally:
+        if loop.poll() is None:
+            loop.kill()
+        _end_processes_in(root)
+    assert loop.returncode == 0
+    hooks = [json.loads(line) for line in results.read_text().splitlines()]
+    failed = [h for h in hooks if h["rc"] != 0]
+    assert not failed, json.dumps(failed[:3], indent=1)
+    across = [h for h in hooks if h["before"] != h["after"]]
+    ran = {v: sum(h["before"] == h["after"] == f"versions/{v}" for h in hooks) for v in (__version__, NEXT)}
+    print(f"{len(switches)} switches; {len(hooks)} hooks, none failed; {len(across)} across a switch; by version {ran}")
+    assert len(switches) == 20 and len(across) >= 5 and all(ran.values()), (len(across), ran)
+    for t in trays:
+        assert not list((root / RACK.lstrip("/") / t / "run/imexctl/jobs").iterdir()), f"{t}: a job left behind"
+    assert sorted(os.listdir(root / "opt/imexctl/versions")) == sorted([__version__, NEXT])
+
+
+def test_a_prolog_that_spans_an_upgrade_runs_its_version_wholly(deb: Path, deb_next: Path, root: Path) -> None:
+    """A prolog started under the old version waits for the node lock while the .deb is upgraded; it then
+    imports the rest of its code (hooks/readiness.py, after its daemon started), the old version's, and
+    succeeds. NEXT's readiness beside the old version's modules would fail it (ImportError, exit 70): the
+    files under /opt/imexctl replaced one by one did exactly that."""
+    shutil.copy(deb, root / "tmp/old.deb")
+    shutil.copy(deb_next, root / "tmp/new.deb")
+    chroot(root, "dpkg -i /tmp/old.deb")
+    trays = _sim_rack(root, 1, daemon={"lock_timeout_s": "120"})
+    lock = root / RACK.lstrip("/") / trays[0] / "run/imexctl/lock"
+    lock.parent.mkdir(parents=True, mode=0o755)
+    held = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    script = f"exec /usr/bin/python3 {RACK}/hooks.py once {RACK} {trays[0]} prolog 7"
+    prolog = _chroot_popen(root, script)
+    try:
+        wait_for(lambda: _opened_by_another(lock), 60, 0.05, what="the prolog to wait for the node lock")
+        chroot(root, "DEBIAN_FRONTEND=noninteractive dpkg -i /tmp/new.deb")
+        assert _active(root) == f"versions/{NEXT}"
+        assert prolog.poll() is None, "the prolog still waits"
+        fcntl.flock(held, fcntl.LOCK_UN)
+        out, _ = prolog.communicate(timeout=120)
+    finally:
+        os.close(held)
+        if prolog.poll() is None:
+            prolog.kill()
+        _end_processes_in(root)
+    assert prolog.returncode == 0, out
+    log = (root / RACK.lstrip("/") / trays[0] / "var/log/imexctl.log").read_text().splitlines()
+    (done,) = [json.loads(ln) for ln in log if '"prolog.done"' in ln]
+    assert done["ok"] is True and done["job_id"] == 7, done
+    epilog = _hook(root, trays, "epilog", 7)
+    assert epilog.returncode == 0, epilog.stdout
+    assert sorted(os.listdir(root / "opt/imexctl/versions")) == sorted([__version__, NEXT]), "the old one stays"
+
+
+def _opened_by_another(path: Path) -> bool:
+    """Whether a process other than this one has ``path`` open."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if int(pid) == os.getpid():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == str(path):
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def _switch_line(done: subprocess.CompletedProcess[str]) -> list[str]:
+    """The lines the switch of NEXT printed."""
+    return [ln for ln in (done.stdout + done.stderr).splitlines() if ln.startswith(f"imexctl {NEXT}:")]
+
+
+def test_deb_refuses_to_switch_to_a_version_that_cannot_read_the_config(deb: Path, deb_next: Path, root: Path) -> None:
+    """A config the new version's reader refuses (configparser's 'key: value'): dpkg -i fails with the switch's one
+    line, the old version stays in use and dpkg shows NEXT half-configured; once the file is fixed,
+    dpkg --configure -a switches."""
+    shutil.copy(deb, root / "tmp/old.deb")
+    shutil.copy(deb_next, root / "tmp/new.deb")
+    chroot(root, "dpkg -i /tmp/old.deb")
+    conf = root / "etc/imexctl/imexctl.conf"
+    shipped = conf.read_text()
+    conf.write_text(shipped + "\n[readiness]\ndeadline_s: 90\n")
+    done = chroot(root, "DEBIAN_FRONTEND=noninteractive dpkg -i /tmp/new.deb", check=False)
+    assert done.returncode == 1
+    (line,) = _switch_line(done)
+    assert line.startswith(f"imexctl {NEXT}: not switched to; the hooks keep running versions/{__version__} (")
+    assert "/etc/imexctl/imexctl.conf: line " in line and "'deadline_s: 90'" in line
+    assert line.endswith("); fix it, then: dpkg --configure -a"), line
+    assert _active(root) == f"versions/{__version__}"
+    assert chroot(root, "imexctl --version").stdout.strip() == f"imexctl {__version__}"
+    status = chroot(root, "dpkg-query -W -f '${Status} ${Version}' imexctl").stdout
+    assert status == f"install ok half-configured {NEXT}"
+    conf.write_text(shipped + "\n[readiness]\ndeadline_s = 90\n")
+    chroot(root, "dpkg --configure -a")
+    assert _active(root) == f"versions/{NEXT}"
+    assert chroot(root, "imexctl --version").stdout.strip() == f"imexctl {NEXT}"
+
+
+def _booted(root: Path, script: str, driver: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """:func:`chroot` as a booted tray: PID 1 runs in the root, the NVIDIA driver ``driver`` is loaded.
+
+    A PID namespace makes the root PID 1's; a tmpfs over ``/proc/driver`` holds
+    the driver's ``nvidia/version``; the root has ``/run/systemd/system``.
+    """
+    (root / "run/systemd/system").mkdir(parents=True, exist_ok=True)
+    line = f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {driver}  Release Build  (test)"
+    inner = (
+        'mount -t proc proc "$0/proc" && mount -t tmpfs tmpfs "$0/proc/driver" && mkdir "$0/proc/driver/nvidia" '
+        '&& echo "$2" >"$0/proc/driver/nvidia/version" && exec chroot "$0" sh -c "$1"'
+    )
+    done = subprocess.run(
+        ["unshare", "--mount", "--pid", "--fork", "sh", "-c", inner, str(root), script, line],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300, env=ENV, check=False,
+    )  # fmt: skip
+    if check and done.returncode != 0:
+        raise AssertionError(f"in the root: {script}\nexit {done.returncode}\n{done.stdout}\n{done.stderr}")
+    return done
+
+
+def test_deb_refuses_to_switch_when_nvidia_imex_is_not_the_drivers_version(
+    deb: Path, deb_next: Path, root: Path
+) -> None:
+    """On a booted tray: with nvidia-imex at the loaded driver's version the install switches; after an
+    unattended driver update (580.95.05 loaded as 580.105.08) the upgrade is refused in one line naming both,
+    the old version stays; with matching versions again, dpkg --configure -a switches."""
+    shutil.copy(deb, root / "tmp/old.deb")
+    shutil.copy(deb_next, root / "tmp/new.deb")
+    imex = root / "usr/bin/nvidia-imex"
+    imex.write_text("#!/bin/sh\necho 'IMEX version is: 580.95.05'\n")
+    imex.chmod(0o755)
+    _booted(root, "dpkg -i /tmp/old.deb", "580.95.05")
+    assert _active(root) == f"versions/{__version__}"
+    assert "nvidia-imex 580.95.05 matches the driver" in _booted(root, "imexctl preflight", "580.95.05").stdout
+    done = _booted(root, "DEBIAN_FRONTEND=noninteractive dpkg -i /tmp/new.deb", "580.105.08", check=False)
+    assert done.returncode == 1
+    (line,) = _switch_line(done)
+    assert "(nvidia-imex 580.95.05 but the driver is 580.105.08: every job's daemon would refuse to start)" in line
+    assert _active(root) == f"versions/{__version__}"
+    _booted(root, "dpkg --configure -a", "580.95.05")
+    assert _active(root) == f"versions/{NEXT}"
 
 
 # ---------------------------------------------------------------- the .rpm
@@ -615,7 +947,7 @@ def test_rpm_metadata_files_and_configs(rpms: dict[str, Path]) -> None:
     assert "python(abi) = 3.9" in requires and "python3 >= 3.9" in requires
     files = set(_rpm(rpm, "-l").splitlines())
     wanted = {*LAYOUT, "/usr/share/man/man8/imexctl.8", "/usr/share/man/man5/imexctl.conf.5"}
-    wanted |= {"/opt/imexctl/lib/python3.9/site-packages/imexctl/cli/__init__.py"}
+    wanted |= {f"{PACKAGED}/lib/python3.9/site-packages/imexctl/cli/__init__.py"}
     wanted |= {f"/usr/lib/systemd/system/{unit}" for unit in UNITS}
     assert wanted <= files
     assert not [f for f in files if f.startswith(("/usr/lib/.build-id", "/etc/systemd")) or f.endswith(".pyc")]
@@ -634,18 +966,23 @@ def test_rpm_metadata_files_and_configs(rpms: dict[str, Path]) -> None:
     assert digests["/etc/imexctl/imexctl.conf"] == hashlib.sha256((REPO / "pkg/imexctl.conf").read_bytes()).hexdigest()
 
 
-def test_rpm_scriptlets_enable_nothing_and_clean_byte_code(rpms: dict[str, Path]) -> None:
-    """The scriptlets compile and remove byte-code and reload systemd; none enables or starts a unit."""
+def test_rpm_scriptlets_switch_and_enable_nothing(rpms: dict[str, Path]) -> None:
+    """%post switches to the new version (and fails with it), %preun's erase removes the versions; none enables
+    or starts a unit; every scriptlet is valid shell."""
     scripts = _rpm(rpms["x86_64"], "--scripts")
-    assert "compileall" in scripts and "__pycache__" in scripts and "daemon-reload" in scripts
+    assert "daemon-reload" in scripts
     assert " enable" not in scripts and " start" not in scripts and "preset" not in scripts
     for tag in ("POSTIN", "PREUN", "POSTUN"):
         body = _rpm(rpms["x86_64"], "--qf", f"%{{{tag}}}")
         sh(["sh", "-n", "-c", body])  # valid shell
+    postin = _rpm(rpms["x86_64"], "--qf", "%{POSTIN}")
+    assert "/opt/imexctl/libexec/imexctl-switch || exit 1" in postin, "a refused switch fails the scriptlet"
     preun = _rpm(rpms["x86_64"], "--qf", "%{PREUN}")
     erase = preun.split('if [ "$1" -eq 0 ]; then', 1)[1].split("fi", 1)[0]
     assert "systemctl --no-reload disable imexctl-cleanup.service" in erase, "erase removes the enable links"
     assert "systemctl --no-reload disable --now imexctl-metrics.timer" in erase, "and stops the live-gauge timer"
+    assert "/opt/imexctl/libexec/imexctl-switch --remove" in erase, "and the versions rpm does not know"
+    assert "imexctl-switch" not in preun.replace(erase, ""), "an upgrade leaves the version in use alone"
 
 
 def test_rpm_payload_matches_its_architecture(rpms: dict[str, Path], tmp_path: Path) -> None:
@@ -655,9 +992,9 @@ def test_rpm_payload_matches_its_architecture(rpms: dict[str, Path], tmp_path: P
         dest.mkdir()
         cpio = subprocess.run(["rpm2cpio", str(rpms[arch])], capture_output=True, check=True, timeout=120)
         subprocess.run(["cpio", "-idm", "--quiet"], input=cpio.stdout, cwd=dest, check=True, timeout=120)
-        (so,) = (dest / "opt/imexctl/lib/python3.9/site-packages/psutil").glob("*.so")
+        (so,) = (dest / f"{PACKAGED.lstrip('/')}/lib/python3.9/site-packages/psutil").glob("*.so")
         assert int.from_bytes(so.read_bytes()[18:20], "little") == machine
-    site = tmp_path / "x86_64/opt/imexctl/lib/python3.9/site-packages"
+    site = tmp_path / f"x86_64{PACKAGED}/lib/python3.9/site-packages"
     python39 = _python39()
     if python39 is None:
         pytest.skip("no working Python 3.9 on this machine to run the RPM's payload with")

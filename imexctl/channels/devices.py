@@ -11,7 +11,6 @@ import os
 import stat
 from pathlib import Path
 
-from imexctl.channels.job import channel_minor
 from imexctl.platform.errors import DeviceError
 from imexctl.platform.fsutil import ensure_dir, read_text_nofollow
 from imexctl.platform.record import Record
@@ -73,6 +72,25 @@ def find_major(proc_devices_text: str, name: str = DEVICE_NAME, *, source: str =
             "which one the driver uses is unknown"
         )
     return found[0] if found else None
+
+
+def channel_minor(job_id: int, channel_count: int, position: int = 0, clique: int = 1) -> int:
+    """The channel number of a job's IMEX domain: the same on each of its trays, never 0 (design.md "The channel rule").
+
+    IMEX domains that run at once in one NVLink clique must use different
+    channels (design.md source channel-per-domain).  Two of them never share a
+    tray, so the first trays of their domains differ: ``position`` is where the
+    domain's first tray stands among the ``clique`` trays of its clique (from 0).
+    While ``clique`` is below ``channel_count``, positions give distinct numbers
+    whatever the job ids, and the job id moves the number on by ``clique`` from
+    one job to the next on the same trays (``channel_count // clique`` turns).
+    A larger clique wraps: numbers then repeat every ``channel_count - 1``
+    positions.  ``position`` 0 of a clique of 1 is the job-id rule,
+    ``1 + job_id % (channel_count - 1)``.
+    """
+    span = channel_count - 1
+    turns = max(1, span // clique)
+    return 1 + (position + clique * (job_id % turns)) % span
 
 
 def read_major(proc_devices: Path) -> int:

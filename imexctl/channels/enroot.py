@@ -180,11 +180,14 @@ def run(
     """The hook; returns 0, or raises :class:`ImexctlError` to stop the container (``main`` prints it as one line).
 
     Two phases.  Finding the job's channel on this tray never stops a
-    container: no job, no domain, no channel, another user's job, an unusable
-    config, even a bug, all return 0 (with one warning line where something
-    looks wrong).  Restricting the container to that channel may fail; then
-    ``[containers] on_error`` decides: ``open`` (the default) undoes any
-    partial mount, warns on standard error and in the container's
+    container for what it finds: no job, no domain, no channel, another
+    user's job, an unusable config, even a bug, all return 0 (with one
+    warning line where something looks wrong).  What the prolog left here
+    but this user cannot read (a run directory made ``0750`` under a strict
+    umask, a ``state.json`` that is not one: ``jobchannel.Unreadable``) is
+    no answer: then, and when restricting the container to the channel
+    fails, ``[containers] on_error`` decides: ``open`` (the default) undoes
+    any partial mount, warns on standard error and in the container's
     environment (``IMEXCTL_ENROOT_HOOK_WARNING``) and returns 0; ``closed``
     raises, and enroot does not start the container.
 
@@ -198,10 +201,13 @@ def run(
         mountinfo: reads ``/proc/self/mountinfo`` (default: the real one).
 
     Raises:
-        ImexctlError: the job has a channel here, restricting failed and ``on_error = closed``.
+        ImexctlError: the job has a channel here (or what says so cannot be read), restricting
+            failed and ``on_error = closed``.
     """
     try:
         found = _find_channel(env, config, uid, uid_map, read_map)
+    except _Unknown as exc:
+        return _unknown(env, exc)
     except Exception as exc:  # a bug while looking: never a reason to stop a container
         _warn(f"internal error while looking for the job's channel: {type(exc).__name__}: {exc}; {LEFT_AS_IS}")
         return 0
@@ -224,10 +230,34 @@ def run(
     return 0
 
 
+class _Unknown(Exception):
+    """Whether the job has a channel here cannot be told: the prolog's files cannot be read (``str()`` says why)."""
+
+    def __init__(self, reason: str, paths: jobchannel.NodePaths) -> None:
+        super().__init__(reason)
+        self.paths = paths
+
+
+def _unknown(env: Mapping[str, str], exc: _Unknown) -> int:
+    """``on_error`` decides: ``closed`` stops the container (exit 71); ``open`` warns and lets it start as it is."""
+    policy, policy_problem = _policy(exc.paths)
+    error = FileError(f"cannot tell whether this job has an IMEX channel here: {exc}")
+    if policy == "closed":
+        raise FileError(f"{error}; {STOPPED}")
+    message = f"{error}; {LEFT_AS_IS} ([containers] on_error = open){policy_problem}"
+    _warn(message)
+    _note_in_environ(env.get("ENROOT_ENVIRON", ""), message)
+    return 0
+
+
 def _find_channel(
     env: Mapping[str, str], config: str | None, uid: int | None, uid_map: jobchannel.UidMap, read_map: bool
 ) -> tuple[jobchannel.JobChannel, jobchannel.NodePaths, jobchannel.UidMap] | None:
-    """The caller's job's channel on this tray, or None (nothing to do): never raises an expected error."""
+    """The caller's job's channel on this tray, or None (nothing to do).
+
+    Raises:
+        _Unknown: what the prolog left here cannot be read by this user (``jobchannel.Unreadable``).
+    """
     if not env.get("SLURM_JOB_ID"):
         return None  # enroot outside a Slurm job: nothing of ours to show
     if uid_map is None and read_map:
@@ -240,6 +270,8 @@ def _find_channel(
     caller = jobchannel.caller_host_uid(uid_map, uid)
     try:
         channel = jobchannel.find_job(paths, jobchannel.candidate_job_ids(env), caller, uid_map, accept_root=True)
+    except jobchannel.Unreadable as exc:
+        raise _Unknown(str(exc), paths) from None
     except jobchannel.NoChannel:
         return None
     return channel, paths, uid_map

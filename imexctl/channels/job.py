@@ -41,9 +41,9 @@ __all__ = [
     "JobChannel",
     "NoChannel",
     "NodePaths",
+    "Unreadable",
     "caller_host_uid",
     "candidate_job_ids",
-    "channel_minor",
     "find_job",
     "open_channel",
     "read_note",
@@ -62,6 +62,20 @@ _MAX_CANDIDATES = 64
 
 class NoChannel(Exception):
     """The job has no usable channel on this tray; ``str()`` says why, in one line."""
+
+
+class Unreadable(NoChannel):
+    """What the prolog left here may not be read by this user: whether the job has a channel is unknown.
+
+    Not "no channel" (issue 33: under slurmd's umask 027 the run directories
+    came out 0750, the job's user could not open them, and the enroot hook
+    took that for a job without a domain and left the container unrestricted
+    even with ``on_error = closed``): the run directory, ``jobs/``, the job's
+    directory, its ``state.json`` or the channel's directory exists but
+    opening it is refused (``EACCES``, ``EPERM``).  What can be read and is
+    wrong (a symlink, a directory others may write, a ``state.json`` that is
+    not one) stays :class:`NoChannel`, as before.
+    """
 
 
 class NodePaths:
@@ -93,11 +107,6 @@ class JobChannel:
 
 
 # ---------------------------------------------------------------- configuration
-
-
-def channel_minor(job_id: int, channel_count: int) -> int:
-    """The job's channel number, identical on every tray; never 0 (shared by convention)."""
-    return 1 + job_id % (channel_count - 1)
 
 
 def read_paths(env: Mapping[str, str], explicit: str | None = None, uid_map: UidMap = None) -> NodePaths:
@@ -248,6 +257,7 @@ def find_job(
         raise NoChannel("no job id in the environment (SLURM_JOB_ID)")
     if caller is None:
         raise NoChannel("this process's uid is not mapped to a host uid")
+    unreadable = False
     try:
         run_dir = _Dir.open_path(paths.run_dir, uid_map)
         with run_dir, _sub_or_none(run_dir, schema.JOBS_DIR) as jobs:
@@ -259,6 +269,7 @@ def find_job(
                     state = _read_job(jobs, job_id)
                 except NoChannel as exc:
                     why.append(str(exc))
+                    unreadable = unreadable or isinstance(exc, Unreadable)
                     continue
                 if state.uid == caller or (accept_root and caller == 0):
                     return state
@@ -266,8 +277,8 @@ def find_job(
     except FileNotFoundError:
         raise NoChannel(f"no imexctl run directory {paths.run_dir} on this node") from None
     except OSError as exc:
-        raise NoChannel(f"{exc.filename or paths.run_dir}: {_reason(exc)}") from None
-    raise NoChannel("; ".join(why))
+        raise _error(exc)(f"{exc.filename or paths.run_dir}: {_reason(exc)}") from None
+    raise (Unreadable if unreadable else NoChannel)("; ".join(why))
 
 
 def read_note(paths: NodePaths, job_ids: Sequence[int], uid_map: UidMap) -> str:
@@ -298,7 +309,7 @@ def _read_job(jobs: _Dir, job_id: int) -> JobChannel:
     except FileNotFoundError:
         raise NoChannel(f"no imexctl domain for job {job_id} on this node") from None
     except OSError as exc:
-        raise NoChannel(f"job {job_id}: {jobs.path}/{job_id}: {_reason(exc)}") from None
+        raise _error(exc)(f"job {job_id}: {jobs.path}/{job_id}: {_reason(exc)}") from None
 
 
 def _read_state(job_dir: _Dir, job_id: int) -> JobChannel:
@@ -307,7 +318,7 @@ def _read_state(job_dir: _Dir, job_id: int) -> JobChannel:
     except FileNotFoundError:
         raise NoChannel(f"job {job_id}: no state.json (a prolog still running, or failed)") from None
     except OSError as exc:
-        raise NoChannel(f"job {job_id}: state.json: {_reason(exc)}") from None
+        raise _error(exc)(f"job {job_id}: state.json: {_reason(exc)}") from None
     try:
         import json  # here, not at the top: the hooks' fast path imports this module (docs/performance.md)
 
@@ -342,7 +353,8 @@ def open_channel(channel: JobChannel, uid_map: UidMap, *, major: int | None = No
 
     Raises:
         NoChannel: missing, a symlink, not a character device, another minor
-            (or major), or not owned by the job's user.
+            (or major), or not owned by the job's user; :class:`Unreadable`
+            when the way to it may not be taken (a directory this user may not search).
     """
     directory, _, name = channel.path.rpartition("/")
     try:
@@ -351,7 +363,7 @@ def open_channel(channel: JobChannel, uid_map: UidMap, *, major: int | None = No
     except FileNotFoundError:
         raise NoChannel(f"channel {channel.path} is missing") from None
     except OSError as exc:
-        raise NoChannel(f"channel {channel.path}: {_reason(exc)}") from None
+        raise _error(exc)(f"channel {channel.path}: {_reason(exc)}") from None
     st = os.fstat(fd)
     problem = _node_problem(st, channel, uid_map, major)
     if problem:
@@ -371,6 +383,11 @@ def _node_problem(st: os.stat_result, channel: JobChannel, uid_map: UidMap, majo
     if owner != channel.uid:
         return f"is owned by uid {owner if owner is not None else '(unmapped)'}, not by the job's uid {channel.uid}"
     return ""
+
+
+def _error(exc: OSError) -> type[NoChannel]:
+    """:class:`Unreadable` for an open that permissions refused, else :class:`NoChannel`."""
+    return Unreadable if exc.errno in (errno.EACCES, errno.EPERM) else NoChannel
 
 
 def _reason(exc: OSError) -> str:

@@ -28,6 +28,8 @@ DEVICE_NAME = "nvidia-caps-imex-channels"
 #: the notes' directory under ``[paths] run_dir``
 NOTES = "notes"
 _MAX_NOTE = 1000
+#: the notes' directories: the job's user reads its note through them
+_DIR_MODE = 0o755
 
 
 def note_path(run_dir: str, job_id: int) -> str:
@@ -58,7 +60,7 @@ def leave(run_dir: str, proc_devices: str, job_id: int, text: str) -> bool:
     if not offers_channels(proc_devices):
         return False
     line = "".join(c if c.isprintable() else "?" for c in text)[:_MAX_NOTE] + "\n"
-    os.makedirs(os.path.dirname(run_dir), 0o755, exist_ok=True)
+    _make_parents(os.path.dirname(run_dir))
     fd = _open_dir(run_dir)
     try:
         sub = _open_dir(NOTES, fd)
@@ -89,13 +91,32 @@ def forget(run_dir: str, job_id: int) -> bool:
     return True
 
 
-def _open_dir(name: str, parent: int | None = None) -> int:
-    """Open (making it, mode 0755) the directory ``name``; refuse a symlink or one that others may write."""
+def _make_parents(path: str) -> None:
+    """``os.makedirs(path, 0o755)``, each directory made now given exactly that mode whatever the umask."""
+    if not path or os.path.isdir(path):
+        return
+    _make_parents(os.path.dirname(path))
     try:
-        os.mkdir(name, 0o755, dir_fd=parent)
+        os.mkdir(path, _DIR_MODE)
     except FileExistsError:
-        pass
+        return
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fchmod(fd, _DIR_MODE)
+    finally:
+        os.close(fd)
+
+
+def _open_dir(name: str, parent: int | None = None) -> int:
+    """Open (making it, 0755 whatever the umask) the directory ``name``; refuse a symlink or one others may write."""
+    made = True
+    try:
+        os.mkdir(name, _DIR_MODE, dir_fd=parent)
+    except FileExistsError:
+        made = False
     fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+    if made:
+        os.fchmod(fd, _DIR_MODE)  # slurmd's umask (027 at some sites) would hide the notes from the job's user
     st = os.fstat(fd)
     if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         os.close(fd)

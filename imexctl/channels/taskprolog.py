@@ -9,7 +9,10 @@ job has a domain with a channel on this tray that is the caller's
 (:mod:`imexctl.channels.job`); else, in the step's first task
 (``SLURM_PROCID`` 0), ``print imexctl: IMEX was not set up for job N: ...``
 when the prolog left that note (:mod:`imexctl.channels.notes`: the job may share its
-trays, and how to get IMEX); nothing otherwise.
+trays, and how to get IMEX), or ``print imexctl: cannot tell ...`` when what the
+prolog left here cannot be read by the job's user (a run directory that a
+strict umask made ``0750``: ``jobchannel.Unreadable``, a fault of the tray
+that the job's output should show); nothing otherwise.
 
 Two rules come from Slurm and are never broken here:
 
@@ -82,15 +85,22 @@ def lines(
         note = _note(env, paths, uid_map)
         if note:
             return [f"print imexctl: {note}"]
+        if isinstance(exc, jobchannel.Unreadable) and _first_task(env):
+            return [f"print imexctl: cannot tell this job's IMEX channel on this node: {_one_line(str(exc))}"]
         return [f"print imexctl: no IMEX channel exported: {_one_line(str(exc))}"] if _debug(env) else []
     return [f"export {VARIABLE}={channel.minor}"]
 
 
 def _note(env: Mapping[str, str], paths: jobchannel.NodePaths | None, uid_map: jobchannel.UidMap) -> str:
     """The prolog's note for this job (why it runs without IMEX), for the job's first task only; else ''."""
-    if paths is None or env.get("SLURM_PROCID", "0").strip() not in ("", "0"):
+    if paths is None or not _first_task(env):
         return ""
     return _one_line(jobchannel.read_note(paths, jobchannel.candidate_job_ids(env), uid_map))
+
+
+def _first_task(env: Mapping[str, str]) -> bool:
+    """Whether this is the step's first task (``SLURM_PROCID`` 0, or none set)."""
+    return env.get("SLURM_PROCID", "0").strip() in ("", "0")
 
 
 def _debug(env: Mapping[str, str]) -> bool:

@@ -167,6 +167,7 @@ _HANDLERS = {
     "doctor": "imexctl.doctor.run",
     "health": "imexctl.commands.health",
     "why": "imexctl.commands.why",
+    "preflight": "imexctl.commands.preflight",
     "netcheck": "imexctl.commands.netcheck",
     "demo": "imexctl.commands.demo",
 }

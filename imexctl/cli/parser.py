@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--slurm-conf", metavar="FILE", help="slurm.conf to check (default: $SLURM_CONF, /etc/slurm)")
     dr.add_argument("--nodes", metavar="LIST", default="", help="also resolve these trays (a host list, e.g. a rack)")
     _health_parser(sub)
+    _preflight_parser(sub)
     _netcheck_parser(sub)
     cl = sub.add_parser("cleanup", help="reset the node after failed jobs")
     cl.add_argument("--job", type=int, metavar="ID", help="only this job")
@@ -193,6 +194,24 @@ def _name_pattern(text: str) -> Any:
         return parse_pattern(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _preflight_parser(sub: Any) -> None:
+    """``imexctl preflight``: what a package asks a new version before it switches to it."""
+    pf = sub.add_parser(
+        "preflight",
+        help="would this version's hooks work here: the config parses, nvidia-imex matches the driver",
+        description=(
+            "what the packages ask a new version before they switch to it: the config the hooks read, by this "
+            "version's reader; on the booted tray, nvidia-imex --version against the loaded driver. One line; "
+            "exit 0, 78 (config) or 69 (docs/operations.md)"
+        ),
+    )
+    pf.add_argument(
+        "--config-only",
+        action="store_true",
+        help="judge only the config file (the Ansible role's check of a file before it writes it: --config FILE)",
+    )
 
 
 def _container_parsers(sub: Any) -> None:

@@ -21,6 +21,16 @@ reached both its ports (or, after a blocked pair, until twice ``timeout_s``).
 Each tray then sends its row to the step's first tray, which prints the
 tray-by-tray matrix; every tray prints its own line and exits 1 when
 anything it checked was blocked, so srun's exit code is non-zero then too.
+
+Anybody who can reach a listener can send it lines (issue 33: a forged row
+made a tray that never ran look reachable, its text reached the terminal
+raw, and a malformed row crashed the report with exit 70).  So a tray's
+``HELLO`` and ``ROW`` count only when they come from that tray's planned
+address, a row must be exactly the shape a tray sends (known trays and
+ranges, short strings), and every text from the network is printed escaped.
+What was ignored, and from where, is printed too.  A user on a tray can
+still speak for that tray, from its address: the report is as trustworthy as
+the trays' users.
 """
 
 from __future__ import annotations
@@ -44,7 +54,19 @@ if TYPE_CHECKING:
     from imexctl.gpu.fabric import Gpu
     from imexctl.platform.host import Host
 
-__all__ = ["BANNER", "WINDOW", "Plan", "Tray", "candidates", "command", "plan_from_env", "render_matrix", "run"]
+__all__ = [
+    "BANNER",
+    "WINDOW",
+    "Plan",
+    "Tray",
+    "candidates",
+    "command",
+    "parse_row",
+    "plan_from_env",
+    "render_matrix",
+    "run",
+    "shown",
+]
 
 BANNER: Final = "IMEXCTL-NETCHECK 1"
 #: candidate ports per tray and range
@@ -54,6 +76,10 @@ _CONNECT_TIMEOUT_S: Final = 1.0
 #: a listener's banner and a client's line must come within this
 _LINE_TIMEOUT_S: Final = 2.0
 _RETRY_PAUSE_S: Final = 0.2
+#: the longest outcome text a row may carry per tray and range (a tray's own are under 200 characters)
+_MAX_OUTCOME: Final = 512
+#: lines ignored that the report names (the rest are counted)
+_MAX_IGNORED: Final = 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +179,9 @@ class _Listener:
         self.problems: dict[str, str] = {}
         self.reached_by: dict[str, set[str]] = {label: set() for label, _, _ in plan.ranges}
         self.rows: dict[str, dict[str, Any]] = {}
+        #: the first lines refused: (peer address, why), for the report; and how many in all
+        self.ignored: list[tuple[str, str]] = []
+        self.ignored_count = 0
         self.lock = threading.Lock()
         self.stop = threading.Event()
 
@@ -186,15 +215,15 @@ class _Listener:
             while not self.stop.is_set():
                 for key, _ in sel.select(0.05):
                     try:
-                        conn, _addr = key.fileobj.accept()  # type: ignore[union-attr]
+                        conn, addr = key.fileobj.accept()  # type: ignore[union-attr]
                     except OSError:
                         continue
                     with conn:
-                        self._answer(conn, key.data)
+                        self._answer(conn, key.data, str(addr[0]))
         for sock in self.socks.values():
             sock.close()
 
-    def _answer(self, conn: socket.socket, label: str) -> None:
+    def _answer(self, conn: socket.socket, label: str, peer: str) -> None:
         conn.settimeout(_LINE_TIMEOUT_S)
         try:
             conn.sendall(f"{BANNER} {self.plan.job_id} {self.plan.own.name} {label}\n".encode())
@@ -202,15 +231,90 @@ class _Listener:
         except OSError:
             return
         kind, _, rest = line.partition(" ")
-        with self.lock:
-            if kind == "HELLO" and rest:
-                self.reached_by[label].add(rest)
-            elif kind == "ROW":
-                try:
-                    row = json.loads(rest)
+        if kind == "HELLO":
+            why = self._sender(rest, peer)
+            with self.lock:
+                if why:
+                    self._ignore(peer, f"HELLO: {why}")
+                else:
+                    self.reached_by[label].add(rest)
+        elif kind == "ROW":
+            row, why = parse_row(self.plan, rest)
+            why = why or self._sender(str(row.get("from", "")), peer)
+            with self.lock:
+                if why:
+                    self._ignore(peer, f"ROW: {why}")
+                else:
                     self.rows[str(row["from"])] = row
-                except (ValueError, KeyError, TypeError):
-                    pass
+        else:
+            with self.lock:
+                self._ignore(peer, f"not a HELLO or ROW line: {line[:80]!r}")
+
+    def _sender(self, name: str, peer: str) -> str:
+        """'' when ``name`` is another tray of the step and ``peer`` its planned address; else why not."""
+        tray = next((t for i, t in enumerate(self.plan.trays) if t.name == name and i != self.plan.me), None)
+        if tray is None:
+            return f"{name[:80]!r} is no other tray of this step"
+        if not _same_address(peer, tray.address):
+            return f"{tray.name} speaks from {tray.address}, not from {peer}"
+        return ""
+
+    def _ignore(self, peer: str, why: str) -> None:
+        """Count a refused line, and remember the first few (the lock is held)."""
+        self.ignored_count += 1
+        if len(self.ignored) < _MAX_IGNORED:
+            self.ignored.append((peer, why))
+
+
+def parse_row(plan: Plan, text: str) -> tuple[dict[str, Any], str]:
+    """A tray's row from a ``ROW`` line: ``(row, '')``, or ``({...}, why)`` when it is not one.
+
+    Exactly what :func:`run` sends: ``from``, a tray of the step; ``to``, for
+    other trays of the step, an outcome (a string of at most
+    :data:`_MAX_OUTCOME` characters) per range; ``listen``, a problem per range.
+    """
+    try:
+        row = json.loads(text)
+    except ValueError:
+        return {}, "not JSON"
+    if not isinstance(row, dict) or set(row) != {"from", "to", "listen"}:
+        return {}, "not a row (from, to, listen)"
+    names, labels = {t.name for t in plan.trays}, {label for label, _, _ in plan.ranges}
+    src, to, listen = row["from"], row["to"], row["listen"]
+    if not isinstance(src, str) or src not in names:
+        return {}, "'from' is no tray of this step"
+    if not isinstance(to, dict) or not set(to) <= names - {src}:
+        return row, f"'to' of {src} is not a map of the step's other trays"
+    if not all(_outcomes(results, labels) for results in to.values()) or not _outcomes(listen, labels):
+        return row, f"the outcomes of {src} are not short texts per range"
+    return row, ""
+
+
+def _outcomes(value: object, labels: set[str]) -> bool:
+    """Whether ``value`` maps some of ``labels`` to strings of at most :data:`_MAX_OUTCOME` characters."""
+    return (
+        isinstance(value, dict)
+        and set(value) <= labels
+        and all(isinstance(v, str) and len(v) <= _MAX_OUTCOME for v in value.values())
+    )
+
+
+def _same_address(a: str, b: str) -> bool:
+    """Whether two textual IP addresses are the same (IPv6 spelled either way; an IPv4-mapped peer as IPv4)."""
+    import ipaddress
+
+    try:
+        x, y = (ipaddress.ip_address(s.split("%", 1)[0]) for s in (a, b))
+    except ValueError:
+        return a == b
+    x = getattr(x, "ipv4_mapped", None) or x
+    y = getattr(y, "ipv4_mapped", None) or y
+    return x == y
+
+
+def shown(text: str) -> str:
+    r"""``text`` as it may reach a terminal: every character that is not printable as itself escaped (``\x1b``)."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def _read_line(conn: socket.socket) -> str:
@@ -339,7 +443,11 @@ def _report(plan: Plan, row: dict[str, Any], listener: _Listener) -> tuple[int, 
         parts.append("not reached by " + ", ".join(missing))
     if not blocked and not missing and not listener.problems:
         parts.append(f"reached all {len(plan.trays) - 1} other trays on both ranges, and was reached by them")
-    text = "; ".join(parts) + "\n"
+    if listener.ignored_count:
+        named = "; ".join(f"from {peer}: {why}" for peer, why in listener.ignored)
+        more = listener.ignored_count - len(listener.ignored)
+        parts.append(f"ignored {listener.ignored_count} line(s) ({named}{f'; {more} more' if more else ''})")
+    text = shown("; ".join(parts)) + "\n"
     failed = bool(blocked or missing or listener.problems)
     if plan.me == 0:
         matrix, incomplete = render_matrix(plan, listener.rows)
@@ -365,6 +473,7 @@ def render_matrix(plan: Plan, rows: Mapping[str, Mapping[str, Any]]) -> tuple[st
 
     A cell is ``ok`` (both ranges reached), ``server``, ``cmd`` or ``both`` (the
     ranges that were blocked), ``?`` (that tray's row never arrived) or ``-``.
+    The rows are :func:`parse_row`'s; every line is :func:`shown`, escaped.
     """
     names = [t.name for t in plan.trays]
     width = max(6, *(len(n) for n in names))
@@ -388,7 +497,7 @@ def render_matrix(plan: Plan, rows: Mapping[str, Mapping[str, Any]]) -> tuple[st
         lines.append(f"from {src:<{width}} " + _cells(cells, width))
     if details:
         lines += ["blocked or unknown:", *details]
-    return "\n".join(lines) + "\n", bad
+    return "".join(f"{shown(line)}\n" for line in lines), bad
 
 
 def _cell(src: str, dst: str, row: Mapping[str, Any] | None, labels: list[str]) -> tuple[str, list[str]]:

@@ -248,6 +248,9 @@ def write_textfile(rt: Runtime, node: str) -> Path:
         raise ConfigError("status --textfile: [metrics] textfile_dir is not set (docs/metrics.md)")
     text = _live(rt, node)
     try:
+        from imexctl.hooks.metrics import check_textfile_dir
+
+        check_textfile_dir(target.parent)
         atomic_write(target, text, mode=0o644)
     except OSError as exc:
         raise FileError(f"{target}: {exc.strerror or exc}") from exc

@@ -229,8 +229,10 @@ SCHEMA: dict[str, dict[str, tuple[str, Parser]]] = {
         "nvidia_imex": ("/usr/bin/nvidia-imex", _abs_path),
         "nvidia_imex_ctl": ("/usr/bin/nvidia-imex-ctl", _abs_path),
         "systemctl": ("/usr/bin/systemctl", _abs_path),
-        # asked only on a failing prolog (was the job cancelled?) and for het jobs (their other components)
+        # a failing hook's drain of its own node, imexctl health (show node, update) and doctor (version)
         "scontrol": ("/usr/bin/scontrol", _abs_path),
+        # what slurmctld says about a job, when a prolog must ask (slurm/slurmctld.py)
+        "squeue": ("/usr/bin/squeue", _abs_path),
     },
     "daemon": {
         "backend": ("systemd", _choice("systemd", "exec")),

@@ -65,6 +65,7 @@ class Commands(Record):
     nvidia_imex_ctl: str
     systemctl: str
     scontrol: str
+    squeue: str
 
 
 class Daemon(Record):

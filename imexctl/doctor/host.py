@@ -18,10 +18,18 @@ from imexctl.channels import devices
 from imexctl.doctor.framework import FAIL, OK, WARN, Check, Context, under_root
 from imexctl.hooks.state import job_ids, read_state
 from imexctl.imex import daemon
-from imexctl.platform.errors import CommandError, DeviceError
+from imexctl.platform.errors import CommandError, ConfigError, DeviceError
 from imexctl.platform.fsutil import read_text_nofollow
 
-__all__ = ["imex_checks", "nvml_checks", "parse_listening", "parse_port_set", "port_checks"]
+__all__ = [
+    "driver_version",
+    "imex_checks",
+    "imex_version",
+    "nvml_checks",
+    "parse_listening",
+    "parse_port_set",
+    "port_checks",
+]
 
 #: ``nvidia-imex --version`` prints ``IMEX version is: 580.105.08`` (design.md source imex-version)
 _IMEX_VERSION: Final = re.compile(r"IMEX version is:\s*(\S+)")
@@ -58,21 +66,21 @@ def _executable(path: str) -> bool:
 def _version(ctx: Context) -> Check:
     """``nvidia-imex --version`` must equal the loaded driver's version (the daemon aborts otherwise)."""
     imex = ctx.rt.settings.commands.nvidia_imex
-    driver = _driver_version(ctx.rt.settings.paths.nvidia_params.parent / "version")
+    driver = driver_version(ctx.rt.settings.paths.nvidia_params.parent / "version")
     if not _executable(imex):
         return Check("imex.version", WARN, f"not checked: {imex} is missing", "see imex.binaries")
     try:
         done = ctx.rt.host.run((imex, "--version"), timeout_s=_SYSTEMCTL_TIMEOUT_S)
-        found = _IMEX_VERSION.search(done.stdout + done.stderr)
+        found = imex_version(done.stdout + done.stderr)
     except CommandError as exc:
         return Check("imex.version", WARN, f"{imex} --version: {exc}", "run it by hand to see why")
     if found is None:
         return Check("imex.version", WARN, f"{imex} --version printed no 'IMEX version is:' line", "")
     if driver is None:
-        why = f"nvidia-imex {found.group(1)}; the driver's version is unknown (no NVIDIA driver loaded?)"
+        why = f"nvidia-imex {found}; the driver's version is unknown (no NVIDIA driver loaded?)"
         return Check("imex.version", WARN, why, "load the NVIDIA driver (nvidia-smi shows its version)")
-    if found.group(1) != driver:
-        why = f"nvidia-imex {found.group(1)} but the driver is {driver}: the daemon refuses to start"
+    if found != driver:
+        why = f"nvidia-imex {found} but the driver is {driver}: the daemon refuses to start"
         return Check("imex.version", FAIL, why, f"install nvidia-imex {driver} (the same version as the driver)")
     return Check("imex.version", OK, f"nvidia-imex {driver} matches the driver")
 
@@ -89,7 +97,7 @@ def _held(ctx: Context) -> Check:
     dpkg's status file says whether ``apt-mark hold`` holds the package (``Status: hold ...``); an RPM
     system's ``dnf versionlock`` list names the locked version.  Both are read under ``[paths] root``.
     """
-    driver = _driver_version(ctx.rt.settings.paths.nvidia_params.parent / "version")
+    driver = driver_version(ctx.rt.settings.paths.nvidia_params.parent / "version")
     dpkg = _read_or_empty(under_root(ctx, "/var/lib/dpkg/status"))
     locks = _read_or_empty(under_root(ctx, "/etc/dnf/plugins/versionlock.list"))
     found = _dpkg_imex(dpkg)
@@ -135,7 +143,14 @@ def _rpm_system(ctx: Context) -> bool:
     return under_root(ctx, "/var/lib/rpm").is_dir() and not under_root(ctx, "/var/lib/dpkg/status").exists()
 
 
-def _driver_version(path: Path) -> str | None:
+def imex_version(output: str) -> str | None:
+    """The version ``nvidia-imex --version`` printed (None without its line)."""
+    found = _IMEX_VERSION.search(output)
+    return found.group(1) if found else None
+
+
+def driver_version(path: Path) -> str | None:
+    """The loaded driver's version from ``/proc/driver/nvidia/version`` (None when unreadable or unknown)."""
     try:
         found = _DRIVER_VERSION.search(read_text_nofollow(path))
     except OSError:
@@ -278,7 +293,25 @@ def _channel_count(ctx: Context) -> Check:
             f"NVreg_ImexChannelCount={count} but [policy] channel_count = {wanted}: jobs whose minor is >= {count} fail"
         )
         return Check("imex.channel_count", FAIL, why, f"set [policy] channel_count = {count}")
+    clique = _largest_clique(ctx)
+    if clique >= wanted:
+        why = (
+            f"the topology source's largest NVLink clique has {clique} trays, [policy] channel_count = {wanted} gives "
+            f"{wanted - 1} channels: two domains of one clique can get the same channel (design.md, the channel rule)"
+        )
+        return Check("imex.channel_count", WARN, why, f"raise NVreg_ImexChannelCount and channel_count above {clique}")
     return Check("imex.channel_count", OK, f"NVreg_ImexChannelCount={count} covers [policy] channel_count = {wanted}")
+
+
+def _largest_clique(ctx: Context) -> int:
+    """Trays of the topology source's largest clique (0 without a source; a broken one is another check's)."""
+    from imexctl.hooks import members
+
+    try:
+        source = members.load_source(ctx.rt.settings)
+    except ConfigError:
+        return 0
+    return 0 if source is None else members.largest_clique(source)
 
 
 # ---------------------------------------------------------------- ports

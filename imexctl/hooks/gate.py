@@ -159,18 +159,18 @@ def domains(job: JobContext) -> list[int]:
     return list(dict.fromkeys([job.job_id, *([job.het_job_id] if job.het_job_id else [])]))
 
 
-def left_anything(
-    job_dir: str, config: str, *, has_process: Callable[[str], bool], channel_left: Callable[[], bool]
-) -> bool:
-    """Whether a job left anything on this tray: its directory, a process naming its config, or its channel node.
+def left_anything(job_dir: str, config: str, *, has_process: Callable[[str], bool]) -> bool:
+    """Whether a job left anything on this tray: its directory, or a process naming its config.
 
     The one rule, for the fast path and the full epilog; each looks its own
-    way: the fast path reads ``/proc`` without psutil and counts any channel
-    node of the job's minor (a superset: when unsure, the full epilog runs),
-    the full epilog asks its host for IMEX processes and leaves out a minor
-    that another job's state claims.
+    way: the fast path reads ``/proc`` without psutil (a superset: when unsure,
+    the full epilog runs), the full epilog asks its host for IMEX processes.
+    A channel node alone is nothing the job left: the prolog makes it after the
+    job's ``state.json`` and teardown removes it before the job's directory, and
+    its number names no job (design.md "The channel rule"), so a node without a
+    directory is a stray, which ``cleanup`` removes.
     """
-    return os.path.lexists(job_dir) or has_process(config) or channel_left()
+    return os.path.lexists(job_dir) or has_process(config)
 
 
 def nothing_left(job: JobContext, run_dir: str, left: Callable[[int], bool]) -> bool:

@@ -18,15 +18,19 @@ from imexctl.config.settings import Settings
 from imexctl.platform.errors import CommandError, ConfigError, ResolveError, TopologyMismatch
 from imexctl.platform.fsutil import read_text_nofollow
 from imexctl.platform.host import Host
+from imexctl.platform.record import Record
 from imexctl.slurm import nodelist, topofile
 from imexctl.slurm.topofile import BlockMap
 
 __all__ = [
+    "Place",
     "block_label",
+    "channel_place",
     "check_own",
     "cross_check",
     "domain_members",
     "job_domain",
+    "largest_clique",
     "load_source",
     "parse_hosts_file",
     "resolve_all",
@@ -105,6 +109,54 @@ def domain_members(nodes: Sequence[str], me: str, source: BlockMap | None) -> tu
     if mine is None:
         raise ConfigError(f"{source.source}: this node {me} is in no {source.unit} (in no NVLink domain)")
     return tuple(n for n in nodes if source.block_of.get(n) == mine)
+
+
+class Place(Record):
+    """Where a domain stands in its NVLink clique, for its channel number (``devices.channel_minor``)."""
+
+    #: the place of the domain's first tray among the clique's trays, from 0
+    position: int
+    #: how many trays the clique has
+    trays: int
+    #: what the clique is, for the log: ``block b1``, ``slurm.conf``, ``none``
+    clique: str
+    #: why the domain has no place (then position 0 of a clique of 1: the job-id rule); '' when it has one
+    unplaced: str = ""
+
+
+def channel_place(trays: Sequence[str], source: BlockMap | None, slurm_nodes: Sequence[str] | None) -> Place:
+    """Where the domain of ``trays`` stands in its NVLink clique: every tray of the domain computes the same.
+
+    With a topology source the clique is the domain's block, with every block
+    the source gives the same NVML key (a clique split over several blocks),
+    its trays sorted by name: the same order on every tray whatever the order
+    of the file.  Without a source the trays' NVLink cliques are unknown, so
+    the clique is every node of slurm.conf, in Slurm's order (``slurm_nodes``);
+    without that list, or with a tray it does not name (a dynamic node), the
+    domain has no place.
+    """
+    if source is not None:
+        block = source.block_of[trays[0]]
+        where, name = {n: i for i, n in enumerate(_clique(source, block))}, f"block {block}"
+    elif slurm_nodes is None:
+        return Place(0, 1, "none", "no topology source and no slurm.conf")
+    else:
+        where, name = {n: i for i, n in enumerate(slurm_nodes)}, "slurm.conf"
+        missing = [t for t in trays if t not in where]
+        if missing:
+            return Place(0, 1, "none", f"no topology source, and slurm.conf does not list {nodelist.fold(missing)}")
+    return Place(min(where[t] for t in trays), len(where), name)
+
+
+def largest_clique(source: BlockMap) -> int:
+    """How many trays the largest NVLink clique of the source has (its channel numbers wrap beyond the count)."""
+    return max((len(_clique(source, b)) for b in set(source.block_of.values())), default=0)
+
+
+def _clique(source: BlockMap, block: str) -> list[str]:
+    """The trays of ``block`` and of every block the source gives the same key, sorted by name."""
+    key = source.keys.get(block)
+    return sorted(n for n, b in source.block_of.items() if b == block or (key and source.keys.get(b) == key))
 
 
 def cross_check(me: str, nvml_key: str | None, sources: Sequence[tuple[BlockMap, bool]]) -> None:

@@ -32,6 +32,7 @@ __all__ = [
     "STATES",
     "Domain",
     "Run",
+    "check_textfile_dir",
     "domain_of_status",
     "record",
     "render",
@@ -163,6 +164,21 @@ def textfile(settings: Settings) -> Path | None:
     return settings.paths.root / directory.lstrip("/") / FILE_NAME if directory else None
 
 
+def check_textfile_dir(directory: Path) -> None:
+    """Refuse a ``textfile_dir`` that others than root may write (``log.dir_problem``, the log's rule).
+
+    Raises:
+        OSError: ``EPERM`` naming the directory, its owner and mode (or why it cannot be looked at).
+    """
+    import errno
+
+    from imexctl.platform.log import dir_problem
+
+    problem = dir_problem(directory)
+    if problem:
+        raise OSError(errno.EPERM, f"[metrics] textfile_dir: {problem}", str(directory))
+
+
 def record(settings: Settings, run: Run, now: float) -> bool:
     """Add ``run`` to the totals and rewrite the text file; False when metrics are off.
 
@@ -172,6 +188,7 @@ def record(settings: Settings, run: Run, now: float) -> bool:
     target = textfile(settings)
     if target is None:
         return False
+    check_textfile_dir(target.parent)
     run_dir = settings.paths.run_dir
     with _locked(run_dir / "metrics.lock"):
         totals = _load(run_dir / STATE_FILE)

@@ -41,8 +41,9 @@ from imexctl.platform.fsutil import atomic_write, ensure_dir
 from imexctl.platform.host import Host, ProcInfo
 from imexctl.slurm import conf as slurmconf
 from imexctl.slurm import drain
-from imexctl.slurm import scontrol as slurmctl
+from imexctl.slurm import slurmctld as slurmctl
 from imexctl.slurm.job import JobContext, node_name
+from imexctl.slurm.topofile import BlockMap
 
 __all__ = ["prolog"]
 
@@ -50,7 +51,7 @@ __all__ = ["prolog"]
 class _Run:
     """What one prolog run has learned so far, for its summary and its failure path (mutable)."""
 
-    __slots__ = ("deadline_s", "hook_timeout", "job", "names", "slurm_channels", "t0")
+    __slots__ = ("conf", "deadline_s", "hook_timeout", "job", "names", "slurm_channels", "t0")
 
     def __init__(self, t0: float, job: JobContext | None = None, *, deadline_s: float = 0.0) -> None:
         self.t0 = t0
@@ -62,6 +63,8 @@ class _Run:
         self.slurm_channels = False
         #: address -> node name of the domain's trays, once resolved (the drain reason names trays)
         self.names: dict[str, str] = {}
+        #: the job's slurm.conf as read (None: no SLURM_CONF, or unreadable)
+        self.conf: slurmconf.SlurmConf | None = None
 
 
 def prolog(env: Mapping[str, str], rt: Runtime, job: JobContext | None = None) -> PrologResult:
@@ -154,15 +157,14 @@ def _prolog(env: Mapping[str, str], rt: Runtime, run: _Run) -> PrologResult:
         return _done(rt, run.t0, skipped="the job has one tray in this NVLink domain ([policy] single_tray = none)")
     if single == "domain":
         peerauth.check(rt.settings)  # the daemon's key files, before anything is created (design.md step 5)
+    place = _channel_place(trays, source, run, rt)
     with node_lock(rt.settings.paths.lock_file, rt.host, rt.settings.daemon.lock_timeout_s):
         rt.step("locked")
         _claim(job, rt)
         rt.step("claimed")
         try:
             daemon_too = single == "domain"
-            setup = _setup(
-                job, trays, rt, deadline, with_daemon=daemon_too, slurm_channels=run.slurm_channels, names=run.names
-            )
+            setup = _setup(job, trays, rt, deadline, with_daemon=daemon_too, place=place, names=run.names)
             setup = setup._replace(block=members.block_label(job.node, source, key))
             _mark_set_up(job, rt)
         except BaseException as exc:
@@ -188,6 +190,7 @@ def _read_slurm_conf(job: JobContext, rt: Runtime, run: _Run) -> float:
     except ConfigError as exc:
         rt.log.warning("prolog.deadline", deadline_s=run.deadline_s, problem=str(exc))
         return run.deadline_s
+    run.conf = conf
     run.slurm_channels = (conf.get("SwitchType") or "").strip() == "switch/nvidia_imex"
     return _capped_deadline(found, rt, run)
 
@@ -275,11 +278,11 @@ def _ask_sharing(job: JobContext, rt: Runtime) -> JobContext:
     """
     if rt.settings.slurm.ask_sharing != "yes" or not job.slurm_conf:
         return job
-    found = slurmctl.job_oversubscribe(job.job_id, rt.host, rt.settings, job.slurm_conf)
+    found = slurmctl.job_record(job.job_id, rt.host, rt.settings, job.slurm_conf)
     if found is None:
-        rt.log.warning("imex.sharing_unknown", reason="slurmctld did not say (scontrol show job): counted as exclusive")
+        rt.log.warning("imex.sharing_unknown", reason="slurmctld did not say (squeue): counted as exclusive")
         return job
-    return job.replace(oversubscribe=found, sharing_from="slurmctld")
+    return job.replace(oversubscribe=found.oversubscribe, sharing_from="slurmctld")
 
 
 def _refuse_shared(job: JobContext, rt: Runtime) -> None:
@@ -347,20 +350,20 @@ def _setup(
     deadline: float,
     *,
     with_daemon: bool,
-    slurm_channels: bool,
+    place: members.Place | None,
     names: dict[str, str],
 ) -> Setup:
-    """Resolve, write the files, start the daemon, wait for readiness, create the channel.
+    """Resolve, write the files, start the daemon, wait for readiness, create the channel (at ``place``).
 
     ``names`` gets each tray's address -> node name once they are resolved.
     """
     if not with_daemon:
-        return _setup_channel_only(job, trays, rt)
+        return _setup_channel_only(job, trays, rt, place)
     try:
         addresses = _resolve(job, trays, rt)
         names.update(zip(addresses, trays))
         own = addresses[trays.index(job.node)]
-        channel = _plan_channel(job, rt, slurm_channels=slurm_channels)
+        channel = _plan_channel(job, place, rt)
         ports = _ports(job, rt)
         jd = _write_files(job, trays, addresses, ports, channel, rt)
         rt.step("files_written")
@@ -369,7 +372,7 @@ def _setup(
         ready = _wait_ready(jd, own, addresses, ports[1], rt, deadline)
         rt.step("ready")
         if channel is not None:
-            _create_channel(job, *channel, rt)
+            _create_channel(job, *channel, rt, place)
             rt.step("channel_created")
     except OSError as exc:  # our own files: a full or read-only /run, a symlink where a directory belongs
         raise FileError(f"{exc.filename or 'file'}: {exc.strerror or exc}") from exc
@@ -377,9 +380,9 @@ def _setup(
     return Setup(len(trays), chan, port=ports[0], cmd_port=ports[1], ready=ready.ready, blamed=tuple(ready.blamed))
 
 
-def _setup_channel_only(job: JobContext, trays: tuple[str, ...], rt: Runtime) -> Setup:
+def _setup_channel_only(job: JobContext, trays: tuple[str, ...], rt: Runtime, place: members.Place | None) -> Setup:
     """``[policy] single_tray = channel``: the job's channel and its state, no daemon."""
-    channel = _plan_channel(job, rt)
+    channel = _plan_channel(job, place, rt)
     jd = rt.settings.paths.job(job.job_id)
     try:
         ensure_dir(jd.path, 0o755, private_from=rt.settings.paths.run_dir)
@@ -387,7 +390,7 @@ def _setup_channel_only(job: JobContext, trays: tuple[str, ...], rt: Runtime) ->
         state = JobState(job.job_id, job.node, *job.owner, job.user, trays, (), 0, "none", minor, chan, rt.host.time())
         write_state(jd, state)
         if channel is not None:
-            _create_channel(job, *channel, rt)
+            _create_channel(job, *channel, rt, place)
             rt.step("channel_created")
     except OSError as exc:
         raise FileError(f"{exc.filename or 'file'}: {exc.strerror or exc}") from exc
@@ -418,24 +421,48 @@ def _ports(job: JobContext, rt: Runtime) -> tuple[int, int]:
     return (imexconf.job_port(job.job_id, ports.server_port_range), imexconf.job_port(job.job_id, ports.cmd_port_range))
 
 
-def _plan_channel(job: JobContext, rt: Runtime, *, slurm_channels: bool = False) -> tuple[int, int, Path] | None:
-    """``(major, minor, path)`` of the job's channel, or None with ``channels = none``.
+def _channel_place(trays: tuple[str, ...], source: BlockMap | None, run: _Run, rt: Runtime) -> members.Place | None:
+    """Where the domain stands in its NVLink clique, for its channel; None when imexctl makes no channel.
 
-    None too when slurm.conf has ``SwitchType=switch/nvidia_imex``: that plugin
-    gives each step its own channel in a private mount namespace and removes
-    host channel nodes when slurmd starts, so a channel of imexctl's would be
-    invisible to the job (design.md source slurm-switch-imex).  Checked before
-    anything starts: the driver must have channels, and the minor must lie
-    below the driver's ``NVreg_ImexChannelCount``.
+    None with ``channels = none``, and when slurm.conf has
+    ``SwitchType=switch/nvidia_imex``: that plugin gives each step its own
+    channel in a private mount namespace and removes host channel nodes when
+    slurmd starts, so a channel of imexctl's would be invisible to the job
+    (design.md source slurm-switch-imex).  Without a topology source the clique
+    is slurm.conf's nodes; a domain that has no place there, under slurmd, is
+    logged (``imex.channel.unplaced``): its number is then the job id's.
     """
-    s, paths = rt.settings, rt.settings.paths
-    if s.policy.channels != "job":
+    if rt.settings.policy.channels != "job":
         return None
-    if slurm_channels:
+    if run.slurm_channels:
         rt.log.info("imex.channels.slurm", reason="slurm.conf: SwitchType=switch/nvidia_imex owns the channels")
         return None
+    names = None
+    if source is None and run.conf is not None:
+        from imexctl.slurm import nodeaddr
+
+        try:
+            names = nodeaddr.node_names(run.conf)
+        except ConfigError as exc:
+            rt.log.warning("imex.channel.unplaced", reason=str(exc))
+            return members.Place(0, 1, "none", str(exc))
+    place = members.channel_place(trays, source, names)
+    if place.unplaced and run.conf is not None:
+        rt.log.warning("imex.channel.unplaced", reason=place.unplaced)
+    return place
+
+
+def _plan_channel(job: JobContext, place: members.Place | None, rt: Runtime) -> tuple[int, int, Path] | None:
+    """``(major, minor, path)`` of the job's channel at ``place`` (None: imexctl makes no channel).
+
+    Checked before anything starts: the driver must have channels, and the
+    minor must lie below the driver's ``NVreg_ImexChannelCount``.
+    """
+    s, paths = rt.settings, rt.settings.paths
+    if place is None:
+        return None
     major = devices.read_major(paths.proc_devices)
-    minor = devices.channel_minor(job.job_id, s.policy.channel_count)
+    minor = devices.channel_minor(job.job_id, s.policy.channel_count, place.position, place.trays)
     devices.check_minor(minor, devices.driver_channel_count(paths.nvidia_params), s.policy.channel_count)
     return major, minor, devices.channel_path(paths.channel_dir, minor)
 
@@ -531,14 +558,19 @@ def _alive_check(host: Host, settings: Settings, jd: JobDir) -> Callable[[], boo
     return alive
 
 
-def _create_channel(job: JobContext, major: int, minor: int, path: Path, rt: Runtime) -> None:
+def _create_channel(
+    job: JobContext, major: int, minor: int, path: Path, rt: Runtime, place: members.Place | None
+) -> None:
     devices.ensure_channel_dir(path.parent)
     if devices.remove_channel(path, minor):
         rt.log.warning("device.channel.removed", path=str(path), reason="stale node of an earlier job")
     mode = rt.settings.policy.channel_mode
     uid, gid = job.owner
     rt.host.mknod_char(path, major, minor, mode=mode, uid=uid, gid=gid)
-    rt.log.info("device.channel.created", path=str(path), major=major, minor=minor, uid=uid, mode=f"{mode:04o}")
+    where = {"clique": place.clique, "position": place.position, "clique_trays": place.trays} if place else {}
+    rt.log.info(
+        "device.channel.created", path=str(path), major=major, minor=minor, uid=uid, mode=f"{mode:04o}", **where
+    )
     others = [str(c.path) for c in devices.list_channels(path.parent) if c.minor != minor]
     if others:
         rt.log.warning("device.channel.foreign", channels=others)

@@ -160,10 +160,7 @@ def _answer(command: str, verbose: bool, read: Read, t0: float) -> int | None:
     if job is None or values["metrics"]["textfile_dir"]:  # recording metrics needs the settings
         return None
     paths = schema.node_paths(values["paths"], job.node)
-    if command == "prolog":
-        lines = _skipped_prolog(job, values["policy"], paths, t0)
-    else:
-        lines = _idle_epilog(job, values["policy"], paths, t0)
+    lines = _skipped_prolog(job, values["policy"], paths, t0) if command == "prolog" else _idle_epilog(job, paths, t0)
     if lines is None:
         return None
     sink = _sink(paths["log_file"], verbose, values["log"]["syslog"] == "yes")
@@ -192,7 +189,7 @@ def _skipped_prolog(
     return summary.skipped_lines(skip.reason, skip.told, round(time.monotonic() - t0, 3))
 
 
-def _idle_epilog(job: JobContext, policy: Mapping[str, Any], paths: Mapping[str, str], t0: float) -> list[Line] | None:
+def _idle_epilog(job: JobContext, paths: Mapping[str, str], t0: float) -> list[Line] | None:
     """The line of an epilog whose job left nothing here (``gate.nothing_left``); None when it may have."""
     from imexctl.hooks import gate, summary
     from imexctl.platform.procscan import mentioned_in_proc
@@ -203,21 +200,11 @@ def _idle_epilog(job: JobContext, policy: Mapping[str, Any], paths: Mapping[str,
             job_dir,
             os.path.join(job_dir, schema.JOB_CONFIG),
             has_process=lambda config: mentioned_in_proc(config, uids={0, os.geteuid()}),  # a daemon's owners
-            channel_left=lambda: _channel_node_left(job_id, policy, paths["channel_dir"]),
         )
 
     if not gate.nothing_left(job, paths["run_dir"], left):
         return None
     return [("epilog.done", summary.epilog_fields([], round(time.monotonic() - t0, 3)))]
-
-
-def _channel_node_left(job_id: int, policy: Mapping[str, Any], channel_dir: str) -> bool:
-    """Whether a channel node of the job's minor is there (whose it is, the full epilog judges)."""
-    if policy["channels"] != "job":
-        return False
-    from imexctl.channels.job import channel_minor
-
-    return os.path.lexists(os.path.join(channel_dir, f"channel{channel_minor(job_id, policy['channel_count'])}"))
 
 
 def _sink(log_file: str, verbose: bool, syslog: bool) -> SinkLogger | None:

@@ -59,12 +59,13 @@ class _Steps:
         self.done.append(planned)
 
 
-def teardown(job_id: int, rt: Runtime, *, dry_run: bool = False) -> tuple[Action, ...]:
+def teardown(job_id: int, rt: Runtime, *, dry_run: bool = False, owner: int | None = None) -> tuple[Action, ...]:
     """Remove job ``job_id``'s daemon, channel and files from this node; idempotent.
 
     Each action (daemon, channel, directory) is there when what it names is
     there, by the same checks with and without ``dry_run``; a dry run only
-    plans the actions.
+    plans the actions.  ``owner`` is the job's uid where the caller knows it
+    (the epilog): it finds the job's channel when the job's state is lost.
 
     Returns:
         What was done (or, with ``dry_run``, what would be done): one action per object.
@@ -78,7 +79,7 @@ def teardown(job_id: int, rt: Runtime, *, dry_run: bool = False) -> tuple[Action
     if with_backend or daemon.job_processes(rt.host, rt.settings, jd.config, with_clients=True):
         steps.run(Action("stop_daemon", str(job_id)), lambda: _stop_daemon(jd, state, with_backend, rt))
         _step(rt, dry_run, "daemon_stopped")
-    chan = _channel_of(job_id, state, rt)
+    chan = _channel_of(job_id, state, rt, owner)
     if chan is not None:
         steps.run(Action("remove_channel", str(chan[0])), lambda: devices.remove_channel(*chan))
         _step(rt, dry_run, "channel_removed")
@@ -135,23 +136,29 @@ def _stop_daemon(jd: JobDir, state: JobState | None, with_backend: bool, rt: Run
     return Action("stop_daemon", str(jd.job_id), "; ".join(notes), killed=killed_by or bool(killed))
 
 
-def _channel_of(job_id: int, state: JobState | None, rt: Runtime) -> tuple[Path, int] | None:
-    """The job's channel ``(path, minor)`` if there is one here that may be removed, else None."""
+def _channel_of(job_id: int, state: JobState | None, rt: Runtime, owner: int | None = None) -> tuple[Path, int] | None:
+    """The job's channel ``(path, minor)`` if there is one here that may be removed, else None.
+
+    The job's ``state.json`` names it.  Without a readable state (the prolog
+    makes the channel only after writing it, so the state was lost since) the
+    number cannot be computed from the job id (design.md "The channel rule"):
+    with the job's uid (``owner``), the channel is the one node of that uid that
+    no other job's state claims; with several, or another job's state
+    unreadable too, none is taken, and ``cleanup`` removes strays.
+    """
     if state is not None:
         if state.channel_minor is None or not os.path.lexists(state.channel_path):
             return None
         return Path(state.channel_path), state.channel_minor
-    if rt.settings.policy.channels != "job":
+    if rt.settings.policy.channels != "job" or owner is None:
         return None
-    # No state (the prolog died early): our minor, unless another job's state claims it.
     paths = rt.settings.paths
-    minor = devices.channel_minor(job_id, rt.settings.policy.channel_count)
-    path = devices.channel_path(paths.channel_dir, minor)
-    for other in job_ids(paths.jobs_dir):
-        st = read_state(paths.job(other))
-        if other != job_id and (st is None or st.channel_minor == minor):
-            return None
-    return (path, minor) if os.path.lexists(path) else None
+    others = [read_state(paths.job(j)) for j in job_ids(paths.jobs_dir) if j != job_id]
+    if any(st is None for st in others):
+        return None  # what that job claims is unknown: nothing is taken
+    claimed = {0} | {st.channel_minor for st in others if st is not None}
+    mine = [c for c in devices.list_channels(paths.channel_dir) if c.uid == owner and c.minor not in claimed]
+    return (mine[0].path, mine[0].minor) if len(mine) == 1 else None
 
 
 def epilog(env: Mapping[str, str], rt: Runtime, job: JobContext | None = None) -> EpilogResult:
@@ -175,7 +182,7 @@ def epilog(env: Mapping[str, str], rt: Runtime, job: JobContext | None = None) -
                 with node_lock(rt.settings.paths.lock_file, rt.host, rt.settings.daemon.lock_timeout_s):
                     rt.step("locked")
                     lost += _lost_daemon(jid, rt)
-                    actions += teardown(jid, rt)
+                    actions += teardown(jid, rt, owner=job.uid)
         if lost and rt.settings.policy.lost_daemon == "drain":
             raise DaemonLostError(
                 f"{'; '.join(lost)}; [policy] lost_daemon = drain: the tray is clean, see why the daemon "
@@ -261,12 +268,11 @@ def _mark_ended(jd: JobDir, rt: Runtime) -> None:
 
 
 def _left_anything(jd: JobDir, rt: Runtime) -> bool:
-    """``gate.left_anything`` as the full epilog looks: IMEX processes by its host, a channel no other job claims."""
+    """``gate.left_anything`` as the full epilog looks: IMEX processes by its host."""
     return left_anything(
         str(jd.path),
         str(jd.config),
         has_process=lambda config: bool(daemon.job_processes(rt.host, rt.settings, Path(config), with_clients=True)),
-        channel_left=lambda: _channel_of(jd.job_id, None, rt) is not None,
     )
 
 

@@ -26,10 +26,15 @@ def ensure_dir(path: Path, mode: int = 0o755, *, private_from: Path | None = Non
 
     Args:
         path: the directory.
-        mode: for the directories created now.
+        mode: for the directories created now: exactly this mode, whatever the
+            process's umask (slurmd runs the hooks under its own, 027 at some
+            sites: a ``0755`` that came out ``0750`` hid the job's state and
+            channel from the job's user, issue 33).
         private_from: from this directory down (it and every component below it on the
             way to ``path``), each directory must be ours: see :func:`check_private_dir`.
-            Checked before anything is created inside it.
+            Checked before anything is created inside it.  Such a directory that
+            lacks some of ``mode``'s bits (made under a strict umask by an earlier
+            version) gets them: imexctl's own run directory is read by the job's user.
 
     Returns:
         True if the last component was created now.
@@ -43,15 +48,27 @@ def ensure_dir(path: Path, mode: int = 0o755, *, private_from: Path | None = Non
         try:
             os.mkdir(part, mode)
             created = part == path
+            _chmod_dir(part, mode)
         except FileExistsError:
             pass
         if private_from is not None and (part == private_from or private_from in part.parents):
             check_private_dir(part)
+            if stat.S_IMODE(os.lstat(part).st_mode) & mode != mode:
+                _chmod_dir(part, stat.S_IMODE(os.lstat(part).st_mode) | mode)
             continue
         st = os.lstat(part)
         if not stat.S_ISDIR(st.st_mode):
             raise OSError(errno.ENOTDIR, "exists and is not a directory (symlink?)", str(part))
     return created
+
+
+def _chmod_dir(path: Path, mode: int) -> None:
+    """Give the directory ``path`` exactly ``mode``: through a descriptor opened without following a symlink."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
 
 
 def check_private_dir(path: Path) -> None:
@@ -93,17 +110,36 @@ def atomic_write(path: Path, data: str, *, mode: int = 0o644) -> bool:
             a full (``ENOSPC``) or read-only (``EROFS``) file system; nothing is left.
     """
     raw = data.encode()
-    try:
-        if read_text_nofollow(path).encode() == raw and stat.S_IMODE(os.lstat(path).st_mode) == mode:
-            return False
-    except (FileNotFoundError, OSError):
-        pass
+    if _holds(path, raw, mode):
+        return False
     try:
         _replace(path, raw, mode)
         _fsync_dir(path.parent)
     except OSError as exc:
         raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
     return True
+
+
+def _holds(path: Path, raw: bytes, mode: int) -> bool:
+    """Whether ``path`` is a regular file with exactly ``raw`` and ``mode``, reading at most ``len(raw) + 1`` bytes.
+
+    A file of another size is not read at all: whoever may write the
+    directory (node_exporter's, for the metrics) could leave a sparse file of
+    a gibibyte there, which a whole read cost every hook 2 GiB and 7 s (issue 33).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != len(raw) or stat.S_IMODE(st.st_mode) != mode:
+            return False
+        return os.read(fd, len(raw) + 1) == raw
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _replace(path: Path, raw: bytes, mode: int) -> None:

@@ -178,8 +178,12 @@ class RealHost:
 
         argv = tuple(argv)
         try:
-            fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+            # O_NONBLOCK: a FIFO at the log's name would block the open until a reader came (issue 33)
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+            fd = os.open(log_path, flags, 0o640)
             try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise CommandError(argv, f"cannot start: {log_path} is not a regular file")
                 p = subprocess.Popen(
                     argv,
                     stdin=subprocess.DEVNULL,

@@ -32,6 +32,7 @@ __all__ = [
     "SinkLogger",
     "configure_logging",
     "configure_structlog",
+    "dir_problem",
     "ensure_logging",
     "log_context",
     "log_crash",
@@ -57,6 +58,7 @@ EVENTS: dict[str, str] = {
     "prolog.deadline": "the readiness deadline was capped below slurm.conf's hook timeout (or it was unreadable)",
     "prolog.job_ended": "the job was cancelled while its prolog waited: rolled back, exit 0, no drain",
     "imex.channels.slurm": "slurm.conf sets SwitchType=switch/nvidia_imex: Slurm owns the channels, imexctl makes none",
+    "imex.channel.unplaced": "no topology source and slurm.conf does not place the domain: the job-id channel rule",
     "imex.het_job": "a het job: one domain over its components (joint) or one per component",
     "imex.domain.split": "the job spans several NVLink domains: the one this tray joined and its tray count",
     "imex.nodes.resolved": "the job's trays in this NVLink domain, their addresses and the list's hash",
@@ -321,15 +323,75 @@ def _json_fallback(obj: Any) -> Any:
         return repr(obj)
 
 
+def dir_problem(directory: str | Path) -> str:
+    """Why the hooks must not write into ``directory`` (their log's, the metrics'), or '' when they may.
+
+    The config directory's rule (``schema``: symlinks followed, the real
+    directory judged), except for its group: a directory that others may
+    write is refused, as is one owned by anybody but root (or this process's
+    user), but the group may write it.  Stock Ubuntu makes ``/var/log``
+    ``root:syslog 0775`` (rsyslog's postinst runs ``chgrp syslog /var/log;
+    chmod g+w /var/log``), and the log would otherwise be lost on every such
+    tray.  Whoever may write the directory can plant a file or a FIFO at the
+    log's name, or swap the metrics under node_exporter (issue 33).
+    """
+    try:
+        st = os.stat(directory)
+    except OSError as exc:
+        return f"{directory}: {exc.strerror}"
+    import stat
+
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{directory} is not a directory"
+    if st.st_uid not in (0, os.geteuid()) or st.st_mode & stat.S_IWOTH:
+        return (
+            f"{directory} must be owned by root and not writable by others "
+            f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})"
+        )
+    return ""
+
+
 def open_log_file(path: str | Path, *, make_dir: bool = True) -> IO[str]:
-    """Open the log file for appending (mode 0640, never through a symlink); ``make_dir``: create its directory."""
+    """Open the log file for appending (mode 0640); ``make_dir``: create its directory.
+
+    Only a regular file of root's (or this process's user's) that others may
+    not write, in a directory :func:`dir_problem` accepts; never through a
+    symlink, and never waiting (``O_NONBLOCK``: a FIFO planted at the log's
+    name blocked every hook until slurmd killed it and drained the tray,
+    issue 33).  Appending never reads the file, whatever its size.
+
+    Raises:
+        OSError: the directory or the file is refused, or cannot be opened (``filename`` is the path).
+    """
+    import errno
+
+    directory = os.path.dirname(os.fspath(path)) or "."
     if make_dir:
         from pathlib import Path
 
         from imexctl.platform.fsutil import ensure_dir
 
-        ensure_dir(Path(path).parent)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+        ensure_dir(Path(directory))
+    problem = dir_problem(directory)
+    if problem:
+        raise OSError(errno.EPERM, problem, os.fspath(path))
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o640)
+    except OSError as exc:
+        why = {errno.ELOOP: "is a symbolic link (not followed)", errno.ENXIO: "is a FIFO (not a regular file)"}
+        raise OSError(exc.errno, why.get(exc.errno or 0, exc.strerror or str(exc)), os.fspath(path)) from None
+    import stat
+
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid()) or st.st_mode & stat.S_IWOTH:
+        os.close(fd)
+        what = "a regular file" if stat.S_ISREG(st.st_mode) else "not a regular file"
+        raise OSError(
+            errno.EPERM,
+            f"must be a regular file of root's that others may not write, not {what} "
+            f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})",
+            os.fspath(path),
+        )
     return os.fdopen(fd, "a", encoding="utf-8")
 
 

@@ -17,7 +17,7 @@ from imexctl.platform.errors import ConfigError, NodeListError
 from imexctl.slurm import conf as slurmconf
 from imexctl.slurm import nodelist
 
-__all__ = ["CONFIGLESS", "addresses", "conf_path", "read"]
+__all__ = ["CONFIGLESS", "addresses", "conf_path", "node_names", "read"]
 
 #: where slurmd keeps the slurm.conf it fetched in configless mode (design.md source slurm-configless),
 #: newest layout first; taken under ``[paths] root``
@@ -49,6 +49,23 @@ def read(path: Path) -> dict[str, str]:
         ConfigError: the file cannot be read, or a node line is inconsistent.
     """
     return addresses(slurmconf.read(path))
+
+
+def node_names(conf: slurmconf.SlurmConf) -> tuple[str, ...]:
+    """Every node of the node lines, in Slurm's own order: the lines in file order, each host list expanded.
+
+    That is the order of slurmctld's node table (a node defined twice counts
+    where it first appears); ``NodeName=DEFAULT`` lines name no node.
+
+    Raises:
+        ConfigError: a bad host list.
+    """
+    names: dict[str, None] = {}
+    for kind, raw in conf.records:
+        rec = {k.lower(): v for k, v in raw.items()}
+        if kind == "nodename" and rec["nodename"].upper() != "DEFAULT":
+            names.update(dict.fromkeys(_expand(conf.path, "NodeName", rec["nodename"])))
+    return tuple(names)
 
 
 def addresses(conf: slurmconf.SlurmConf) -> dict[str, str]:

@@ -7,6 +7,8 @@ import stat
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from imexctl.channels.devices import (
     Channel,
@@ -100,8 +102,43 @@ class TestChannelMinor:
         assert {channel_minor(j, 16) for j in range(1, 100)} == set(range(1, 16))
 
     def test_identical_for_a_job_id(self) -> None:
-        """The minor is a pure function of the job id, so every tray computes the same one."""
-        assert channel_minor(123456, 2048) == channel_minor(123456, 2048) == 1 + 123456 % 2047
+        """The minor is a pure function of its inputs, so every tray computes the same one; at position 0 of a
+        clique of one (no place) it is the job-id rule."""
+        assert channel_minor(123456, 2048) == channel_minor(123456, 2048, 0, 1) == 1 + 123456 % 2047
+
+    @given(
+        clique=st.integers(2, 2047),
+        data=st.data(),
+        jobs=st.tuples(st.integers(1, 2**32 - 1), st.integers(1, 2**32 - 1)),
+    )
+    def test_domains_at_different_positions_never_share_a_channel(
+        self, clique: int, data: st.DataObject, jobs: tuple[int, int]
+    ) -> None:
+        """Two domains running at once in one clique have different first trays: whatever their job ids, their
+        numbers differ while the clique is below channel_count (2048), and never leave 1..2047."""
+        first = data.draw(st.integers(0, clique - 1))
+        second = data.draw(st.integers(0, clique - 1).filter(lambda p: p != first))
+        a, b = channel_minor(jobs[0], 2048, first, clique), channel_minor(jobs[1], 2048, second, clique)
+        assert a != b and 1 <= a <= 2047 and 1 <= b <= 2047
+
+    def test_job_ids_a_multiple_of_2047_apart_no_longer_collide(self) -> None:
+        """The job-id rule gave jobs 610 and 2657 (610 + 2047) the same channel; on two trays of one rack they do
+        not share one any more."""
+        assert channel_minor(610, 2048) == channel_minor(2657, 2048) == 611
+        assert channel_minor(610, 2048, 0, 18) != channel_minor(2657, 2048, 9, 18)
+
+    def test_the_next_job_on_the_same_trays_gets_another_number(self) -> None:
+        """The job id turns the number over by the clique's size: an 18-tray rack has 113 numbers per position."""
+        got = [channel_minor(j, 2048, 4, 18) for j in range(1000, 1113)]
+        assert len(set(got)) == 113 and {(m - 1) % 18 for m in got} == {4}
+        assert channel_minor(1113, 2048, 4, 18) == got[0]
+
+    @pytest.mark.parametrize(("count", "clique"), [(16, 40), (2048, 4096), (2, 18)])
+    def test_a_clique_larger_than_the_channels_wraps(self, count: int, clique: int) -> None:
+        """More trays than channels: positions wrap (never 0, never count), the job id no longer counts."""
+        got = {channel_minor(j, count, p, clique) for p in range(clique) for j in (7, 8)}
+        assert got == set(range(1, count))
+        assert channel_minor(7, count, count - 1, clique) == 1
 
     def test_two_channels_means_always_one(self) -> None:
         """With channel_count 2 every job gets channel 1."""

@@ -482,6 +482,49 @@ def test_as_the_job_user_the_hook_leaves_only_a_channel_it_may_open(node: Tree) 
     assert [(e["name"], e["open"]) for e in result["view"]] == [(f"channel{MINOR}", "granted")]
 
 
+@needs_root_and_lab_user
+def test_under_slurmds_strict_umask_the_job_user_still_gets_only_its_channel() -> None:
+    """The tray's files made under umask 027 (slurmd's at some sites): the job's user's container sees its channel.
+
+    Issue 33: the run directories came out 0750, the hook as the job's user
+    could not open them and took that for a job without a domain.
+    """
+    uid = _lab_uid()
+    assert uid is not None
+    old = os.umask(0o027)
+    try:
+        with tree() as made:
+            c = Container(made, owner=uid)
+            os.umask(old)
+            _only_the_job_channel(c.run(dev="host", user=LAB_USER), uid)
+    finally:
+        os.umask(old)
+
+
+@needs_root_and_lab_user
+@pytest.mark.parametrize("on_error", ["open", "closed"])
+def test_a_run_directory_the_job_user_cannot_read_is_no_answer(node: Tree, on_error: str) -> None:
+    """Run directory 0750 (made under a strict umask by an earlier version): closed stops, open warns and starts.
+
+    Issue 33: "cannot read" was taken for "no channel", and the container
+    started with whatever enroot gave it, even with ``on_error = closed``.
+    """
+    uid = _lab_uid()
+    assert uid is not None
+    node.set_on_error(on_error)
+    c = Container(node, owner=uid)
+    before = c.run(job_id=78, dev="host", user=LAB_USER)["view"]  # what enroot alone gives
+    node.paths.run_dir.chmod(0o750)
+    result = c.run(dev="host", user=LAB_USER)
+    assert result["rc"] == (0 if on_error == "open" else 71), result
+    assert result["stderr"].count("\n") == 1, result["stderr"]
+    assert "cannot tell whether this job has an IMEX channel here" in result["stderr"]
+    assert "Permission denied" in result["stderr"]
+    assert result["view"] == before
+    assert ("IMEXCTL_ENROOT_HOOK_WARNING=" in result["environ"]) == (on_error == "open")
+    assert f"NVIDIA_IMEX_CHANNELS={MINOR}" not in result["environ"]
+
+
 @needs_root
 def test_missing_channel_stops_the_container_with_one_line_when_closed(node: Tree) -> None:
     """on_error = closed, state says the job has a channel, the node is missing: exit 71, one line, nothing mounted."""

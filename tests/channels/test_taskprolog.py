@@ -409,6 +409,38 @@ class TestAsTheJobUser:
         done = _as_lab_user(t.env(78))
         assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
 
+    def test_files_made_under_slurmds_strict_umask_still_give_the_channel(self) -> None:
+        """The prolog's directories made under umask 027 (slurmd's at some sites): the task still gets its channel.
+
+        Issue 33: they came out 0750 and the TaskProlog exported nothing.
+        """
+        uid = _lab_user_uid()
+        assert uid is not None
+        old = os.umask(0o027)
+        try:
+            with tree() as made:
+                made.add_job(77, uid=uid, minor=77)
+                made.mknod(77, uid=uid)
+                os.umask(old)
+                done = _as_lab_user(made.env(77))
+        finally:
+            os.umask(old)
+        assert (done.returncode, done.stdout, done.stderr) == (0, "export NVIDIA_IMEX_CHANNELS=77\n", "")
+
+    def test_a_run_directory_the_job_user_cannot_read_is_said_in_the_first_task(self, t: Tree) -> None:
+        """Run directory 0750: the first task prints why it got no channel (a fault of the tray); the others nothing."""
+        uid = _lab_user_uid()
+        assert uid is not None
+        t.add_job(77, uid=uid, minor=77)
+        t.mknod(77, uid=uid)
+        t.paths.run_dir.chmod(0o750)
+        first = _as_lab_user(t.env(77, SLURM_PROCID="0"))
+        assert first.returncode == 0 and first.stderr == ""
+        assert first.stdout.startswith("print imexctl: cannot tell this job's IMEX channel on this node: ")
+        assert "Permission denied" in first.stdout and first.stdout.count("\n") == 1
+        other = _as_lab_user(t.env(77, SLURM_PROCID="1"))
+        assert (other.returncode, other.stdout, other.stderr) == (0, "", "")
+
     def test_another_users_channel_is_not_exported(self, t: Tree) -> None:
         """The job id of another user's job (channel owned by root here) exports nothing."""
         t.add_job(77, uid=0, minor=77)

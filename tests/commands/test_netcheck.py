@@ -7,6 +7,7 @@ hosts file to loopback addresses of their own (127/8 is all on ``lo``).
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import socket
@@ -20,6 +21,7 @@ import pytest
 
 from imexctl.commands import netcheck
 from imexctl.config.settings import Settings
+from tests.support.localuser import needs_local_user
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -89,9 +91,10 @@ def rack(make_settings: Callable[..., Settings], root: Path) -> Iterator[Callabl
         *,
         before: Callable[[netcheck.Plan], None] | None = None,
         timeout: float = 3,
-        absent: int = -1,
+        absent: int | tuple[int, ...] = (),
         user: dict[int, int] | None = None,
     ) -> list[Any]:
+        gone = {absent} if isinstance(absent, int) else set(absent)
         base = random.randrange(20, 240 - n)
         hosts = root / "etc/imexctl/hosts"
         hosts.parent.mkdir(parents=True, exist_ok=True)
@@ -103,7 +106,7 @@ def rack(make_settings: Callable[..., Settings], root: Path) -> Iterator[Callabl
             ranges = (("server", *cfg.ports.server_port_range), ("cmd", *cfg.ports.cmd_port_range))
             before(netcheck.Plan(job_id, 0, trays, ranges, timeout))
         for i in range(n):
-            if i == absent:
+            if i in gone:
                 continue
             env = {"SLURM_JOB_ID": str(job_id), "SLURM_STEP_NODELIST": f"tray[1-{n}]", "SLURMD_NODENAME": f"tray{i + 1}",
                    "SLURM_NODEID": str(i), "SLURM_PROCID": str(i), "SLURM_LOCALID": "0", "PYTHONPATH": str(REPO),
@@ -115,7 +118,7 @@ def rack(make_settings: Callable[..., Settings], root: Path) -> Iterator[Callabl
                     argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, user=uid, cwd="/"
                 )
             )
-        ours = started[-(n - (absent >= 0)) :]
+        ours = started[-(n - len(gone)) :]
         outputs = [p.communicate(timeout=60) for p in ours]
         return [(p.returncode, *out) for p, out in zip(ours, outputs)]
 
@@ -191,3 +194,125 @@ def test_outside_a_job_step_it_says_how_to_run_it(make_settings: Callable[..., S
 
     cfg = str(make_settings().source)
     assert main(["--config", cfg, "netcheck"], env={"SLURMD_NODENAME": "gb01"}) == 65
+
+
+# ---------------------------------------------------------------- lines from whoever connects (issue 33)
+
+
+class TestRows:
+    def test_a_trays_row_is_accepted(self) -> None:
+        """What run() sends: from, to (other trays, outcome per range), listen."""
+        plan = _plan(3)
+        row = {"from": "gb02", "to": {"gb01": {"server": "ok:1", "cmd": "refused on port 2"}}, "listen": {}}
+        assert netcheck.parse_row(plan, json.dumps(row)) == (row, "")
+
+    @pytest.mark.parametrize(
+        ("row", "why"),
+        [
+            ("{", "not JSON"),
+            ("[]", "not a row"),
+            ('{"from": "gb02", "to": {}}', "not a row"),
+            ('{"from": "gb09", "to": {}, "listen": {}}', "no tray of this step"),
+            ('{"from": "gb02", "to": [], "listen": {}}', "not a map of the step's other trays"),
+            ('{"from": "gb02", "to": {"gb02": {}}, "listen": {}}', "not a map of the step's other trays"),
+            ('{"from": "gb02", "to": {"gb01": {"peer": "ok:1"}}, "listen": {}}', "not short texts per range"),
+            ('{"from": "gb02", "to": {"gb01": {"server": 1}}, "listen": {}}', "not short texts per range"),
+            ('{"from": "gb02", "to": {"gb01": {"server": "' + "x" * 600 + '"}}, "listen": {}}', "not short texts"),
+            ('{"from": "gb02", "to": {}, "listen": []}', "not short texts per range"),
+        ],
+    )
+    def test_anything_else_is_refused_with_why(self, row: str, why: str) -> None:
+        """A line that is not exactly a tray's row is refused and says why (it crashed the report before)."""
+        assert why in netcheck.parse_row(_plan(3), row)[1]
+
+    def test_text_from_the_network_is_printed_escaped(self) -> None:
+        """Terminal escapes and other unprintable characters in a row's outcome reach the matrix escaped."""
+        plan = _plan(2)
+        evil = "\x1b]0;owned\x07\x1b[2J\u202eREACHED\nfake line"
+        rows = {"gb01": {"to": {"gb02": {"server": evil, "cmd": "ok:2"}}}}
+        text, bad = netcheck.render_matrix(plan, rows)
+        assert bad and "\x1b" not in text and "\u202e" not in text and "\x07" not in text
+        assert "  gb01 -> gb02 server: \\x1b]0;owned\\x07\\x1b[2J\\u202eREACHED\\nfake line" in text.splitlines()
+
+
+def _attacker(sends: list[tuple[str, str, int, str]], deadline_s: float = 20) -> subprocess.Popen[bytes]:
+    """A local user's process: for each (source, host, port, line), connect from ``source`` until the listener
+    answers with its banner, then send the line; as imexlab."""
+    from tests.support.localuser import spawn_as_user
+
+    code = (
+        "import json, socket, sys, time\n"
+        f"deadline = time.monotonic() + {deadline_s}\n"
+        "todo = json.loads(sys.argv[1])\n"
+        "while todo and time.monotonic() < deadline:\n"
+        "    src, host, port, line = todo[0]\n"
+        "    try:\n"
+        "        with socket.create_connection((host, port), timeout=1, source_address=(src, 0)) as c:\n"
+        "            c.settimeout(2)\n"
+        "            if c.recv(4096).startswith(b'IMEXCTL-NETCHECK'):\n"
+        "                c.sendall(line.encode() + b'\\n')\n"
+        "                todo.pop(0)\n"
+        "    except OSError:\n"
+        "        time.sleep(0.05)\n"
+    )
+    return spawn_as_user([sys.executable, "-I", "-c", code, json.dumps(sends)])
+
+
+@pytest.fixture
+def attackers() -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for p in started:
+        p.kill()
+        p.wait()
+
+
+@needs_local_user
+def test_a_forged_report_from_another_address_is_ignored(rack: Any, attackers: list[Any]) -> None:
+    """A local user on tray1 speaks for tray2, which never ran: tray2 stays unknown, and the report says so.
+
+    Issue 33: tray1 took any ``ROW`` and ``HELLO``: tray2's row read "ok" to
+    every tray and tray1 counted itself reached by tray2.
+    """
+
+    def forge(plan: netcheck.Plan) -> None:
+        me, two = plan.trays[0], plan.trays[1]
+        row = {"from": two.name, "to": {t.name: {"server": "ok:1", "cmd": "ok:2"} for t in plan.trays[::2]}}
+        sends = [(me.address, me.address, plan.ports(0, "server")[0], "ROW " + json.dumps({**row, "listen": {}}))]
+        sends += [(me.address, me.address, plan.ports(0, label)[0], f"HELLO {two.name}") for label in ("server", "cmd")]
+        attackers.append(_attacker(sends))
+
+    results = rack(3, before=forge, absent=1, timeout=2)
+    assert [r[0] for r in results] == [1, 1], results
+    lines = results[0][1].splitlines()
+    assert [line.split()[2:] for line in lines[2:5]] == [["-", "both", "ok"], ["?", "-", "?"], ["ok", "both", "-"]]
+    assert "not reached by tray2 (cmd), tray2 (server)" in results[0][1]
+    assert "ignored 3 line(s) (from 127.0.0." in lines[-1] and "tray2 speaks from 127.0.0." in lines[-1]
+
+
+@needs_local_user
+def test_a_malformed_or_escaping_report_neither_crashes_nor_reaches_the_terminal(
+    rack: Any, attackers: list[Any]
+) -> None:
+    """Local users on tray2 and tray3 (which never ran netcheck), each from its tray's address: a row with
+    terminal escapes is printed escaped, a malformed one is refused; tray1's report completes.
+
+    Issue 33: the escapes were printed raw and the malformed row crashed the report (exit 70).
+    """
+
+    def forge(plan: netcheck.Plan) -> None:
+        me, two, three = plan.trays[0], plan.trays[1], plan.trays[2]
+        port = plan.ports(0, "server")[0]
+        evil = {"server": "\x1b[2J\x1b]0;owned\x07all fine", "cmd": "ok:1"}
+        row = {"from": two.name, "to": {me.name: evil}, "listen": {}}
+        bad = {"from": three.name, "to": [], "listen": {}}
+        sends = [(two.address, me.address, port, "ROW " + json.dumps(row))]
+        sends += [(three.address, me.address, port, "ROW " + json.dumps(bad))]
+        attackers.append(_attacker(sends))
+
+    results = rack(4, before=forge, absent=(1, 2), timeout=2)  # the forgers stand for tray2 and tray3
+    assert [r[0] for r in results] == [1, 1], results
+    out = results[0][1]
+    assert "\x1b" not in out and "\x07" not in out
+    assert "  tray2 -> tray1 server: \\x1b[2J\\x1b]0;owned\\x07all fine" in out.splitlines()
+    assert "ROW: 'to' of tray3 is not a map of the step's other trays" in out

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tests.corpus import config, ctl_output, environment, nodelists, resolution
+from tests.corpus import config, ctl_output, environment, nodelists, resolution, slurm_answers
 from tests.corpus._tray import DOCUMENTED
 
 FAMILIES: dict[str, Sequence[object]] = {
@@ -17,6 +17,7 @@ FAMILIES: dict[str, Sequence[object]] = {
     "config": config.CASES,
     "command output": [*ctl_output.CASES, *ctl_output.ENDLESS],
     "name resolution": resolution.CASES,
+    "slurmctld answers": [*slurm_answers.FIELD_CASES, *slurm_answers.FORMS, *slurm_answers.PROLOG_CASES],
 }
 
 

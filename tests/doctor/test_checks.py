@@ -529,6 +529,19 @@ def test_driver_channel_count_below_the_config_fails(make_rt: Any, tray: Path) -
     assert check.status == doctor.FAIL and check.fix == "set [policy] channel_count = 128"
 
 
+@pytest.mark.parametrize(("count", "status"), [(16, doctor.WARN), (17, doctor.OK)])
+def test_a_clique_with_more_trays_than_channels_warns(make_rt: Any, tray: Path, count: int, status: str) -> None:
+    """A topology block of 16 trays: with 16 channels (15 numbers) two of its domains can share one: WARN."""
+    (tray / "proc/driver/nvidia/params").write_text(f"ImexChannelCount: {count}\n")
+    (tray / "etc/slurm").mkdir(parents=True, exist_ok=True)
+    (tray / "etc/slurm/topology.conf").write_text("BlockName=r1 Nodes=gb[01-16]\nBlockName=r2 Nodes=gb[17-18]\n")
+    rt = make_rt(policy={"channel_count": str(count)}, paths={"topology_file": "/etc/slurm/topology.conf"})
+    check = _checks(rt)["imex.channel_count"]
+    assert check.status == status, check
+    if status == doctor.WARN:
+        assert "largest NVLink clique has 16 trays" in check.message and "above 16" in check.fix
+
+
 # ---------------------------------------------------------------- ports
 
 

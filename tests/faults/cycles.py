@@ -78,7 +78,8 @@ WORLD: Mapping[str, str] = {
     "ignore_sigterm": "ignore_sigterm",
 }
 INTRUDERS = ("none", "other_prolog", "other_epilog", "cleanup")
-#: the channel minor is 1 + job id % 2047: the intruder's job shares the cycle job's number
+#: the simulated trays have no topology source and no SLURM_CONF, so their channel number is the job-id rule
+#: 1 + job id % 2047 (design.md "The channel rule", a domain without a place): the intruder shares the number
 SAME_MINOR = 2047
 #: what a hook may exit with in a cycle: ok, busy, file failed, lock timeout / not ready (never 70: unsafe or a bug)
 ALLOWED_EXITS = frozenset({0, 69, 71, 75})

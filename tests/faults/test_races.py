@@ -30,7 +30,8 @@ PROLOG_STEPS = ["start", "locked", "claimed", "files_written", "daemon_started",
 #: prolog steps at which the job directory exists (before them, an epilog finds nothing of the job)
 WITH_FILES = PROLOG_STEPS[3:]
 EPILOG_STEPS = ["start", "locked", "daemon_stopped", "channel_removed", "removed"]
-#: the channel minor is 1 + job id % 2047: these two jobs share one, so a mix-up would show
+#: without a topology source or SLURM_CONF (the simulated trays) the channel number is the job-id rule
+#: 1 + job id % 2047 (design.md "The channel rule"): these two jobs share one, so a mix-up would show
 JOB_A, JOB_B = 610, 610 + 2047
 BUSY, LOCK_TIMEOUT, FILE_FAILED = 69, 75, 71
 

@@ -44,22 +44,33 @@ def test_a_note_that_cannot_be_left_is_a_problem_not_an_error(tmp_path: Path) ->
     assert skip.problem.startswith(str(run_dir))
 
 
-@pytest.mark.parametrize(
-    ("left", "want"),
-    [("nothing", False), ("dir", True), ("process", True), ("channel", True)],
-)
+def test_a_note_left_under_slurmds_umask_can_be_read_by_the_job_user(tmp_path: Path) -> None:
+    """The note and the directories made for it get 0755/0644 under umask 027 (issue 33: they came out 0750)."""
+    import os
+    import stat
+
+    from imexctl.channels import notes
+
+    devices = tmp_path / "devices"
+    devices.write_text("Character devices:\n234 nvidia-caps-imex-channels\n")
+    run_dir = tmp_path / "run" / "imexctl"
+    old = os.umask(0o027)
+    try:
+        assert notes.leave(str(run_dir), str(devices), 7, "IMEX was not set up for job 7: shared")
+    finally:
+        os.umask(old)
+    made = [tmp_path / "run", run_dir, run_dir / "notes", run_dir / "notes" / "7"]
+    assert [stat.S_IMODE(os.stat(p).st_mode) for p in made] == [0o755, 0o755, 0o755, 0o644]
+
+
+@pytest.mark.parametrize(("left", "want"), [("nothing", False), ("dir", True), ("process", True)])
 def test_left_anything(tmp_path: Path, left: str, want: bool) -> None:
-    """A directory, a process naming the config, or a channel node: each is something left."""
+    """A directory, or a process naming the config: each is something left (a channel node alone is not)."""
     job_dir = tmp_path / "jobs" / "7"
     if left == "dir":
         job_dir.mkdir(parents=True)
     config = str(job_dir / "config.cfg")
-    found = gate.left_anything(
-        str(job_dir),
-        config,
-        has_process=lambda arg: left == "process" and arg == config,
-        channel_left=lambda: left == "channel",
-    )
+    found = gate.left_anything(str(job_dir), config, has_process=lambda arg: left == "process" and arg == config)
     assert found is want
 
 

@@ -7,9 +7,17 @@ from typing import Any, Callable
 
 import pytest
 
-from imexctl.hooks.members import cross_check, domain_members, job_domain, parse_hosts_file, resolve_all
+from imexctl.hooks.members import (
+    Place,
+    channel_place,
+    cross_check,
+    domain_members,
+    job_domain,
+    parse_hosts_file,
+    resolve_all,
+)
 from imexctl.platform.errors import ConfigError, ResolveError, TopologyMismatch
-from imexctl.slurm.topofile import BlockMap, parse_topology
+from imexctl.slurm.topofile import BlockMap, parse_map, parse_topology
 from tests.support.fakes import FakeHost
 
 TOPOLOGY = """\
@@ -288,3 +296,39 @@ class TestResolveHostsFile:
         (tmp_path / "hosts").write_bytes(b"10.1.0.1 gb01 \xe9t\xe9\n")
         with pytest.raises(ConfigError, match="not UTF-8"):
             resolve_all(["gb01"], method="hosts_file", host=_host({}), hosts_file=tmp_path / "hosts")
+
+
+class TestChannelPlace:
+    def test_first_tray_of_the_domain_in_its_block_sorted_by_name(self) -> None:
+        """The clique is the domain's block, sorted by name whatever the file's order: the domain's earliest tray
+        gives its position, the same whichever tray of the domain asks."""
+        source = parse_topology("BlockName=r1 Nodes=gb03,gb01,gb02\nBlockName=r2 Nodes=gb[04-05],gb07\n", "t")
+        assert channel_place(("gb07", "gb05"), source, None) == Place(1, 3, "block r2")
+        assert channel_place(("gb03",), source, None) == Place(2, 3, "block r1")
+        assert channel_place(("gb02", "gb01"), source, ["ignored"]) == Place(0, 3, "block r1")
+
+    def test_blocks_with_one_key_are_one_clique(self) -> None:
+        """Two blocks that the source gives one NVML key (a clique split over blocks) are one clique."""
+        text = f"BlockName=a Nodes=gb[01-02]  # imexctl-key: {KEY_A}\nBlockName=b Nodes=gb[03-04]  # imexctl-key: {KEY_A}\n"
+        text += f"BlockName=c Nodes=gb05  # imexctl-key: {KEY_B}\n"
+        source = parse_topology(text, "t")
+        assert channel_place(("gb03", "gb04"), source, None) == Place(2, 4, "block b")
+        assert channel_place(("gb05",), source, None) == Place(0, 1, "block c")
+
+    def test_a_map_source_is_keyed_by_clique(self) -> None:
+        """A NODE KEY map: the clique is every node of the key."""
+        source = parse_map(f"gb02 {KEY_A}\ngb01 {KEY_A}\ngb09 {KEY_B}\n", "m")
+        assert channel_place(("gb02",), source, None) == Place(1, 2, f"block {KEY_A}")
+
+    def test_without_a_source_the_clique_is_slurm_conf_in_slurms_order(self) -> None:
+        """No topology: every node of slurm.conf, in its own order (not sorted)."""
+        assert channel_place(("gb01", "gb09"), None, ["cpu1", "gb09", "gb01"]) == Place(1, 3, "slurm.conf")
+
+    @pytest.mark.parametrize(
+        ("names", "why"),
+        [(None, "no topology source and no slurm.conf"), (["gb01"], "slurm.conf does not list gb02")],
+    )
+    def test_no_place_is_position_zero_of_one(self, names: list[str] | None, why: str) -> None:
+        """No source, and no slurm.conf or one without a tray of the domain: no place (the job-id rule), and why."""
+        place = channel_place(("gb01", "gb02"), None, names)
+        assert (place.position, place.trays, place.clique) == (0, 1, "none") and why in place.unplaced

@@ -285,6 +285,41 @@ class TestEpilog:
         with pytest.raises(UnsafeNodeError, match="survives"):
             epilog(job_env(job_id=42), rt)
 
+    def test_a_lost_state_still_finds_the_jobs_channel_by_its_uid(
+        self, rt: Any, real_nodes: FakeHost, root: Path
+    ) -> None:
+        """state.json unreadable: the channel's number names no job (design.md "The channel rule"), so the
+        epilog takes the one node of the job's uid that no other job's state claims; another job's claimed node
+        of the same uid, and another uid's node, stay."""
+        prolog(job_env(job_id=42), rt)
+        jobs, chans = root / "run/imexctl/jobs", root / "dev/nvidia-caps-imex-channels"
+        state = json.loads((jobs / "42/state.json").read_text())
+        (jobs / "7").mkdir()
+        other = {**state, "job_id": 7, "channel_minor": 50, "channel_path": str(chans / "channel50")}
+        (jobs / "7/state.json").write_text(json.dumps(other))
+        for minor, uid in ((50, 1000), (60, 2000)):
+            real_nodes.mknod_char(chans / f"channel{minor}", 234, minor, mode=0o600, uid=uid, gid=uid)
+        (jobs / "42/state.json").write_text('{"job_id": 4')
+        actions = epilog(job_env(job_id=42), rt).fields()["actions"]
+        assert f"remove channel {chans / 'channel43'}" in actions, actions
+        assert sorted(p.name for p in chans.iterdir()) == ["channel50", "channel60"]
+        assert not (jobs / "42").exists()
+
+    def test_a_lost_state_with_two_candidates_takes_none(self, rt: Any, real_nodes: FakeHost, root: Path) -> None:
+        """Two unclaimed nodes of the job's uid: which is the job's cannot be told; both stay for cleanup."""
+        prolog(job_env(job_id=42), rt)
+        chans = root / "dev/nvidia-caps-imex-channels"
+        real_nodes.mknod_char(chans / "channel9", 234, 9, mode=0o600, uid=1000, gid=1000)
+        (root / "run/imexctl/jobs/42/state.json").write_text("")
+        actions = epilog(job_env(job_id=42), rt).fields()["actions"]
+        assert not [a for a in actions if "channel" in a] and sorted(p.name for p in chans.iterdir()) == [
+            "channel43",
+            "channel9",
+        ]
+        assert sorted(cleanup(rt).data()["actions"]) == [
+            f"remove stray channel {chans / c}" for c in ("channel43", "channel9")
+        ]
+
 
 class Killed(BaseException):
     """SIGKILL, simulated at a step boundary."""
@@ -370,12 +405,13 @@ class TestCleanup:
             assert not any("channel" in a for a in cleanup(rt, dry_run=dry).data()["actions"])
 
     def test_dry_run_names_a_stateless_jobs_channel_once(self, rt: Any, real_nodes: FakeHost, root: Path) -> None:
-        """A job directory without state.json and the job's channel: the channel is the job's item, not also stray."""
+        """A job directory without state.json and the job's channel: its number names no job, so cleanup (which
+        knows no job's uid) removes it once, as a stray, and the dry run says exactly that."""
         epilog_killed(rt, 42)
         (root / "run/imexctl/jobs/42/state.json").unlink()
         chan = root / "dev/nvidia-caps-imex-channels/channel43"
         dry = cleanup(rt, dry_run=True).data()["actions"]
-        assert [a for a in dry if "channel" in a] == [f"would remove channel {chan}"]
+        assert [a for a in dry if "channel" in a] == [f"would remove stray channel {chan}"]
         assert cleanup(rt).data()["actions"] == [a.removeprefix("would ") for a in dry] and leftovers(root) == []
 
     def test_dry_run_changes_nothing(self, rt: Any, host: FakeHost, root: Path) -> None:

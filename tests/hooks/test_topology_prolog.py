@@ -15,6 +15,7 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
+from imexctl.channels.job import NodePaths, find_job
 from imexctl.config.settings import load
 from imexctl.gpu.fabric import FabricInfo
 from imexctl.hooks.prolog import prolog
@@ -86,7 +87,8 @@ def base(root: Path) -> Path:
 
 @pytest.mark.parametrize("kind", ["map", "topology_conf", "topology_yaml"])
 def test_two_domains_each_with_identical_files_and_one_port(base: Path, kind: str) -> None:
-    """A job over two racks: every tray of a rack writes the same nodes file; port and channel are the job's."""
+    """A job over two racks: every tray of a rack writes the same nodes file and makes the same channel, the
+    domain's (the rule of design.md); the ports are the job's."""
     cluster = Cluster(base, {"gb01": "A", "gb02": "A", "gb03": "A", "gb04": "B", "gb05": "B"})
     source = cluster.write_source(kind)
     splits = []
@@ -96,7 +98,8 @@ def test_two_domains_each_with_identical_files_and_one_port(base: Path, kind: st
             out = prolog(job_env(job_id=42, nodelist="gb[01-05]", node=node), rt)
         assert out.ok and out.setup.trays == (3 if rack == "A" else 2)
         splits += [e for e in logs if e["event"] == "imex.domain.split"]
-        assert rt.host.mknods[0][2] == 43  # the job's channel minor on every tray
+        # first tray at position 0 of its block: 1 + 3 * (42 % (2047 // 3)) in rack A, 1 + 2 * (42 % 1023) in B
+        assert rt.host.mknods[0][2] == (127 if rack == "A" else 85)
     assert len({cluster.nodes_file(n) for n in ("gb01", "gb02", "gb03")}) == 1
     assert cluster.nodes_file("gb01") == b"10.0.0.1\n10.0.0.2\n10.0.0.3\n"
     assert len({cluster.nodes_file(n) for n in ("gb04", "gb05")}) == 1
@@ -107,6 +110,35 @@ def test_two_domains_each_with_identical_files_and_one_port(base: Path, kind: st
     }
     assert ports == {("SERVER_PORT=61042", "IMEX_CMD_PORT=62042")}
     assert [(e["trays"], e["domains"], e["key"]) for e in splits] == [(3, 2, KEYS["A"])] * 3 + [(2, 2, KEYS["B"])] * 2
+
+
+@pytest.mark.parametrize("kind", ["topology_conf", "topology_yaml", "map"])
+def test_two_jobs_in_one_rack_never_share_a_channel(base: Path, kind: str) -> None:
+    """Jobs 610 and 2657 (610 + 2047: one channel under the job-id rule) at once on disjoint trays of one rack:
+    each tray computes its job's channel alone; the two jobs' channels differ, every tray of a job has the same
+    one, and the job side (the TaskProlog's reader of state.json) finds it on each tray."""
+    cluster = Cluster(base, {"gb01": "A", "gb02": "A", "gb03": "A", "gb04": "A"})
+    source = cluster.write_source(kind)
+    minors: dict[int, set[int]] = {610: set(), 2657: set()}
+    created = []
+    for job, trays in ((610, ("gb01", "gb02")), (2657, ("gb03", "gb04"))):
+        for node in trays:
+            rt = cluster.runtime(node, KEYS["A"], paths={"topology_file": source}, topology={"source": kind})
+            with capture_logs() as logs:
+                prolog(job_env(job_id=job, nodelist=",".join(trays), node=node), rt)
+            created += [e for e in logs if e["event"] == "device.channel.created"]
+            minors[job].add(rt.host.mknods[0][2])
+            paths = NodePaths(str(base / node / "run/imexctl"), "/proc/devices", None)
+            assert find_job(paths, [job], 1000, None).minor == rt.host.mknods[0][2]
+    # positions 0 and 2 of 4: 1 + 0 + 4 * (610 % 511) and 1 + 2 + 4 * (2657 % 511)
+    assert minors == {610: {397}, 2657: {411}}
+    assert [(e["clique"], e["position"], e["clique_trays"]) for e in created] == [
+        (f"block {_block(kind)}", position, 4) for position in (0, 0, 2, 2)
+    ]
+
+
+def _block(kind: str) -> str:
+    return KEYS["A"] if kind == "map" else "nvl-4f2a9c1e-7"
 
 
 def test_three_domains_and_a_domain_of_one(base: Path) -> None:

@@ -423,16 +423,21 @@ class SlurmLab:
         wait_for(idle, timeout, what=f"nodes {','.join(want)} idle")
 
     def job(self, jobid: int) -> dict[str, str]:
-        """Return ``scontrol show job -o`` as a dict (empty once the job is purged)."""
-        res = self.run(["scontrol", "show", "job", "-o", str(jobid)], check=False, timeout=15)
-        if res.returncode != 0:
-            return {}
-        info: dict[str, str] = {}
-        for tok in res.stdout.split():
-            if "=" in tok:
-                k, _, v = tok.partition("=")
-                info.setdefault(k, v)
-        return info
+        """Return the job's ``JobState``, ``Reason``, ``Restarts`` and ``NodeList`` (empty once it is purged).
+
+        Read with ``squeue --Format`` over fields no user writes: ``scontrol show job -o`` puts the job's
+        name, comment and paths among its fields, and the lab submits jobs whose name or comment says
+        ``JobState=CANCELLED``. ``Reason`` is as scontrol prints it (blanks as ``_``).
+        """
+        spec = "JobId:0|,State:0|,Reason:0|,RestartCnt:0|,NodeList:0|"
+        argv = ["squeue", "--noheader", "--all", "--local", "--states=all", f"--jobs={jobid}", f"--Format={spec}"]
+        res = self.run(argv, check=False, timeout=15)
+        for line in res.stdout.splitlines() if res.returncode == 0 else []:
+            fields = line.split("|")
+            if len(fields) == 6 and fields[0] == str(jobid):
+                keys = ("JobId", "JobState", "Reason", "Restarts", "NodeList")
+                return dict(zip(keys, [*fields[:2], fields[2].replace(" ", "_"), *fields[3:5]]))
+        return {}
 
     def check_daemons(self) -> None:
         """Raise with the log tails if slurmctld or a slurmd has died."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from imexctl.channels.devices import channel_minor
 from imexctl.slurm import nodelist
 from tests.lab.cluster import SlurmLab
 from tests.lab.conftest import NODES
@@ -39,7 +40,9 @@ def _array_tasks(lab: SlurmLab, array: int, n: int) -> dict[int, list[str]]:
 
 
 def test_array_tasks_in_flight_get_their_own_domains(lab: SlurmLab) -> None:
-    """Two 2-tray array tasks running side by side: two domains, ports and channels, each torn down alone."""
+    """Two 2-tray array tasks running side by side: two domains, ports and channels, each torn down alone. Without
+    a topology source the channel is placed among slurm.conf's nodes (design.md "The channel rule"): each task's
+    number is 1 + position + 4 * (job % 511), its first tray's position in the lab's four nodes."""
     res = lab.run(
         [
             "sbatch",
@@ -70,6 +73,11 @@ def test_array_tasks_in_flight_get_their_own_domains(lab: SlurmLab) -> None:
         ports[job] = {config_value(job_dir(lab, n, job) / "config.cfg", "SERVER_PORT") for n in nodes}
         minors[job] = {events(lab, n, job, "device.channel.created")[-1]["minor"] for n in nodes}
         assert len(ports[job]) == 1 and len(minors[job]) == 1, f"task {job}: ports {ports[job]}, minors {minors[job]}"
+        assert minors[job] == {channel_minor(job, 2048, min(NODES.index(n) for n in nodes), len(NODES))}, minors
+        created = {
+            (e["clique"], e["clique_trays"]) for n in nodes for e in events(lab, n, job, "device.channel.created")
+        }
+        assert created == {("slurm.conf", len(NODES))}, created
     first, second = sorted(tasks)
     assert ports[first] != ports[second] and minors[first] != minors[second], f"ports {ports}, minors {minors}"
 

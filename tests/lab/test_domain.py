@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from imexctl.channels.devices import channel_minor
 from tests.lab.cluster import SlurmLab
 from tests.lab.conftest import NODES
 from tests.lab.jobs import (
@@ -69,6 +70,8 @@ def test_four_node_job_gets_domain_and_channel_and_leaves_nodes_clean(lab: Slurm
         assert ch["name"] == f"channel{ch['minor']}" and ch["major"] == 234, f"{node}: {ch}"
         minors.add(ch["minor"])
     assert len(minors) == 1, f"channel minors differ between nodes: {checks}"
+    # no topology source: position 0 of slurm.conf's four nodes (design.md "The channel rule")
+    assert minors == {channel_minor(job, 2048, 0, len(NODES))}, minors
     wait_done(lab, job)
     for node in NODES:
         assert leftovers(lab, node) == [], f"{node} not clean after job {job}"

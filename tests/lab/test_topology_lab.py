@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from imexctl.channels.devices import channel_minor
 from imexctl.slurm import nodelist
 from tests.lab.cluster import SlurmLab
 from tests.lab.conftest import NODES
@@ -132,11 +133,12 @@ def test_slurmctld_schedules_by_the_blocks_of_topology_conf(lab: SlurmLab) -> No
 
 
 def test_job_over_both_blocks_gets_one_domain_per_block(lab: SlurmLab) -> None:
-    """A 4-node job: two 2-tray domains, each tray's nodes file its block's trays; one port and channel minor."""
+    """A 4-node job: two 2-tray domains, each tray's nodes file its block's trays; one port; each domain's channel
+    placed in its own block (design.md "The channel rule"): the same on the trays of a block."""
     job = sbatch(lab, hold_script(lab), NODES)
     try:
         wait_started(lab, job)
-        ports, channels = set(), set()
+        ports, channels = set(), {}
         for block, members in BLOCKS.items():
             want = [lab.addr(n) for n in members]
             for node in members:
@@ -147,9 +149,13 @@ def test_job_over_both_blocks_gets_one_domain_per_block(lab: SlurmLab) -> None:
                 assert split and split[-1]["domain"] == block, f"{node}: {split}"
                 assert (split[-1]["trays"], split[-1]["domains"], split[-1]["outside"]) == (2, 2, ""), split[-1]
                 ports.add(config_value(jd / "config.cfg", "SERVER_PORT"))
-                channels.add(tuple(_channels(lab, node)))
+                channels.setdefault(block, set()).add(tuple(_channels(lab, node)))
+                (created,) = events(lab, node, job, "device.channel.created")
+                assert (created["clique"], created["position"]) == (f"block {block}", 0), created
         assert len(ports) == 1, f"SERVER_PORTs of job {job} differ between its domains: {ports}"
-        assert len(channels) == 1 and len(next(iter(channels))) == 1, f"channels of job {job}: {channels}"
+        # each block's first tray is its first by name: position 0 of a block of 2
+        want = {block: {(f"channel{channel_minor(job, 2048, 0, 2)}",)} for block in BLOCKS}
+        assert channels == want, f"channels of job {job}: {channels}"
     finally:
         release(lab, job)
     wait_done(lab, job)

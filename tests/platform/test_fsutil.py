@@ -205,7 +205,22 @@ class TestEnsureDir:
         """Missing parents are created and True means the last component is new."""
         assert ensure_dir(tmp_path / "a" / "b" / "c", 0o750) is True
         assert (tmp_path / "a/b/c").is_dir()
-        assert stat.S_IMODE(os.stat(tmp_path / "a/b/c").st_mode) & 0o777 == 0o750 & ~_umask()
+        assert stat.S_IMODE(os.stat(tmp_path / "a/b/c").st_mode) == 0o750
+
+    @pytest.mark.parametrize("umask", [0o027, 0o077])
+    def test_directories_made_now_get_their_mode_whatever_the_umask(self, tmp_path: Path, umask: int) -> None:
+        """Under slurmd's umask (027 at some sites) every directory made gets exactly ``mode``; existing ones keep theirs.
+
+        Issue 33: 0755 came out 0750 and hid the job's state and channel from the job's user.
+        """
+        (tmp_path / "a").mkdir(mode=0o700)
+        old = os.umask(umask)
+        try:
+            assert ensure_dir(tmp_path / "a" / "b" / "c", 0o755) is True
+        finally:
+            os.umask(old)
+        modes = [stat.S_IMODE(os.stat(tmp_path / p).st_mode) for p in ("a", "a/b", "a/b/c")]
+        assert modes == [0o700, 0o755, 0o755]
 
     def test_existing_directory_is_not_created(self, tmp_path: Path) -> None:
         """An existing directory is accepted and reported as not created."""
@@ -242,6 +257,16 @@ class TestPrivateDirectories:
         run = tmp_path / "run" / "imexctl"
         assert ensure_dir(run / "jobs" / "7", 0o755, private_from=run) is True
         check_private_dir(run / "jobs")
+
+    def test_own_directories_a_strict_umask_narrowed_are_opened_up(self, tmp_path: Path) -> None:
+        """A run directory an earlier version made 0750 under a strict umask gets 0755 back; above it, nothing changes."""
+        run = tmp_path / "run" / "imexctl"
+        (run / "jobs").mkdir(parents=True, mode=0o750)
+        run.chmod(0o700)
+        (tmp_path / "run").chmod(0o750)
+        assert ensure_dir(run / "jobs" / "7", 0o755, private_from=run) is True
+        modes = [stat.S_IMODE(os.stat(p).st_mode) for p in (tmp_path / "run", run, run / "jobs", run / "jobs/7")]
+        assert modes == [0o750, 0o755, 0o755, 0o755]
 
     @pytest.mark.parametrize(
         "mode",
@@ -411,12 +436,6 @@ class TestRemove:
         assert (tmp_path / "t").exists() and remove_file(tmp_path / "l") is False
 
 
-def _umask() -> int:
-    old = os.umask(0)
-    os.umask(old)
-    return old
-
-
 def test_flock_held_waits_on_the_callers_clock_then_gives_up(tmp_path: Path) -> None:
     """Held by another open file: tried every pause until the caller's clock passes the timeout; free: taken at once."""
 
@@ -444,3 +463,25 @@ def test_flock_held_waits_on_the_callers_clock_then_gives_up(tmp_path: Path) -> 
         os.fstat(holder)  # closed at the end: the lock is free again
     with held(os.open(path, os.O_RDWR)):
         assert len(naps) == 3  # taken at once
+
+
+def test_atomic_write_reads_no_more_than_the_new_text_of_what_is_there(tmp_path: Path) -> None:
+    """A sparse 4 GiB file at the target: replaced unread; a file of the same size is read once, bounded (issue 33)."""
+
+    def rchar() -> int:
+        for line in Path("/proc/self/io").read_text().splitlines():
+            if line.startswith("rchar:"):
+                return int(line.split()[1])
+        raise AssertionError("no rchar")
+
+    path = tmp_path / "imexctl.prom"
+    with open(path, "wb") as f:
+        f.truncate(4 << 30)
+    before = rchar()
+    assert atomic_write(path, "a 1\n", mode=0o644) is True
+    assert rchar() - before < 1 << 16
+    assert path.read_text() == "a 1\n"
+    before = rchar()
+    assert atomic_write(path, "a 1\n", mode=0o644) is False  # the same: compared, not rewritten
+    assert atomic_write(path, "a 2\n", mode=0o644) is True
+    assert rchar() - before < 1 << 16

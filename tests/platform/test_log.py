@@ -158,3 +158,65 @@ def test_a_line_loggers_timestamp_is_now(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(log.time, "time_ns", lambda: 1_733_340_623_000_120_999)
     log.LineLogger(log.SinkLogger(sink, None, 20, False), "info", {}).info("x")
     assert json.loads(sink.getvalue())["timestamp"] == "2024-12-04T19:30:23.000120Z"
+
+
+# ---------------------------------------------------------------- the log file (issue 33)
+
+
+class TestLogFile:
+    def test_a_new_file_is_made_and_appended(self, tmp_path: Path) -> None:
+        """In a directory of this user's: the file is created 0640 (whatever the umask keeps) and appended to."""
+        path = tmp_path / "log" / "imexctl.log"
+        with log.open_log_file(path) as f:
+            f.write("one\n")
+        with log.open_log_file(path, make_dir=False) as f:
+            f.write("two\n")
+        assert path.read_text() == "one\ntwo\n"
+
+    def test_a_fifo_is_refused_at_once(self, tmp_path: Path) -> None:
+        """A FIFO at the log's name (no reader): refused without waiting, named as a FIFO."""
+        path = tmp_path / "imexctl.log"
+        os.mkfifo(path)
+        with pytest.raises(OSError, match="is a FIFO"):
+            log.open_log_file(path)
+
+    def test_a_fifo_with_a_reader_is_refused(self, tmp_path: Path) -> None:
+        """A FIFO someone reads: the open would succeed, the type check refuses it."""
+        path = tmp_path / "imexctl.log"
+        os.mkfifo(path)
+        reader = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            with pytest.raises(OSError, match="not a regular file"):
+                log.open_log_file(path)
+        finally:
+            os.close(reader)
+
+    def test_a_symlink_is_not_followed(self, tmp_path: Path) -> None:
+        """A symlink at the log's name: refused, its target untouched."""
+        (tmp_path / "target").write_text("")
+        (tmp_path / "imexctl.log").symlink_to(tmp_path / "target")
+        with pytest.raises(OSError, match="symbolic link"):
+            log.open_log_file(tmp_path / "imexctl.log")
+        assert (tmp_path / "target").read_text() == ""
+
+    @pytest.mark.parametrize(("mode", "ok"), [(0o755, True), (0o775, True), (0o777, False), (0o1777, False)])
+    def test_the_directory_may_be_the_groups_never_others(self, tmp_path: Path, mode: int, ok: bool) -> None:
+        """Group-writable (Ubuntu's /var/log, root:syslog 0775) is accepted; writable by others is refused."""
+        d = tmp_path / "log"
+        d.mkdir()
+        d.chmod(mode)
+        assert (log.dir_problem(d) == "") is ok
+        if ok:
+            log.open_log_file(d / "imexctl.log").close()
+        else:
+            with pytest.raises(OSError, match="not writable by others"):
+                log.open_log_file(d / "imexctl.log")
+            assert list(d.iterdir()) == []
+
+    def test_open_sink_names_the_problem_and_keeps_stderr(self, tmp_path: Path) -> None:
+        """A refused log file is a problem text, not an error: the run logs to stderr."""
+        path = tmp_path / "imexctl.log"
+        os.mkfifo(path)
+        sink, problem = log.open_sink(log_file=path)
+        assert sink._file is None  # stderr only
+        assert problem == f"cannot open log file {path}: is a FIFO (not a regular file)"

@@ -20,7 +20,7 @@ from imexctl.hooks.runtime import Runtime
 from imexctl.hooks.teardown import epilog
 from imexctl.platform.errors import DaemonLostError, DomainBusyError, HealthTimeout
 from imexctl.slurm import drain
-from tests.support.fakes import FakeGpu, FakeHost, domain_json, job_env
+from tests.support.fakes import FakeGpu, FakeHost, SlurmJob, domain_json, job_env
 
 
 def _rt(host: FakeHost, make_settings: Callable[..., Settings], **sections: dict[str, Any]) -> Runtime:
@@ -106,7 +106,7 @@ class TestProlog:
                                                                     root: Path) -> None:  # fmt: skip
         """A peer that says it is not ready, the job still running: the reason names gb02, never 10.0.0.2."""
         host.domain = lambda hosts: (0, domain_json(hosts, status="DEGRADED", node_status={1: "WAITING_FOR_PEERS"}))
-        host.slurm_jobs[42] = "JobId=42 JobState=RUNNING Reason=None\n"
+        host.slurm_jobs[42] = SlurmJob(42, "RUNNING", "gb[01-03]")
         rt = _rt(_known(host), make_settings, readiness={"deadline_s": 2})
         with pytest.raises(HealthTimeout):
             prolog(_env(root), rt)
@@ -118,7 +118,7 @@ class TestProlog:
         host.domain = lambda hosts: (0, domain_json(hosts, status="DEGRADED", node_status={1: "UNAVAILABLE"},
                                                     conn_status="INVALID"))  # fmt: skip
         host.reach = {"10.0.0.2": "refused", "10.0.0.3": "refused"}
-        host.slurm_jobs[42] = "JobId=42 JobState=CANCELLED Reason=None\n"
+        host.slurm_jobs[42] = SlurmJob(42, "CANCELLED", "gb[01-03]")
         rt = _rt(_known(host), make_settings, readiness={"deadline_s": 2})
         assert prolog(_env(root), rt).job_ended == "CANCELLED"
         assert _reason(host) is None and _updates(host) == []

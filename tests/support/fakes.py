@@ -2,9 +2,10 @@
 
 They live in tests/, never in the package: the .deb and the .rpm ship no test code.
 
-``FakeHost`` answers only ``systemctl`` (show/start/stop/reset-failed) and
-``nvidia-imex-ctl`` (``-q``, ``-N -j``); any other command raises
-``AssertionError``.  Files stay real, under a temporary root.
+``FakeHost`` answers only ``systemctl`` (show/start/stop/reset-failed),
+``nvidia-imex-ctl`` (``-q``, ``-N -j``), ``squeue`` about jobs (slurmctld's
+``slurm_jobs``, tests/support/slurmjobs.py) and ``scontrol version``; any other
+command raises ``AssertionError``.  Files stay real, under a temporary root.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from typing import Callable
 from imexctl.gpu.fabric import FabricInfo
 from imexctl.platform.errors import CommandError
 from imexctl.platform.host import Completed, ProcInfo
+from tests.support.slurmjobs import SlurmJob, squeue
 
-__all__ = ["JOB_GID", "FakeGpu", "FakeHost", "domain_json", "job_env"]
+__all__ = ["JOB_GID", "FakeGpu", "FakeHost", "SlurmJob", "domain_json", "job_env"]
 
 #: the job's primary group in :func:`job_env`: never a uid of any fixture
 JOB_GID = 100
@@ -152,8 +154,13 @@ class FakeHost:
     envs: list[tuple[tuple[str, ...], dict[str, str]]] = dataclasses.field(default_factory=list)
     #: (argv, extra environment) of each daemon spawned detached (the exec backend)
     spawn_envs: list[tuple[tuple[str, ...], dict[str, str]]] = dataclasses.field(default_factory=list)
-    #: what ``scontrol show job -o <id>`` prints per job id (absent: "Invalid job id specified")
-    slurm_jobs: dict[int, str] = dataclasses.field(default_factory=dict)
+    #: the jobs slurmctld holds, by job id, as ``squeue`` prints them (tests/support/slurmjobs.py)
+    slurm_jobs: dict[int, SlurmJob] = dataclasses.field(default_factory=dict)
+    #: every ``squeue`` times out (slurmctld does not answer)
+    squeue_hangs: bool = False
+    #: the next this many ``squeue`` calls fail as when slurmctld cannot be reached
+    squeue_down_for: int = 0
+    #: every ``scontrol show node`` / ``update`` times out
     scontrol_hangs: bool = False
     #: slurmctld's nodes for ``scontrol show node NAME`` and ``scontrol update NodeName=...``: name ->
     #: ``{"state": "IDLE+DRAIN", "reason": "...", "comment": "..."}`` (absent: "Invalid node name specified")
@@ -183,6 +190,8 @@ class FakeHost:
         name = Path(argv[0]).name
         if name == "scontrol":
             return self._scontrol(argv, timeout_s)
+        if name == "squeue":
+            return self._squeue(argv, timeout_s, env or {})
         if name == "systemctl":
             return self._systemctl(argv)
         if name == "nvidia-imex" and argv[1:] == ("--version",):
@@ -228,15 +237,23 @@ class FakeHost:
                 self.now += timeout_s
                 raise CommandError(argv, f"no answer within {timeout_s:g}s")
             return self._scontrol_node(argv)
-        if argv[1:4] != ("show", "job", "-o") or len(argv) != 5:
-            raise AssertionError(f"FakeHost: unexpected scontrol arguments {argv}")
-        if self.scontrol_hangs:
+        raise AssertionError(
+            f"FakeHost: unexpected scontrol arguments {argv} (slurmctld is asked about jobs through squeue)"
+        )
+
+    def _squeue(self, argv: tuple[str, ...], timeout_s: float, env: Mapping[str, str]) -> Completed:
+        if any(not isinstance(j, SlurmJob) for j in self.slurm_jobs.values()):
+            raise AssertionError("FakeHost.slurm_jobs holds SlurmJob records (tests/support/slurmjobs.py)")
+        if self.squeue_hangs:
             self.now += timeout_s
             raise CommandError(argv, f"no answer within {timeout_s:g}s")
-        out = self.slurm_jobs.get(int(argv[4]))
-        if out is None:
-            return Completed(argv, 1, "", "slurm_load_jobs error: Invalid job id specified\n")
-        return Completed(argv, 0, out, "")
+        if self.squeue_down_for > 0:
+            self.squeue_down_for -= 1
+            self.now += 1.0
+            return Completed(
+                argv, 1, "", "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n"
+            )
+        return squeue(self.slurm_jobs, argv, env)
 
     def _scontrol_node(self, argv: tuple[str, ...]) -> Completed:
         """``scontrol show node NAME`` as src/api/node_info.c prints it; ``scontrol update NodeName=N State=...``."""

@@ -34,10 +34,13 @@ class Tree:
         self.config = base / "imexctl.conf"
         self.config.write_text(f"[paths]\nroot = {base}\n")
         self.config.chmod(0o644)
-        (base / "proc").mkdir(mode=0o755)
+        # the tree's own scaffolding gets its modes whatever the umask (a test may set slurmd's 027)
+        (base / "proc").mkdir()
+        (base / "proc").chmod(0o755)
         (base / "proc" / "devices").write_text(
             f"Character devices:\n  1 mem\n{major} nvidia-caps-imex-channels\n235 nvidia-caps\nBlock devices:\n  8 sd\n"
         )
+        (base / "proc" / "devices").chmod(0o644)
         self.major = major
         self.paths = settings.load(self.config, node="n1").paths
         ensure_dir(self.paths.channel_dir, 0o755)

@@ -83,9 +83,12 @@ def spawn_as_user(
     )
 
 
-def as_user(argv: Sequence[str], *, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    """Run ``argv`` to completion as the local user; its output."""
-    p = spawn_as_user(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+def as_user(
+    argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` to completion as the local user (``env`` added to a bare environment); its output."""
+    full = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", **(env or {})}
+    p = spawn_as_user(argv, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     out, _ = p.communicate(timeout=timeout)
     return subprocess.CompletedProcess(list(argv), p.returncode, out.decode(errors="replace"), "")
 
