@@ -9,6 +9,7 @@ Any failure after the claim rolls back everything through ``teardown``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
@@ -22,7 +23,7 @@ from imexctl.hooks.gate import Skip, shared_reason, skipped_prolog
 from imexctl.hooks.jobs import GONE, scan_jobs, still_runs
 from imexctl.hooks.results import PrologResult, Setup, texts
 from imexctl.hooks.runtime import Runtime, bind, log_failed, terminations
-from imexctl.hooks.state import JobState, mark_state, node_lock, write_state
+from imexctl.hooks.state import JobState, mark_state, node_lock, read_state, write_state
 from imexctl.hooks.teardown import teardown
 from imexctl.imex import config as imexconf
 from imexctl.imex import daemon, peerauth
@@ -160,13 +161,15 @@ def _prolog(env: Mapping[str, str], rt: Runtime, run: _Run) -> PrologResult:
     place = _channel_place(trays, source, run, rt)
     with node_lock(rt.settings.paths.lock_file, rt.host, rt.settings.daemon.lock_timeout_s):
         rt.step("locked")
-        _claim(job, rt)
+        own = _claim(job, trays, rt)
         rt.step("claimed")
         try:
-            daemon_too = single == "domain"
-            setup = _setup(job, trays, rt, deadline, with_daemon=daemon_too, place=place, names=run.names)
+            if own is None:
+                setup = _setup(job, trays, rt, deadline, with_daemon=single == "domain", place=place, names=run.names)
+                _mark_set_up(job, rt)
+            else:  # this run's prolog ran here before (slurmd restarted during it, say): its domain stays
+                setup = _keep(job, own, rt, deadline)
             setup = setup._replace(block=members.block_label(job.node, source, key))
-            _mark_set_up(job, rt)
         except BaseException as exc:
             _rollback(job.job_id, rt, exc)
             raise
@@ -292,14 +295,18 @@ def _refuse_shared(job: JobContext, rt: Runtime) -> None:
         raise DomainBusyError(f"{why} ([policy] shared = refuse)")
 
 
-def _claim(job: JobContext, rt: Runtime) -> None:
+def _claim(job: JobContext, trays: tuple[str, ...], rt: Runtime) -> JobState | None:
     """Refuse a node whose domain is held by a job that still runs here or a stray daemon; clear leftovers.
 
     Leftovers of jobs that no longer run on this tray (a daemon that died and
     an epilog killed at its timeout, say) are torn down as ``cleanup`` would,
     so the tray is not drained job after job until an admin comes.
+
+    Returns:
+        This job's own domain, when an earlier prolog of this very run finished
+        setting it up here and its daemon runs (``_this_run``): it is kept.
+        Any other leftover of this job is torn down first (None).
     """
-    paths = rt.settings.paths
     # only a daemon counts: a pager on a job's file, a ctl client, another user's process never block (issue 22)
     jobs, strays = scan_jobs(rt)
     held = _clear_ended_jobs(job, [j for j in jobs if j != job.job_id], rt)
@@ -311,10 +318,60 @@ def _claim(job: JobContext, rt: Runtime) -> None:
         )
     if strays:
         raise DomainBusyError(f"a stray IMEX daemon runs (pid {strays[0].pid}: {' '.join(strays[0].cmdline)})")
-    if paths.job(job.job_id).exists():
-        rt.log.warning(
-            "state.removed", reason="leftovers of an earlier run of this job", actions=texts(teardown(job.job_id, rt))
-        )
+    jd = rt.settings.paths.job(job.job_id)
+    if not jd.exists():
+        return None
+    state = read_state(jd)
+    why = _this_run(job, trays, state, rt)
+    if not why:
+        return state
+    rt.log.warning(
+        "state.removed",
+        reason=f"leftovers of an earlier run of this job ({why})",
+        actions=texts(teardown(job.job_id, rt)),
+    )
+    return None
+
+
+def _this_run(job: JobContext, trays: tuple[str, ...], state: JobState | None, rt: Runtime) -> str:
+    """'' when ``state`` is this very run's domain on this tray, set up and with its daemon; else why not.
+
+    slurmd restarted during a prolog runs it again for the same job: the first
+    may have finished, and its peers use the domain.  The same run: the same
+    tray, trays and owner, and the restart count and start time slurmd gave
+    (where it gave them; a requeued job has another).
+    """
+    if state is None or not state.set_up:
+        return "its prolog did not finish"
+    if state.ended:
+        return "its epilog ran"
+    if (state.node, state.nodes, (state.uid, state.gid)) != (job.node, trays, job.owner):
+        return "another tray, tray list or owner"
+    for said, now in ((state.restarts, job.restarts), (state.start_time, job.start_time)):
+        if said is not None and now is not None and said != now:
+            return "another run: its restart count or start time differs"
+    if state.backend == "none":
+        return "" if not state.channel_path or os.path.lexists(state.channel_path) else "its channel is gone"
+    if daemon.daemon_runs(rt.host, rt.settings, rt.settings.paths.job(job.job_id), state.backend) is False:
+        return "its daemon is gone"
+    return ""
+
+
+def _keep(job: JobContext, state: JobState, rt: Runtime, deadline: float) -> Setup:
+    """This run's own domain, set up here by an earlier prolog: left as it is once it answers ready.
+
+    Nothing is written, started or stopped; the readiness wait is the set-up's
+    (a domain that does not get ready fails this prolog as it would have the first).
+    """
+    rt.log.info("imex.domain.kept", reason="this job's prolog ran before on this tray and set up its domain")
+    if state.backend == "none":
+        return Setup(len(state.nodes), state.channel_path, daemon=False)
+    jd, own = rt.settings.paths.job(job.job_id), state.addresses[state.nodes.index(job.node)]
+    ready = _wait_ready(jd, own, state.addresses, state.cmd_port, rt, deadline)
+    blamed = tuple(ready.blamed)
+    return Setup(
+        len(state.nodes), state.channel_path, port=state.port, cmd_port=state.cmd_port, ready=ready.ready, blamed=blamed
+    )
 
 
 def _clear_ended_jobs(job: JobContext, others: list[int], rt: Runtime) -> list[tuple[int, str]]:
@@ -387,7 +444,10 @@ def _setup_channel_only(job: JobContext, trays: tuple[str, ...], rt: Runtime, pl
     try:
         ensure_dir(jd.path, 0o755, private_from=rt.settings.paths.run_dir)
         minor, chan = (channel[1], str(channel[2])) if channel else (None, "")
-        state = JobState(job.job_id, job.node, *job.owner, job.user, trays, (), 0, "none", minor, chan, rt.host.time())
+        state = JobState(
+            job.job_id, job.node, *job.owner, job.user, trays, (), 0, "none", minor, chan, rt.host.time(),
+            restarts=job.restarts, start_time=job.start_time,
+        )  # fmt: skip
         write_state(jd, state)
         if channel is not None:
             _create_channel(job, *channel, rt, place)
@@ -509,6 +569,8 @@ def _write_files(
             chan,
             rt.host.time(),
             ports[1],
+            restarts=job.restarts,
+            start_time=job.start_time,
         ),
     )
     return jd

@@ -40,6 +40,9 @@ class JobState(Record):
     set_up: float = 0.0
     #: when the job's epilog started tearing it down here (0: it did not): the job has ended on this node
     ended: float = 0.0
+    #: the run of the job that set it up: its restart count and start time as slurmd gave them (None: not said)
+    restarts: int | None = None
+    start_time: int | None = None
 
 
 def write_state(jd: JobDir, state: JobState) -> None:

@@ -63,6 +63,7 @@ EVENTS: dict[str, str] = {
     "imex.domain.split": "the job spans several NVLink domains: the one this tray joined and its tray count",
     "imex.nodes.resolved": "the job's trays in this NVLink domain, their addresses and the list's hash",
     "imex.config.written": "config.cfg and nodes_config.cfg written for the job",
+    "imex.domain.kept": "the job's prolog ran again (slurmd restarted during it): its finished domain is kept",
     "imex.daemon.started": "the IMEX daemon was started for the job",
     "imex.daemon.stopped": "the job's IMEX daemon stopped",
     "imex.daemon.killed": "the job's IMEX daemon ignored SIGTERM and was killed",

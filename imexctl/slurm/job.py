@@ -60,6 +60,8 @@ class JobContext:
         "qos",
         "sluid",
         "sharing_from",
+        "restarts",
+        "start_time",
     )
 
     job_id: int
@@ -82,6 +84,10 @@ class JobContext:
     sluid: str
     #: where ``oversubscribe`` came from when not from the environment: "slurmctld" (asked under Slurm 22.05)
     sharing_from: str
+    #: which run of the job this is: ``SLURM_JOB_RESTART_COUNT`` (how often it was requeued; 22.05+) and
+    #: ``SLURM_JOB_START_TIME`` (23.02+), both from the job's credential; None where slurmd does not say
+    restarts: int | None
+    start_time: int | None
 
     def __init__(
         self,
@@ -100,10 +106,12 @@ class JobContext:
         qos: str = "",
         sluid: str = "",
         sharing_from: str = "",
+        restarts: int | None = None,
+        start_time: int | None = None,
     ) -> None:
         values = (
             *(job_id, node, nodes, uid, gid, user, partition, constraints, oversubscribe, het_job_id, slurm_conf),
-            *(exclusive, qos, sluid, sharing_from),
+            *(exclusive, qos, sluid, sharing_from, restarts, start_time),
         )
         for name, value in zip(self._FIELDS, values):
             object.__setattr__(self, name, value)
@@ -168,6 +176,8 @@ class JobContext:
             exclusive=env.get("SLURM_JOB_EXCLUSIVE", "").strip().upper(),
             qos=_printable(env.get("SLURM_JOB_QOS", "")),
             sluid=_printable(env.get("SLURM_JOB_SLUID", "")),
+            restarts=_count(env, "SLURM_JOB_RESTART_COUNT"),
+            start_time=_count(env, "SLURM_JOB_START_TIME"),
         )
 
     @property
@@ -276,6 +286,16 @@ def _int(
     if not (text.isascii() and text.isdigit() and len(text) <= 20) or not minimum <= int(text) <= maximum:
         raise _env_error(f"{key}={shorten(text)} is not a valid number ({minimum} to {maximum})")
     return int(text)
+
+
+def _count(env: Mapping[str, str], name: str) -> int | None:
+    """A number slurmd sets from the job's credential, kept only to tell one run of the job from another.
+
+    None when unset or not a plain number: no decision needs it (a leftover
+    whose run cannot be told is judged as before), so it never fails a hook.
+    """
+    text = env.get(name, "").strip()
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 20 else None
 
 
 def _printable(text: str, limit: int = 64) -> str:

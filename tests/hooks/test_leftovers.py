@@ -169,3 +169,104 @@ class TestEpilogChannelGuard:
         out = epilog(job_env(job_id=42), rt)
         assert "remove_channel" in [a.kind for a in out.actions]
         assert not os.path.lexists(rt.settings.paths.channel_dir / "channel43")
+
+
+#: slurmd's word on which run of job 42 this is (credential: SLURM_JOB_RESTART_COUNT 22.05+, START_TIME 23.02+)
+RUN = {"SLURM_JOB_RESTART_COUNT": "0", "SLURM_JOB_START_TIME": "1796434004"}
+
+
+class TestPrologTwice:
+    """slurmd restarted during a prolog runs it again for the same job: a finished domain of the run stays."""
+
+    def _events(self, logs: list[dict[str, Any]]) -> list[str]:
+        return [e["event"] for e in logs]
+
+    @pytest.mark.parametrize("backend", ["exec", "systemd"])
+    def test_the_second_prolog_keeps_the_finished_domain_untouched(
+        self, host: FakeHost, make_settings: Callable[..., Settings], backend: str
+    ) -> None:
+        """Nothing written, started, stopped or made again: the same daemon and state.json, exit 0, ready."""
+        from structlog.testing import capture_logs
+
+        rt = runtime(host, make_settings, backend)
+        assert prolog(job_env(job_id=42, **RUN), rt).ok
+        jd = rt.settings.paths.job(42)
+        files = {p.name: (p.stat().st_ino, p.read_bytes()) for p in jd.path.iterdir()}
+        pid, calls, mknods = daemon_of(host, rt, 42).info.pid, len(host.calls), list(host.mknods)
+        with capture_logs() as logs:
+            again = prolog(job_env(job_id=42, **RUN), rt)
+        assert again.ok and again.setup is not None and again.setup.ready and again.setup.port == 61042
+        assert "imex.domain.kept" in self._events(logs) and "state.removed" not in self._events(logs), logs
+        assert daemon_of(host, rt, 42).info.pid == pid and host.signals == [] and host.mknods == mknods
+        later = host.calls[calls:]
+        assert not [c for c in later if c[0] == "spawn" or c[1:2] in (("start",), ("stop",))], later
+        assert {p.name: (p.stat().st_ino, p.read_bytes()) for p in jd.path.iterdir()} == files
+
+    def test_without_a_start_time_the_restart_count_decides(
+        self, host: FakeHost, make_settings: Callable[..., Settings]
+    ) -> None:
+        """Slurm 22.05 gives no SLURM_JOB_START_TIME: the same restart count and the rest keep the domain."""
+        rt = runtime(host, make_settings)
+        env = job_env(job_id=42, SLURM_JOB_RESTART_COUNT="0")
+        assert prolog(env, rt).ok
+        pid = daemon_of(host, rt, 42).info.pid
+        assert prolog(env, rt).ok and daemon_of(host, rt, 42).info.pid == pid and host.signals == []
+
+    @pytest.mark.parametrize(
+        ("change", "why"),
+        [
+            pytest.param({"SLURM_JOB_RESTART_COUNT": "1"}, "another run", id="requeued"),
+            pytest.param({"SLURM_JOB_START_TIME": "1796439999"}, "another run", id="another-start"),
+            pytest.param({"SLURM_JOB_NODELIST": "gb[01,03]"}, "tray list", id="other-trays"),
+            pytest.param({"SLURM_JOB_UID": "1001"}, "owner", id="other-user"),
+        ],
+    )
+    def test_a_domain_of_another_run_is_torn_down_and_built_again(
+        self, host: FakeHost, make_settings: Callable[..., Settings], change: dict[str, str], why: str
+    ) -> None:
+        """A leftover of job 42 that is not this run's (requeued, id reused, other trays or user) goes first."""
+        from structlog.testing import capture_logs
+
+        rt = runtime(host, make_settings)
+        assert prolog(job_env(job_id=42, **RUN), rt).ok
+        first = daemon_of(host, rt, 42).info.pid
+        with capture_logs() as logs:
+            assert prolog(job_env(job_id=42, **{**RUN, **change}), rt).ok
+        removed = [e for e in logs if e["event"] == "state.removed"]
+        assert len(removed) == 1 and "leftovers of an earlier run of this job" in removed[0]["reason"], logs
+        assert why in removed[0]["reason"] and "imex.domain.kept" not in self._events(logs)
+        assert not host.procs[first].alive and daemon_of(host, rt, 42).info.pid != first
+
+    @pytest.mark.parametrize("left", ["daemon-gone", "not-finished", "epilog-ran"])
+    def test_a_domain_that_is_not_whole_is_torn_down_and_built_again(
+        self, host: FakeHost, make_settings: Callable[..., Settings], left: str
+    ) -> None:
+        """Its daemon died, its prolog never finished (no set_up mark) or its epilog began: built anew."""
+        import json
+
+        rt = runtime(host, make_settings)
+        assert prolog(job_env(job_id=42, **RUN), rt).ok
+        first = daemon_of(host, rt, 42)
+        state = rt.settings.paths.job(42).state
+        data = json.loads(state.read_text())
+        if left == "daemon-gone":
+            first.alive = False
+        else:
+            data.update({"set_up": 0.0} if left == "not-finished" else {"ended": 5.0})
+            state.write_text(json.dumps(data))
+        assert prolog(job_env(job_id=42, **RUN), rt).ok
+        assert daemon_of(host, rt, 42).info.pid != first.info.pid and not first.alive
+
+    def test_a_kept_domain_that_does_not_get_ready_fails_as_a_set_up_would(
+        self, host: FakeHost, make_settings: Callable[..., Settings]
+    ) -> None:
+        """The second prolog waits for readiness like the first: never ready by the deadline, it fails and rolls
+        back (the job is requeued; its epilog would tear the domain down anyway)."""
+        from imexctl.platform.errors import HealthTimeout
+
+        rt = runtime(host, make_settings)
+        assert prolog(job_env(job_id=42, **RUN), rt).ok
+        host.q_outputs = [(0, "WAITING_FOR_PEERS\n")]
+        with pytest.raises(HealthTimeout):
+            prolog(job_env(job_id=42, **RUN), rt)
+        assert not rt.settings.paths.job(42).exists() and not [p for p in host.procs.values() if p.alive]

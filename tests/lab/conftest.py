@@ -3,7 +3,7 @@
 Each test runs once per Slurm version, and its id names it (``test_x[26.05]``; ``-k 26.05`` picks one):
 Debian 12's 22.05 from the host, Debian 13's 24.11 and Debian sid's 26.05 from cached Debian roots (built
 on first use, or in the background by ``.ci/setup test``). The tests need root, network namespaces, Slurm + munge on the host,
-imexctl in /opt/imexctl, the user ``imexlab`` (uid 1501), and for 24.11 debootstrap, overlayfs and the
+imexctl in /opt/imexctl, the user ``imexlab`` (uid 1501, group 1502), and for 24.11 debootstrap, overlayfs and the
 Debian mirror (first build only). Without them they skip, except under ``CI=true`` where they fail.
 """
 
@@ -19,7 +19,18 @@ import pytest
 
 from tests.lab import debroot
 from tests.lab.cluster import REPO, LabError, LabUnavailable, SlurmLab
-from tests.lab.jobs import IMEXCTL, PROLOG_TIMEOUT, SIM, SIM_CTL, UID, USER, imexctl_admin, install_stepcheck, leftovers
+from tests.lab.jobs import (
+    GID,
+    IMEXCTL,
+    PROLOG_TIMEOUT,
+    SIM,
+    SIM_CTL,
+    UID,
+    USER,
+    imexctl_admin,
+    install_stepcheck,
+    leftovers,
+)
 from tests.lab.versions import HostSlurm, RootSlurm, SlurmInstall
 from tests.simhelpers import wait_for
 
@@ -52,6 +63,8 @@ def _host_problems() -> list[str]:
         pw = pwd.getpwnam(USER)
         if pw.pw_uid != UID:
             problems.append(f"user {USER} has uid {pw.pw_uid}, not {UID}")
+        if pw.pw_gid != GID:  # the channel's group is checked apart from its owner
+            problems.append(f"user {USER} has group {pw.pw_gid}, not {GID} (bash .ci/setup test)")
     except KeyError:
         problems.append(f"user {USER} missing (useradd -u {UID} -M -s /usr/sbin/nologin {USER})")
     return problems

@@ -4,22 +4,30 @@
   finishes, and the epilog cleans up.
 - ``scontrol requeue`` of a running job: the epilog tears the first run down, then the new run's
   prolog sets up a fresh domain.
+- the same job's prolog run a second time on a tray while the first waits for the domain (issue 32; a
+  slurmd restarted during a prolog may run it again): the second keeps the first's finished domain
+  (``imex.domain.kept``) and never tears it down under its peers.
 """
 
 from __future__ import annotations
 
+import subprocess
+import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from tests.lab.cluster import SlurmLab
 from tests.lab.conftest import NODES
 from tests.lab.jobs import (
+    IMEXCTL,
     assert_domain_up,
     ctl_domain,
     events,
     hold_script,
     leftovers,
+    prolog_processes,
     release,
     sbatch,
     sim_processes,
@@ -34,6 +42,8 @@ pytestmark = pytest.mark.slurm
 JOB_NODES = NODES[:2]
 VICTIM = JOB_NODES[1]
 CRED_EXPIRE = 10
+#: how long the victim's daemon takes to come up: its prolog waits in readiness meanwhile
+SLOW_START_S = 4
 
 
 def test_slurmd_killed_and_restarted_mid_job(lab: SlurmLab) -> None:
@@ -97,3 +107,43 @@ def test_requeue_of_a_running_job_tears_down_then_sets_up_afresh(lab: SlurmLab, 
     wait_done(lab, job)
     for node in NODES:
         assert leftovers(lab, node) == [], f"{node} not clean after job {job}"
+
+
+def test_a_prolog_run_again_for_the_same_job_keeps_its_domain(lab: SlurmLab) -> None:
+    """The tray's prolog runs a second time for the same job, with slurmd's environment, while the first waits
+    for the domain (as a slurmd restarted during a prolog would run it again): the second waits for the node
+    lock, finds the first's finished domain of this run and exits 0 without touching it; the daemon the first
+    started is the one the job runs with, the domain is UP on both trays, the job ends and nothing is left."""
+    lab.faults.write_text(f"@{lab.addr(VICTIM)} slow_start={SLOW_START_S}\n")
+    job = sbatch(lab, hold_script(lab), JOB_NODES)
+    first: list[dict[str, Any]] = []
+
+    def victim_waits() -> bool:
+        first[:] = [p for p in prolog_processes(job) if p["env"].get("SLURMD_NODENAME") == VICTIM]
+        return bool(first and events(lab, VICTIM, job, "imex.daemon.started"))
+
+    wait_for(victim_waits, 60, 0.05, what=f"{VICTIM}'s prolog of job {job} waiting for its domain")
+    assert not events(lab, VICTIM, job, "prolog.done"), "the prolog ended before it was run again"
+    again: list[subprocess.CompletedProcess[str]] = []
+    env = {k: v for k, v in first[0]["env"].items() if k != "PATH"}
+    second = threading.Thread(
+        target=lambda: again.append(lab.node_exec(VICTIM, [str(IMEXCTL), "prolog"], check=False, timeout=90, env=env))
+    )
+    second.start()
+    wait_started(lab, job)
+    second.join(120)
+    assert again and again[0].returncode == 0, again
+    done = events(lab, VICTIM, job, "prolog.done")
+    assert len(done) == 2 and all(d["ok"] is True for d in done), done
+    mine = [e["event"] for e in events(lab, VICTIM, job)]
+    assert mine.count("imex.daemon.started") == 1 and mine.count("imex.domain.kept") == 1, mine
+    assert "state.removed" not in mine and "imex.daemon.stopped" not in mine, mine
+    assert len(sim_processes(lab, VICTIM, job)) == 1
+    for node in JOB_NODES:
+        assert_domain_up(ctl_domain(lab, node, job), len(JOB_NODES), f"job {job} on {node}, its prolog run twice")
+    release(lab, job)
+    wait_done(lab, job)
+    for node in JOB_NODES:
+        assert events(lab, node, job, "epilog.done")[-1]["ok"] is True, f"{node}: {events(lab, node, job)}"
+        assert leftovers(lab, node) == [], f"{node} not clean after job {job}"
+    assert all(lab.node_states()[n]["state"] == "idle" for n in JOB_NODES), lab.node_states()

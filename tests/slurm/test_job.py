@@ -157,6 +157,21 @@ class TestIds:
         """SLURM_JOB_GID is optional."""
         assert JobContext.from_env(env_without("SLURM_JOB_GID"), need_nodes=True).gid is None
 
+    def test_which_run_of_the_job_this_is(self) -> None:
+        """SLURM_JOB_RESTART_COUNT (22.05+) and SLURM_JOB_START_TIME (23.02+), from the credential, are read."""
+        env = job_env(SLURM_JOB_RESTART_COUNT="2", SLURM_JOB_START_TIME="1796434004")
+        ctx = JobContext.from_env(env, need_nodes=True)
+        assert (ctx.restarts, ctx.start_time) == (2, 1796434004)
+        ctx = JobContext.from_env(job_env(), need_nodes=True)
+        assert (ctx.restarts, ctx.start_time) == (None, None)
+
+    @pytest.mark.parametrize("value", ["", "-1", "two", "1.5", "9" * 21])
+    def test_a_run_number_that_is_no_number_is_unknown_not_an_error(self, value: str) -> None:
+        """Only a comparison of runs needs them: a malformed one is unknown, never a failed (draining) hook."""
+        env = job_env(SLURM_JOB_RESTART_COUNT=value, SLURM_JOB_START_TIME=value)
+        ctx = JobContext.from_env(env, need_nodes=True)
+        assert (ctx.restarts, ctx.start_time) == (None, None)
+
     def test_missing_node_name_is_an_error(self) -> None:
         """Without SLURMD_NODENAME imexctl is not running as slurmd's hook and refuses."""
         with pytest.raises(EnvironmentError_, match="SLURMD_NODENAME is not set"):
