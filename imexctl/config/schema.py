@@ -242,6 +242,9 @@ SCHEMA: dict[str, dict[str, tuple[str, Parser]]] = {
         "stop_timeout_s": ("15", _number(float, 1, 600)),
         "kill_grace_s": ("5", _number(float, 0.1, 120)),
         "lock_timeout_s": ("30", _number(float, 0.1, 600)),
+        # how long the epilog waits, before it stops the daemon, for the job user's processes that still hold
+        # the NVIDIA driver (a daemon that ends under them kills them: docs/design.md); 0: no wait
+        "process_wait_s": ("20", _number(float, 0, 600)),
     },
     "policy": {
         "jobs": ("all", _choice("all", "partitions", "feature")),

@@ -78,6 +78,7 @@ class Daemon(Record):
     stop_timeout_s: float
     kill_grace_s: float
     lock_timeout_s: float
+    process_wait_s: float
 
 
 class Policy(Record):

@@ -47,16 +47,22 @@ def prolog_worst_case_s(s: Settings) -> float:
     """The longest a prolog can take with these settings (docs/install.md's sum): lock, start, probes, roll-back."""
     d, r = s.daemon, s.readiness
     wait = max(r.deadline_s, d.lock_timeout_s + 10 + d.start_timeout_s) + 2 * r.ctl_timeout_s
-    return wait + epilog_worst_case_s(s) - d.lock_timeout_s
+    return wait + _teardown_worst_case_s(s)
 
 
 def epilog_worst_case_s(s: Settings) -> float:
-    """The longest an epilog can take: the lock, ``systemctl stop`` and ``reset-failed``, SIGTERM, SIGKILL.
+    """The longest an epilog can take: the wait for the job's processes, the lock, then the teardown."""
+    d = s.daemon
+    return d.process_wait_s + d.lock_timeout_s + _teardown_worst_case_s(s)
+
+
+def _teardown_worst_case_s(s: Settings) -> float:
+    """A teardown (the epilog's, a prolog's roll-back): ``systemctl stop`` and ``reset-failed``, SIGTERM, SIGKILL.
 
     After imexctl's own SIGKILL, the reset of the unit systemd then marks failed (``daemon.FORGET_S``).
     """
     d = s.daemon
-    return d.lock_timeout_s + d.stop_timeout_s + 5 + 10 + d.kill_grace_s + 2 + FORGET_S
+    return d.stop_timeout_s + 5 + 10 + d.kill_grace_s + 2 + FORGET_S
 
 
 def checks(ctx: Context) -> list[Check]:

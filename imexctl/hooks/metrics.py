@@ -57,6 +57,10 @@ METRICS: Final[dict[str, tuple[str, str]]] = {
     "imexctl_cleanup_runs_total": ("counter", "imexctl cleanup runs (not --dry-run) by outcome."),
     "imexctl_cleanup_actions_total": ("counter", "What imexctl cleanup did, by action."),
     "imexctl_daemon_lost_total": ("counter", "Jobs whose IMEX daemon ended before the job, found by the epilog."),
+    "imexctl_daemon_busy_stops_total": (
+        "counter",
+        "Job daemons the epilog stopped while the job user's processes still held the NVIDIA driver.",
+    ),
     "imexctl_hook_duration_seconds": ("histogram", "Run time of the prolog and the epilog, by hook."),
     "imexctl_time_to_ready_seconds": ("histogram", "From the prolog's start until the job's domain was ready."),
     "imexctl_domain_state": ("gauge", "This tray's IMEX domain: 1 for its current state, 0 for the others."),
@@ -92,6 +96,8 @@ class Run(Record):
     actions: tuple[str, ...] = ()
     #: an epilog: domains whose daemon had ended before the job
     lost: int = 0
+    #: an epilog: daemons stopped while the job user's processes still held the NVIDIA driver
+    busy: int = 0
     #: this tray's block (the ``block`` label of every series), where the run learned it; '': keep the last
     block: str = ""
 
@@ -114,7 +120,7 @@ def run_of(command: str, result: Result | None, error: BaseException | None, dur
     if isinstance(result, CleanupResult):
         return Run(command, "ok", actions=tuple(label for a in result.actions for label in _action_labels(a)))
     if isinstance(result, EpilogResult):
-        return Run(command, "ok", duration_s=duration_s, lost=len(result.lost_daemon))
+        return Run(command, "ok", duration_s=duration_s, lost=len(result.lost_daemon), busy=len(result.busy_stop))
     if not isinstance(result, PrologResult):
         return Run(command, "ok", duration_s=duration_s)
     if result.skipped or result.job_ended:
@@ -239,6 +245,7 @@ def _count(totals: dict[str, Any], run: Run, now: float) -> None:
         if run.ready_s is not None:
             _observe(totals.setdefault("ready", {}), "prolog", run.ready_s)
         totals["daemon_lost"] = totals.get("daemon_lost", 0) + run.lost
+        totals["daemon_busy_stops"] = totals.get("daemon_busy_stops", 0) + run.busy
     totals.setdefault("last_run", {})[run.command] = now
 
 
@@ -305,6 +312,8 @@ def render(totals: Mapping[str, Any]) -> str:
         for k, n in sorted(totals.get("cleanup_actions", {}).items())
     ]
     lines += [*_head("imexctl_daemon_lost_total"), f"imexctl_daemon_lost_total {_number(totals.get('daemon_lost', 0))}"]
+    busy = _number(totals.get("daemon_busy_stops", 0))
+    lines += [*_head("imexctl_daemon_busy_stops_total"), f"imexctl_daemon_busy_stops_total {busy}"]
     lines += _histogram("imexctl_hook_duration_seconds", "hook", totals.get("durations", {}))
     lines += _histogram("imexctl_time_to_ready_seconds", "hook", totals.get("ready", {}))
     domain = Domain(**totals["domain"]) if totals.get("domain") else Domain()

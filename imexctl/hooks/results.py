@@ -123,10 +123,12 @@ class EpilogResult(Record):
     actions: tuple[Action, ...] = ()
     lost_daemon: tuple[str, ...] = ()
     ok: bool = True
+    #: domains whose daemon was stopped while processes of the job's user still held the NVIDIA driver
+    busy_stop: tuple[str, ...] = ()
 
     def fields(self) -> dict[str, Any]:
         """The fields of ``epilog.done``, in their order."""
-        return summary.epilog_fields(texts(self.actions), self.duration_s, self.lost_daemon)
+        return summary.epilog_fields(texts(self.actions), self.duration_s, self.lost_daemon, self.busy_stop)
 
 
 class CleanupResult(Record):

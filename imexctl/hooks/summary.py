@@ -36,9 +36,17 @@ def skipped_lines(reason: str, told: bool, duration_s: float) -> list[Line]:
     ]
 
 
-def epilog_fields(actions: Sequence[str], duration_s: float, lost: Sequence[str] = ()) -> dict[str, Any]:
-    """The fields of ``epilog.done``: ``ok``, ``actions``, ``duration_s``, then ``lost_daemon`` when one was lost."""
+def epilog_fields(
+    actions: Sequence[str], duration_s: float, lost: Sequence[str] = (), busy: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The fields of ``epilog.done``: ``ok``, ``actions``, ``duration_s``, then ``lost_daemon`` and ``busy_stop``.
+
+    ``lost_daemon`` when a daemon was lost, ``busy_stop`` when one was stopped while the job's processes still
+    held the NVIDIA driver.
+    """
     out: dict[str, Any] = {"ok": True, "actions": list(actions), "duration_s": duration_s}
     if lost:
         out["lost_daemon"] = list(lost)
+    if busy:
+        out["busy_stop"] = list(busy)
     return out

@@ -167,18 +167,23 @@ def epilog(env: Mapping[str, str], rt: Runtime, job: JobContext | None = None) -
     ``job`` is the job as the caller already read it from ``env`` (None:
     read here).  A daemon that ended before the job is reported
     (``imex.daemon.lost``); with ``[policy] lost_daemon = drain`` the epilog
-    then fails, after the teardown, so that Slurm drains the tray.
+    then fails, after the teardown, so that Slurm drains the tray.  Before a
+    daemon is stopped, the job user's processes that still hold the NVIDIA
+    driver are waited for (``[daemon] process_wait_s``, :func:`_wait_for_processes`).
     """
     t0 = rt.host.monotonic()
     lost: list[str] = []
+    busy: list[str] = []
     actions: list[Action] = []
     try:
         job = job or JobContext.from_env(env, need_nodes=False)
         bind(rt, job_id=job.job_id, node=job.node)
         notes.forget(str(rt.settings.paths.run_dir), job.job_id)
+        until = t0 + rt.settings.daemon.process_wait_s  # one wait for all the job's domains here
         for jid in domains(job):
             if _left_anything(rt.settings.paths.job(jid), rt):
                 _mark_ended(rt.settings.paths.job(jid), rt)  # first: even a lock timeout leaves it for cleanup
+                busy += _wait_for_processes(jid, rt, until)  # without the lock: nothing of the tray changes
                 with node_lock(rt.settings.paths.lock_file, rt.host, rt.settings.daemon.lock_timeout_s):
                     rt.step("locked")
                     lost += _lost_daemon(jid, rt)
@@ -195,7 +200,53 @@ def epilog(env: Mapping[str, str], rt: Runtime, job: JobContext | None = None) -
             text = drain.reason(exc.code, job.node, str(exc))
             drain.leave(rt.host, rt.settings, rt.log, node=job.node, slurm_conf=job.slurm_conf, text=text)
         raise
-    return _epilog_done(rt, t0, tuple(actions), tuple(lost))
+    return _epilog_done(rt, t0, tuple(actions), tuple(lost), tuple(busy))
+
+
+def _wait_for_processes(job_id: int, rt: Runtime, until: float) -> list[str]:
+    """Wait, until ``until``, for the job user's processes that hold the NVIDIA driver; say so if some remain.
+
+    When ``nvidia-imex`` exits while a process still holds memory imported
+    through it, the driver kills that process and, with exports left, refuses
+    new fabric allocations on the tray until a daemon starts again (design.md
+    source imex-abrupt-shutdown).  slurmd runs the epilog once every step of
+    the job has ended (design.md source slurm-epilog-order), so what can remain
+    is what Slurm could not end or does not track: a process stuck in the
+    driver, or one started outside the job's steps.  A process can hold
+    imported memory only as a client of the driver, so those are the ones
+    counted: processes of the job's user (the tray was the job's alone) with a
+    ``/dev/nvidia*`` file open.  Only a domain whose daemon still runs is
+    waited for; a job of root's is not (root's own daemons hold the driver).
+
+    Returns:
+        ``["the IMEX daemon of job N is stopped while ..."]`` when processes remain, else [].
+    """
+    jd = rt.settings.paths.job(job_id)
+    state = read_state(jd)
+    if state is None or state.backend == "none" or state.uid == 0:
+        return []
+    if not daemon.job_processes(rt.host, rt.settings, jd.config):
+        return []  # no daemon to stop: the driver has dealt with its clients already
+    t0, pause = rt.host.monotonic(), 0.05
+    while True:
+        try:
+            left = rt.host.driver_clients(state.uid)
+        except ImexctlError:  # /proc cannot be listed: nothing seen to wait for (teardown reports /proc)
+            return []
+        now = rt.host.monotonic()
+        if not left or now >= until:
+            break
+        rt.host.sleep(min(pause, until - now))
+        pause = min(2 * pause, 1.0)
+    if not left:
+        return []
+    pids = sorted(p.pid for p in left)
+    rt.log.warning("imex.daemon.stop_busy", domain_job_id=job_id, uid=state.uid, pids=pids, waited_s=round(now - t0, 3))
+    why = (
+        f"the IMEX daemon of job {job_id} is stopped while pid {', '.join(map(str, pids))} of uid {state.uid} "
+        f"still hold the NVIDIA driver (after {now - t0:.1f}s of [daemon] process_wait_s)"
+    )
+    return [why]
 
 
 def _lost_daemon(job_id: int, rt: Runtime) -> list[str]:
@@ -242,8 +293,10 @@ def idle_epilog(job: JobContext, rt: Runtime) -> EpilogResult | None:
     return _epilog_done(rt, t0)
 
 
-def _epilog_done(rt: Runtime, t0: float, actions: tuple[Action, ...] = (), lost: tuple[str, ...] = ()) -> EpilogResult:
-    result = EpilogResult(round(rt.host.monotonic() - t0, 3), actions, lost)
+def _epilog_done(
+    rt: Runtime, t0: float, actions: tuple[Action, ...] = (), lost: tuple[str, ...] = (), busy: tuple[str, ...] = ()
+) -> EpilogResult:
+    result = EpilogResult(round(rt.host.monotonic() - t0, 3), actions, lost, busy_stop=busy)
     rt.log.info("epilog.done", **result.fields())
     return result
 

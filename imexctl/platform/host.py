@@ -108,6 +108,9 @@ class Host(Protocol):
     def job_is_running(self, job_id: int) -> bool:
         """Whether the Slurm job still has anything on this node."""
 
+    def driver_clients(self, uid: int) -> list[ProcInfo]:
+        """Live processes of ``uid`` that hold a file of the NVIDIA driver (``/dev/nvidia*``) open."""
+
     def port_in_use(self, address: str, port: int) -> bool:
         """Whether a TCP listener could not bind ``address:port`` now."""
 
@@ -324,6 +327,25 @@ class RealHost:
         )
         return any(_roots_dir(path) for pattern in patterns for path in glob.glob(pattern))
 
+    def driver_clients(self, uid: int) -> list[ProcInfo]:
+        """Live processes of ``uid`` that hold a file of the NVIDIA driver open (``/dev/nvidia*``).
+
+        ``uid`` is judged as :func:`procscan.scan` judges it (the owner of
+        ``/proc/<pid>``: one ``stat``, nothing read of another user's process);
+        of each of its processes at most :data:`_MAX_FDS` descriptors are looked
+        at (``/proc/<pid>/fd`` in descriptor order: the driver's are opened early).
+        """
+        try:
+            pids = [pid for pid, _ in scan(uids=(uid,), max_bytes=0)]
+        except OSError as exc:
+            raise CommandError(("listdir", "/proc"), exc.strerror or str(exc)) from exc
+        found = []
+        for pid in pids:
+            info = self._info(pid, identity=True) if _holds_driver(pid) else None
+            if info is not None:  # None: gone meanwhile, or a zombie (its descriptors are closed)
+                found.append(info)
+        return found
+
     def port_in_use(self, address: str, port: int) -> bool:
         """Whether a TCP listener could not bind ``address:port`` now."""
         import errno
@@ -418,6 +440,27 @@ class RealHost:
             return info._replace(uid=_uid(pid), exe=_exe(pid)) if identity else info
         except (OSError, ValueError, IndexError):  # ProcessLookupError, /proc/<pid> gone, or unreadable
             return None
+
+
+#: the most open descriptors of one process that :meth:`RealHost.driver_clients` looks at
+_MAX_FDS = 4096
+
+
+def _holds_driver(pid: int) -> bool:
+    """Whether one of the first :data:`_MAX_FDS` descriptors of ``pid`` is a file of the NVIDIA driver."""
+    try:
+        with os.scandir(f"/proc/{pid}/fd") as entries:
+            for n, entry in enumerate(entries):
+                if n >= _MAX_FDS:
+                    return False
+                try:
+                    if os.readlink(entry.path).startswith("/dev/nvidia"):
+                        return True
+                except OSError:  # closed meanwhile
+                    continue
+    except OSError:  # gone, or not ours to read
+        return False
+    return False
 
 
 def _bind_errno(address: str, port: int, *, reuse: bool) -> int:

@@ -68,6 +68,7 @@ EVENTS: dict[str, str] = {
     "imex.daemon.stopped": "the job's IMEX daemon stopped",
     "imex.daemon.killed": "the job's IMEX daemon ignored SIGTERM and was killed",
     "imex.daemon.lost": "the epilog found that the job's IMEX daemon had ended before the job",
+    "imex.daemon.stop_busy": "the epilog stopped the daemon while the job user's processes still held the driver",
     "imex.health.poll": "one readiness probe (debug)",
     "imex.ready": "the local daemon is READY and (level domain) the domain is UP",
     "imex.not_ready": "readiness deadline passed; carries the last connection table",

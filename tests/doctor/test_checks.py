@@ -333,6 +333,16 @@ def test_timeout_below_the_worst_case_warns(tray: Path, make_rt: Any) -> None:
     assert check.fix.startswith("set PrologEpilogTimeout=120")
 
 
+@pytest.mark.parametrize(("wait", "status"), [("20", doctor.OK), ("60", doctor.WARN)])
+def test_the_epilogs_wait_for_the_jobs_processes_counts_in_its_worst_case(
+    tray: Path, make_rt: Any, wait: str, status: str
+) -> None:
+    """[daemon] process_wait_s adds to the epilog's worst case (89 s by default under 120): 60 s makes it 129 s."""
+    check = _checks(make_rt(daemon={"process_wait_s": wait}))["slurm.epilog_timeout"]
+    assert check.status == status and f"worst case {69 + int(wait)} s" in check.message, check
+    assert _checks(make_rt(daemon={"process_wait_s": wait}))["slurm.prolog_timeout"].status == doctor.OK
+
+
 def test_switch_plugin_with_channels_none_is_ok(tray: Path, make_rt: Any) -> None:
     """switch/nvidia_imex with [policy] channels = none: Slurm makes the channel, as configured."""
     _use_conf(tray, "switch-imex.conf")

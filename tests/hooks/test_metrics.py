@@ -90,6 +90,19 @@ def test_counters_survive_across_runs(cfg: str, host: FakeHost, prom_dir: Path, 
     assert json.loads((root / "run/imexctl/metrics.json").read_text())["hook_runs"]
 
 
+def test_a_busy_stop_is_counted(make_settings: Callable[..., Settings], host: FakeHost, prom_dir: Path) -> None:
+    """imexctl_daemon_busy_stops_total counts each daemon the epilog stopped while the job's user still held the
+    NVIDIA driver: 0 for an epilog whose job's processes were gone, 1 after one that was not."""
+    cfg = str(make_settings(metrics={"textfile_dir": "/var/lib/node_exporter"}, daemon={"process_wait_s": 1}).source)
+    for job, busy in ((42, False), (43, True)):
+        assert run(cfg, "prolog", host=host, env=job_env(job_id=job)) == 0
+        stuck = host.add_process(["/home/alice/train"], uid=1000, driver=True) if busy else None
+        assert run(cfg, "epilog", host=host, env=job_env(job_id=job)) == 0
+        assert sample(families(prom_dir), "imexctl_daemon_busy_stops_total") == float(busy)
+        if stuck is not None:
+            host.send_signal(stuck, 9)
+
+
 def test_histogram_buckets_are_cumulative(cfg: str, host: FakeHost, prom_dir: Path) -> None:
     """Each bucket counts the runs up to its bound; the sum is the total time."""
     host.ready_after = 3  # two pauses of poll_initial_s and its double: about 0.09 s of fake time

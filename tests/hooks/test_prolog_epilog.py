@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+import structlog
 from structlog.testing import capture_logs
 
 from imexctl.gpu.fabric import FabricInfo
@@ -284,6 +285,71 @@ class TestEpilog:
         prolog(job_env(job_id=42), rt)
         with pytest.raises(UnsafeNodeError, match="survives"):
             epilog(job_env(job_id=42), rt)
+
+    def test_the_daemon_stops_only_once_the_jobs_driver_clients_are_gone(
+        self, rt: Any, host: FakeHost, root: Path
+    ) -> None:
+        """A process of the job's user that still holds the NVIDIA driver (stuck ending its CUDA context): the epilog
+        waits until it is gone, then stops the daemon (SIGTERM after the last look); no busy stop is reported."""
+        prolog(job_env(job_id=42), rt)
+        (daemon_pid,) = live(host)
+        cuda = host.add_process(["/home/alice/train"], uid=1000, driver=True, scans_left=3)
+        with capture_logs() as logs:
+            out = epilog(job_env(job_id=42), rt)
+        scans = [i for i, c in enumerate(host.calls) if c[0] == "driver_clients"]
+        assert len(scans) == 4 and host.calls[scans[0]] == ("driver_clients", "1000")  # 3 saw it, the 4th did not
+        assert not host.is_alive(cuda) and live(host) == []
+        assert host.signals[0] == (daemon_pid, signal.SIGTERM)  # the stop came after the process was gone
+        assert host.slept[:3] == [0.05, 0.1, 0.2]
+        assert "busy_stop" not in out.fields() and not [e for e in logs if e["event"] == "imex.daemon.stop_busy"]
+
+    def test_the_daemon_is_stopped_after_the_bound_and_the_stop_is_reported(
+        self, make_settings: Any, host: FakeHost, gpu: Any, root: Path
+    ) -> None:
+        """A driver client that never ends: the epilog waits [daemon] process_wait_s, stops the daemon all the
+        same, warns (imex.daemon.stop_busy) and lists it in epilog.done; only the job user's driver clients count."""
+        rt = Runtime(host, gpu, make_settings(daemon={"process_wait_s": 3}), structlog.get_logger())
+        prolog(job_env(job_id=42), rt)
+        stuck = host.add_process(["/home/alice/train"], uid=1000, driver=True)
+        host.add_process(["/usr/bin/dcgm"], uid=0, driver=True)  # root's, as the daemon itself
+        host.add_process(["/home/bob/train"], uid=2000, driver=True)  # another user's
+        host.add_process(["-bash"], uid=1000)  # the job's user, without the driver
+        t0 = host.monotonic()
+        with capture_logs() as logs:
+            out = epilog(job_env(job_id=42), rt).fields()
+        (busy,) = [e for e in logs if e["event"] == "imex.daemon.stop_busy"]
+        assert (busy["log_level"], busy["domain_job_id"], busy["uid"], busy["pids"]) == (
+            "warning",
+            42,
+            1000,
+            [stuck.pid],
+        )
+        assert 3.0 <= busy["waited_s"] <= 3.1 and 3.0 <= host.monotonic() - t0 < 3.2
+        why = (
+            f"the IMEX daemon of job 42 is stopped while pid {stuck.pid} of uid 1000 still hold the NVIDIA driver "
+            f"(after {busy['waited_s']:.1f}s of [daemon] process_wait_s)"
+        )
+        assert out["busy_stop"] == [why]
+        assert out["ok"] and any(a.startswith("stop daemon of job 42") for a in out["actions"])
+        assert host.is_alive(stuck)  # imexctl ends no process of the user's
+
+    @pytest.mark.parametrize("how", ["root-job", "daemon-gone", "channel-only"])
+    def test_no_wait_without_a_daemon_of_a_users_job(
+        self, make_settings: Any, host: FakeHost, gpu: Any, root: Path, how: str
+    ) -> None:
+        """No wait and no busy stop: a job of root's (root's own daemons hold the driver), a domain whose daemon
+        is already gone (the driver has dealt with its clients), a tray with a channel and no daemon."""
+        policy = {"single_tray": "channel"} if how == "channel-only" else {}
+        rt = Runtime(host, gpu, make_settings(policy=policy), structlog.get_logger())
+        uid = 0 if how == "root-job" else 1000
+        env = job_env(job_id=42, uid=uid, nodelist="gb01" if how == "channel-only" else "gb[01-02]")
+        prolog(env, rt)
+        if how == "daemon-gone":
+            for p in host.procs.values():
+                p.alive = False
+        host.add_process(["/home/alice/train"], uid=uid, driver=True)
+        out = epilog(env, rt).fields()
+        assert "busy_stop" not in out and not [c for c in host.calls if c[0] == "driver_clients"]
 
     def test_a_lost_state_still_finds_the_jobs_channel_by_its_uid(
         self, rt: Any, real_nodes: FakeHost, root: Path

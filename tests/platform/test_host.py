@@ -236,3 +236,28 @@ def test_a_pid_without_a_start_time_is_no_process() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: a file under /dev and a process of another uid")
+def test_driver_clients_are_the_uids_processes_holding_a_dev_nvidia_file(tmp_path: Path) -> None:
+    """A process of the uid with a /dev/nvidia* file open is one; the same uid without it, or root with it, not."""
+    dev = Path(f"/dev/nvidia-imexctl-test-{os.getpid()}")
+    dev.write_text("")
+    dev.chmod(0o644)
+    hold = "import sys, time; f = open(sys.argv[1]); print('open', flush=True); time.sleep(60)"
+    idle = "import time; print('open', flush=True); time.sleep(60)"
+    kids = []
+    try:
+        for code, user in ((hold, 65534), (idle, 65534), (hold, 0)):
+            kid = subprocess.Popen([sys.executable, "-c", code, str(dev)], user=user, stdout=subprocess.PIPE, text=True)
+            assert kid.stdout is not None and kid.stdout.readline() == "open\n"
+            kids.append(kid)
+        found = RealHost().driver_clients(65534)
+        assert [p.pid for p in found] == [kids[0].pid] and found[0].uid == 65534
+        assert kids[2].pid in [p.pid for p in RealHost().driver_clients(0)]
+    finally:
+        for kid in kids:
+            kid.kill()
+            kid.wait()
+        dev.unlink()
+    assert not [p for p in RealHost().driver_clients(65534) if p.pid in {k.pid for k in kids}]

@@ -114,6 +114,10 @@ class _Proc:
     #: how it ended, as systemd records a main process's end: (ExecMainCode, ExecMainStatus), CLD_EXITED = 1
     #: with the exit status, CLD_KILLED = 2 with the signal; a daemon that died on its own exits 1
     ended: tuple[int, int] = (1, 1)
+    #: it holds a file of the NVIDIA driver open (``driver_clients``)
+    driver: bool = False
+    #: it exits by itself after being seen by this many ``driver_clients`` scans (None: never)
+    scans_left: int | None = None
 
 
 @dataclasses.dataclass
@@ -365,10 +369,21 @@ class FakeHost:
             proc.info = proc.info._replace(cmdline=(), exe="")
         return proc.info
 
-    def add_process(self, argv: Sequence[str], *, uid: int = 0, exe: str | None = None) -> ProcInfo:
-        """A process the product did not start (a pager, a client, another user's program): ``exe`` is argv[0]'s."""
+    def add_process(
+        self,
+        argv: Sequence[str],
+        *,
+        uid: int = 0,
+        exe: str | None = None,
+        driver: bool = False,
+        scans_left: int | None = None,
+    ) -> ProcInfo:
+        """A process the product did not start (a pager, a client, another user's program): ``exe`` is argv[0]'s.
+
+        ``driver``: it holds the NVIDIA driver open; ``scans_left``: it exits after that many ``driver_clients``.
+        """
         proc = self._spawn(tuple(argv), uid=uid, exe=exe)
-        proc.alive = True
+        proc.alive, proc.driver, proc.scans_left = True, driver, scans_left
         return proc.info
 
     def _spawn(self, argv: tuple[str, ...], *, uid: int = 0, exe: str | None = None) -> _Proc:
@@ -419,6 +434,16 @@ class FakeHost:
 
     def job_is_running(self, job_id: int) -> bool:
         return job_id in self.running_jobs
+
+    def driver_clients(self, uid: int) -> list[ProcInfo]:
+        """The live processes of ``uid`` that hold the driver; each seen counts towards its ``scans_left``."""
+        self.calls.append(("driver_clients", str(uid)))
+        found = [p for p in self.procs.values() if p.alive and p.driver and p.info.uid == uid]
+        for p in found:
+            if p.scans_left is not None:
+                p.scans_left -= 1
+                p.alive = p.scans_left > 0
+        return [p.info for p in found]
 
     # -- name resolution, ports, devices
     def resolve(self, name: str) -> list[str]:
