@@ -297,7 +297,16 @@ def deb_next(dist: Path) -> Path:
     ``platform/record.py`` defines.  A hook that read ``record`` from one
     version and ``readiness`` from the other fails (ImportError, exit 70).
     """
-    src = _unpacked_sdist(dist, "deb-next")
+    src = _next_tree(_unpacked_sdist(dist, "deb-next"))
+    changelog = (src / "debian/changelog").read_text()
+    trailer = next(line for line in changelog.splitlines() if line.startswith(" -- "))
+    entry = f"imexctl ({NEXT}) unstable; urgency=medium\n\n  * The next release (a test build).\n\n{trailer}\n\n"
+    (src / "debian/changelog").write_text(entry + changelog)
+    return _build_deb(src, NEXT)
+
+
+def _next_tree(src: Path) -> Path:
+    """An unpacked sdist made NEXT: its version, and the change inside that :func:`deb_next` describes."""
     init = src / "imexctl/__init__.py"
     init.write_text(init.read_text().replace(f'__version__ = "{__version__}"', f'__version__ = "{NEXT}"'))
     record = src / "imexctl/platform/record.py"
@@ -314,11 +323,7 @@ def deb_next(dist: Path) -> Path:
         )
     )
     assert "NEXT_ONLY" in readiness.read_text()
-    changelog = (src / "debian/changelog").read_text()
-    trailer = next(line for line in changelog.splitlines() if line.startswith(" -- "))
-    entry = f"imexctl ({NEXT}) unstable; urgency=medium\n\n  * The next release (a test build).\n\n{trailer}\n\n"
-    (src / "debian/changelog").write_text(entry + changelog)
-    return _build_deb(src, NEXT)
+    return src
 
 
 def test_deb_control_and_files(deb: Path) -> None:
@@ -983,6 +988,77 @@ def test_rpm_scriptlets_switch_and_enable_nothing(rpms: dict[str, Path]) -> None
     assert "systemctl --no-reload disable --now imexctl-metrics.timer" in erase, "and stops the live-gauge timer"
     assert "/opt/imexctl/libexec/imexctl-switch --remove" in erase, "and the versions rpm does not know"
     assert "imexctl-switch" not in preun.replace(erase, ""), "an upgrade leaves the version in use alone"
+
+
+@pytest.fixture(scope="module")
+def rpms_here(dist: Path) -> dict[str, Path]:
+    """RPMs of __version__ and NEXT for this machine and the clean root's Python (``python_target``), to install."""
+    if os.geteuid() != 0:
+        pytest.skip("the RPM build runs as root here (bash .ci/setup test)")
+    _need("rpmbuild", "rpm")
+    pyver = sh([SYS_PYTHON, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"]).strip()
+    top = dist / "rpm-here"
+    (top / "SOURCES").mkdir(parents=True)
+    shutil.copy(dist / f"imexctl-{__version__}.tar.gz", top / "SOURCES")
+    nxt = _next_tree(_unpacked_sdist(dist, "rpm-next")).rename(dist / "rpm-next" / f"imexctl-{NEXT}")
+    spec = (
+        (nxt / "pkg/rpm/imexctl.spec")
+        .read_text()
+        .replace(f"Version:        {__version__}\n", f"Version:        {NEXT}\n")
+    )
+    (nxt / "pkg/rpm/imexctl.spec").write_text(spec)
+    with tarfile.open(top / "SOURCES" / f"imexctl-{NEXT}.tar.gz", "w:gz") as tar:
+        tar.add(nxt, arcname=nxt.name)
+    arch = os.uname().machine
+    out = {}
+    for version, spec_path in ((__version__, REPO / "pkg/rpm/imexctl.spec"), (NEXT, nxt / "pkg/rpm/imexctl.spec")):
+        argv = ["rpmbuild", "-bb", "--nodeps", "--define", f"_topdir {top}", "--define", f"python_target {pyver}"]
+        done = subprocess.run(
+            [*argv, str(spec_path)], capture_output=True, text=True, timeout=900, env=ENV, check=False
+        )
+        if done.returncode != 0 and _pip_problem(done.stdout + done.stderr):
+            pytest.skip(f"pip cannot reach the package index: {_pip_problem(done.stdout + done.stderr)}")
+        assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+        out[version] = top / "RPMS" / arch / f"imexctl-{version}-1.{arch}.rpm"
+    return out
+
+
+def test_rpm_scriptlets_run_under_rpm(rpms_here: dict[str, Path], root: Path) -> None:
+    """Debian's rpm installs the RPMs into the clean root and runs their scriptlets there: %post switches to
+    the new version (rpm removes the old package's files only after it, never the version in use); a %post
+    whose version cannot read the config switches nothing, rpm reports it and records the package while the
+    hooks keep their version; the switch run by hand once fixed; erase leaves nothing under /opt/imexctl."""
+    db = ["rpm", f"--root={root}", "--dbpath=/var/lib/rpm"]
+    rpm = [*db, "--nodeps"]  # the root's packages are dpkg's: rpm's database knows none of them
+    for version, path in rpms_here.items():
+        shutil.copy(path, root / f"tmp/{version}.rpm")
+    sh([*db, "--initdb"])
+    sh([*rpm, "-i", f"{root}/tmp/{__version__}.rpm"])
+    assert _active(root) == f"versions/{__version__}"
+    assert chroot(root, "/opt/imexctl/bin/imexctl --version").stdout.strip() == f"imexctl {__version__}"
+    sh([*rpm, "-U", f"{root}/tmp/{NEXT}.rpm"])
+    assert _active(root) == f"versions/{NEXT}"
+    assert sorted(os.listdir(root / "opt/imexctl/packaged")) == [NEXT], "rpm removed the old package's files"
+    assert sorted(os.listdir(root / "opt/imexctl/versions")) == sorted([__version__, NEXT])
+    conf = root / "etc/imexctl/imexctl.conf"
+    shipped = conf.read_text()
+    conf.write_text(shipped + "\n[readiness]\ndeadline_s: 90\n")
+    done = subprocess.run(
+        [*rpm, "-U", "--oldpackage", f"{root}/tmp/{__version__}.rpm"], capture_output=True, text=True, timeout=300,
+        env=ENV, check=False,
+    )  # fmt: skip
+    ours = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.startswith(f"imexctl {__version__}:")]
+    assert len(ours) == 1 and f"the hooks keep running versions/{NEXT} (" in ours[0], done.stdout + done.stderr
+    # rpm goes on and exits 0: its warning and the switch's line are all an unattended run shows
+    assert done.returncode == 0 and f"warning: %post(imexctl-{__version__}-1." in done.stderr, done.stderr
+    assert "scriptlet failed, exit status 1" in done.stderr, done.stderr
+    assert _active(root) == f"versions/{NEXT}", "the hooks keep the version they ran"
+    assert sh([*db, "-q", "imexctl"]).strip() == f"imexctl-{__version__}-1.{os.uname().machine}", "rpm recorded it"
+    conf.write_text(shipped)
+    chroot(root, "/opt/imexctl/libexec/imexctl-switch")
+    assert _active(root) == f"versions/{__version__}"
+    sh([*rpm, "-e", "imexctl"])
+    assert not (root / "opt/imexctl").exists()
 
 
 def test_rpm_payload_matches_its_architecture(rpms: dict[str, Path], tmp_path: Path) -> None:
