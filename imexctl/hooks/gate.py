@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from imexctl.slurm.job import JobContext, constraint_features
+from imexctl.slurm.job import SHARING_UNKNOWN, JobContext, constraint_features
 
 # typing is not imported at run time: imexctl.hooks.quick imports this module (docs/performance.md)
 TYPE_CHECKING = False
@@ -118,20 +118,27 @@ def policy_skip(job: JobContext, policy: Mapping[str, Any]) -> str:
     ``feature``, ``shared``), as the fast path reads them or as ``_asdict()`` of
     :class:`imexctl.config.settings.Policy` gives them.  A job that may share
     its trays is skipped with ``shared = skip``; with ``shared = refuse`` it is
-    not skipped here, and the prolog refuses it (:func:`shared_reason`).
+    not skipped here, and the prolog refuses it (:func:`shared_reason`).  A job
+    that slurmctld did not say about (Slurm 22.05, no answer) is skipped
+    either way: its trays are drained for no fault of theirs and no request of the job's.
     """
     jobs = policy["jobs"]
     if jobs == "partitions" and job.partition not in policy["partitions"]:
         return f"partition {job.partition or '?'} is not in [policy] partitions"
     if jobs == "feature" and policy["feature"] not in constraint_features(job.constraints):
         return f"job did not request feature {policy['feature']!r} (--constraint)"
-    return shared_reason(job) if policy["shared"] == "skip" else ""
+    return shared_reason(job) if policy["shared"] == "skip" or job.sharing_from == SHARING_UNKNOWN else ""
 
 
 def shared_reason(job: JobContext) -> str:
     """Why a job that may share its trays gets no IMEX ('' for a job that has its trays to itself)."""
     if not job.is_shared:
         return ""
+    if job.sharing_from == SHARING_UNKNOWN:
+        return (
+            f"the job may share its trays with other jobs as far as imexctl knows ({job.sharing}); an IMEX "
+            "domain needs whole trays: run the job again, or ask the site's administrators"
+        )
     return (
         f"the job may share its trays with other jobs ({job.sharing}); an IMEX domain needs whole trays: "
         "submit with --exclusive, or to a partition with OverSubscribe=EXCLUSIVE"

@@ -61,6 +61,10 @@ METRICS: Final[dict[str, tuple[str, str]]] = {
         "counter",
         "Job daemons the epilog stopped while the job user's processes still held the NVIDIA driver.",
     ),
+    "imexctl_sharing_unknown_total": (
+        "counter",
+        "Prologs that got no answer from slurmctld whether the job may share its trays (Slurm 22.05): no domain.",
+    ),
     "imexctl_hook_duration_seconds": ("histogram", "Run time of the prolog and the epilog, by hook."),
     "imexctl_time_to_ready_seconds": ("histogram", "From the prolog's start until the job's domain was ready."),
     "imexctl_domain_state": ("gauge", "This tray's IMEX domain: 1 for its current state, 0 for the others."),
@@ -98,6 +102,8 @@ class Run(Record):
     lost: int = 0
     #: an epilog: daemons stopped while the job user's processes still held the NVIDIA driver
     busy: int = 0
+    #: a prolog that skipped its job because slurmctld did not say whether it may share its trays
+    sharing_unknown: int = 0
     #: this tray's block (the ``block`` label of every series), where the run learned it; '': keep the last
     block: str = ""
 
@@ -124,7 +130,8 @@ def run_of(command: str, result: Result | None, error: BaseException | None, dur
     if not isinstance(result, PrologResult):
         return Run(command, "ok", duration_s=duration_s)
     if result.skipped or result.job_ended:
-        return Run(command, "skipped" if result.skipped else "job_ended", duration_s=duration_s)
+        outcome = "skipped" if result.skipped else "job_ended"
+        return Run(command, outcome, duration_s=duration_s, sharing_unknown=int(result.sharing_unknown))
     setup = result.setup
     if setup is None or not setup.daemon:  # one tray, channel only: no daemon, no domain to be ready
         return Run(command, "ok", duration_s=duration_s)
@@ -246,6 +253,7 @@ def _count(totals: dict[str, Any], run: Run, now: float) -> None:
             _observe(totals.setdefault("ready", {}), "prolog", run.ready_s)
         totals["daemon_lost"] = totals.get("daemon_lost", 0) + run.lost
         totals["daemon_busy_stops"] = totals.get("daemon_busy_stops", 0) + run.busy
+        totals["sharing_unknown"] = totals.get("sharing_unknown", 0) + run.sharing_unknown
     totals.setdefault("last_run", {})[run.command] = now
 
 
@@ -314,6 +322,8 @@ def render(totals: Mapping[str, Any]) -> str:
     lines += [*_head("imexctl_daemon_lost_total"), f"imexctl_daemon_lost_total {_number(totals.get('daemon_lost', 0))}"]
     busy = _number(totals.get("daemon_busy_stops", 0))
     lines += [*_head("imexctl_daemon_busy_stops_total"), f"imexctl_daemon_busy_stops_total {busy}"]
+    unknown = totals.get("sharing_unknown", 0)
+    lines += [*_head("imexctl_sharing_unknown_total"), f"imexctl_sharing_unknown_total {_number(unknown)}"]
     lines += _histogram("imexctl_hook_duration_seconds", "hook", totals.get("durations", {}))
     lines += _histogram("imexctl_time_to_ready_seconds", "hook", totals.get("ready", {}))
     domain = Domain(**totals["domain"]) if totals.get("domain") else Domain()

@@ -43,10 +43,14 @@ from imexctl.platform.host import Host, ProcInfo
 from imexctl.slurm import conf as slurmconf
 from imexctl.slurm import drain
 from imexctl.slurm import slurmctld as slurmctl
-from imexctl.slurm.job import JobContext, node_name
+from imexctl.slurm.job import SHARING_UNKNOWN, JobContext, node_name
 from imexctl.slurm.topofile import BlockMap
 
-__all__ = ["prolog"]
+__all__ = ["SHARING_PAUSE_S", "SHARING_TRIES", "prolog"]
+
+#: how often a prolog asks slurmctld whether its job may share its trays (Slurm 22.05), and the pause between
+SHARING_TRIES = 3
+SHARING_PAUSE_S = 1.0
 
 
 class _Run:
@@ -136,12 +140,10 @@ def _leave_reason(exc: ImexctlError, run: _Run, rt: Runtime, env: Mapping[str, s
 def _prolog(env: Mapping[str, str], rt: Runtime, run: _Run) -> PrologResult:
     job = run.job = run.job or JobContext.from_env(env, need_nodes=True)
     bind(rt, job_id=job.job_id, node=job.node)
-    skip = _skip(job, rt)
-    if skip is None and job.is_shared is None:
-        job = run.job = _ask_sharing(job, rt)
-        skip = _skip(job, rt)
+    job, skip = _gates(job, rt, run)
     if skip is not None:
-        return _done(rt, run.t0, skipped=skip.reason, told_user=skip.told)
+        unknown = job.sharing_from == SHARING_UNKNOWN
+        return _done(rt, run.t0, skipped=skip.reason, told_user=skip.told, sharing_unknown=unknown)
     if job.qos or job.sluid:  # Slurm 26.05's QOS and 25.11's SLUID: in every line of a set-up
         bind(rt, **{k: v for k, v in (("qos", job.qos), ("sluid", job.sluid)) if v})
     _refuse_shared(job, rt)
@@ -272,20 +274,45 @@ def _skip(job: JobContext, rt: Runtime) -> Skip | None:
     return skip
 
 
+def _gates(job: JobContext, rt: Runtime, run: _Run) -> tuple[JobContext, Skip | None]:
+    """The job (asked about under Slurm 22.05, which does not say whether it shares) and why policy skips it."""
+    skip = _skip(job, rt)
+    if skip is None and job.is_shared is None:
+        job = run.job = _ask_sharing(job, rt)
+        skip = _skip(job, rt)
+    return job, skip
+
+
 def _ask_sharing(job: JobContext, rt: Runtime) -> JobContext:
-    """Slurm 22.05 does not tell the prolog whether the job may share its trays: ask slurmctld, once.
+    """Slurm 22.05 does not tell the prolog whether the job may share its trays: ask slurmctld, again within a bound.
 
     Only under slurmd (``SLURM_CONF`` set) and with ``[slurm] ask_sharing =
-    yes``.  No answer: the job counts as exclusive, as it always did, and a
-    warning says so; a prolog never fails for a question it could not ask.
+    yes``: up to :data:`SHARING_TRIES` questions, :data:`SHARING_PAUSE_S`
+    apart, each bounded by ``[slurm] query_timeout_s``.  Still no answer: the
+    job counts as one that may share (``SHARING_UNKNOWN``: no domain, the
+    user's note, whatever ``[policy] shared`` says), and ``imex.sharing_unknown``
+    is logged and counted.  A domain is never set up for a job that may share
+    its trays, and a prolog never fails for a question it could not ask.
     """
     if rt.settings.slurm.ask_sharing != "yes" or not job.slurm_conf:
         return job
-    found = slurmctl.job_record(job.job_id, rt.host, rt.settings, job.slurm_conf)
-    if found is None:
-        rt.log.warning("imex.sharing_unknown", reason="slurmctld did not say (squeue): counted as exclusive")
-        return job
-    return job.replace(oversubscribe=found.oversubscribe, sharing_from="slurmctld")
+    problem = ""
+    for attempt in range(1, SHARING_TRIES + 1):
+        try:
+            found = slurmctl.ask_job(job.job_id, rt.host, rt.settings, job.slurm_conf)
+        except SlurmQueryError as exc:
+            problem = str(exc)
+        else:
+            return job.replace(oversubscribe=found.oversubscribe, sharing_from="slurmctld")
+        if attempt < SHARING_TRIES:
+            rt.host.sleep(SHARING_PAUSE_S)
+    rt.log.warning(
+        "imex.sharing_unknown",
+        tries=SHARING_TRIES,
+        problem=problem,
+        reason="no IMEX domain: the job may share its trays",
+    )
+    return job.replace(sharing_from=SHARING_UNKNOWN)
 
 
 def _refuse_shared(job: JobContext, rt: Runtime) -> None:

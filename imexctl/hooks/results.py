@@ -99,6 +99,8 @@ class PrologResult(Record):
     deadline_s: float | None = None
     setup: Setup | None = None
     ok: bool = True
+    #: skipped because slurmctld did not say whether the job may share its trays (Slurm 22.05)
+    sharing_unknown: bool = False
 
     def fields(self) -> dict[str, Any]:
         """The fields of ``prolog.done``, in their order."""

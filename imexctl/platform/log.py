@@ -53,7 +53,7 @@ EVENTS: dict[str, str] = {
     "epilog.done": "summary of one epilog run: ok, what was removed",
     "cleanup.done": "summary of one cleanup run",
     "imex.skipped": "the job gets no IMEX domain on this node (policy, fabric, shared node)",
-    "imex.sharing_unknown": "Slurm 22.05: slurmctld did not say whether the job may share its trays",
+    "imex.sharing_unknown": "Slurm 22.05: slurmctld did not say whether the job may share its trays; no domain",
     "imex.note_failed": "the note telling the job's user why it runs without IMEX could not be written",
     "prolog.deadline": "the readiness deadline was capped below slurm.conf's hook timeout (or it was unreadable)",
     "prolog.job_ended": "the job was cancelled while its prolog waited: rolled back, exit 0, no drain",

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from imexctl.platform.errors import EnvironmentError_
 
-__all__ = ["JobContext", "constraint_features", "node_name"]
+__all__ = ["SHARING_UNKNOWN", "JobContext", "constraint_features", "node_name"]
 
 # slurmd sets SLURM_JOB_NODELIST from 23.02 on; 22.05 only SLURM_NODELIST (design.md source slurm-env).
 _NODELIST_VARS = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
@@ -32,6 +32,8 @@ _NODELIST_VARS = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
 _OWNS_NODES = frozenset({"NODE", "TOPO"})
 _OWNS_NODES_BEFORE_26 = frozenset({"NO", "TOPO"})
 _LETS_OTHERS_IN = frozenset({"YES", "OK"})
+#: ``sharing_from`` of a job whose sharing slurmctld was asked about (Slurm 22.05) and did not tell
+SHARING_UNKNOWN = "nobody"
 # Slurm job ids are uint32_t, federated ones up to 0xfffffffd (SchedMD/slurm slurm/slurm.h, SLURM_ID_HASH,
 # MAX_FED_JOB_ID).  uid_t/gid_t are 32 bits and (uid_t)-1 means "leave unchanged" to chown(2).
 _MAX_JOB_ID = 2**32 - 1
@@ -82,7 +84,8 @@ class JobContext:
     #: SLURM_JOB_QOS (26.05+) and SLURM_JOB_SLUID (25.11+), for the log only; '' when unset
     qos: str
     sluid: str
-    #: where ``oversubscribe`` came from when not from the environment: "slurmctld" (asked under Slurm 22.05)
+    #: where ``oversubscribe`` came from when not from the environment: "slurmctld" (asked under Slurm 22.05),
+    #: or :data:`SHARING_UNKNOWN` when slurmctld was asked and did not answer (the job then may share)
     sharing_from: str
     #: which run of the job this is: ``SLURM_JOB_RESTART_COUNT`` (how often it was requeued; 22.05+) and
     #: ``SLURM_JOB_START_TIME`` (23.02+), both from the job's credential; None where slurmd does not say
@@ -191,8 +194,11 @@ class JobContext:
 
         Slurm 26.05 and later say it with ``SLURM_JOB_EXCLUSIVE`` (whole nodes: ``NODE`` or ``TOPO``)
         and ``SLURM_JOB_OVERSUBSCRIBE`` (``YES``/``OK`` let others in); 23.02 to 25.11 with
-        ``SLURM_JOB_OVERSUBSCRIBE`` alone (whole nodes: ``NO`` or ``TOPO``).
+        ``SLURM_JOB_OVERSUBSCRIBE`` alone (whole nodes: ``NO`` or ``TOPO``).  A job whose sharing
+        slurmctld did not tell when asked (:data:`SHARING_UNKNOWN`) may share.
         """
+        if self.sharing_from == SHARING_UNKNOWN:
+            return True
         if self.exclusive:
             return self.exclusive not in _OWNS_NODES or self.oversubscribe in _LETS_OTHERS_IN
         if not self.oversubscribe:
@@ -202,6 +208,10 @@ class JobContext:
     @property
     def sharing(self) -> str:
         """The variables :attr:`is_shared` was decided from, as ``NAME=value`` words (for reasons and logs)."""
+        if self.sharing_from == SHARING_UNKNOWN:
+            return (
+                "slurmctld did not say whether it may: Slurm 22.05 tells the prolog nothing, and squeue got no answer"
+            )
         if self.sharing_from:
             return f"OverSubscribe={self.oversubscribe} from {self.sharing_from}"
         found = (("SLURM_JOB_EXCLUSIVE", self.exclusive), ("SLURM_JOB_OVERSUBSCRIBE", self.oversubscribe))

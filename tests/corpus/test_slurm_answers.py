@@ -79,9 +79,7 @@ def _env(tray: Tray, case: PrologCase) -> dict[str, str]:
     het = {"job_id": 101, "nodelist": "gb[03-04]", "node": "gb03", "SLURM_HET_JOB_ID": "100"}
     env = job_env(**(het if case.scenario == "het" else {}), SLURM_CONF=str(conf))  # type: ignore[arg-type]
     if case.version == "22.05":
-        del env["SLURM_JOB_NODELIST"]
-    else:
-        env["SLURM_JOB_OVERSUBSCRIBE"] = "NO"
+        del env["SLURM_JOB_NODELIST"], env["SLURM_JOB_OVERSUBSCRIBE"]
     if case.version == "26.05":
         env["SLURM_JOB_EXCLUSIVE"] = "NODE"
     return env

@@ -16,7 +16,7 @@ from imexctl.cli import main
 from imexctl.config.settings import Settings
 from imexctl.hooks import metrics
 from imexctl.hooks.results import Action, CleanupResult
-from tests.support.fakes import FakeGpu, FakeHost, job_env
+from tests.support.fakes import FakeGpu, FakeHost, SlurmJob, job_env
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -120,6 +120,19 @@ def test_skipped_job_counts_as_skipped(cfg: str, host: FakeHost, prom_dir: Path)
     fams = families(prom_dir)
     assert sample(fams, "imexctl_hook_runs_total", hook="prolog", outcome="skipped", error_code="none") == 1
     assert not list(fams["imexctl_time_to_ready_seconds"].samples)
+
+
+def test_a_job_whose_sharing_slurmctld_did_not_tell_is_counted(cfg: str, host: FakeHost, prom_dir: Path,
+                                                                 root: Path) -> None:  # fmt: skip
+    """Slurm 22.05, squeue never answers: the prolog skips the job and imexctl_sharing_unknown_total counts it."""
+    (root / "slurm.conf").write_text("ClusterName=x\n")
+    env = job_env(SLURM_CONF=str(root / "slurm.conf"), SLURM_JOB_OVERSUBSCRIBE=None)  # 22.05 does not set it
+    assert run(cfg, "prolog", host=host, env=env) == 0
+    host.slurm_jobs[43] = SlurmJob(43, "CONFIGURING", "gb[01-02]", oversubscribe="OK")
+    assert run(cfg, "prolog", host=host, env=env | {"SLURM_JOB_ID": "43"}) == 0
+    fams = families(prom_dir)
+    assert sample(fams, "imexctl_sharing_unknown_total") == 1
+    assert sample(fams, "imexctl_hook_runs_total", hook="prolog", outcome="skipped", error_code="none") == 2
 
 
 def test_cleanup_counts_its_actions(cfg: str, host: FakeHost, prom_dir: Path, root: Path) -> None:

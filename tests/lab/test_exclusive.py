@@ -15,7 +15,7 @@ import pytest
 
 from tests.lab.cluster import SlurmLab
 from tests.lab.conftest import NODES
-from tests.lab.jobs import events, leftovers, sbatch, wait_done
+from tests.lab.jobs import events, imexctl_settings, leftovers, sbatch, wait_done
 
 pytestmark = pytest.mark.slurm
 
@@ -64,3 +64,31 @@ def test_a_job_that_may_share_its_trays_runs_without_imex_and_is_told(lab: Slurm
         assert output.count(NOTE) == 1 and "channels=none" in output, output
         line = next(ln for ln in output.splitlines() if NOTE in ln)
         assert "--exclusive" in line and "OverSubscribe=EXCLUSIVE" in line, line
+
+
+def test_a_job_whose_sharing_slurmctld_does_not_tell_runs_without_imex(lab: SlurmLab) -> None:
+    """Slurm 22.05, squeue failing as when slurmctld cannot be reached: three questions, then the job counts as
+    one that may share (no domain, told, no drain). 24.11 and 26.05 never ask: the job gets its domain."""
+    unreachable = lab.dir / "bin" / "squeue-unreachable"
+    unreachable.write_text(
+        "#!/bin/sh\necho 'slurm_load_jobs error: Unable to contact slurm controller (connect failure)' >&2\nexit 1\n"
+    )
+    unreachable.chmod(0o755)
+    with imexctl_settings(lab, {"commands": {"squeue": str(unreachable)}}):
+        job = sbatch(lab, _env_script(lab), TRAYS, extra=["-p", "debug"])
+        wait_done(lab, job)
+    output = (lab.dir / "out" / f"{job}.out").read_text()
+    asks = lab.version_info < (23, 2)
+    for node in TRAYS:
+        done = events(lab, node, job, "prolog.done")
+        assert done and done[-1]["ok"] is True, f"{node}: {done}"
+        unknown = events(lab, node, job, "imex.sharing_unknown")
+        assert bool(unknown) is asks, f"{node}: {unknown}"
+        if asks:
+            assert unknown[-1]["tries"] == 3 and "Unable to contact slurm controller" in unknown[-1]["problem"]
+            assert "slurmctld did not say" in done[-1].get("skipped", "") and done[-1].get("told_user"), done[-1]
+        else:
+            assert done[-1].get("trays") == 2 and not done[-1].get("skipped"), f"{node}: {done[-1]}"
+        assert lab.node_states()[node]["state"] == "idle", lab.node_states()
+        assert leftovers(lab, node) == [], f"{node} not clean after job {job}"
+    assert (output.count(NOTE) == 1 and "channels=none" in output) is asks, output

@@ -220,7 +220,7 @@ class TestOversubscribe:
     )
     def test_exclusivity(self, value: str | None, shared: bool | None) -> None:
         """NO and TOPO are exclusive, any other value shared, and absence (Slurm < 23.02) unknown."""
-        env = job_env() if value is None else job_env(SLURM_JOB_OVERSUBSCRIBE=value)
+        env = job_env(SLURM_JOB_OVERSUBSCRIBE=value)
         assert JobContext.from_env(env, need_nodes=True).is_shared is shared
 
 
@@ -280,7 +280,7 @@ class TestExclusivityByRelease:
     ) -> None:
         """Each release's encoding of each kind of job is read as that release means it."""
         values = {"SLURM_JOB_OVERSUBSCRIBE": oversubscribe, "SLURM_JOB_EXCLUSIVE": exclusive}
-        env = job_env(**{k: v for k, v in values.items() if v is not None})
+        env = job_env(**values)  # None: not set
         ctx = JobContext.from_env(env, need_nodes=True)
         assert ctx.is_shared is shared, f"Slurm {release}, {job}: {ctx.sharing}"
 
@@ -288,7 +288,7 @@ class TestExclusivityByRelease:
         """The reason given to the user names the variables it was decided from."""
         ctx = JobContext.from_env(job_env(SLURM_JOB_OVERSUBSCRIBE="NO", SLURM_JOB_EXCLUSIVE="user"), need_nodes=True)
         assert ctx.sharing == "SLURM_JOB_EXCLUSIVE=USER SLURM_JOB_OVERSUBSCRIBE=NO"
-        assert JobContext.from_env(job_env(), need_nodes=True).sharing.startswith("neither")
+        assert JobContext.from_env(job_env(SLURM_JOB_OVERSUBSCRIBE=None), need_nodes=True).sharing.startswith("neither")
 
     def test_qos_and_sluid_are_kept_printable(self) -> None:
         """SLURM_JOB_QOS (26.05) and SLURM_JOB_SLUID (25.11) are read for the log, cut and made printable."""

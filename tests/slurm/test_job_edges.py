@@ -392,7 +392,7 @@ class TestSharingUnderSlurm2205:
     """Slurm 22.05 sets neither SLURM_JOB_OVERSUBSCRIBE nor SLURM_JOB_EXCLUSIVE: the prolog asks slurmctld once."""
 
     def _env(self, root: Path, **more: str) -> dict[str, str]:
-        return job_env(job_id=42, SLURM_CONF=slurm_conf(root, "ClusterName=x\n"), **more)
+        return job_env(job_id=42, SLURM_CONF=slurm_conf(root, "ClusterName=x\n"), SLURM_JOB_OVERSUBSCRIBE=None, **more)
 
     @pytest.mark.parametrize(("answer", "shared"), [("OK", True), ("USER", True), ("YES", True), ("NO", False),
                                                     ("TOPO", False)])  # fmt: skip
@@ -409,20 +409,47 @@ class TestSharingUnderSlurm2205:
         else:
             assert out.ok and not out.skipped and out.setup.trays == 2, out
 
-    def test_no_answer_counts_as_exclusive_with_a_warning(self, host: FakeHost,
-                                                          make_settings: Callable[..., Settings],
-                                                          root: Path) -> None:  # fmt: skip
-        """slurmctld does not know the job: as before 22.05's question, the job counts as exclusive."""
+    @pytest.mark.parametrize(("how", "shared"), [("down", "skip"), ("hangs", "skip"), ("unknown-job", "skip"),
+                                                 ("down", "refuse")])  # fmt: skip
+    def test_no_answer_means_no_domain_and_the_user_is_told(self, host: FakeHost,
+                                                             make_settings: Callable[..., Settings], root: Path,
+                                                             how: str, shared: str) -> None:  # fmt: skip
+        """slurmctld unreachable, hung or not knowing the job, three questions a second apart: the job may share
+        its trays (no domain, the note, a warning, skipped), with [policy] shared = refuse too (no drain)."""
+        host.squeue_down_for = 10 if how == "down" else 0
+        host.squeue_hangs = how == "hangs"
+        if how != "unknown-job":
+            host.slurm_jobs[42] = SlurmJob(42, "CONFIGURING", "gb[01-02]", oversubscribe="NO")
+        rt = runtime(host, make_settings, slurm={"query_timeout_s": 2}, policy={"shared": shared})
+        with capture_logs() as logs:
+            out = prolog(self._env(root), rt)
+        assert asked(host) == [question(42)] * 3 and host.slept[:2] == [1.0, 1.0], (host.calls, host.slept)
+        assert out.ok and out.setup is None and out.told_user and out.sharing_unknown, out
+        assert "slurmctld did not say whether it may" in out.skipped and "run the job again" in out.skipped, out
+        assert leftovers(root) == [] and not host.mknods and not any(c[0] == "spawn" for c in host.calls)
+        note = (root / "run/imexctl/notes/42").read_text()
+        assert "IMEX was not set up for job 42" in note and "slurmctld did not say" in note, note
+        (warning,) = [e for e in logs if e["event"] == "imex.sharing_unknown"]
+        assert warning["log_level"] == "warning" and warning["tries"] == 3, warning
+        assert ("exit 1" if how == "down" else "no answer within 2s" if how == "hangs" else "Invalid job id") \
+            in warning["problem"]  # fmt: skip
+        assert host.now - 1000.0 <= 3 * (2 if how == "hangs" else 1) + 2 + 0.5
+
+    def test_an_answer_to_a_later_question_is_used(self, host: FakeHost, make_settings: Callable[..., Settings],
+                                                   root: Path) -> None:  # fmt: skip
+        """slurmctld answers the second question: an exclusive job gets its domain, nothing is logged as unknown."""
+        host.squeue_down_for = 1
+        host.slurm_jobs[42] = SlurmJob(42, "CONFIGURING", "gb[01-02]", oversubscribe="NO")
         with capture_logs() as logs:
             out = prolog(self._env(root), runtime(host, make_settings))
-        assert out.ok and out.setup.trays == 2, out
-        (warning,) = [e for e in logs if e["event"] == "imex.sharing_unknown"]
-        assert warning["log_level"] == "warning", warning
+        assert out.ok and out.setup.trays == 2 and not out.sharing_unknown, out
+        assert asked(host) == [question(42)] * 2 and host.slept[:1] == [1.0]
+        assert not [e for e in logs if e["event"] == "imex.sharing_unknown"]
 
     @pytest.mark.parametrize("where", ["env-says", "not-under-slurmd", "turned-off"])
     def test_not_asked(self, host: FakeHost, make_settings: Callable[..., Settings], root: Path, where: str) -> None:
         """Not asked when the environment says (23.02+), without SLURM_CONF, or with ask_sharing = no."""
-        env = self._env(root, SLURM_JOB_OVERSUBSCRIBE="NO") if where == "env-says" else self._env(root)
+        env = self._env(root) | ({"SLURM_JOB_OVERSUBSCRIBE": "NO"} if where == "env-says" else {})
         if where == "not-under-slurmd":
             del env["SLURM_CONF"]
         slurm = {"ask_sharing": "no"} if where == "turned-off" else {}

@@ -37,14 +37,16 @@ def job_env(
     node: str = "gb01",
     uid: int = 1000,
     gid: int = JOB_GID,
-    **extra: str,
+    **extra: str | None,
 ) -> dict[str, str]:
-    """The environment slurmd (23.02+) gives a prolog, as a plain dict.
+    """The environment slurmd (23.02 to 25.11) gives a prolog, as a plain dict: the job owns its trays.
 
     The job's group differs from its user (``JOB_GID``), so that an owner given
     the wrong way round (``chown(path, gid, uid)``) shows in every test.
+    ``SLURM_JOB_OVERSUBSCRIBE=NO`` (whole nodes), which slurmd sets from 23.02 on:
+    a test of Slurm 22.05 removes it (pass ``SLURM_JOB_OVERSUBSCRIBE=None``).
     """
-    env = {
+    env: dict[str, str | None] = {
         "SLURM_JOB_ID": str(job_id),
         "SLURM_JOB_NODELIST": nodelist,
         "SLURM_NODELIST": nodelist,
@@ -54,9 +56,10 @@ def job_env(
         "SLURM_JOB_USER": "alice",
         "SLURM_JOB_PARTITION": "gpu",
         "SLURM_SCRIPT_CONTEXT": "prolog_slurmd",
+        "SLURM_JOB_OVERSUBSCRIBE": "NO",
     }
     env.update(extra)
-    return env
+    return {k: v for k, v in env.items() if v is not None}
 
 
 def domain_json(
