@@ -32,6 +32,7 @@ __all__ = [
     "job_domain",
     "largest_clique",
     "load_source",
+    "name_key",
     "parse_hosts_file",
     "resolve_all",
 ]
@@ -201,10 +202,14 @@ def _log_split(nodes: Sequence[str], me: str, source: BlockMap, trays: int, key:
 
 
 def parse_hosts_file(text: str, source: str) -> dict[str, str]:
-    """``/etc/hosts``-style map: ``ADDRESS NAME [NAME...]`` -> {name: address}.
+    """``/etc/hosts``-style map: ``ADDRESS NAME [NAME...]`` -> {name: address}, names in lower case.
+
+    Names are matched without regard to case, as glibc's ``files`` source
+    matches /etc/hosts (``strcasecmp``): ``GB01`` and ``gb01`` are one name,
+    looked up with :func:`name_key`.
 
     Raises:
-        ConfigError: a bad address, or one name given two addresses.
+        ConfigError: a bad address, or one name (in any case) given two addresses.
     """
     out: dict[str, str] = {}
     for lineno, line in enumerate(text.splitlines(), 1):
@@ -214,9 +219,17 @@ def parse_hosts_file(text: str, source: str) -> dict[str, str]:
         if len(fields) < 2 or not _is_ip(fields[0]):
             raise ConfigError(f"{source}:{lineno}: expected 'ADDRESS NAME...', got {line.strip()!r}")
         for name in fields[1:]:
-            if out.setdefault(name, fields[0]) != fields[0]:
-                raise ConfigError(f"{source}:{lineno}: {name} has two addresses ({out[name]}, {fields[0]})")
+            if out.setdefault(name_key(name), fields[0]) != fields[0]:
+                raise ConfigError(f"{source}:{lineno}: {name} has two addresses ({out[name_key(name)]}, {fields[0]})")
     return out
+
+
+_LOWER: Final = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def name_key(name: str) -> str:
+    """A host name as :func:`parse_hosts_file` keys it: ASCII letters in lower case (``strcasecmp``'s C locale)."""
+    return name.translate(_LOWER)
 
 
 def resolve_all(
@@ -231,7 +244,7 @@ def resolve_all(
 
     ``dns``: the system resolver (NSS: /etc/hosts, DNS); the one IPv4 address
     that is not loopback, else an error (ambiguity would make trays disagree).
-    ``hosts_file``: a static map, exactly as written.
+    ``hosts_file``: a static map, exactly as written, names matched without regard to case.
     ``slurm_conf``: ``node_addrs`` (:mod:`imexctl.slurm.nodeaddr`), each tray's
     ``NodeAddr``: an IPv4 address as written, refused when it is loopback or
     otherwise unusable; a name (or a tray without NodeAddr) resolved as ``dns``.
@@ -245,7 +258,7 @@ def resolve_all(
     for name in names:
         try:
             if table is not None:
-                addresses.append(table[name])
+                addresses.append(table[name_key(name)])
             elif method == "slurm_conf":
                 addresses.append(_node_addr(host, name, (node_addrs or {}).get(name, name)))
             else:

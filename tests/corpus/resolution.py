@@ -74,7 +74,10 @@ DNS = [
 HOSTS = [
     ResolveCase("hosts-peer-missing", hosts="10.0.0.1 gb01\n", names=("gb02: not in", "etc/imexctl/hosts")),
     ResolveCase("hosts-all-missing", hosts="# empty\n", names=("gb01: not in", "gb02: not in")),
-    ResolveCase("hosts-name-case-differs", hosts="10.0.0.1 gb01\n10.0.0.2 GB02\n", names=("gb02: not in",)),
+    # /etc/hosts matches names without regard to case (glibc's files source: strcasecmp), and so does imexctl
+    _ok("hosts-name-case-differs", ("10.0.0.1", "10.0.0.2"), hosts="10.0.0.1 gb01\n10.0.0.2 GB02\n"),
+    ResolveCase("hosts-name-case-differs-two-addresses", hosts="10.0.0.1 gb01\n10.0.0.2 gb02\n10.0.0.3 GB02\n",
+                code="config_invalid", exit_code=78, names=("GB02 has two addresses (10.0.0.2, 10.0.0.3)",)),
     ResolveCase("hosts-only-an-alias", hosts="10.0.0.1 gb01\n10.0.0.2 gb02-ib\n", names=("gb02: not in",)),
     ResolveCase("hosts-commented-out", hosts="10.0.0.1 gb01\n# 10.0.0.2 gb02\n", names=("gb02: not in",)),
     ResolveCase("hosts-two-trays-one-line", hosts="10.0.0.1 gb01 gb02\n",

@@ -208,6 +208,13 @@ class TestParseHostsFile:
         with pytest.raises(ConfigError, match=r"h:2: gb01 has two addresses \(10.0.0.1, 10.0.0.9\)"):
             parse_hosts_file("10.0.0.1 gb01\n10.0.0.9 gb01\n", "h")
 
+    def test_names_are_matched_without_regard_to_case(self) -> None:
+        """As glibc reads /etc/hosts (strcasecmp): GB01 and gb01 are one name, refused with two addresses."""
+        assert parse_hosts_file("10.0.0.1 GB01 Gb01-IB\n10.0.0.1 gb01\n", "h") == {"gb01": "10.0.0.1",
+                                                                                   "gb01-ib": "10.0.0.1"}  # fmt: skip
+        with pytest.raises(ConfigError, match=r"h:2: GB01 has two addresses \(10.0.0.1, 10.0.0.9\)"):
+            parse_hosts_file("10.0.0.1 gb01\n10.0.0.9 GB01\n", "h")
+
     def test_same_address_repeated_is_fine(self) -> None:
         """Repeating a name with the same address is accepted."""
         assert parse_hosts_file("10.0.0.1 gb01\n10.0.0.1 gb01\n", "h") == {"gb01": "10.0.0.1"}
@@ -273,6 +280,12 @@ class TestResolveHostsFile:
             "10.1.0.1",
             "10.1.0.2",
         )
+
+    def test_trays_are_found_whatever_the_case(self, tmp_path: Path) -> None:
+        """Slurm's GB01 finds the file's gb01 and gb02 the file's GB02, as /etc/hosts would (no 'not in' failure)."""
+        (tmp_path / "hosts").write_text("10.1.0.1 gb01\n10.1.0.2 GB02\n")
+        got = resolve_all(["GB01", "gb02"], method="hosts_file", host=_host({}), hosts_file=tmp_path / "hosts")
+        assert got == ("10.1.0.1", "10.1.0.2")
 
     def test_names_missing_from_file_are_all_reported(self, tmp_path: Path) -> None:
         """Every tray absent from the hosts file is named, with the file."""
