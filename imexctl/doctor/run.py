@@ -51,6 +51,7 @@ CHECK_NAMES: Final = (
     "slurm.batch_start_timeout",
     "slurm.timeout_keys",
     "slurm.partitions",
+    "slurm.preempt",
     "slurm.switch",
     "slurm.topology",
     "resolve.self",

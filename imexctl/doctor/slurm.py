@@ -81,7 +81,7 @@ def checks(ctx: Context) -> list[Check]:
     out += [_hook(conf, "prolog", ctx), _hook(conf, "epilog", ctx), _flags(conf, version)]
     out += [_prolog_timeout(conf, ctx.rt.settings), _epilog_timeout(conf, ctx.rt.settings)]
     out += [_batch_start_timeout(conf, ctx.rt.settings)]
-    out += [*_timeout_keys(conf, version), *_partitions(conf, ctx, version)]
+    out += [*_timeout_keys(conf, version), *_partitions(conf, ctx, version), _preemption(conf, ctx)]
     out += [_switch(conf, ctx.rt.settings), *_topology(conf, ctx)]
     return out
 
@@ -119,11 +119,11 @@ def _timeout_keys(conf: slurmconf.SlurmConf, version: tuple[int, int] | None) ->
     return [Check("slurm.timeout_keys", FAIL, why, "use PrologEpilogTimeout until every daemon runs 25.05")]
 
 
-def _partitions(conf: slurmconf.SlurmConf, ctx: Context, version: tuple[int, int] | None) -> list[Check]:
-    """WARN for each partition holding this tray whose jobs may share their trays (they run without IMEX)."""
+def _imex_partitions(conf: slurmconf.SlurmConf, ctx: Context) -> list[tuple[str, dict[str, str]]]:
+    """``(name, {key: value})`` of every partition holding this tray whose jobs may get IMEX (``DEFAULT`` applied)."""
     policy = ctx.rt.settings.policy
     default: dict[str, str] = {}
-    shared = []
+    out = []
     for kind, record in conf.records:
         if kind != "partitionname":
             continue
@@ -133,10 +133,16 @@ def _partitions(conf: slurmconf.SlurmConf, ctx: Context, version: tuple[int, int
             default.update(values)
             continue
         values = {**default, **values}
-        if not _holds(values.get("nodes", ""), ctx.node) or (
-            policy.jobs == "partitions" and name not in policy.partitions
-        ):
-            continue
+        if _holds(values.get("nodes", ""), ctx.node) and (policy.jobs != "partitions" or name in policy.partitions):
+            out.append((name, values))
+    return out
+
+
+def _partitions(conf: slurmconf.SlurmConf, ctx: Context, version: tuple[int, int] | None) -> list[Check]:
+    """WARN for each partition holding this tray whose jobs may share their trays (they run without IMEX)."""
+    policy = ctx.rt.settings.policy
+    shared = []
+    for name, values in _imex_partitions(conf, ctx):
         if not _whole_nodes(values):
             said = " ".join(f"{k}={values[k.lower()]}" for k in _SHARING_KEYS if k.lower() in values)
             shared.append(f"{name} ({said or 'OverSubscribe=NO by default'})")
@@ -151,6 +157,38 @@ def _partitions(conf: slurmconf.SlurmConf, ctx: Context, version: tuple[int, int
     )
     fix = f"set {key} on the partition (docs/install.md), or have users submit with --exclusive"
     return [Check("slurm.partitions", WARN, why, fix)]
+
+
+def _preemption(conf: slurmconf.SlurmConf, ctx: Context) -> Check:
+    """WARN for each partition holding this tray whose jobs may be suspended with their trays given to another job.
+
+    ``PreemptMode`` (slurm.conf(5)): a partition's value replaces the global one; ``GANG`` (the gang
+    scheduler, which time-slices jobs by suspending them) is global and applies whatever the
+    partition says; ``SUSPEND`` preempts only with a ``PreemptType`` other than ``preempt/none``.  A
+    suspended job's slurmstepd and IMEX domain stay on its trays while the other job's prologs run
+    there: they fail ``domain_busy`` (docs/operations.md "Preemption").
+    """
+    global_mode = _words(conf.get("PreemptMode"))
+    preempts = (conf.get("PreemptType") or "preempt/none").strip().lower() != "preempt/none"
+    found = []
+    for name, values in _imex_partitions(conf, ctx):
+        mode = _words(values["preemptmode"]) if "preemptmode" in values else global_mode
+        mode |= global_mode & {"GANG"}
+        if "GANG" in mode or (preempts and "SUSPEND" in mode):
+            found.append(f"{name} (PreemptMode={','.join(sorted(mode))})")
+    if not found:
+        return Check("slurm.preempt", OK, f"no partition holding {ctx.node} suspends its jobs (PreemptMode)")
+    why = (
+        f"partition {', '.join(found)} holds {ctx.node}: a job suspended there keeps its IMEX domain while "
+        "Slurm starts another job on its trays, whose prologs then fail domain_busy and drain them"
+    )
+    fix = "use PreemptMode=REQUEUE or CANCEL (or OFF) for partitions with IMEX trays (docs/operations.md#preemption)"
+    return Check("slurm.preempt", WARN, why, fix)
+
+
+def _words(value: str | None) -> set[str]:
+    """A comma-separated slurm.conf value as upper-case words (``suspend,gang`` -> {SUSPEND, GANG})."""
+    return {w.strip().upper() for w in (value or "").split(",") if w.strip()}
 
 
 def _whole_nodes(values: Mapping[str, str]) -> bool:

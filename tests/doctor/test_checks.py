@@ -205,6 +205,7 @@ SLURM_CHECKS = (
     "slurm.batch_start_timeout",
     "slurm.timeout_keys",
     "slurm.partitions",
+    "slurm.preempt",
     "slurm.switch",
     "slurm.topology",
 )
@@ -297,6 +298,51 @@ def test_partition_warning_says_the_drain_with_shared_refuse(tray: Path, make_rt
     nodes.write_text(nodes.read_text().replace(" OverSubscribe=EXCLUSIVE", ""))
     check = _checks(make_rt(policy={"shared": "refuse"}))["slurm.partitions"]
     assert check.status == "WARN" and "drain the tray" in check.message, check
+
+
+@pytest.mark.parametrize(
+    ("conf", "partitions", "warned"),
+    [
+        pytest.param("", "", "", id="no-preemption"),
+        pytest.param("PreemptType=preempt/partition_prio\nPreemptMode=SUSPEND,GANG\n", "", "nvl72", id="global"),
+        pytest.param("PreemptType=preempt/qos\nPreemptMode=suspend\n", "", "nvl72", id="global-suspend-lower"),
+        pytest.param("PreemptMode=GANG\n", "", "nvl72", id="gang-time-slicing"),
+        pytest.param("PreemptMode=SUSPEND\n", "", "", id="suspend-without-preempt-type"),
+        pytest.param("PreemptType=preempt/partition_prio\nPreemptMode=REQUEUE\n", "", "", id="requeue"),
+        pytest.param(
+            "PreemptType=preempt/partition_prio\nPreemptMode=REQUEUE\n",
+            " PreemptMode=SUSPEND",
+            "nvl72",
+            id="partition-suspends",
+        ),
+        pytest.param(
+            "PreemptType=preempt/partition_prio\nPreemptMode=SUSPEND,GANG\n",
+            " PreemptMode=REQUEUE",
+            "nvl72",
+            id="partition-requeues-but-gang-is-global",
+        ),
+        pytest.param(
+            "PreemptType=preempt/partition_prio\nPreemptMode=SUSPEND\n",
+            " PreemptMode=CANCEL",
+            "",
+            id="partition-cancels",
+        ),
+    ],
+)
+def test_suspend_or_gang_preemption_of_a_partition_with_imex_trays_warns(
+    tray: Path, make_rt: Any, conf: str, partitions: str, warned: str
+) -> None:
+    """PreemptMode=SUSPEND (with a PreemptType) or GANG for a partition holding this tray: WARN naming it;
+    a partition that does not hold the tray (cpu) is never named."""
+    nodes = tray / "etc/slurm/nodes.conf"
+    text = re.sub(r"(?m)^PartitionName=.*$", "PartitionName=nvl72 Nodes=gb[01-18] OverSubscribe=EXCLUSIVE" + partitions
+                  + "\nPartitionName=cpu Nodes=cn[01-04] PreemptMode=SUSPEND", nodes.read_text())  # fmt: skip
+    nodes.write_text(conf + text)
+    check = _checks(make_rt())["slurm.preempt"]
+    assert check.status == ("WARN" if warned else "OK"), check
+    if warned:
+        assert f"partition {warned} (PreemptMode=" in check.message and "domain_busy" in check.message, check
+        assert "cpu" not in check.message and "REQUEUE or CANCEL" in (check.fix or ""), check
 
 
 @pytest.mark.parametrize(("name", "words"), [("missing-include.conf", "no such file"), ("malformed.conf", "not a")])
