@@ -526,6 +526,8 @@ def command(args: argparse.Namespace, env: Mapping[str, str], host: Host | None,
     if env.get("SLURM_LOCALID", "0") != "0":  # one task per tray listens; others would collide
         return 0
     node = slurm.node_name(env, or_host=True)
+    # the file the hooks read under slurmd, also in a task without SLURM_CONF: the ranges the prolog uses
+    env = schema.as_under_slurmd(env)
     path, required = schema.find_config(args.config, env)
     cfg = settings.load(path, node=node, required=required)
     configure_logging(level=cfg.log.level, stderr_level="info" if args.verbose else "warning")

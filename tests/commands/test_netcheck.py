@@ -7,6 +7,8 @@ hosts file to loopback addresses of their own (127/8 is all on ``lo``).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import random
@@ -194,6 +196,32 @@ def test_outside_a_job_step_it_says_how_to_run_it(make_settings: Callable[..., S
 
     cfg = str(make_settings().source)
     assert main(["--config", cfg, "netcheck"], env={"SLURMD_NODENAME": "gb01"}) == 65
+
+
+def test_a_task_without_slurm_conf_checks_the_ranges_the_hooks_use(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Issue 32: a job step's task has no SLURM_CONF; netcheck reads the config beside slurmd's slurm.conf, as
+    the hooks do, so it checks the job port ranges the prolog will use (not the defaults)."""
+    from imexctl.cli import main
+    from imexctl.config import schema
+
+    etc = tmp_path / "etc/slurm"
+    etc.mkdir(parents=True)
+    (etc / "slurm.conf").write_text("ClusterName=x\n")
+    (tmp_path / "hosts").write_text("127.0.0.91 tray1\n")
+    beside = etc / "imexctl.conf"
+    beside.write_text(f"[paths]\nroot = {tmp_path}\nhosts_file = /hosts\n[resolve]\nmethod = hosts_file\n"
+                      "[ports]\nserver_port_range = 63000-63009\ncmd_port_range = 63100-63109\n")  # fmt: skip
+    for path in (beside, tmp_path / "hosts"):
+        path.chmod(0o644)
+    monkeypatch.setattr(schema, "SLURMD_CONFS", (str(tmp_path / "run/slurm/conf/slurm.conf"), str(etc / "slurm.conf")))
+    monkeypatch.setattr(schema, "DEFAULT_CONFIG", str(tmp_path / "etc/imexctl/imexctl.conf"))
+    env = {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "tray1", "SLURMD_NODENAME": "tray1", "SLURM_LOCALID": "0"}
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["netcheck", "--timeout", "1"], env=env)
+    assert code == 0, out.getvalue()
+    assert out.getvalue().startswith("netcheck job 7: 1 trays; server ports 63000-63009, cmd ports 63100-63109")
 
 
 # ---------------------------------------------------------------- lines from whoever connects (issue 33)
