@@ -115,7 +115,7 @@ def _failed(args: argparse.Namespace, exc: ImexctlError) -> int:
     plain = args.command not in _STRUCTURED and not getattr(args, "verbose", False)
     if not exc.logged:
         log.log_failure(exc, stderr=not plain)
-    if args.command in ("status", "cleanup", "topology", "doctor", "health", "why") and getattr(args, "json", False):
+    if getattr(args, "json", False):  # every --json says its failure in the one envelope
         from imexctl.platform.output import print_json
 
         print_json(None, errors=[exc], indent=None if args.command == "topology" else 2)
@@ -343,7 +343,7 @@ def _run_hook(args: argparse.Namespace, env: Mapping[str, str], rt: Any, job: An
             if args.json:
                 from imexctl.platform.output import print_json
 
-                print_json(result.data())
+                print_json(result)
             else:
                 sys.stdout.write(result.text())
     except BaseException as exc:

@@ -121,6 +121,9 @@ def _netcheck_parser(sub: Any) -> None:
         help="prove both per-job port ranges are open between trays (srun -N<n> --ntasks-per-node=1, any user)",
     )
     nc.add_argument("--timeout", type=float, default=15.0, metavar="S", help="retry window per pair (default 15 s)")
+    nc.add_argument(
+        "--json", action="store_true", help="this tray's ports and outcomes (first tray: the matrix) as JSON"
+    )
 
 
 def _topology_parser(sub: Any) -> None:

@@ -39,9 +39,21 @@ if TYPE_CHECKING:
     from imexctl.gpu.fabric import Gpu
     from imexctl.hooks.runtime import Runtime
     from imexctl.platform.host import Host
+    from imexctl.platform.output import JsonObject
     from imexctl.slurm.node import NodeView
 
-__all__ = ["AUTO_RESUME", "CODES", "PREFIX", "Finding", "command", "judge", "reason_of"]
+__all__ = [
+    "AUTO_RESUME",
+    "CODES",
+    "PREFIX",
+    "Finding",
+    "Report",
+    "SlurmDone",
+    "Verdict",
+    "command",
+    "judge",
+    "reason_of",
+]
 
 #: the start of every reason ``imexctl health`` gives a node; it resumes no other (the hooks' is ``imex:``)
 PREFIX: Final = "imex-health:"
@@ -70,7 +82,7 @@ class Finding(Record):
     code: str
     message: str
 
-    def data(self) -> dict[str, Any]:
+    def data(self) -> JsonObject:
         """The ``--json`` form."""
         return {
             "code": self.code,
@@ -184,19 +196,19 @@ def _fabric(rt: Runtime, node: str) -> list[Finding]:
         return [Finding("gpu_failed", f"NVML: {tray.error}")]
     bad, pending = [], False
     for g in tray.gpus:
-        if g["state"] in ("NOT_STARTED", "IN_PROGRESS"):  # registering (after a boot): the prolog waits for it
+        if g.state in ("NOT_STARTED", "IN_PROGRESS"):  # registering (after a boot): the prolog waits for it
             pending = True
             continue
-        if g["status"] is None:  # no fabric on this GPU
+        if g.status is None:  # no fabric on this GPU
             continue
-        summary = g["health_summary"]
+        summary = g.health_summary
         if (
-            g["state"] != "COMPLETED"
-            or not str(g["status"]).startswith("NVML_SUCCESS")
+            g.state != "COMPLETED"
+            or not g.status.startswith("NVML_SUCCESS")
             or summary == "UNHEALTHY"
             or (summary == "LIMITED_CAPACITY" and s.policy.fabric_limited == "refuse")
         ):
-            bad.append(f"GPU {g['gpu']}: state {g['state']}, {str(g['status']).split(' (')[0]}, {g['health'] or '-'}")
+            bad.append(f"GPU {g.gpu}: state {g.state}, {g.status.split(' (')[0]}, {g.health or '-'}")
     if bad:
         return [Finding("gpu_failed", "NVLink fabric: " + "; ".join(bad))]
     if tray.error and not pending:  # the GPUs disagree (several cliques, ...)
@@ -263,7 +275,25 @@ def _ours(reason: str) -> str:
     return reason[len(PREFIX) :].split(" ", 1)[0]
 
 
-def reconcile(verdict: Verdict, env: Mapping[str, str], rt: Runtime) -> dict[str, Any]:
+class SlurmDone(Record):
+    """What health asked of Slurm and did there: drain, resume or nothing, and why."""
+
+    #: ``SLURM_NODE_IS_HEALTHY`` as slurmd gave it (``yes``, ``no``), None when it did not
+    node_is_healthy: str | None
+    #: slurmctld was asked (``scontrol show node``); its answer's state and reason
+    asked: bool
+    state: str | None
+    reason: str | None
+    #: ``none``, ``kept``, ``skipped``, ``drained``, ``resumed`` or ``failed``
+    action: str
+    detail: str
+
+    def data(self) -> JsonObject:
+        """The ``slurm`` object of ``health --json``."""
+        return self._asdict()
+
+
+def reconcile(verdict: Verdict, env: Mapping[str, str], rt: Runtime) -> SlurmDone:
     """Make Slurm agree with the verdict: drain, resume or nothing; what was asked and done.
 
     ``SLURM_NODE_IS_HEALTHY`` (slurmd 26.05.3 with ``health_check_report``,
@@ -276,28 +306,30 @@ def reconcile(verdict: Verdict, env: Mapping[str, str], rt: Runtime) -> dict[str
 
     given = env.get("SLURM_NODE_IS_HEALTHY", "").strip().lower()
     known = given if given in ("yes", "no") else None
-    out: dict[str, Any] = {"node_is_healthy": known, "asked": False, "state": None, "reason": None}
+    out = SlurmDone(known, False, None, None, "none", "")
     if verdict.healthy and known == "yes":
-        return {**out, "action": "none", "detail": "healthy, and in service"}
+        return out._replace(detail="healthy, and in service")
     if not verdict.healthy and known == "no":
-        return {**out, "action": "kept", "detail": "already out of service (SLURM_NODE_IS_HEALTHY=no): reason kept"}
+        return out._replace(action="kept", detail="already out of service (SLURM_NODE_IS_HEALTHY=no): reason kept")
     if verdict.healthy and verdict.in_progress:
-        return {**out, "action": "none", "detail": "a hook is in progress: judged on the next run"}
+        return out._replace(detail="a hook is in progress: judged on the next run")
     view: NodeView | None = None
     if known is None or (verdict.healthy and known == "no"):
         view = slurmnode.show_node(verdict.node, rt.host, rt.settings, env.get("SLURM_CONF", ""))
-        out.update(asked=True)
+        out = out._replace(asked=True)
         if view is None:
-            return {**out, "action": "skipped", "detail": f"slurmctld did not describe node {verdict.node}"}
-        out.update(state="+".join(view.state), reason=view.reason)
+            return out._replace(action="skipped", detail=f"slurmctld did not describe node {verdict.node}")
+        out = out._replace(state="+".join(view.state), reason=view.reason)
     conf = env.get("SLURM_CONF", "")
     if not verdict.healthy:
-        return {**out, **_drain(verdict, view, rt, conf)}
-    assert view is not None  # healthy and not known to be in service: asked above
-    return {**out, **_resume(verdict.node, view, rt, conf)}
+        action, detail = _drain(verdict, view, rt, conf)
+    else:
+        assert view is not None  # healthy and not known to be in service: asked above
+        action, detail = _resume(verdict.node, view, rt, conf)
+    return out._replace(action=action, detail=detail)
 
 
-def _drain(verdict: Verdict, view: NodeView | None, rt: Runtime, conf: str) -> dict[str, str]:
+def _drain(verdict: Verdict, view: NodeView | None, rt: Runtime, conf: str) -> tuple[str, str]:
     """Drain for the findings, unless the node is out of service for someone else or for this very reason."""
     from imexctl.slurm import node as slurmnode
 
@@ -305,33 +337,54 @@ def _drain(verdict: Verdict, view: NodeView | None, rt: Runtime, conf: str) -> d
     if view is not None and slurmnode.unhealthy_state(view.state):
         mine = bool(_ours(view.reason)) and view.drained
         if not mine or slurmnode.clean_reason(want) == view.reason:  # ours with other findings: updated
-            return {"action": "kept", "detail": "already out of service: reason kept"}
+            return "kept", "already out of service: reason kept"
     failed = slurmnode.drain(verdict.node, want, rt.host, rt.settings, conf)
     if failed:
-        return {"action": "failed", "detail": f"drain: {failed}"}
-    return {"action": "drained", "detail": slurmnode.clean_reason(want)}
+        return "failed", f"drain: {failed}"
+    return "drained", slurmnode.clean_reason(want)
 
 
-def _resume(node: str, view: NodeView, rt: Runtime, conf: str) -> dict[str, str]:
+def _resume(node: str, view: NodeView, rt: Runtime, conf: str) -> tuple[str, str]:
     """Resume a node drained by health, for a fault that health clears by itself."""
     from imexctl.slurm import node as slurmnode
 
     code = _ours(view.reason)
     if not view.drained or not code:
-        why = "in service" if not slurmnode.unhealthy_state(view.state) else "out of service for another reason"
-        return {"action": "none", "detail": why}
+        return "none", "in service" if not slurmnode.unhealthy_state(
+            view.state
+        ) else "out of service for another reason"
     if code not in AUTO_RESUME:
-        return {"action": "kept", "detail": f"drained for {code}: an admin resumes it"}
+        return "kept", f"drained for {code}: an admin resumes it"
     failed = slurmnode.resume(node, rt.host, rt.settings, conf)
     if failed:
-        return {"action": "failed", "detail": f"resume: {failed}"}
-    return {"action": "resumed", "detail": f"the fault ({code}) is gone"}
+        return "failed", f"resume: {failed}"
+    return "resumed", f"the fault ({code}) is gone"
+
+
+class Report(Record):
+    """One ``imexctl health`` run: the verdict and, unless ``--check-only`` or not root, what Slurm was made to do."""
+
+    verdict: Verdict
+    slurm: SlurmDone | None
+
+    def data(self) -> JsonObject:
+        """``health --json``'s ``data``."""
+        v = self.verdict
+        return {
+            "node": v.node,
+            "healthy": v.healthy,
+            "in_progress": v.in_progress,
+            "idle": v.idle,
+            "findings": [f.data() for f in v.findings],
+            "notes": list(v.notes),
+            "slurm": self.slurm.data() if self.slurm is not None else None,
+        }
 
 
 # ---------------------------------------------------------------- the command
 
 
-def render_text(verdict: Verdict, slurm: dict[str, Any] | None) -> str:
+def render_text(verdict: Verdict, slurm: SlurmDone | None) -> str:
     """The first line is the verdict (NHC's check reads it); one line per finding with its fix; Slurm's line."""
     if verdict.healthy:
         why = (
@@ -349,11 +402,9 @@ def render_text(verdict: Verdict, slurm: dict[str, Any] | None) -> str:
         lines += [f"  fix {f.code}: {CODES[f.code]} (docs/troubleshooting.md#{f.code})" for f in verdict.findings]
     lines += [f"  note: {n}" for n in verdict.notes]
     if slurm is not None:
-        if slurm["asked"] and slurm["state"]:
-            lines.append(
-                f"slurm: {verdict.node} is {slurm['state']}" + (f": {slurm['reason']}" if slurm["reason"] else "")
-            )
-        lines.append(f"slurm: {slurm['action']}: {slurm['detail']}")
+        if slurm.asked and slurm.state:
+            lines.append(f"slurm: {verdict.node} is {slurm.state}" + (f": {slurm.reason}" if slurm.reason else ""))
+        lines.append(f"slurm: {slurm.action}: {slurm.detail}")
     return "\n".join(_printable(line) for line in lines) + "\n"
 
 
@@ -389,27 +440,19 @@ def command(args: argparse.Namespace, env: Mapping[str, str], host: Host | None,
     verdict = judge(rt, node, config_problem=problem)
     slurm_done = None if args.check_only or host.euid() != 0 else reconcile(verdict, env, rt)
     _log(rt, verdict, slurm_done)
-    _print(args, verdict, slurm_done)
+    _print(args, Report(verdict, slurm_done))
     return 0 if verdict.healthy else int(TrayUnhealthy.exit_code)
 
 
-def _print(args: argparse.Namespace, verdict: Verdict, slurm_done: dict[str, Any] | None) -> None:
+def _print(args: argparse.Namespace, report: Report) -> None:
     if not args.json:
-        sys.stdout.write(render_text(verdict, slurm_done))
+        sys.stdout.write(render_text(report.verdict, report.slurm))
         return
     from imexctl.platform.errors import TrayUnhealthy
     from imexctl.platform.output import print_json
 
-    data = {
-        "node": verdict.node,
-        "healthy": verdict.healthy,
-        "in_progress": verdict.in_progress,
-        "idle": verdict.idle,
-        "findings": [f.data() for f in verdict.findings],
-        "notes": list(verdict.notes),
-        "slurm": slurm_done,
-    }
-    print_json(data, errors=[] if verdict.healthy else [TrayUnhealthy(reason_of(verdict))])
+    healthy = report.verdict.healthy
+    print_json(report, errors=[] if healthy else [TrayUnhealthy(reason_of(report.verdict))])
 
 
 def _settings(args: argparse.Namespace, env: Mapping[str, str], node: str) -> tuple[Settings, str]:
@@ -424,17 +467,13 @@ def _settings(args: argparse.Namespace, env: Mapping[str, str], node: str) -> tu
         return settings.load(None, node=node), str(exc)
 
 
-def _log(rt: Runtime, verdict: Verdict, slurm_done: dict[str, Any] | None) -> None:
+def _log(rt: Runtime, verdict: Verdict, slurm_done: SlurmDone | None) -> None:
     """One ``health.done`` line when a fault was found or Slurm was changed; a healthy idle run logs nothing."""
-    action = (slurm_done or {}).get("action", "none")
+    action, detail = (slurm_done.action, slurm_done.detail) if slurm_done is not None else ("none", "")
     if verdict.healthy and action in ("none", "skipped"):
         return
-    fields: dict[str, Any] = {
-        "ok": verdict.healthy,
-        "findings": [f"{f.code}: {f.message}" for f in verdict.findings],
-        "slurm": action,
-        "detail": (slurm_done or {}).get("detail", ""),
-    }
+    findings = [f"{f.code}: {f.message}" for f in verdict.findings]
+    fields = {"ok": verdict.healthy, "findings": findings, "slurm": action, "detail": detail}
     if action == "failed":
         rt.log.error("health.done", **fields)
     elif verdict.healthy:

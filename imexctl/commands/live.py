@@ -15,15 +15,14 @@ hooks' file.  ``imexctl status --prometheus`` prints the same text.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from imexctl.config.settings import Settings
 from imexctl.hooks import metrics
 from imexctl.platform.record import Record
 
-__all__ = ["FILE_NAME", "LIVE_METRICS", "STATES", "Live", "live_of", "render", "textfile"]
+__all__ = ["FILE_NAME", "LIVE_METRICS", "STATES", "Live", "render", "textfile"]
 
 FILE_NAME: Final = "imexctl-live.prom"
 #: values of the ``state`` label of imexctl_live_domain_state
@@ -42,29 +41,13 @@ LIVE_METRICS: Final[dict[str, tuple[str, str]]] = {
 
 
 class Live(Record):
-    """This tray now: its domain, lost daemons, leftovers and block."""
+    """This tray now: its domain, lost daemons, leftovers and block (``imexctl status`` reads them)."""
 
     domain: metrics.Domain
     lost: int = 0
     stale_jobs: int = 0
     stale_channels: int = 0
     block: str = ""
-
-
-def live_of(data: Mapping[str, Any], block: str) -> Live:
-    """The live gauges from ``imexctl status``'s data (:func:`imexctl.commands.status.collect`).
-
-    A job whose daemon is lost counts there, not among the leftovers; its
-    domain is ``down`` on this tray.
-    """
-    domain = metrics.domain_of_status(data)
-    jobs = list(data.get("jobs") or [])
-    lost = sum(1 for j in jobs if j.get("lost"))
-    if domain.owner_job and any(j.get("lost") and j["job_id"] == domain.owner_job for j in jobs):
-        domain = domain._replace(state="down", connected=None)
-    stale_jobs = sum(1 for j in jobs if not j.get("running") and not j.get("lost"))
-    stale_channels = sum(1 for c in data.get("channels") or [] if c.get("stale"))
-    return Live(domain, lost, stale_jobs, stale_channels, block)
 
 
 def _head(name: str) -> list[str]:

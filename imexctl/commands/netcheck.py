@@ -53,11 +53,13 @@ if TYPE_CHECKING:
 
     from imexctl.gpu.fabric import Gpu
     from imexctl.platform.host import Host
+    from imexctl.platform.output import JsonObject
 
 __all__ = [
     "BANNER",
     "WINDOW",
     "Plan",
+    "Report",
     "Tray",
     "candidates",
     "command",
@@ -394,8 +396,8 @@ def _check_all(plan: Plan, deadline: float) -> dict[str, dict[str, str]]:
     return row
 
 
-def run(plan: Plan) -> tuple[int, str]:
-    """Listen, check every peer, report to the first tray; ``(exit code, text to print)``."""
+def run(plan: Plan) -> Report:
+    """Listen, check every peer, report to the first tray; what this tray found (on the first tray, every row)."""
     start = time.monotonic()
     listener = _Listener(plan)
     listener.open()
@@ -414,7 +416,7 @@ def run(plan: Plan) -> tuple[int, str]:
     finally:
         listener.stop.set()
         server.join()
-    return _report(plan, row, listener)
+    return _report(plan, out, listener)
 
 
 def _linger(plan: Plan, listener: _Listener, until: float) -> None:
@@ -429,39 +431,96 @@ def _linger(plan: Plan, listener: _Listener, until: float) -> None:
         time.sleep(0.05)
 
 
-def _report(plan: Plan, row: dict[str, Any], listener: _Listener) -> tuple[int, str]:
-    blocked = [(peer, label, why) for peer, r in row["to"].items() for label, why in r.items() if not _ok(why)]
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """What one tray's ``netcheck`` found: its ports, what it reached, who reached it; on the first tray, every row.
+
+    ``reached`` holds, per other tray and range, ``ok:<port>`` or why it was
+    blocked; ``rows`` (the first tray only) every tray's row as it arrived,
+    checked (:func:`parse_row`).  Texts from the network are data: :meth:`text`
+    prints them escaped, :meth:`data` keeps them as strings.
+    """
+
+    plan: Plan
+    listening: Mapping[str, int]
+    problems: Mapping[str, str]
+    reached: Mapping[str, Mapping[str, str]]
+    not_reached_by: tuple[str, ...]
+    ignored_count: int
+    ignored: tuple[tuple[str, str], ...]
+    rows: Mapping[str, Mapping[str, Any]] | None
+
+    @property
+    def blocked(self) -> list[tuple[str, str, str]]:
+        """``(peer, range, why)`` of every check this tray could not make."""
+        return [(peer, label, why) for peer, r in self.reached.items() for label, why in r.items() if not _ok(why)]
+
+    @property
+    def failed(self) -> bool:
+        """Anything blocked or not reached here, a port not listened on, or (first tray) a row blocked or missing."""
+        mine = bool(self.blocked or self.not_reached_by or self.problems)
+        return mine or (self.rows is not None and render_matrix(self.plan, self.rows)[1])
+
+    def text(self) -> str:
+        """The tray's line (after the matrix, on the first tray), every text from the network escaped."""
+        own, plan = self.plan.own, self.plan
+        parts = [f"{own.name} ({own.address}): listening on " + _listening(plan, self.listening, self.problems)]
+        parts += [f"BLOCKED to {peer} {label}: {why}" for peer, label, why in self.blocked]
+        if self.not_reached_by:
+            parts.append("not reached by " + ", ".join(self.not_reached_by))
+        if not self.blocked and not self.not_reached_by and not self.problems:
+            parts.append(f"reached all {len(plan.trays) - 1} other trays on both ranges, and was reached by them")
+        if self.ignored_count:
+            named = "; ".join(f"from {peer}: {why}" for peer, why in self.ignored)
+            more = self.ignored_count - len(self.ignored)
+            parts.append(f"ignored {self.ignored_count} line(s) ({named}{f'; {more} more' if more else ''})")
+        matrix = render_matrix(plan, self.rows)[0] if self.rows is not None else ""
+        return matrix + shown("; ".join(parts)) + "\n"
+
+    def data(self) -> JsonObject:
+        """``netcheck --json``'s ``data``: this tray, its ports and outcomes; ``matrix`` on the first tray."""
+        plan = self.plan
+        return {
+            "job_id": plan.job_id,
+            "tray": plan.own.name,
+            "address": plan.own.address,
+            "ranges": [{"range": label, "low": lo, "high": hi} for label, lo, hi in plan.ranges],
+            "listening": dict(self.listening),
+            "listen_problems": dict(self.problems),
+            "reached": {peer: dict(r) for peer, r in self.reached.items()},
+            "not_reached_by": list(self.not_reached_by),
+            "ignored": [{"from": peer, "why": why} for peer, why in self.ignored],
+            "ignored_count": self.ignored_count,
+            "matrix": _matrix(plan, self.rows) if self.rows is not None else None,
+            "ok": not self.failed,
+        }
+
+
+def _report(plan: Plan, reached: dict[str, dict[str, str]], listener: _Listener) -> Report:
     missing = sorted(
         f"{t.name} ({label})"
         for label in listener.socks
         for i, t in enumerate(plan.trays)
         if i != plan.me and t.name not in listener.reached_by[label]
     )
-    parts = [f"{plan.own.name} ({plan.own.address}): listening on " + _listening(plan, listener)]
-    parts += [f"BLOCKED to {peer} {label}: {why}" for peer, label, why in blocked]
-    if missing:
-        parts.append("not reached by " + ", ".join(missing))
-    if not blocked and not missing and not listener.problems:
-        parts.append(f"reached all {len(plan.trays) - 1} other trays on both ranges, and was reached by them")
-    if listener.ignored_count:
-        named = "; ".join(f"from {peer}: {why}" for peer, why in listener.ignored)
-        more = listener.ignored_count - len(listener.ignored)
-        parts.append(f"ignored {listener.ignored_count} line(s) ({named}{f'; {more} more' if more else ''})")
-    text = shown("; ".join(parts)) + "\n"
-    failed = bool(blocked or missing or listener.problems)
-    if plan.me == 0:
-        matrix, incomplete = render_matrix(plan, listener.rows)
-        text = matrix + text
-        failed = failed or incomplete
-    return (1 if failed else 0), text
+    with listener.lock:
+        rows = dict(listener.rows) if plan.me == 0 else None
+        ignored = (listener.ignored_count, tuple(listener.ignored))
+    return Report(plan, dict(listener.ports), dict(listener.problems), reached, tuple(missing), *ignored, rows)
 
 
-def _listening(plan: Plan, listener: _Listener) -> str:
+def _listening(plan: Plan, ports: Mapping[str, int], problems: Mapping[str, str]) -> str:
     return ", ".join(
-        f"{label} port {listener.ports[label]}" if label in listener.ports else f"NO {label} port ({why})"
+        f"{label} port {ports[label]}" if label in ports else f"NO {label} port ({problems.get(label, '')})"
         for label, _, _ in plan.ranges
-        for why in [listener.problems.get(label, "")]
     )
+
+
+def _matrix(plan: Plan, rows: Mapping[str, Mapping[str, Any]]) -> JsonObject:
+    """The matrix as ``--json`` gives it: for every tray (from), every tray (to) and its cell (``render_matrix``)."""
+    labels = [label for label, _, _ in plan.ranges]
+    names = [t.name for t in plan.trays]
+    return {src: {dst: _cell(src, dst, rows.get(src), labels)[0] for dst in names} for src in names}
 
 
 def _ok(outcome: str) -> bool:
@@ -535,6 +594,23 @@ def command(args: argparse.Namespace, env: Mapping[str, str], host: Host | None,
         from imexctl.platform.host import RealHost
 
         host = RealHost()
-    code, text = run(plan_from_env(env, cfg, host, max(1.0, args.timeout)))
-    sys.stdout.write(text)
-    return code
+    report = run(plan_from_env(env, cfg, host, max(1.0, args.timeout)))
+    if getattr(args, "json", False):
+        from imexctl.platform.errors import NetcheckBlocked
+        from imexctl.platform.output import print_json
+
+        blocked = NetcheckBlocked(f"{report.plan.own.name}: {'; '.join(_why_failed(report))}")
+        print_json(report, errors=[blocked] if report.failed else [])
+    else:
+        sys.stdout.write(report.text())
+    return 1 if report.failed else 0
+
+
+def _why_failed(report: Report) -> list[str]:
+    """What made the check fail, in short: for ``netcheck --json``'s error message."""
+    why = [f"blocked to {peer} {label}" for peer, label, _ in report.blocked]
+    why += [f"not reached by {who}" for who in report.not_reached_by]
+    why += [f"no {label} port" for label in report.problems]
+    if report.rows is not None and render_matrix(report.plan, report.rows)[1]:
+        why.append("the matrix has blocked or missing rows")
+    return why

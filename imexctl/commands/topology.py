@@ -34,7 +34,7 @@ def command(args: argparse.Namespace, env: Mapping[str, str], _host: Host | None
     tray = topology.read_tray(gpu, args.node or node_name(env, or_host=True))
     errors = [GpuError(tray.error)] if tray.error else []
     if args.json:
-        print_json(tray.data(), errors=errors, indent=None)
+        print_json(tray, errors=errors, indent=None)
     else:
         sys.stdout.write(topology.render_text(tray))
     return int(GpuError.exit_code) if errors else 0

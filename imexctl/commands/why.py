@@ -20,7 +20,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from imexctl.platform.record import Record
 
@@ -30,8 +30,12 @@ if TYPE_CHECKING:
 
     from imexctl.gpu.fabric import Gpu
     from imexctl.platform.host import Host
+    from imexctl.platform.output import JsonObject
 
-__all__ = ["MAX_BYTES", "Entry", "command", "log_files", "read_job", "story"]
+    #: one log line as logged: a JSON object (data, never trusted)
+    Line = Mapping[str, object]
+
+__all__ = ["MAX_BYTES", "Entry", "Read", "Story", "command", "log_files", "read_job", "story"]
 
 #: at most this many bytes are read (decompressed) in one run: about two months of a busy tray's log
 MAX_BYTES: Final = 512 << 20
@@ -46,7 +50,26 @@ class Entry(Record):
     hook: str
     event: str
     text: str
-    fields: dict[str, Any]
+    fields: Line
+
+    def data(self) -> JsonObject:
+        """The event's object in ``why --json``'s ``events``, with the line as logged."""
+        line = dict(self.fields)
+        return {"timestamp": self.timestamp, "hook": self.hook, "event": self.event, "text": self.text, "line": line}  # type: ignore[dict-item]  # a JSON object as read
+
+
+class Read(Record):
+    """What :func:`read_job` read: the files, the bytes, the lines it could not parse, whether it stopped early."""
+
+    files: tuple[str, ...]
+    bytes: int
+    unreadable: int
+    truncated: bool
+    errors: tuple[str, ...]
+
+    def data(self) -> JsonObject:
+        """The ``read`` object of ``why --json``."""
+        return {**self._asdict(), "files": list(self.files), "errors": list(self.errors)}
 
 
 def log_files(log_file: Path) -> list[Path]:
@@ -84,7 +107,7 @@ def _lines(path: Path) -> Iterator[bytes]:
             yield from iter(lambda: raw.readline(_LINE_MAX), b"")
 
 
-def _about(line: dict[str, Any], job_id: int, mention: re.Pattern[str]) -> bool:
+def _about(line: Line, job_id: int, mention: re.Pattern[str]) -> bool:
     """Whether a log line is about the job: its own run's, or another run's that names it."""
     if str(line.get("job_id")) == str(job_id) or str(line.get("domain_job_id")) == str(job_id):
         return True
@@ -93,46 +116,66 @@ def _about(line: dict[str, Any], job_id: int, mention: re.Pattern[str]) -> bool:
     return False
 
 
-def read_job(
-    files: list[Path], job_id: int, *, max_bytes: int = MAX_BYTES
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The job's log lines in the order they were written, and what was read (files, bytes, lines skipped)."""
+class _FileRead(Record):
+    """One file's share of :func:`read_job`: the job's lines, bytes, lines not parsed, budget spent, an error."""
+
+    lines: list[Line]
+    size: int
+    unreadable: int
+    truncated: bool
+    error: str
+
+
+def _job_lines(path: Path, job_id: int, budget: int) -> _FileRead:
+    """The job's lines in one file, read until its end, ``budget`` bytes, or an error (what came before it kept)."""
     import json
 
     token = str(job_id).encode()
     mention = re.compile(rf"\bjob {job_id}\b")
-    per_file: list[list[dict[str, Any]]] = []
-    read: dict[str, Any] = {"files": [], "bytes": 0, "unreadable": 0, "truncated": False, "errors": []}
+    found: list[Line] = []
+    size = unreadable = 0
+    try:
+        for raw in _lines(path):
+            size += len(raw)
+            if size > budget:
+                return _FileRead(found, size, unreadable, True, "")
+            if token not in raw:
+                continue
+            try:
+                line = json.loads(raw)
+            except ValueError:
+                unreadable += 1
+                continue
+            if isinstance(line, dict) and _about(line, job_id, mention):
+                found.append(line)
+    except (OSError, EOFError) as exc:
+        return _FileRead(found, size, unreadable, False, f"{path}: {getattr(exc, 'strerror', None) or exc}")
+    return _FileRead(found, size, unreadable, False, "")
+
+
+def read_job(files: list[Path], job_id: int, *, max_bytes: int = MAX_BYTES) -> tuple[list[Line], Read]:
+    """The job's log lines in the order they were written, and what was read (files, bytes, lines skipped)."""
+    per_file: list[list[Line]] = []
+    read: list[str] = []
+    errors: list[str] = []
+    size = unreadable = 0
+    truncated = False
     for path in files:
-        found: list[dict[str, Any]] = []
-        try:
-            for raw in _lines(path):
-                read["bytes"] += len(raw)
-                if read["bytes"] > max_bytes:
-                    read["truncated"] = True
-                    break
-                if token not in raw:
-                    continue
-                try:
-                    line = json.loads(raw)
-                except ValueError:
-                    read["unreadable"] += 1
-                    continue
-                if isinstance(line, dict) and _about(line, job_id, mention):
-                    found.append(line)
-        except (OSError, EOFError) as exc:
-            read["errors"].append(f"{path}: {getattr(exc, 'strerror', None) or exc}")
-        read["files"].append(str(path))
-        per_file.append(found)
-        if read["truncated"] or (not found and any(per_file[:-1])):  # older than the job's lines: stop
+        one = _job_lines(path, job_id, max_bytes - size)
+        size, unreadable, truncated = size + one.size, unreadable + one.unreadable, one.truncated
+        errors += [one.error] if one.error else []
+        read.append(str(path))
+        per_file.append(one.lines)
+        if truncated or (not one.lines and any(per_file[:-1])):  # older than the job's lines: stop
             break
-    return [line for found in reversed(per_file) for line in found], read
+    lines = [line for found in reversed(per_file) for line in found]
+    return lines, Read(tuple(read), size, unreadable, truncated, tuple(errors))
 
 
 # ---------------------------------------------------------------- the story
 
 
-def _render(value: Any) -> str:
+def _render(value: object) -> str:
     """A value as one line of text; a string as it is."""
     if isinstance(value, str):
         return value
@@ -143,7 +186,7 @@ def _render(value: Any) -> str:
     return str(value)
 
 
-def _prolog_done(line: dict[str, Any]) -> tuple[str, str]:
+def _prolog_done(line: Line) -> tuple[str, str]:
     if line.get("job_ended"):
         return "job ended", "the job ended while its prolog waited: rolled back, exit 0, no drain"
     if line.get("ok") is False:
@@ -161,7 +204,7 @@ def _prolog_done(line: dict[str, Any]) -> tuple[str, str]:
     return "set up", f"{what}, in {_render(line.get('duration_s', '?'))} s"
 
 
-def _epilog_done(line: dict[str, Any]) -> tuple[str, str]:
+def _epilog_done(line: Line) -> tuple[str, str]:
     if line.get("ok") is False:
         code = _render(line.get("error_code", "?"))
         return "teardown failed", f"teardown failed: {code}: {_render(line.get('reason', ''))}"
@@ -171,7 +214,7 @@ def _epilog_done(line: dict[str, Any]) -> tuple[str, str]:
     return "torn down", f"torn down: {_render(actions)}"
 
 
-def _tell(line: dict[str, Any]) -> tuple[str, str] | None:
+def _tell(line: Line) -> tuple[str, str] | None:
     """The outcome a line adds ('' for none) and how it is told; None for a line the story leaves out."""
     event = line.get("event")
     get = line.get
@@ -204,7 +247,7 @@ def _tell(line: dict[str, Any]) -> tuple[str, str] | None:
     return told.get(str(event))
 
 
-def story(lines: list[dict[str, Any]]) -> tuple[list[str], list[Entry]]:
+def story(lines: list[Line]) -> tuple[list[str], list[Entry]]:
     """The outcomes in order (each once: set up, lost its daemon, torn down) and one entry per told line."""
     outcomes: list[str] = []
     entries = []
@@ -228,16 +271,36 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def render_text(job_id: int, node: str, outcomes: list[str], entries: list[Entry], read: dict[str, Any]) -> str:
+class Story(Record):
+    """``imexctl why``'s answer: the job on this tray, its outcomes in order, its events, and what was read."""
+
+    job_id: int
+    node: str
+    outcomes: tuple[str, ...]
+    entries: tuple[Entry, ...]
+    read: Read
+
+    def data(self) -> JsonObject:
+        """``why --json``'s ``data``: each event with the line as logged."""
+        return {
+            "job_id": self.job_id,
+            "node": self.node,
+            "outcomes": list(self.outcomes),
+            "events": [e.data() for e in self.entries],
+            "read": self.read.data(),
+        }
+
+
+def render_text(found: Story) -> str:
     """The verdict line, one line per event, the codes' sections, and what was read."""
-    lines = [f"job {job_id} on {node}: {', '.join(outcomes) or 'no outcome logged'}"]
-    lines += [f"  {e.timestamp}  {e.hook or '-':<7} {e.text}" for e in entries]
-    codes = sorted({str(e.fields["error_code"]) for e in entries if e.fields.get("error_code")})
+    lines = [f"job {found.job_id} on {found.node}: {', '.join(found.outcomes) or 'no outcome logged'}"]
+    lines += [f"  {e.timestamp}  {e.hook or '-':<7} {e.text}" for e in found.entries]
+    codes = sorted({str(e.fields["error_code"]) for e in found.entries if e.fields.get("error_code")})
     lines += [f"  see docs/troubleshooting.md#{code}" for code in codes]
-    size = read["bytes"] / (1 << 20)
-    more = "; stopped at the read limit, older files not read" if read["truncated"] else ""
-    lines.append(f"read: {', '.join(read['files'])} ({size:.1f} MiB{more})")
-    lines += [f"not read: {err}" for err in read["errors"]]
+    read = found.read
+    more = "; stopped at the read limit, older files not read" if read.truncated else ""
+    lines.append(f"read: {', '.join(read.files)} ({read.bytes / (1 << 20):.1f} MiB{more})")
+    lines += [f"not read: {err}" for err in read.errors]
     return "\n".join(printable(line) for line in lines) + "\n"
 
 
@@ -252,29 +315,19 @@ def command(args: argparse.Namespace, env: Mapping[str, str], _host: Host | None
     cfg = settings.load(path, node=node, required=required)
     if cfg.paths.log_file is None:
         raise JobNotInLog("[paths] log_file is empty: imexctl keeps no log on this tray")
-    files = log_files(cfg.paths.log_file)
-    lines, read = read_job(files, args.job)
+    lines, read = read_job(log_files(cfg.paths.log_file), args.job)
     outcomes, entries = story(lines)
     node = next((str(line["node"]) for line in reversed(lines) if line.get("node") not in (None, "?")), node)
+    found = Story(args.job, node, tuple(outcomes), tuple(entries), read)
     missing = (
-        None if entries else JobNotInLog(f"job {args.job}: no line in {', '.join(read['files']) or cfg.paths.log_file}")
+        None if entries else JobNotInLog(f"job {args.job}: no line in {', '.join(read.files) or cfg.paths.log_file}")
     )
     if args.json:
         from imexctl.platform.output import print_json
 
-        data = {
-            "job_id": args.job,
-            "node": node,
-            "outcomes": outcomes,
-            "events": [
-                {"timestamp": e.timestamp, "hook": e.hook, "event": e.event, "text": e.text, "line": e.fields}
-                for e in entries
-            ],
-            "read": read,
-        }
-        print_json(data, errors=[missing] if missing else [])
+        print_json(found, errors=[missing] if missing else [])
         return int(missing.exit_code) if missing else 0
     if missing is not None:
         raise missing
-    sys.stdout.write(render_text(args.job, node, outcomes, entries, read))
+    sys.stdout.write(render_text(found))
     return 0

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Callable, Final
 
 if TYPE_CHECKING:
     from imexctl.hooks.runtime import Runtime
+    from imexctl.platform.output import Json, JsonObject
 
-__all__ = ["FAIL", "OK", "WARN", "Check", "CheckFn", "Context", "as_json", "exit_code", "render_text", "under_root"]
+__all__ = ["FAIL", "OK", "WARN", "Check", "CheckFn", "Context", "Report", "exit_code", "render_text", "under_root"]
 
 OK: Final = "OK"
 WARN: Final = "WARN"
@@ -34,9 +35,9 @@ class Check:
     message: str
     fix: str = ""
 
-    def data(self) -> dict[str, str]:
+    def data(self) -> JsonObject:
         """The ``--json`` form: name, status, message, fix."""
-        return dataclasses.asdict(self)
+        return {"name": self.name, "status": self.status, "message": self.message, "fix": self.fix}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +82,17 @@ def render_text(checks: list[Check]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def as_json(checks: list[Check]) -> list[dict[str, str]]:
-    """The ``data`` list of ``imexctl doctor --json``."""
-    return [c.data() for c in checks]
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """What ``imexctl doctor`` found: every check, in report order (``--json``'s ``data`` is their list)."""
+
+    checks: tuple[Check, ...]
+
+    @property
+    def failed(self) -> list[str]:
+        """The names of the checks that FAILed."""
+        return [c.name for c in self.checks if c.status == FAIL]
+
+    def data(self) -> Json:
+        """The ``data`` list of ``imexctl doctor --json``."""
+        return [c.data() for c in self.checks]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Final
 
 from imexctl.channels import devices
 from imexctl.doctor.framework import FAIL, OK, WARN, Check, Context, under_root
@@ -20,6 +20,10 @@ from imexctl.hooks.state import job_ids, read_state
 from imexctl.imex import daemon
 from imexctl.platform.errors import CommandError, ConfigError, DeviceError
 from imexctl.platform.fsutil import read_text_nofollow
+
+if TYPE_CHECKING:
+    from imexctl.gpu.fabric import Gpu
+    from imexctl.gpu.topology import GpuReport, TrayFabric
 
 __all__ = [
     "driver_version",
@@ -405,18 +409,18 @@ def nvml_checks(ctx: Context) -> list[Check]:
         return [Check("nvml.fabric", OK, "not checked: [policy] fabric = none")]
     tray = read_fabric(ctx.rt.gpu, ctx.node)
     out = [_fabric(tray)]
-    out += [_gpu(g, s.policy.fabric_limited) for g in tray.gpus if g["status"] is not None]
+    out += [_gpu(g, s.policy.fabric_limited) for g in tray.gpus if g.status is not None]
     return out
 
 
-def read_fabric(gpu: Any, node: str) -> Any:
+def read_fabric(gpu: Gpu, node: str) -> TrayFabric:
     """The tray's fabric as ``imexctl topology`` reports it: the one place doctor reads NVML."""
     from imexctl.gpu.topology import read_tray
 
     return read_tray(gpu, node)
 
 
-def _fabric(tray: Any) -> Check:
+def _fabric(tray: TrayFabric) -> Check:
     if tray.error:
         fix = "check the driver and the NVLink fabric (nvidia-smi -q); on trays without one, set [policy] fabric = none"
         return Check("nvml.fabric", FAIL, f"NVML: {tray.error}; every prolog here fails (exit 69)", fix)
@@ -426,18 +430,14 @@ def _fabric(tray: Any) -> Check:
     return Check("nvml.fabric", OK, f"NVLink domain {tray.key}, fabric health {tray.health}")
 
 
-def _gpu(g: dict[str, Any], limited: str) -> Check:
-    name = f"nvml.gpu{g['gpu']}"
-    what = f"state {g['state']}, {str(g['status']).split(' (')[0]}, health {g['health'] or '-'}"
-    if g["state"] in ("NOT_STARTED", "IN_PROGRESS"):
+def _gpu(g: GpuReport, limited: str) -> Check:
+    name = f"nvml.gpu{g.gpu}"
+    what = f"state {g.state}, {str(g.status).split(' (')[0]}, health {g.health or '-'}"
+    if g.state in ("NOT_STARTED", "IN_PROGRESS"):
         return Check(name, WARN, f"{what}: registration pending", "wait, then check nvidia-fabricmanager/NVLink")
-    if (
-        g["state"] != "COMPLETED"
-        or not str(g["status"]).startswith("NVML_SUCCESS")
-        or g["health_summary"] == "UNHEALTHY"
-    ):
+    if g.state != "COMPLETED" or not str(g.status).startswith("NVML_SUCCESS") or g.health_summary == "UNHEALTHY":
         return Check(name, FAIL, what, "check the GPU's NVLink fabric (nvidia-smi -q -d FABRIC)")
-    if g["health_summary"] == "LIMITED_CAPACITY":
+    if g.health_summary == "LIMITED_CAPACITY":
         status = FAIL if limited == "refuse" else WARN
         return Check(name, status, f"{what} ([policy] fabric_limited = {limited})", "check the NVLink fabric")
     return Check(name, OK, what)

@@ -19,7 +19,7 @@ from imexctl.doctor import containers
 from imexctl.doctor import host as hostcheck
 from imexctl.doctor import resolve as resolvecheck
 from imexctl.doctor import slurm as slurmcheck
-from imexctl.doctor.framework import FAIL, Check, CheckFn, Context, as_json, exit_code, render_text, under_root
+from imexctl.doctor.framework import FAIL, Check, CheckFn, Context, Report, exit_code, render_text, under_root
 from imexctl.platform.errors import ImexctlError
 from imexctl.platform.output import print_json
 
@@ -156,9 +156,10 @@ def command(args: argparse.Namespace, env: Mapping[str, str], host: Host | None,
     rt = Runtime(host, gpu, cfg, structlog.get_logger())
     conf = Path(args.slurm_conf) if args.slurm_conf else None
     found = run(Context(rt, lookup, node, conf, problem, args.nodes, args.config or ""))
-    failed = [c.name for c in found if c.status == FAIL]
+    report = Report(tuple(found))
     if args.json:
-        print_json(as_json(found), errors=[DoctorFailed(f"failed: {', '.join(failed)}")] if failed else [])
+        failed = report.failed
+        print_json(report, errors=[DoctorFailed(f"failed: {', '.join(failed)}")] if failed else [])
     else:
         sys.stdout.write(render_text(found))
     return exit_code(found)

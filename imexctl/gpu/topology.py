@@ -10,13 +10,17 @@ error, never "no fabric" (docs/nvml.md).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING
 
 from imexctl.gpu import nvml
 from imexctl.gpu.fabric import STATE_COMPLETED, FabricInfo, Gpu, clique_key
 from imexctl.platform.errors import GpuError
+from imexctl.platform.record import Record
 
-__all__ = ["NO_FABRIC", "TrayFabric", "parse_key", "read_tray", "render_text"]
+if TYPE_CHECKING:
+    from imexctl.platform.output import JsonObject
+
+__all__ = ["NO_FABRIC", "GpuReport", "TrayFabric", "parse_key", "read_tray", "render_text"]
 
 NO_FABRIC = "no multi-node NVLink fabric"
 _CLIQUE_MAX = 0xFFFFFFFF  # cliqueId is an unsigned int in nvml.h
@@ -47,6 +51,25 @@ def parse_key(text: str) -> str:
     return f"{parsed}.{int(clique)}"
 
 
+class GpuReport(Record):
+    """One GPU as the report shows it; None where NVML gave nothing (a GPU without fabric support)."""
+
+    gpu: int
+    state: str
+    status: str | None
+    cluster_uuid: str | None
+    clique_id: int | None
+    layout: str | None
+    health: str
+    health_summary: str | None
+    health_problems: tuple[str, ...]
+    health_mask: int | None
+
+    def data(self) -> JsonObject:
+        """The GPU's object in ``topology --json``'s ``gpus``: every key always present."""
+        return {**self._asdict(), "health_problems": list(self.health_problems)}
+
+
 @dataclasses.dataclass(frozen=True)
 class TrayFabric:
     """What NVML says about this tray: its key, or why there is none, and every GPU.
@@ -60,7 +83,7 @@ class TrayFabric:
     reason: str
     error: str
     health: str
-    gpus: tuple[dict[str, Any], ...]
+    gpus: tuple[GpuReport, ...]
     nvml: dict[str, str] | None
 
     @property
@@ -68,7 +91,7 @@ class TrayFabric:
         """``nvlink`` (a key), ``none`` (no multi-node fabric) or ``error``."""
         return "error" if self.error else "nvlink" if self.key else "none"
 
-    def data(self) -> dict[str, Any]:
+    def data(self) -> JsonObject:
         """The ``data`` object of ``imexctl topology --json`` (docs/topology.md)."""
         return {
             "node": self.node,
@@ -77,7 +100,7 @@ class TrayFabric:
             "reason": self.reason,
             "error": self.error,
             "health": self.health,
-            "gpus": list(self.gpus),
+            "gpus": [g.data() for g in self.gpus],
             "nvml": self.nvml,
         }
 
@@ -106,28 +129,26 @@ def _versions(gpu: Gpu) -> dict[str, str] | None:
     return {"nvidia_ml_py": str(versions.python), "driver": str(versions.driver)}
 
 
-def _gpu(index: int, info: FabricInfo | None) -> dict[str, Any]:
-    """One GPU for the report; every key is always present (null where NVML gave nothing)."""
+def _gpu(index: int, info: FabricInfo | None) -> GpuReport:
+    """One GPU for the report."""
     if info is None:
-        return {
-            "gpu": index,
-            "state": nvml.STATE_NAMES[nvml.STATE_NOT_SUPPORTED],
-            "status": None,
-            "cluster_uuid": None,
-            "clique_id": None,
-            "layout": None,
-            "health": "",
-            "health_summary": None,
-            "health_problems": [],
-            "health_mask": None,
-        }
+        state = nvml.STATE_NAMES[nvml.STATE_NOT_SUPPORTED]
+        return GpuReport(index, state, None, None, None, None, "", None, (), None)
+    import uuid
+
     health = info.health
-    return {
-        **info.describe(),
-        "health_summary": health.summary or None,
-        "health_problems": list(health.problems),
-        "health_mask": info.health_mask,
-    }
+    return GpuReport(
+        info.gpu,
+        info.state_name,
+        nvml.return_name(info.status),
+        str(uuid.UUID(bytes=info.cluster_uuid)),
+        info.clique_id,
+        info.layout,
+        health.text(),
+        health.summary or None,
+        tuple(health.problems),
+        info.health_mask,
+    )
 
 
 def _no_fabric_reason(infos: list[FabricInfo | None]) -> str:
@@ -171,9 +192,9 @@ def render_text(tray: TrayFabric) -> str:
     if tray.gpus:
         lines.append(_row("GPU", "state", "status", "clique", "cluster UUID", "health"))
     for g in tray.gpus:
-        status = str(g["status"] or "-").removeprefix("NVML_")
-        clique = "-" if g["clique_id"] is None else str(g["clique_id"])
-        lines.append(_row(str(g["gpu"]), g["state"], status, clique, g["cluster_uuid"] or "-", g["health"] or "-"))
+        status = (g.status or "-").removeprefix("NVML_")
+        clique = "-" if g.clique_id is None else str(g.clique_id)
+        lines.append(_row(str(g.gpu), g.state, status, clique, g.cluster_uuid or "-", g.health or "-"))
     return "\n".join(lines) + "\n"
 
 

@@ -33,7 +33,6 @@ __all__ = [
     "Domain",
     "Run",
     "check_textfile_dir",
-    "domain_of_status",
     "record",
     "render",
     "run_of",
@@ -146,29 +145,6 @@ def _action_labels(action: Action) -> tuple[str, ...]:
     """The action labels of one teardown action: a stop that needed SIGKILL counts as ``kill_daemon`` too."""
     label = _LABELS.get(action.kind, "other")
     return (label, "kill_daemon") if action.kind == "stop_daemon" and action.killed else (label,)
-
-
-def domain_of_status(data: Mapping[str, Any]) -> Domain:
-    """The gauges from ``imexctl status``'s data: the owner job's ``-N`` view from this tray."""
-    jobs = data.get("jobs") or []
-    if data.get("owner_job") is None or not jobs:
-        return Domain() if not jobs else Domain(0, "unknown")
-    job = jobs[0]
-    peers = max(len(job.get("trays", ())) - 1, 0)
-    dom = job.get("domain") or {}
-    if "status" not in dom:
-        return Domain(job["job_id"], "unknown" if job.get("daemon") else "none", peers)
-    own = _own_address(job, data.get("node", ""))
-    me = next((n for n in dom["nodes"] if n["host"] == own), None)
-    connected = None
-    if me is not None:
-        connected = sum(v == "CONNECTED" for k, v in me["connections"].items() if k != str(me["id"]))
-    return Domain(job["job_id"], str(dom["status"]).lower(), peers, connected)
-
-
-def _own_address(job: Mapping[str, Any], node: str) -> str:
-    trays, addresses = list(job.get("trays", ())), list(job.get("addresses", ()))
-    return addresses[trays.index(node)] if node in trays and len(addresses) == len(trays) else ""
 
 
 def textfile(settings: Settings) -> Path | None:

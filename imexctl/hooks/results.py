@@ -8,10 +8,13 @@ read these records; the field order of the summary lines is
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from imexctl.hooks import summary
 from imexctl.platform.record import Record
+
+if TYPE_CHECKING:
+    from imexctl.platform.output import JsonObject
 
 __all__ = ["Action", "CleanupResult", "EpilogResult", "PrologResult", "Setup", "texts"]
 
@@ -141,7 +144,7 @@ class CleanupResult(Record):
     skipped: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()
 
-    def data(self) -> dict[str, Any]:
+    def data(self) -> JsonObject:
         """``cleanup.done``'s fields and ``cleanup --json``'s ``data``."""
         return {
             "dry_run": self.dry_run,

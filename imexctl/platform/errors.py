@@ -27,6 +27,7 @@ __all__ = [
     "ImexctlError",
     "JobNotInLog",
     "LockTimeout",
+    "NetcheckBlocked",
     "NodeListError",
     "NotPrivilegedError",
     "OutputError",
@@ -295,6 +296,13 @@ class TrayUnhealthy(ImexctlError):
     """``imexctl health`` found a fault of the tray (its findings say which and why)."""
 
     code = "tray_unhealthy"
+    exit_code = ExitCode.FAILURE
+
+
+class NetcheckBlocked(ImexctlError):
+    """``imexctl netcheck``: a pair of trays was blocked on a port range, or (first tray) a tray's row is missing."""
+
+    code = "netcheck_blocked"
     exit_code = ExitCode.FAILURE
 
 

@@ -95,6 +95,7 @@ def rack(make_settings: Callable[..., Settings], root: Path) -> Iterator[Callabl
         timeout: float = 3,
         absent: int | tuple[int, ...] = (),
         user: dict[int, int] | None = None,
+        json_out: bool = False,
     ) -> list[Any]:
         gone = {absent} if isinstance(absent, int) else set(absent)
         base = random.randrange(20, 240 - n)
@@ -113,7 +114,7 @@ def rack(make_settings: Callable[..., Settings], root: Path) -> Iterator[Callabl
             env = {"SLURM_JOB_ID": str(job_id), "SLURM_STEP_NODELIST": f"tray[1-{n}]", "SLURMD_NODENAME": f"tray{i + 1}",
                    "SLURM_NODEID": str(i), "SLURM_PROCID": str(i), "SLURM_LOCALID": "0", "PYTHONPATH": str(REPO),
                    "IMEXCTL_CONFIG": str(cfg.source)}  # fmt: skip
-            argv = [sys.executable, "-m", "imexctl", "netcheck", "--timeout", str(timeout)]
+            argv = [sys.executable, "-m", "imexctl", "netcheck", "--timeout", str(timeout), *(["--json"] * json_out)]
             uid = (user or {}).get(i)
             started.append(
                 subprocess.Popen(
@@ -177,6 +178,26 @@ def test_a_tray_that_never_runs_is_refused_and_unknown(rack: Any) -> None:
     assert [line.split()[2:] for line in lines[2:5]] == [["-", "both", "ok"], ["?", "-", "?"], ["ok", "both", "-"]]
     assert any(line.startswith("  tray1 -> tray2 server: refused on port") for line in lines)
     assert "not reached by tray2 (cmd), tray2 (server)" in results[1][1]
+
+
+def test_json_gives_each_trays_outcomes_and_the_first_trays_matrix(rack: Any) -> None:
+    """With --json every tray prints the envelope: its ports and outcomes; the first tray the matrix; a blocked
+    check is netcheck_blocked in errors, with the same exit code as the text."""
+    clean = [json.loads(out) for _, out, _ in rack(2, json_out=True)]
+    assert [(e["status"], e["exit_code"], e["data"]["ok"]) for e in clean] == [("ok", 0, True)] * 2
+    assert clean[0]["data"]["matrix"] == {
+        "tray1": {"tray1": "-", "tray2": "ok"},
+        "tray2": {"tray1": "ok", "tray2": "-"},
+    }
+    assert clean[1]["data"]["matrix"] is None and set(clean[1]["data"]["listening"]) == {"server", "cmd"}
+    assert all(v.startswith("ok:") for v in clean[1]["data"]["reached"]["tray1"].values())
+    results = rack(3, absent=1, timeout=1.5, json_out=True)
+    assert [r[0] for r in results] == [1, 1], results
+    first, third = (json.loads(out) for _, out, _ in results)
+    assert first["errors"][0]["code"] == "netcheck_blocked" and first["exit_code"] == 1
+    assert first["data"]["matrix"]["tray2"] == {"tray1": "?", "tray2": "-", "tray3": "?"}
+    assert first["data"]["reached"]["tray2"]["server"].startswith("refused on port")
+    assert third["data"]["not_reached_by"] == ["tray2 (cmd)", "tray2 (server)"] and third["data"]["matrix"] is None
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root: starts a tray as another user")

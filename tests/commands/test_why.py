@@ -128,8 +128,8 @@ def test_rotated_files_newest_first_and_stops_before_older_ones(root: Path, cfg:
     files = why.log_files(log)
     assert files == [log, root / f"{LOG}.1", root / f"{LOG}.2.gz", root / f"{LOG}.3.gz"]
     lines, read = why.read_job(files, 48)
-    assert [x["timestamp"] for x in lines] == ["T2", "T3"] and read["unreadable"] == 1
-    assert read["files"] == [str(p) for p in files[:3]]
+    assert [x["timestamp"] for x in lines] == ["T2", "T3"] and read.unreadable == 1
+    assert read.files == tuple(str(p) for p in files[:3])
     assert run_why(cfg, 48) == 0 and capsys.readouterr().out.startswith("job 48 on gb01: set up, torn down\n")
 
 
@@ -138,7 +138,7 @@ def test_the_read_is_capped(root: Path) -> None:
     log.parent.mkdir(parents=True)
     log.write_text("x" * 1000 + "\n" + json.dumps({"event": "prolog.done", "ok": True, "job_id": 49}) + "\n")
     lines, read = why.read_job([log], 49, max_bytes=500)
-    assert lines == [] and read["truncated"] is True
+    assert lines == [] and read.truncated is True
 
 
 def test_log_text_is_data(root: Path, cfg: Path, capsys: Any) -> None:

@@ -539,10 +539,10 @@ def test_status_uptime_is_on_the_boot_clock_and_never_negative(
     host = JumpyClock(addresses={"gb01": ["10.0.0.1"], "gb02": ["10.0.0.2"]})
     prolog(job_env(), _runtime(host, s))
     host.sleep(12.5)
-    assert status.collect(_runtime(host, s), "gb01")["jobs"][0]["daemon"]["uptime_s"] == 12.5
+    assert status.collect(_runtime(host, s), "gb01").data()["jobs"][0]["daemon"]["uptime_s"] == 12.5
     proc = next(p for p in host.procs.values() if p.alive)
     proc.info = proc.info._replace(create_time=host.since_boot() + 3600)
-    job = status.collect(_runtime(host, s), "gb01")["jobs"][0]
+    job = status.collect(_runtime(host, s), "gb01").data()["jobs"][0]
     assert job["daemon"]["uptime_s"] == 0.0
     epilog(job_env(), _runtime(host, s))
 

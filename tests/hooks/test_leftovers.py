@@ -68,7 +68,7 @@ class TestOneLivenessRule:
         assert report["skipped"][0].startswith("job 42 may still run on this node"), report
         assert daemon_of(host, rt, 42).info.pid == pid and not [s for s in host.signals if s[0] == pid]
         assert rt.settings.paths.job(42).exists()
-        job = collect(rt, "gb01")["jobs"][0]
+        job = collect(rt, "gb01").data()["jobs"][0]
         assert job["running"] is True and job["stale"] == [], job
         stale = stale_checks(doctor.Context(rt, {}, "gb01"))[0]
         assert stale.status == doctor.OK, stale
@@ -88,7 +88,7 @@ class TestOneLivenessRule:
         report = cleanup(rt).data()
         assert report["actions"] == [] and "(the systemd backend cannot be asked)" in report["skipped"][0], report
         assert daemon_of(host, rt, 42).info.pid == pid and not [c for c in host.calls if c[1:2] == ("stop",)]
-        assert collect(rt, "gb01")["jobs"][0]["running"] is True
+        assert collect(rt, "gb01").data()["jobs"][0]["running"] is True
 
     def test_a_daemon_its_backend_says_is_gone_is_cleared(
         self, host: FakeHost, make_settings: Callable[..., Settings]

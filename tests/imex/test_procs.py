@@ -180,7 +180,7 @@ class TestFakeHostRule:
         """status lists no job, cleanup signals nobody, and known_jobs is empty."""
         self._others(host, rt.settings)
         assert known_jobs(rt) == []
-        assert collect(rt, "gb01")["jobs"] == []
+        assert collect(rt, "gb01").data()["jobs"] == []
         report = cleanup(rt)
         assert report.data()["actions"] == [] and host.signals == []
 
