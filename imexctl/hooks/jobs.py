@@ -9,12 +9,27 @@ from __future__ import annotations
 import os
 
 from imexctl.hooks.runtime import Runtime
-from imexctl.hooks.state import job_ids, read_state
+from imexctl.hooks.state import JobState, job_ids, read_state
 from imexctl.imex import daemon
 from imexctl.platform.host import ProcInfo
 from imexctl.platform.record import Record
+from imexctl.slurm import nodelist
 
-__all__ = ["GONE", "Liveness", "epilog_pending", "known_jobs", "scan_jobs", "still_runs"]
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from imexctl.slurm.slurmctld import JobRecord
+
+__all__ = [
+    "CLOCK_SLACK_S",
+    "GONE",
+    "Liveness",
+    "epilog_pending",
+    "known_jobs",
+    "not_here",
+    "other_run",
+    "scan_jobs",
+    "still_runs",
+]
 
 
 class Liveness(Record):
@@ -94,6 +109,49 @@ def epilog_pending(job_id: int, rt: Runtime) -> bool:
 
 #: what an epilog may take beyond its waits: its start-up and its other steps
 _EPILOG_SLACK_S = 10.0
+
+
+#: how far slurmctld's clock and a tray's may be apart: munge refuses a credential older than its time to
+#: live (300 s by default), so Slurm itself stops working beyond that
+CLOCK_SLACK_S = 300
+
+
+def other_run(state: JobState, restarts: int | None, start_time: int | None) -> str:
+    """Why ``state`` was left by another run of its job than the one with this restart count and start time.
+
+    '' when it may be the same run.  The restart count (how often the job was
+    requeued) and the start time are slurmctld's, as slurmd gave them to the
+    prolog that wrote ``state`` (``restarts``, ``start_time``) and as they are
+    now.  Without the start a prolog recorded, the state's ``created`` (this
+    tray's clock) stands for it: a run that started later than that, beyond
+    :data:`CLOCK_SLACK_S`, is another (requeued, or the id reused after
+    slurmctld lost its state).  Unknown values decide nothing.
+    """
+    if state.restarts is not None and restarts is not None and state.restarts != restarts:
+        return f"another run: restart count {restarts}, the leftovers' {state.restarts}"
+    if start_time is None:
+        return ""
+    since = state.start_time if state.start_time is not None else state.created + CLOCK_SLACK_S
+    if start_time > since:
+        return f"another run: it started at {start_time}, after the leftovers were made ({int(state.created)})"
+    return ""
+
+
+def not_here(found: JobRecord, state: JobState | None, node: str) -> str:
+    """Why slurmctld's record ``found`` shows that what its job left on ``node`` is no live domain; '' if it may be.
+
+    slurmctld's RUNNING is true of the job, not of this tray: a job requeued
+    after a node failure runs on other trays now, and a job id reused after a
+    state reset names another job.  The leftovers are live only when the job
+    still wants to run, its node list holds this tray and it is the run that
+    left them (:func:`other_run`).
+    """
+    if not found.wants_to_start:
+        return f"slurmctld says {found.state}"
+    if not found.holds(node):
+        where = nodelist.fold(list(found.trays)) if found.trays else "no node"
+        return f"slurmctld says it runs on {where}, not on this tray"
+    return other_run(state, found.restarts, found.start_time) if state is not None else ""
 
 
 def known_jobs(rt: Runtime) -> list[int]:

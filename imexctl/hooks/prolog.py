@@ -20,7 +20,7 @@ from imexctl.config.settings import Settings
 from imexctl.gpu.fabric import fabric_key
 from imexctl.hooks import members
 from imexctl.hooks.gate import Skip, shared_reason, skipped_prolog
-from imexctl.hooks.jobs import GONE, scan_jobs, still_runs
+from imexctl.hooks.jobs import not_here, other_run, scan_jobs, still_runs
 from imexctl.hooks.results import PrologResult, Setup, texts
 from imexctl.hooks.runtime import Runtime, bind, log_failed, terminations
 from imexctl.hooks.state import JobState, mark_state, node_lock, read_state, write_state
@@ -374,9 +374,9 @@ def _this_run(job: JobContext, trays: tuple[str, ...], state: JobState | None, r
         return "its epilog ran"
     if (state.node, state.nodes, (state.uid, state.gid)) != (job.node, trays, job.owner):
         return "another tray, tray list or owner"
-    for said, now in ((state.restarts, job.restarts), (state.start_time, job.start_time)):
-        if said is not None and now is not None and said != now:
-            return "another run: its restart count or start time differs"
+    another = other_run(state, job.restarts, job.start_time)
+    if another:
+        return another
     if state.backend == "none":
         return "" if not state.channel_path or os.path.lexists(state.channel_path) else "its channel is gone"
     if daemon.daemon_runs(rt.host, rt.settings, rt.settings.paths.job(job.job_id), state.backend) is False:
@@ -406,25 +406,40 @@ def _clear_ended_jobs(job: JobContext, others: list[int], rt: Runtime) -> list[t
 
     Decided on the tray (a slurmstepd or cgroup of the job; a set-up domain
     whose epilog has not run, see ``jobs.still_runs``); only in that
-    doubt is slurmctld asked, once per job: a job it reports ended, requeued
-    or pending no longer runs on this allocation.  No answer keeps the job.
+    doubt is slurmctld asked, once per job, and believed only for this tray:
+    a job it reports ended, requeued or pending, running on other trays only
+    (requeued after a node failure), or running in another run than the one
+    that left the domain (requeued, or its id reused after a state reset) no
+    longer runs here (``jobs.not_here``).  No answer keeps the job.
     """
     held = []
     for other in others:
-        live = still_runs(other, rt)
-        if live.runs and not live.seen:
-            state = slurmctl.job_state(other, rt.host, rt.settings, job.slurm_conf) if job.slurm_conf else None
-            if state is not None and not slurmctl.wants_to_start(state):
-                live = GONE
-        if live.runs:
+        live, gone = still_runs(other, rt), ""
+        if live.runs and not live.seen and job.slurm_conf:
+            gone = _gone_says_slurmctld(other, job, rt)
+        if live.runs and not gone:
             held.append((other, live.why))
             continue
         rt.log.warning(
             "state.removed",
-            reason=f"leftovers of job {other}, which no longer runs here",
+            reason=f"leftovers of job {other}, which no longer runs here" + (f" ({gone})" if gone else ""),
             actions=texts(teardown(other, rt)),
         )
     return held
+
+
+def _gone_says_slurmctld(other: int, job: JobContext, rt: Runtime) -> str:
+    """Why slurmctld's record of job ``other`` shows its leftovers here are no live domain ('' when it may be)."""
+    found = slurmctl.job_record(other, rt.host, rt.settings, job.slurm_conf)
+    if found is None:
+        return ""
+    trays = found.trays
+    if found.het_job_id == other and found.wants_to_start:  # a joint het domain spans every component's trays
+        try:
+            trays = tuple(node for _, node in slurmctl.het_nodes(other, rt.host, rt.settings, job.slurm_conf))
+        except SlurmQueryError:
+            return ""
+    return not_here(found._replace(trays=trays), read_state(rt.settings.paths.job(other)), job.node)
 
 
 def _setup(

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -26,7 +27,7 @@ from imexctl.hooks.prolog import prolog
 from imexctl.hooks.runtime import Runtime
 from imexctl.hooks.teardown import cleanup, epilog
 from imexctl.platform.errors import DomainBusyError
-from tests.support.fakes import JOB_GID, FakeGpu, FakeHost, job_env
+from tests.support.fakes import JOB_GID, FakeGpu, FakeHost, SlurmJob, job_env
 
 #: where a driver branch's copy of the daemon lives once ``[commands] nvidia_imex`` (a symlink) points elsewhere
 OLD_BRANCH = "/usr/lib/nvidia/580/nvidia-imex"
@@ -242,8 +243,6 @@ class TestPrologTwice:
         self, host: FakeHost, make_settings: Callable[..., Settings], left: str
     ) -> None:
         """Its daemon died, its prolog never finished (no set_up mark) or its epilog began: built anew."""
-        import json
-
         rt = runtime(host, make_settings)
         assert prolog(job_env(job_id=42, **RUN), rt).ok
         first = daemon_of(host, rt, 42)
@@ -270,3 +269,94 @@ class TestPrologTwice:
         with pytest.raises(HealthTimeout):
             prolog(job_env(job_id=42, **RUN), rt)
         assert not rt.settings.paths.job(42).exists() and not [p for p in host.procs.values() if p.alive]
+
+
+class TestClaimBelievesRunningOnlyForThisTray:
+    """Job 7 left a set-up domain on gb01 (daemon running, no slurmstepd here, epilog never ran); job 8's prolog
+    on gb01 asks slurmctld about it once, and counts it live only if it runs on gb01 in the run that left it."""
+
+    START = 1796434004
+
+    def _left_by_job_7(self, host: FakeHost, make_settings: Callable[..., Settings], root: Path, **env: str) -> Runtime:
+        rt = runtime(host, make_settings)
+        (root / "slurm.conf").write_text("ClusterName=x\n")
+        more = {"SLURM_CONF": str(root / "slurm.conf"), "SLURM_JOB_OVERSUBSCRIBE": "NO", **env}
+        assert prolog(job_env(job_id=7, **more), rt).ok
+        return rt
+
+    def _job_8(self, rt: Runtime, root: Path) -> Any:
+        env = job_env(job_id=8, SLURM_CONF=str(root / "slurm.conf"), SLURM_JOB_OVERSUBSCRIBE="NO", **RUN)
+        return prolog(env, rt)
+
+    def _asked(self, host: FakeHost) -> list[str]:
+        return [c[5] for c in host.calls if c[0].endswith("squeue")]
+
+    @pytest.mark.parametrize(
+        ("record", "cleared", "why"),
+        [
+            pytest.param({}, False, "", id="same-run-here"),
+            pytest.param({"nodes": "gb[05-06]", "restarts": 1}, True, "runs on gb[05-06], not on this tray",
+                         id="requeued-elsewhere"),
+            pytest.param({"nodes": "gb[05-06]"}, True, "runs on gb[05-06], not on this tray", id="elsewhere"),
+            pytest.param({"restarts": 1}, True, "restart count 1, the leftovers' 0", id="requeued-here"),
+            pytest.param({"start_time": START + 3600}, True, "another run: it started at", id="id-reused"),
+            pytest.param({"state": "PENDING", "nodes": ""}, True, "slurmctld says PENDING", id="pending"),
+        ],
+    )  # fmt: skip
+    def test_slurmctlds_answer_counts_only_for_this_tray_and_run(
+        self, host: FakeHost, make_settings: Callable[..., Settings], root: Path, record: dict[str, Any],
+        cleared: bool, why: str,
+    ) -> None:  # fmt: skip
+        """RUNNING elsewhere (requeued after a node failure) or in another run (requeued, id reused after a state
+        reset) clears the leftovers as any gone job's; RUNNING here in the same run keeps the tray refused."""
+        from structlog.testing import capture_logs
+
+        rt = self._left_by_job_7(host, make_settings, root, **RUN)
+        host.slurm_jobs[7] = SlurmJob(7, **{"nodes": "gb[01-02]", "start_time": self.START, **record})
+        with capture_logs() as logs:
+            if cleared:
+                assert self._job_8(rt, root).ok
+            else:
+                with pytest.raises(DomainBusyError, match="belongs to job 7, which may still run on this node"):
+                    self._job_8(rt, root)
+        assert self._asked(host) == ["--jobs=7"]
+        removed = [e["reason"] for e in logs if e["event"] == "state.removed"]
+        assert len(removed) == int(cleared), removed
+        if cleared:
+            assert removed[0].startswith("leftovers of job 7, which no longer runs here (") and why in removed[0]
+        assert rt.settings.paths.job(7).exists() is not cleared
+
+    @pytest.mark.parametrize(("late_s", "cleared"), [(10, False), (3600, True)])
+    def test_leftovers_that_do_not_say_their_run_are_judged_by_when_they_were_made(
+        self, host: FakeHost, make_settings: Callable[..., Settings], root: Path, late_s: int, cleared: bool
+    ) -> None:
+        """No restart count or start time recorded (a prolog without them, an older imexctl): slurmctld's start
+        within the clocks' slack of ``created`` may be the same run; an hour later it is another."""
+        rt = self._left_by_job_7(host, make_settings, root)
+        created = int(json.loads(rt.settings.paths.job(7).state.read_text())["created"])
+        host.slurm_jobs[7] = SlurmJob(7, nodes="gb[01-02]", start_time=created + late_s)
+        if cleared:
+            assert self._job_8(rt, root).ok
+        else:
+            with pytest.raises(DomainBusyError, match="belongs to job 7"):
+                self._job_8(rt, root)
+        assert rt.settings.paths.job(7).exists() is not cleared
+
+    def test_a_joint_het_domain_counts_every_components_trays(
+        self, host: FakeHost, make_settings: Callable[..., Settings], root: Path
+    ) -> None:
+        """Job 7 is a het job whose leader runs on gb05 and whose component 1 (job 8's id is not used) on
+        gb[01-02]: its joint domain here is live; slurmctld is asked for the components too."""
+        rt = self._left_by_job_7(host, make_settings, root, **RUN)
+        host.slurm_jobs[7] = SlurmJob(7, nodes="gb05", start_time=self.START, het_job_id=7, het_job_offset=0)
+        host.slurm_jobs[9] = SlurmJob(9, nodes="gb[01-02]", start_time=self.START, het_job_id=7, het_job_offset=1)
+        with pytest.raises(DomainBusyError, match="belongs to job 7"):
+            self._job_8(rt, root)
+        assert self._asked(host) == ["--jobs=7", "--jobs=7"]
+
+    def test_no_answer_keeps_the_job(self, host: FakeHost, make_settings: Callable[..., Settings], root: Path) -> None:
+        """slurmctld does not know job 7 (or cannot be asked): the tray stays refused, as before."""
+        rt = self._left_by_job_7(host, make_settings, root, **RUN)
+        with pytest.raises(DomainBusyError, match="belongs to job 7"):
+            self._job_8(rt, root)
+        assert self._asked(host) == ["--jobs=7"]
