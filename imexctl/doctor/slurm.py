@@ -78,7 +78,7 @@ def checks(ctx: Context) -> list[Check]:
         return [Check("slurm.conf", FAIL, str(exc), "correct slurm.conf: slurmd would not read it either")]
     version_check, version = _version(ctx)
     out = [Check("slurm.conf", OK, f"read {path}" + _included(conf)), version_check]
-    out += [_hook(conf, "prolog", ctx), _hook(conf, "epilog", ctx), _flags(conf, version)]
+    out += [_hook(conf, "prolog", ctx), _hook(conf, "epilog", ctx), _flags(conf, version, ctx.rt.settings)]
     out += [_prolog_timeout(conf, ctx.rt.settings), _epilog_timeout(conf, ctx.rt.settings)]
     out += [_batch_start_timeout(conf, ctx.rt.settings)]
     out += [*_timeout_keys(conf, version), *_partitions(conf, ctx, version), _preemption(conf, ctx)]
@@ -318,19 +318,36 @@ def _hook_problem(script: Path, target: str, ctx: Context) -> str:
 # ---------------------------------------------------------------- flags, timeouts, switch, topology
 
 
-def _flags(conf: slurmconf.SlurmConf, version: tuple[int, int] | None) -> Check:
+def _flags(conf: slurmconf.SlurmConf, version: tuple[int, int] | None, s: Settings) -> Check:
+    """PrologFlags, and what a tray does when a peer's prolog fails under them (``hooks/requeue.py``)."""
     text = conf.get("PrologFlags") or ""
-    flags = {f.strip().lower() for f in text.split(",") if f.strip()}
+    flags = set(slurmconf.prolog_flags(conf))
     shown = f"PrologFlags={text}" if text else "PrologFlags is not set"
     if "deferbatch" in flags and (version is None or version >= (26, 5)):
         flags.add("alloc")  # Slurm 26.05: DeferBatch implies Alloc (read_config.c)
     if not flags & _ALLOC_FLAGS:
         why = "the prolog runs on a tray only when a step starts there, so other trays' prologs wait in vain"
         return Check("slurm.prolog_flags", FAIL, f"{shown}: {why}", "set PrologFlags=Alloc,DeferBatch")
+    once = (
+        "a tray whose peer's prolog fails asks slurmctld once whether the job went back to the queue, "
+        "so healthy trays are often drained with the broken one"
+    )
     if "deferbatch" not in flags:
-        why = "the batch script may start before every tray's prolog has finished"
+        why = f"the batch script may start before every tray's prolog has finished; {once}"
         return Check("slurm.prolog_flags", WARN, f"{shown}: {why}", "add DeferBatch: PrologFlags=Alloc,DeferBatch")
-    return Check("slurm.prolog_flags", OK, f"{shown}: every tray runs the prolog at allocation")
+    if "nohold" in flags:
+        why = f"with NoHold slurmctld waits for no prolog, so DeferBatch holds nothing back; {once}"
+        return Check("slurm.prolog_flags", WARN, f"{shown}: {why}", "drop NoHold: PrologFlags=Alloc,DeferBatch")
+    wait = (
+        f"the batch script waits for every tray's prolog; a tray whose peer's prolog fails waits up to "
+        f"{s.slurm.timeout_margin_s:g} s for slurmctld to take the job back, then exits 0: one broken tray "
+        "drains one tray"
+    )
+    if s.readiness.blame_peers == "yes":
+        wait += " ([readiness] blame_peers = yes exits earlier: the batch script may then start before the requeue)"
+    elif s.slurm.check_cancelled != "yes":
+        wait = "the batch script waits for every tray's prolog; [slurm] check_cancelled = no: every tray fails"
+    return Check("slurm.prolog_flags", OK, f"{shown}: every tray runs the prolog at allocation; {wait}")
 
 
 def _prolog_timeout(conf: slurmconf.SlurmConf, s: Settings) -> Check:

@@ -18,7 +18,7 @@ from imexctl.channels import devices
 from imexctl.config.paths import JobDir
 from imexctl.config.settings import Settings
 from imexctl.gpu.fabric import fabric_key
-from imexctl.hooks import members
+from imexctl.hooks import members, requeue
 from imexctl.hooks.gate import Skip, shared_reason, skipped_prolog
 from imexctl.hooks.jobs import not_here, other_run, scan_jobs, still_runs
 from imexctl.hooks.results import PrologResult, Setup, texts
@@ -56,14 +56,27 @@ SHARING_PAUSE_S = 1.0
 class _Run:
     """What one prolog run has learned so far, for its summary and its failure path (mutable)."""
 
-    __slots__ = ("conf", "deadline_s", "hook_timeout", "job", "names", "slurm_channels", "t0")
+    __slots__ = (
+        "conf",
+        "deadline_s",
+        "defer_batch",
+        "hook_timeout",
+        "hook_timeout_s",
+        "job",
+        "names",
+        "slurm_channels",
+        "t0",
+    )
 
     def __init__(self, t0: float, job: JobContext | None = None, *, deadline_s: float = 0.0) -> None:
         self.t0 = t0
         self.job = job
         self.deadline_s = deadline_s
-        #: which slurm.conf setting bounds this hook, e.g. ``PrologEpilogTimeout=30s``
+        #: which slurm.conf setting bounds this hook, e.g. ``PrologEpilogTimeout=30s``, and its seconds
         self.hook_timeout = ""
+        self.hook_timeout_s: float | None = None
+        #: slurm.conf's PrologFlags hold the batch script until every tray's prolog reported (DeferBatch)
+        self.defer_batch = False
         #: slurm.conf sets SwitchType=switch/nvidia_imex: Slurm's plugin owns the channels
         self.slurm_channels = False
         #: address -> node name of the domain's trays, once resolved (the drain reason names trays)
@@ -107,15 +120,21 @@ def _failed(exc: ImexctlError, run: _Run, rt: Runtime, env: Mapping[str, str]) -
     """Exit 0 for a job that will not run here any more, if this tray did its part; else fail.
 
     Only a tray whose own daemon got READY, and which waited for its peers in
-    vain, asks slurmctld (once).  A tray whose own daemon never got ready is
-    broken whatever became of the job, and is drained, with its own reason
-    (``slurm.drain``).
+    vain, asks slurmctld: once, or under ``PrologFlags=DeferBatch`` until the
+    job is taken back or a window closes (``requeue``).  A tray whose own
+    daemon never got ready, or that is cut off, is broken whatever became of
+    the job, and is drained, with its own reason (``slurm.drain``).
     """
     # a tray that reached none of its peers is likely the broken one: it fails even if the job was requeued
     timed_out = isinstance(exc, HealthTimeout) and exc.local_ready and not exc.isolated
     if timed_out and run.job is not None and rt.settings.slurm.check_cancelled == "yes":
-        state = slurmctl.job_state(run.job.job_id, rt.host, rt.settings, run.job.slurm_conf)
-        if state is not None and not slurmctl.wants_to_start(state):
+        assert isinstance(exc, HealthTimeout)
+        elapsed = rt.host.monotonic() - run.t0
+        window = requeue.window_s(
+            rt, exc, elapsed_s=elapsed, hook_timeout_s=run.hook_timeout_s, defer_batch=run.defer_batch
+        )
+        state = requeue.taken_back(rt, run.job.job_id, run.job.slurm_conf, window)
+        if state is not None:
             rt.log.info("prolog.job_ended", job_state=state, reason=str(exc))
             return _done(rt, run.t0, job_ended=state)
     if not exc.logged:
@@ -197,6 +216,7 @@ def _read_slurm_conf(job: JobContext, rt: Runtime, run: _Run) -> float:
         return run.deadline_s
     run.conf = conf
     run.slurm_channels = (conf.get("SwitchType") or "").strip() == "switch/nvidia_imex"
+    run.defer_batch = slurmconf.batch_waits_for_prologs(slurmconf.prolog_flags(conf))
     return _capped_deadline(found, rt, run)
 
 
@@ -211,7 +231,7 @@ def _capped_deadline(found: tuple[int, str] | None, rt: Runtime, run: _Run) -> f
         return run.deadline_s
     timeout, key = found
     # named in the reason of a prolog slurmd kills, also when the cap is off
-    run.hook_timeout = f"{key}={timeout}s"
+    run.hook_timeout, run.hook_timeout_s = f"{key}={timeout}s", float(timeout)
     if s.cap_deadline != "yes":
         return run.deadline_s
     cap = max(timeout / 2, timeout - s.timeout_margin_s)
@@ -394,7 +414,7 @@ def _keep(job: JobContext, state: JobState, rt: Runtime, deadline: float) -> Set
     if state.backend == "none":
         return Setup(len(state.nodes), state.channel_path, daemon=False)
     jd, own = rt.settings.paths.job(job.job_id), state.addresses[state.nodes.index(job.node)]
-    ready = _wait_ready(jd, own, state.addresses, state.cmd_port, rt, deadline)
+    ready = _wait_ready(jd, own, state.addresses, (state.port, state.cmd_port), rt, deadline)
     blamed = tuple(ready.blamed)
     return Setup(
         len(state.nodes), state.channel_path, port=state.port, cmd_port=state.cmd_port, ready=ready.ready, blamed=blamed
@@ -468,7 +488,7 @@ def _setup(
         rt.step("files_written")
         _start(jd, own, ports, rt)
         rt.step("daemon_started")
-        ready = _wait_ready(jd, own, addresses, ports[1], rt, deadline)
+        ready = _wait_ready(jd, own, addresses, ports, rt, deadline)
         rt.step("ready")
         if channel is not None:
             _create_channel(job, *channel, rt, place)
@@ -627,12 +647,13 @@ def _start(jd: JobDir, own: str, ports: tuple[int, int], rt: Runtime) -> None:
     rt.log.info("imex.daemon.started", backend=rt.settings.daemon.backend, port=ports[0], cmd_port=ports[1])
 
 
-def _wait_ready(jd: JobDir, own: str, addresses: tuple[str, ...], cmd_port: int, rt: Runtime, deadline: float) -> Any:
+def _wait_ready(
+    jd: JobDir, own: str, addresses: tuple[str, ...], ports: tuple[int, int], rt: Runtime, deadline: float
+) -> Any:
     from imexctl.hooks import readiness
 
-    probe = readiness.Probe(
-        jd.config, own, addresses, rt.settings.readiness.level, _alive_check(rt.host, rt.settings, jd), cmd_port
-    )
+    alive = _alive_check(rt.host, rt.settings, jd)
+    probe = readiness.Probe(jd.config, own, addresses, rt.settings.readiness.level, alive, ports[1], ports[0])
     ready = readiness.wait_ready(rt.host, rt.settings, probe, deadline=deadline, log=rt.log)
     if ready.blamed:
         rt.log.warning("imex.peer_blamed", peers=list(ready.blamed), status=ready.status)

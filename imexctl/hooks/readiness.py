@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from imexctl.config.settings import Settings
+from imexctl.hooks import verdict
 from imexctl.imex import ctl as ctloutput
 from imexctl.platform.errors import CommandError, DaemonError, HealthTimeout, OutputError
 from imexctl.platform.host import Host
@@ -64,6 +65,7 @@ class Probe(Record):
     level: str
     daemon_alive: Callable[[], bool]
     cmd_port: int = 0
+    server_port: int = 0
 
 
 # ---------------------------------------------------------------- one probe
@@ -199,6 +201,10 @@ class _Watch:
         self.answered: Readiness | None = None
         #: the last -N answer in which two or more peers answered: the whole domain as last seen
         self.full_view: ctloutput.DomainStatus | None = None
+        #: the last -N answer in which this tray and a peer said READY: who links to whom, while they ran
+        self.peer_view: ctloutput.DomainStatus | None = None
+        #: the ctl answered -N at least once
+        self.any_domain = False
 
     def __call__(self) -> Readiness:
         self.attempts += 1
@@ -209,6 +215,9 @@ class _Watch:
             self.answered = r
         if r.domain is not None and sum(n.status != "UNAVAILABLE" for n in r.domain.nodes) >= 3:
             self.full_view = r.domain
+        if r.domain is not None and sum(n.is_ready for n in r.domain.nodes) >= 2 and r.local_ready:
+            self.peer_view = r.domain
+        self.any_domain = self.any_domain or r.domain is not None
         return r
 
     def _sticky_blame(self, r: Readiness) -> Readiness:
@@ -289,15 +298,17 @@ def wait_ready(host: Host, settings: Settings, p: Probe, *, deadline: float, log
     if result.blamed and settings.readiness.blame_peers == "yes":
         return result
     culprits = f"; not ready: {', '.join(result.blamed)}" if result.blamed else ""
-    silent, isolated, short = _silent(host, result.domain, p, watch.seen, watch.full_view, result.blamed)
+    views = verdict.Views(result.domain, watch.peer_view, watch.full_view, watch.seen, watch.any_domain)
+    found = verdict.judge(host, p.own_address, p.addresses, (p.server_port, p.cmd_port), views, result.blamed)
     raise HealthTimeout(
-        f"IMEX not ready after {waited:.1f}s ({watch.attempts} probes): {result.status}{culprits}{silent}",
+        f"IMEX not ready after {waited:.1f}s ({watch.attempts} probes): {result.status}{culprits}{found.text}",
         last_status=result.status,
         attempts=watch.attempts,
         waited_s=waited,
         local_ready=watch.local_ready,
-        isolated=isolated,
-        summary=_summary(result, watch.local_ready, short),
+        isolated=found.own,
+        summary=_summary(result, watch.local_ready, found.short),
+        unsure=found.unsure,
     )
 
 
@@ -310,86 +321,3 @@ def _summary(result: Readiness, local_ready: bool, silent: str) -> str:
     if silent:
         parts.append(silent)
     return "; ".join(parts) or result.status
-
-
-#: how long the last look at the silent peers' command ports may take (all at once)
-REACH_TIMEOUT_S = 1.0
-
-
-def _silent(
-    host: Host,
-    dom: ctloutput.DomainStatus | None,
-    p: Probe,
-    seen: dict[str, str],
-    full_view: ctloutput.DomainStatus | None = None,
-    blamed: tuple[str, ...] = (),
-) -> tuple[str, bool, str]:
-    """The peers that never answered, and whether their command port takes a TCP connection from here.
-
-    Also whether this tray is cut off: two or more peers, none of which
-    answered this tray's ctl in any probe of the wait (``seen``), and none of
-    which takes a connection now (``timeout`` or no route: nothing came
-    back).  Such a tray is most likely the broken one (a firewall on it that
-    drops, a wrong interface) and must not exit 0 because slurmctld requeued
-    the job for another tray's failure.  ``refused`` means the path works
-    (a peer whose daemon is gone, or a firewall that rejects).  With one peer
-    nobody can tell which of the two is cut off.  Also cut off: a tray the
-    others formed the domain without, in the last answer in which they all
-    answered (``full_view``; at the deadline their daemons may already be
-    gone).
-    """
-    others = [a for a in p.addresses if a != p.own_address]
-    no_view = dict.fromkeys(others, "no answer to the ctl")
-    silent = dict(dom.silent_peers(p.own_address)) if dom is not None else no_view
-    if not silent:
-        return "", False, ""
-    reach = host.tcp_reach(others, p.cmd_port, REACH_TIMEOUT_S) if p.cmd_port else {}
-    shown = [
-        f"{a} ({what}" + (f"; TCP port {p.cmd_port}: {reach[a]}" if a in reach else "") + ")"
-        for a, what in silent.items()
-    ]
-    more = f" and {len(shown) - 5} more" if len(shown) > 5 else ""
-    text = f"; peers that never answered: {'; '.join(shown[:5])}{more}"
-    isolated = (
-        len(others) >= 2
-        and not any(a in seen for a in others)
-        and (not reach or all(reach.get(a) not in ("open", "refused") for a in others))
-    )
-    unreached = [a for a in silent if a not in blamed]
-    short = f"peers {','.join(unreached)} unreachable" if unreached else ""
-    if isolated:
-        text += (
-            f"; this tray never reached the command service of any of its {len(others)} peers"
-            + (f" (port {p.cmd_port})" if p.cmd_port else "")
-            + ": check its firewall and interfaces"
-        )
-        short = f"reached none of its {len(others)} peers {','.join(others)}: firewall or interfaces?"
-    elif full_view is not None and _left_out(full_view, p.own_address):
-        text += "; the other trays connected to each other but none of them to this tray: check this tray"
-        isolated = True
-        short = f"peers {','.join(silent)} connected to each other, none to this tray"
-    return text, isolated, short
-
-
-def _left_out(dom: ctloutput.DomainStatus, me: str) -> bool:
-    """Whether two or more peers answered, linked up among themselves, and none of them to this tray.
-
-    Their own rows say so (the ctl asked each of them): the domain formed
-    without this tray, so the fault is most likely this tray's (it refuses
-    or cannot reach them), not theirs.
-    """
-    mine = dom.node_by_host(me)
-    if mine is None:
-        return False
-    answered = [n for n in dom.nodes if n.node_id != mine.node_id and n.status != "UNAVAILABLE"]
-    if len(answered) < 2:
-        return False
-    to_me = [n.connection_to(mine.node_id) for n in answered]
-    if any(c is not None and c.is_connected for c in to_me):
-        return False
-    return any(
-        (c := a.connection_to(b.node_id)) is not None and c.is_connected
-        for a in answered
-        for b in answered
-        if a.node_id != b.node_id
-    )

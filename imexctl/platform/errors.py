@@ -230,6 +230,7 @@ class HealthTimeout(ImexctlError):
         local_ready: bool = False,
         isolated: bool = False,
         summary: str = "",
+        unsure: bool = False,
     ) -> None:
         super().__init__(message)
         self.last_status = last_status
@@ -241,6 +242,8 @@ class HealthTimeout(ImexctlError):
         self.isolated = isolated
         #: the failure in a few words, naming trays by address (the node's drain reason maps them to names)
         self.summary = summary
+        #: what this tray saw could also mean its own fault (it reached none of its peers, which reach it)
+        self.unsure = unsure
 
 
 class SlurmQueryError(ImexctlError):

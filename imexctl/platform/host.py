@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -116,6 +117,9 @@ class Host(Protocol):
 
     def tcp_reach(self, addresses: Sequence[str], port: int, timeout_s: float) -> dict[str, str]:
         """Try a TCP connection to ``port`` on every address at once: ``open``, ``refused``, ``timeout`` or why."""
+
+    def tcp_links(self, address: str, port: int) -> tuple[frozenset[str], frozenset[str]] | None:
+        """Who has an established TCP connection to ``address:port``, and to whose ``port`` ``address`` has one."""
 
     def is_local_address(self, address: str) -> bool:
         """Whether ``address`` is on one of this machine's interfaces (a daemon can bind it)."""
@@ -392,6 +396,32 @@ class RealHost:
             sel.close()
         return out
 
+    def tcp_links(self, address: str, port: int) -> tuple[frozenset[str], frozenset[str]] | None:
+        """This network namespace's ESTABLISHED TCP connections on ``port`` at ``address``, both ways.
+
+        Returns ``(incoming, outgoing)``: the remote addresses connected to
+        ``address:port``, and those whose ``port`` ``address`` is connected
+        to.  Read from ``/proc/net/tcp`` and ``/proc/net/tcp6`` (IPv4-mapped
+        entries), the kernel's table of this process's network namespace: a
+        prolog runs in its tray's.  None when neither can be read.
+        """
+        incoming: set[str] = set()
+        outgoing: set[str] = set()
+        read = False
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            try:
+                with open(table, encoding="ascii", errors="replace") as f:
+                    lines = f.read().splitlines()[1:]
+            except OSError:
+                continue
+            read = True
+            for local, remote in _established(lines):
+                if local[0] == address and local[1] == port:
+                    incoming.add(remote[0])
+                elif local[0] == address and remote[1] == port:
+                    outgoing.add(remote[0])
+        return (frozenset(incoming), frozenset(outgoing)) if read else None
+
     def is_local_address(self, address: str) -> bool:
         """Whether binding ``address`` (any port) works: the kernel refuses an address of no interface.
 
@@ -654,6 +684,41 @@ def _collect(p: subprocess.Popen[bytes], timeout_s: float) -> tuple[str, str, st
             problem = f"no answer within {timeout_s:.3g}s"
     out, err = (bytes(bufs[fd]).decode(errors="replace") for fd in fds)
     return out, err, problem
+
+
+#: ``st`` of an ESTABLISHED socket in /proc/net/tcp (include/net/tcp_states.h)
+_TCP_ESTABLISHED = "01"
+
+
+def _established(lines: Sequence[str]) -> Iterator[tuple[tuple[str, int], tuple[str, int]]]:
+    """``(local, remote)`` IPv4 endpoints of the ESTABLISHED connections in /proc/net/tcp{,6} lines."""
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 4 or fields[3] != _TCP_ESTABLISHED:
+            continue
+        local, remote = _endpoint(fields[1]), _endpoint(fields[2])
+        if local is not None and remote is not None:
+            yield local, remote
+
+
+def _endpoint(text: str) -> tuple[str, int] | None:
+    """``0100007F:1F90`` (or its IPv4-mapped IPv6 form) -> ``("127.0.0.1", 8080)``; None for anything else.
+
+    The kernel prints each 32-bit word of the address in host byte order.
+    """
+    hexaddr, _, hexport = text.partition(":")
+    try:
+        port = int(hexport, 16)
+        raw = bytes.fromhex(hexaddr)
+    except ValueError:
+        return None
+    words = [raw[i : i + 4][::-1] if sys.byteorder == "little" else raw[i : i + 4] for i in range(0, len(raw), 4)]
+    data = b"".join(words)
+    if len(data) == 16 and data[:12] == b"\0" * 10 + b"\xff\xff":
+        data = data[12:]
+    if len(data) != 4:
+        return None
+    return ".".join(str(b) for b in data), port
 
 
 def _reach_word(err: int) -> str:

@@ -22,7 +22,15 @@ from imexctl.platform.errors import ConfigError
 from imexctl.platform.fsutil import read_text_nofollow
 from imexctl.platform.record import Record
 
-__all__ = ["RECORD_KEYS", "SlurmConf", "hook_timeout", "parse_text", "read"]
+__all__ = [
+    "RECORD_KEYS",
+    "SlurmConf",
+    "batch_waits_for_prologs",
+    "hook_timeout",
+    "parse_text",
+    "prolog_flags",
+    "read",
+]
 
 #: first keys of lines that describe one record, not global settings
 RECORD_KEYS: Final = frozenset(
@@ -164,3 +172,25 @@ def hook_timeout(conf: SlurmConf, hook: str) -> tuple[int, str] | None:
         if seconds is not None:
             return (seconds, key) if seconds > 0 else None
     return None
+
+
+def prolog_flags(conf: SlurmConf) -> frozenset[str]:
+    """``PrologFlags``, lower-case, one word per flag (Slurm reads them without regard to case)."""
+    return frozenset(f.strip().lower() for f in (conf.get("PrologFlags") or "").split(",") if f.strip())
+
+
+def batch_waits_for_prologs(flags: frozenset[str]) -> bool:
+    """Whether slurmctld holds a job's batch script until every tray's prolog has reported.
+
+    ``DeferBatch``: slurmctld keeps the batch launch back while the job's
+    ``state_reason`` is ``WAIT_PROLOG`` (``_batch_launch_defer``,
+    src/slurmctld/agent.c), which it sets only with ``Alloc`` and without
+    ``NoHold`` (node_scheduler.c), and clears when the last tray's prolog
+    reports, failed or not (``prolog_complete``, job_mgr.c); a job no longer
+    running by then (requeued, cancelled) is not launched at all.  The same in
+    22.05, 24.11 and 26.05 (design.md source slurm-deferbatch).  ``DeferBatch``
+    implies ``Alloc`` from 26.05; before, without ``Alloc`` (or a flag that
+    implies it) no prolog runs at allocation at all, which ``imexctl doctor``
+    fails.
+    """
+    return "deferbatch" in flags and "nohold" not in flags

@@ -255,6 +255,25 @@ def test_deferbatch_implies_alloc_from_slurm_26_05(
         assert version.split()[1] in checks["slurm.version"].message
 
 
+@pytest.mark.parametrize(
+    ("flags", "status", "says"),
+    [
+        pytest.param("Alloc,DeferBatch", "OK", "waits up to 10 s for slurmctld to take the job back", id="deferbatch"),
+        pytest.param("Alloc", "WARN", "asks slurmctld once", id="no-deferbatch"),
+        pytest.param("Alloc,DeferBatch,NoHold", "WARN", "DeferBatch holds nothing back", id="nohold"),
+    ],
+)
+def test_prolog_flags_say_what_a_tray_does_when_a_peer_fails(
+    tray: Path, make_rt: Any, flags: str, status: str, says: str
+) -> None:
+    """doctor names the rule in force (issue 34 §5): wait for the requeue under DeferBatch, else one question."""
+    conf = tray / "etc/slurm/slurm.conf"
+    conf.write_text(conf.read_text().replace("prologflags=Alloc,\\\nDeferBatch", f"PrologFlags={flags}"))
+    assert f"PrologFlags={flags}\n" in conf.read_text()
+    check = _checks(make_rt())["slurm.prolog_flags"]
+    assert check.status == status and says in check.message, check
+
+
 @pytest.mark.parametrize(("version", "status"), [("slurm 24.11.5", "FAIL"), ("slurm 25.05.0", "OK")])
 def test_prolog_timeout_key_needs_slurm_25_05(
     tray: Path, make_rt: Any, host: FakeHost, version: str, status: str

@@ -10,16 +10,18 @@ the peer whose command service never answered. docs/design.md "Which tray Slurm 
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pytest
 
 from tests.lab.cluster import SlurmLab
 from tests.lab.conftest import NODES
-from tests.lab.jobs import JOB_TIMEOUT, events, leftovers, sbatch
+from tests.lab.jobs import JOB_TIMEOUT, events, imexctl_settings, leftovers, sbatch
 from tests.lab.procs import SYS_PATH
 from tests.simhelpers import wait_for
 
@@ -41,9 +43,14 @@ def _nft(lab: SlurmLab, node: str, *args: str) -> None:
 
 def _summaries(lab: SlurmLab, job: int) -> dict[str, dict[str, object]]:
     """Each tray's last ``prolog.done`` of the job, once every tray has one."""
+    return _summaries_of(lab, job, TRAYS)
 
-    def ended() -> dict[str, dict[str, object]] | None:
-        done = {n: events(lab, n, job, "prolog.done") for n in TRAYS}
+
+def _summaries_of(lab: SlurmLab, job: int, trays: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Each of these trays' last ``prolog.done`` of the job, once every one has one."""
+
+    def ended() -> dict[str, dict[str, Any]] | None:
+        done = {n: events(lab, n, job, "prolog.done") for n in trays}
         return {n: d[-1] for n, d in done.items()} if all(done.values()) else None
 
     return wait_for(ended, JOB_TIMEOUT, 0.5, what=f"the prologs of job {job}")
@@ -116,3 +123,62 @@ def test_peer_that_refuses_connections_is_drained_and_named(lab: SlurmLab) -> No
     wait_for(lambda: not lab.run(["squeue", "-h"], check=False).stdout.strip(), 60, 0.5, what="the queue")
     for node in TRAYS:
         assert leftovers(lab, node, job) == [], f"{node} not rolled back"
+
+
+DROP_IN = "imexctl_lab_drop_in"
+
+
+@contextlib.contextmanager
+def _incoming_dropped(lab: SlurmLab, nodes: Sequence[str]) -> Iterator[None]:
+    """These trays' firewalls drop incoming TCP to the job port ranges (a half-done firewall change)."""
+    done: list[str] = []
+    try:
+        for node in nodes:
+            _nft(lab, node, "add", "table", "inet", DROP_IN)
+            done.append(node)
+            _nft(lab, node, "add", "chain", "inet", DROP_IN, "input", "{ type filter hook input priority 0; }")
+            _nft(lab, node, "add", "rule", "inet", DROP_IN, "input", "iifname", "!=", "lo", "tcp", "dport",
+                 "61000-62999", "drop")  # fmt: skip
+        yield
+    finally:
+        for node in done:
+            _nft(lab, node, "delete", "table", "inet", DROP_IN)
+
+
+@pytest.mark.parametrize("blocked", [("node3",), ("node3", "node4")], ids=["one-tray", "two-of-four"])
+def test_trays_that_drop_incoming_job_ports_are_the_ones_drained(lab: SlurmLab, blocked: tuple[str, ...]) -> None:
+    """Issue 32 §3: a tray that reaches its peers while none of them reaches it fails, naming them, and is
+    drained, whatever became of the job; the healthy trays wait for the requeue it causes and exit 0 (idle).
+    With two blocked trays every -N waits on a dropped command port (the simulator's ctl has no timeout of its
+    own), so the blocked trays judge from their socket tables.
+    The deadline is 10 s so the lab's PrologEpilogTimeout=30 leaves the whole timeout_margin_s for that."""
+    with _incoming_dropped(lab, blocked), imexctl_settings(lab, {"readiness": {"deadline_s": "10"}}):
+        job = sbatch(lab, "true", NODES)
+        done = _summaries_of(lab, job, NODES)
+        wait_for(lambda: all(lab.node_states()[n]["state"].startswith("drain") for n in blocked), 30, 0.5,
+                 what=f"{', '.join(blocked)} drained")  # fmt: skip
+    for node in NODES:
+        last = done[node]
+        if node in blocked:
+            assert last["ok"] is False and last["error_code"] == "not_ready", f"{node}: {last}"
+            # sure from the peers' -N rows, or (when a peer's dropped command port holds -N up) from its socket table
+            assert "but no peer connects to it" in last["reason"], f"{node}: {last}"
+            assert "check this tray's firewall for incoming job ports" in last["reason"], f"{node}: {last}"
+        else:
+            assert last["ok"] is True and last.get("job_ended"), f"{node}: {last}"
+    wait_for(lambda: not lab.run(["squeue", "-h", "-t", "CG"], check=False).stdout.strip(), 30, 0.5, what="epilogs")
+    states = lab.node_states()
+    for node in NODES:
+        if node in blocked:
+            reached = ",".join(n for n in NODES if n not in blocked)
+            want = f"imex:not_ready {node}: peers {reached}"
+            assert states[node]["reason"].startswith(want) and "never connect to it" in states[node]["reason"], states
+        else:
+            assert states[node]["state"] == "idle", states
+    lab.run(["scancel", str(job)], check=False)
+    wait_for(lambda: not lab.run(["squeue", "-h"], check=False).stdout.strip(), 60, 0.5, what="the queue")
+    for node in NODES:
+        assert leftovers(lab, node, job) == [], f"{node} not rolled back"
+    for node in blocked:
+        lab.run(["scontrol", "update", f"nodename={node}", "state=resume"])
+    lab.wait_idle()

@@ -151,6 +151,39 @@ def test_tcp_reach_tells_open_from_refused() -> None:
         assert RealHost().tcp_reach(["127.0.0.2"], closed_port, 2.0) == {"127.0.0.2": "refused"}
 
 
+@pytest.mark.parametrize("family", ["inet", "inet6-dual-stack"])
+def test_tcp_links_names_who_is_connected_both_ways(family: str) -> None:
+    """Incoming: the remote end of each established connection to address:port (a dual-stack listener's IPv4
+    peers too, tcp6); outgoing: whose port address is connected to. Not a listener, another address or port."""
+    import socket
+
+    from imexctl.platform.host import RealHost
+
+    if family == "inet":
+        server = socket.socket()
+        server.bind(("127.0.0.11", 0))
+    else:
+        server = socket.socket(socket.AF_INET6)
+        server.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        server.bind(("::", 0))
+    clients = [socket.socket(), socket.socket()]
+    with server, clients[0], clients[1]:
+        server.listen(4)
+        port = server.getsockname()[1]
+        assert RealHost().tcp_links("127.0.0.11", port) == (frozenset(), frozenset())  # listening only
+        for client, source in zip(clients, ("127.0.0.12", "127.0.0.13")):
+            client.bind((source, 0))
+            client.connect(("127.0.0.11", port))
+        accepted = [server.accept()[0] for _ in clients]
+        try:
+            assert RealHost().tcp_links("127.0.0.11", port) == (frozenset({"127.0.0.12", "127.0.0.13"}), frozenset())
+            assert RealHost().tcp_links("127.0.0.12", port) == (frozenset(), frozenset({"127.0.0.11"}))
+            assert RealHost().tcp_links("127.0.0.11", port + 1) == (frozenset(), frozenset())
+        finally:
+            for conn in accepted:
+                conn.close()
+
+
 def test_resolve_gives_each_address_once_in_resolver_order() -> None:
     """localhost resolves (through _socket, as socket.getaddrinfo would) to loopback addresses, no repeats."""
     found = RealHost().resolve("localhost")

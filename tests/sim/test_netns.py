@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -179,3 +180,53 @@ def test_own_address_command_service_gives_up_everywhere(rack: Rack) -> None:
         )
         assert [n.host for n in dom.nodes] == rack.addresses
         assert not dom.not_connected(include_self=True)
+
+
+def _nft(ns: str, *args: str) -> None:
+    nft = shutil.which("nft", path="/usr/sbin:/usr/bin:/sbin:/bin")
+    if nft is None:
+        pytest.skip("nft missing (apt-get install nftables)")
+    subprocess.run(["ip", "netns", "exec", ns, nft, *args], check=True, capture_output=True, timeout=10)
+
+
+def test_a_tray_that_drops_incoming_job_ports_reaches_its_peers_and_none_reaches_it(rack: Rack) -> None:
+    """Tray 2's firewall drops incoming TCP to the job ports (its own traffic on lo passes). Each daemon keeps one
+    outgoing link per peer and its -N row shows those: tray 2's row is CONNECTED to both peers, theirs to tray 2
+    NEVER_CONNECTED; the others cannot ask tray 2's command port. The kernel's table (what imexctl reads through
+    Host.tcp_links) shows no peer connected to tray 2's SERVER_PORT (only its link to itself), and both peers
+    connected to tray 0's."""
+    _nft(rack.netns[2], "add", "table", "inet", "imxdrop")
+    _nft(rack.netns[2], "add", "chain", "inet", "imxdrop", "input", "{ type filter hook input priority 0; }")
+    _nft(rack.netns[2], "add", "rule", "inet", "imxdrop", "input", "iifname", "!=", "lo", "tcp", "dport",
+         "61000-62999", "drop")  # fmt: skip
+    for i in range(TRAYS):
+        rack.start(i, {"IMEX_CMD_BIND_INTERFACE_IP": rack.addresses[i], "IMEX_CMD_PORT": str(CMD_PORT)})
+
+    def view(i: int) -> Any:
+        done = rack.ctl(i, "-N", "-j", "-t", "1000")
+        return parse_domain_json(done.stdout) if done.returncode == 0 else None
+
+    def blocked_view() -> Any:
+        dom = view(2)
+        rows = {n.node_id: n for n in dom.nodes} if dom else {}
+        links = [(2, 0), (2, 1), (0, 1), (1, 0)]
+        ok = dom and all(rows[a].connection_to(b).status == "CONNECTED" for a, b in links)  # type: ignore[union-attr]
+        return dom if ok and rows[0].status == "READY" and rows[1].status == "READY" else None
+
+    dom = wait_for(blocked_view, 20, what="tray 2 connected out to both peers, and they to each other")
+    rows = {n.node_id: n for n in dom.nodes}
+    assert [rows[j].connection_to(2).status for j in (0, 1)] == ["NEVER_CONNECTED"] * 2  # type: ignore[union-attr]
+    assert rows[0].connection_to(1).status == "CONNECTED"  # type: ignore[union-attr]
+    assert {n.node_id: n.status for n in view(0).nodes}[2] == "UNAVAILABLE"
+
+    def links_of(i: int) -> list[list[str]]:
+        """[incoming, outgoing] as tray i's prolog reads them (Host.tcp_links, in its namespace)."""
+        code = (f"from imexctl.platform.host import RealHost; "
+                f"print([sorted(s) for s in RealHost().tcp_links({rack.addresses[i]!r}, {SERVER_PORT})])")  # fmt: skip
+        out = subprocess.run(rack._in(i, "-c", code), env={"PYTHONPATH": str(REPO)}, capture_output=True,
+                             text=True, timeout=20, check=True)  # fmt: skip
+        return eval(out.stdout)  # noqa: S307  # a list of strings this test printed itself
+
+    a = rack.addresses
+    assert links_of(2) == [[a[2]], sorted(a)]  # in: its link to itself (on lo) only; out: to all three
+    assert wait_for(lambda: links_of(0) == [sorted(a), [a[0], a[1]]], what="tray 0's links: all in, out to 0, 1")

@@ -149,6 +149,10 @@ class FakeHost:
     running_jobs: set[int] = dataclasses.field(default_factory=set)
     #: address -> what a TCP connection to it finds (``tcp_reach``); unlisted: ``open``
     reach: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: the socket table (``tcp_links``): the peers connected to this tray's SERVER_PORT (None: the table is
+    #: unreadable), and the peers whose SERVER_PORT this tray is connected to
+    incoming: frozenset[str] | None = None
+    outgoing: frozenset[str] = frozenset()
     daemon_ignores_sigterm: bool = False
     daemon_unkillable: bool = False
     daemon_dies: bool = False
@@ -461,6 +465,11 @@ class FakeHost:
         """What ``reach`` says of each address (``open`` when it says nothing); the question is recorded."""
         self.calls.append(("tcp_reach", str(port), *addresses))
         return {a: self.reach.get(a, "open") for a in addresses}
+
+    def tcp_links(self, address: str, port: int) -> tuple[frozenset[str], frozenset[str]] | None:
+        """``(incoming, outgoing)``, None when ``incoming`` is (the question is recorded)."""
+        self.calls.append(("tcp_links", address, str(port)))
+        return None if self.incoming is None else (self.incoming, self.outgoing)
 
     def is_local_address(self, address: str) -> bool:
         return self.local_addresses is None or address in self.local_addresses
