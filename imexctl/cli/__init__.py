@@ -158,7 +158,7 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     return cast("argparse.Namespace", types.SimpleNamespace(config=config, verbose=verbose, command=command))
 
 
-# command -> the module whose command(args, env, host, gpu) runs it; the others need the settings (_with_runtime)
+# command -> the module whose command(args, env, host, gpu) runs it; the hooks and cleanup run in _with_runtime
 _HANDLERS = {
     "hostlist": "imexctl.commands.hostlist",
     "task-prolog": "imexctl.channels.taskprolog",
@@ -167,6 +167,7 @@ _HANDLERS = {
     "doctor": "imexctl.doctor.run",
     "health": "imexctl.commands.health",
     "why": "imexctl.commands.why",
+    "status": "imexctl.commands.status",
     "preflight": "imexctl.commands.preflight",
     "netcheck": "imexctl.commands.netcheck",
     "demo": "imexctl.commands.demo",
@@ -174,7 +175,7 @@ _HANDLERS = {
 
 
 def _handler(command: str) -> Callable[[argparse.Namespace, Mapping[str, str], Host | None, Gpu | None], int] | None:
-    """The command's handler from :data:`_HANDLERS`; None for the hooks and status, which run over a runtime."""
+    """The command's handler from :data:`_HANDLERS`; None for the hooks and cleanup, which run over a runtime."""
     import importlib
 
     module = _HANDLERS.get(command)
@@ -210,71 +211,28 @@ def _with_runtime(
     on_step: Callable[[str], None] | None,
     read: Any = None,
 ) -> int:
-    """Run a command that needs the settings: a hook, ``status`` or ``cleanup``.
+    """Run a hook or ``cleanup`` over the runtime ``hooks.runtime.build`` makes.
 
     ``read`` is what the hooks' fast path read before it declined
     (``quick.Read``): the settings are then built from its validated sections
     and the job is its job, neither read again.
     """
-    from imexctl.hooks.runtime import Runtime
-    from imexctl.platform import log
+    from imexctl.hooks.runtime import Needs, build, with_gpu
     from imexctl.platform.errors import NotPrivilegedError
-    from imexctl.platform.host import RealHost
-    from imexctl.slurm import job as slurm
 
-    host = host if host is not None else RealHost()
-    # checked before it reaches a path: [paths] root may hold %n
-    node = slurm.node_name(env, or_host=True)
-    cfg = _settings(args, env, node, read)
-    opened = log.open_command_sink(cfg.paths.log_file, syslog=cfg.log.syslog == "yes", verbose=args.verbose)
+    hook = args.command in ("prolog", "epilog")
+    # the early paths never ask NVML: with no GPU given, none is made
+    needs = Needs(logs="hook", gpu="none", hook_lookup=True) if hook else Needs(logs="command", gpu="none")
+    rt = build(args.command, env, needs, config=args.config, verbose=args.verbose, host=host, gpu=gpu, read=read).rt
     job = _hook_job(args, env, read)
-    logger: Any
-    if args.command in ("prolog", "epilog"):
-        # structlog's lines without importing structlog: a hook delays every job (docs/performance.md)
-        logger = log.setup_hook_logging(cfg.log.level, args.command, env, opened)
-        # the early paths never ask NVML: with no GPU given, none is made
-        if job is not None and host.euid() == 0 and _quick_hook(args, job, Runtime(host, gpu, cfg, logger)):  # type: ignore[arg-type]
-            return 0
-    else:
-        import structlog
-
-        log.setup_command_logging(cfg.log.level, args.command, env, opened)
-        logger = structlog.get_logger()
-    if args.command in ("prolog", "epilog", "cleanup") and host.euid() != 0:
+    if hook and job is not None and rt.host.euid() == 0 and _quick_hook(args, job, rt):
+        return 0
+    if rt.host.euid() != 0:
         raise NotPrivilegedError(f"imexctl {args.command} must run as root")
-    if gpu is None:
-        from imexctl.gpu.fabric import NvmlGpu
-
-        gpu = NvmlGpu()
-    rt = Runtime(host, gpu, cfg, logger, **({"on_step": on_step} if on_step else {}))
-    if args.command == "status":
-        from imexctl.commands import status
-
-        return status.command(args, rt, node)
+    rt = with_gpu(rt)
+    if on_step:
+        rt = rt._replace(on_step=on_step)
     return _run_hook(args, env, rt, job)
-
-
-def _settings(args: argparse.Namespace, env: Mapping[str, str], node: str, read: Any) -> Any:
-    """The settings: from what the fast path read (``quick.Read``), else read and validated here."""
-    from pathlib import Path
-
-    from imexctl.config import schema, settings
-    from imexctl.platform.errors import ImexctlError
-
-    if read is not None:
-        source = Path(read.config) if read.found else None
-        return settings.from_values(read.values, read.imex, node=node, source=source)
-    # an admin's command reads the file the hooks read under slurmd (issue 23)
-    lookup = env if args.command in ("prolog", "epilog") else schema.as_under_slurmd(env)
-    path, required = schema.find_config(args.config, lookup)
-    try:
-        return settings.load(path, node=node, required=required)
-    except ImexctlError:
-        from imexctl.platform import log
-
-        opened = log.open_command_sink(None, syslog=False, verbose=args.verbose)  # no log file known: stderr
-        log.setup_command_logging("info", args.command, env, opened)
-        raise
 
 
 def _hook_job(args: argparse.Namespace, env: Mapping[str, str], read: Any) -> Any:

@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     import argparse
     from collections.abc import Mapping
 
-    from imexctl.config.settings import Settings
     from imexctl.gpu.fabric import Gpu
     from imexctl.hooks.runtime import Runtime
     from imexctl.platform.host import Host
@@ -415,30 +414,17 @@ def _printable(text: str) -> str:
 
 def command(args: argparse.Namespace, env: Mapping[str, str], host: Host | None, gpu: Gpu | None) -> int:
     """``imexctl health``: exit 0 healthy (or a hook in progress), 1 with a fault of the tray."""
-    from imexctl.hooks.runtime import Runtime
-    from imexctl.platform import log
+    from imexctl.hooks.runtime import Needs, build
     from imexctl.platform.errors import TrayUnhealthy
-    from imexctl.slurm import job as slurm
 
-    node = args.node or slurm.node_name(env, or_host=True)
-    cfg, problem = _settings(args, env, node)
-    # a config that does not load names no log file: stderr only, as for the hooks
-    log_file = None if problem else cfg.paths.log_file
-    opened = log.open_command_sink(log_file, syslog=cfg.log.syslog == "yes", verbose=args.verbose)
-    opened[0].quiet = not args.verbose  # stdout says it all; the structured line goes to the log file (-v: stderr too)
-    logger = log.setup_hook_logging(cfg.log.level, "health", env, opened)  # structlog's lines, without structlog
-    logger.bind_context(node=node)
-    if host is None:
-        from imexctl.platform.host import RealHost
-
-        host = RealHost()
-    if gpu is None and cfg.policy.fabric == "nvml":
-        from imexctl.gpu.fabric import NvmlGpu
-
-        gpu = NvmlGpu()
-    rt = Runtime(host, gpu, cfg, logger)  # type: ignore[arg-type]  # no GPU is asked with fabric = none
+    # the file the hooks read under slurmd (issue 23); a config that does not load names no log file: stderr only;
+    # stdout says it all, the structured line goes to the log file (-v: stderr too); NVML only with fabric = nvml
+    needs = Needs(logs="hook", gpu="policy", config="lenient", quiet=True)
+    built = build("health", env, needs, config=args.config, verbose=args.verbose, node=args.node, host=host, gpu=gpu)
+    rt, node, problem = built.rt, built.node, built.problem
+    rt.log.bind_context(node=node)
     verdict = judge(rt, node, config_problem=problem)
-    slurm_done = None if args.check_only or host.euid() != 0 else reconcile(verdict, env, rt)
+    slurm_done = None if args.check_only or rt.host.euid() != 0 else reconcile(verdict, env, rt)
     _log(rt, verdict, slurm_done)
     _print(args, Report(verdict, slurm_done))
     return 0 if verdict.healthy else int(TrayUnhealthy.exit_code)
@@ -453,18 +439,6 @@ def _print(args: argparse.Namespace, report: Report) -> None:
 
     healthy = report.verdict.healthy
     print_json(report, errors=[] if healthy else [TrayUnhealthy(reason_of(report.verdict))])
-
-
-def _settings(args: argparse.Namespace, env: Mapping[str, str], node: str) -> tuple[Settings, str]:
-    """The file the hooks read under slurmd (issue 23); the defaults and why, when it does not load."""
-    from imexctl.config import schema, settings
-    from imexctl.platform.errors import ConfigError
-
-    path, required = schema.find_config(args.config, schema.as_under_slurmd(env))
-    try:
-        return settings.load(path, node=node, required=required), ""
-    except ConfigError as exc:
-        return settings.load(None, node=node), str(exc)
 
 
 def _log(rt: Runtime, verdict: Verdict, slurm_done: SlurmDone | None) -> None:

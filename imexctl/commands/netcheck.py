@@ -578,22 +578,14 @@ def _cells(values: list[str], width: int) -> str:
 
 def command(args: argparse.Namespace, env: Mapping[str, str], host: Host | None, _gpu: Gpu | None) -> int:
     """``imexctl netcheck``: one task per tray of a job step; any user; prints and exits 1 when blocked."""
-    from imexctl.config import schema, settings
-    from imexctl.platform.log import configure_logging
-    from imexctl.slurm import job as slurm
+    from imexctl.hooks.runtime import Needs, build
 
     if env.get("SLURM_LOCALID", "0") != "0":  # one task per tray listens; others would collide
         return 0
-    node = slurm.node_name(env, or_host=True)
     # the file the hooks read under slurmd, also in a task without SLURM_CONF: the ranges the prolog uses
-    env = schema.as_under_slurmd(env)
-    path, required = schema.find_config(args.config, env)
-    cfg = settings.load(path, node=node, required=required)
-    configure_logging(level=cfg.log.level, stderr_level="info" if args.verbose else "warning")
-    if host is None:
-        from imexctl.platform.host import RealHost
-
-        host = RealHost()
+    needs = Needs(logs="stderr", gpu="none")
+    built = build("netcheck", env, needs, config=args.config, verbose=args.verbose, host=host)
+    cfg, host, env = built.rt.settings, built.rt.host, built.lookup
     report = run(plan_from_env(env, cfg, host, max(1.0, args.timeout)))
     if getattr(args, "json", False):
         from imexctl.platform.errors import NetcheckBlocked

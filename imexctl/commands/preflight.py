@@ -44,21 +44,15 @@ _VERSION_TIMEOUT_S: Final = 10.0
 def command(args: argparse.Namespace, env: Mapping[str, str], host: Host | None, _gpu: Gpu | None) -> int:
     """Judge the config and the daemon's version; one line, exit 0, 78 or 69."""
     from imexctl import __version__
-    from imexctl.config import schema, settings
-    from imexctl.platform.errors import ConfigError, ExitCode
-    from imexctl.slurm import job as slurm
+    from imexctl.hooks.runtime import Needs, build
+    from imexctl.platform.errors import ExitCode
 
-    if host is None:
-        from imexctl.platform.host import RealHost
-
-        host = RealHost()
-    node = slurm.node_name(env, or_host=True)
-    path, required = schema.find_config(args.config, schema.as_under_slurmd(env))
-    try:
-        cfg = settings.load(path, node=node, required=required)
-    except ConfigError as exc:
+    # the file the hooks read under slurmd, read by this version's reader; it writes nothing: no log
+    built = build("preflight", env, Needs(logs="none", gpu="none", config="lenient"), config=args.config, host=host)
+    if built.problem:
         # which nvidia-imex the hooks would run is the config's to say: nothing more is judged
-        return _refused([str(exc)], ExitCode.CONFIG)
+        return _refused([built.problem], ExitCode.CONFIG)
+    cfg, host, path = built.rt.settings, built.rt.host, built.path
     auth = _auth_problems(cfg)
     driver, judged = (
         driver_problem(cfg, host) if not args.config_only else ("", "nvidia-imex not judged (--config-only)")

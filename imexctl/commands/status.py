@@ -24,11 +24,14 @@ from imexctl.platform.record import Record
 
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Mapping
 
     from imexctl.commands.live import Live
     from imexctl.config.paths import JobDir
+    from imexctl.gpu.fabric import Gpu
     from imexctl.hooks.metrics import Domain
     from imexctl.imex.daemon import DaemonInfo
+    from imexctl.platform.host import Host
     from imexctl.platform.output import JsonObject
 
 __all__ = [
@@ -425,8 +428,12 @@ def write_textfile(rt: Runtime, node: str) -> Path:
     return target
 
 
-def command(args: argparse.Namespace, rt: Runtime, node: str) -> int:
+def command(args: argparse.Namespace, env: Mapping[str, str], host: Host | None, gpu: Gpu | None) -> int:
     """``imexctl status``: text, ``--json`` (the result envelope), ``--prometheus`` or ``--textfile`` (live gauges)."""
+    from imexctl.hooks.runtime import Needs, build
+
+    built = build("status", env, Needs(logs="command"), config=args.config, verbose=args.verbose, host=host, gpu=gpu)
+    rt, node = built.rt, built.node
     if getattr(args, "textfile", False):
         write_textfile(rt, node)
         return 0

@@ -25,13 +25,11 @@ def command(args: argparse.Namespace, env: Mapping[str, str], _host: Host | None
     if args.topology_command == "blocks":
         return _blocks(args)
     from imexctl.gpu import topology
-    from imexctl.slurm.job import node_name
+    from imexctl.hooks.runtime import Needs, build
 
-    if gpu is None:
-        from imexctl.gpu.fabric import NvmlGpu
-
-        gpu = NvmlGpu()
-    tray = topology.read_tray(gpu, args.node or node_name(env, or_host=True))
+    # no config file and no log: NVML alone
+    built = build("topology", env, Needs(logs="none", config="none"), node=args.node, host=_host, gpu=gpu)
+    tray = topology.read_tray(built.rt.gpu, built.node)
     errors = [GpuError(tray.error)] if tray.error else []
     if args.json:
         print_json(tray, errors=errors, indent=None)

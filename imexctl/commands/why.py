@@ -306,13 +306,12 @@ def render_text(found: Story) -> str:
 
 def command(args: argparse.Namespace, env: Mapping[str, str], _host: Host | None, _gpu: Gpu | None) -> int:
     """``imexctl why JOBID [--json]``: exit 0 when the log has the job, 1 (``job_not_in_log``) when not."""
-    from imexctl.config import schema, settings
+    from imexctl.hooks.runtime import Needs, build
     from imexctl.platform.errors import JobNotInLog
-    from imexctl.slurm import job as slurm
 
-    node = slurm.node_name(env, or_host=True)
-    path, required = schema.find_config(args.config, schema.as_under_slurmd(env))
-    cfg = settings.load(path, node=node, required=required)
+    # the file the hooks read under slurmd (issue 23): their log
+    built = build("why", env, Needs(logs="none", gpu="none"), config=args.config)
+    cfg, node = built.rt.settings, built.node
     if cfg.paths.log_file is None:
         raise JobNotInLog("[paths] log_file is empty: imexctl keeps no log on this tray")
     lines, read = read_job(log_files(cfg.paths.log_file), args.job)

@@ -128,32 +128,13 @@ def command(args: argparse.Namespace, env: Mapping[str, str], host: Host | None,
     """``imexctl doctor``: a broken config is one FAIL among the checks (they then use the defaults)."""
     from pathlib import Path
 
-    import structlog
+    from imexctl.hooks.runtime import Needs, build
+    from imexctl.platform.errors import DoctorFailed
 
-    from imexctl.config import schema, settings
-    from imexctl.hooks.runtime import Runtime
-    from imexctl.platform.errors import ConfigError, DoctorFailed
-    from imexctl.platform.log import configure_logging
-    from imexctl.slurm import job as slurm
-
-    node = slurm.node_name(env, or_host=True)
-    lookup = schema.as_under_slurmd(env)  # the file the hooks read under slurmd (issue 23)
-    path, required = schema.find_config(args.config, lookup)
-    try:
-        cfg, problem = settings.load(path, node=node, required=required), ""
-    except ConfigError as exc:
-        cfg, problem = settings.load(None, node=node), str(exc)
-    # doctor only reads: no log file, warnings on stderr
-    configure_logging(level=cfg.log.level, stderr_level="info" if args.verbose else "warning")
-    if host is None:
-        from imexctl.platform.host import RealHost
-
-        host = RealHost()
-    if gpu is None:
-        from imexctl.gpu.fabric import NvmlGpu
-
-        gpu = NvmlGpu()
-    rt = Runtime(host, gpu, cfg, structlog.get_logger())
+    # the file the hooks read under slurmd (issue 23); doctor only reads: no log file, warnings on stderr
+    needs = Needs(logs="stderr", config="lenient")
+    built = build("doctor", env, needs, config=args.config, verbose=args.verbose, host=host, gpu=gpu)
+    rt, node, problem, lookup = built.rt, built.node, built.problem, built.lookup
     conf = Path(args.slurm_conf) if args.slurm_conf else None
     found = run(Context(rt, lookup, node, conf, problem, args.nodes, args.config or ""))
     report = Report(tuple(found))

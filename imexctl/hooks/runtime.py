@@ -1,4 +1,12 @@
-"""What every hook step receives: the seams (host, GPU), the settings and the logger."""
+"""What every step receives (the seams, the settings, the logger), and the one place that builds it.
+
+:func:`build` is the composition root of every command that reads the
+settings: this node's name, which config file (the hooks' lookup, or for an
+admin's command the file the hooks read under slurmd), the settings, the
+logging, the host and the GPU, in that order.  The hooks (``cli``), ``status``,
+``cleanup``, ``doctor``, ``netcheck``, ``topology``, ``health`` and ``why``
+each say what they need (:class:`Needs`) and build nothing themselves.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +19,13 @@ from imexctl.platform.errors import ImexctlError, Terminated
 from imexctl.platform.record import Record
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from imexctl.config.settings import Settings
     from imexctl.gpu.fabric import Gpu
     from imexctl.platform.host import Host
 
-__all__ = ["Runtime", "bind", "log_failed", "terminations"]
+__all__ = ["Built", "Needs", "Runtime", "bind", "build", "log_failed", "terminations", "with_gpu"]
 
 
 def _no_step(_name: str) -> None:
@@ -42,6 +52,145 @@ class Runtime(Record):
     def step(self, name: str) -> None:
         """Mark a step boundary."""
         self.on_step(name)
+
+
+class Needs(Record):
+    """What a command needs built (:func:`build`).
+
+    ``logs``: ``hook`` (the log file through ``log.LineLogger``, without
+    structlog: the prolog, the epilog, ``health``), ``command`` (the log
+    file through structlog: ``status``, ``cleanup``), ``stderr`` (structlog,
+    no log file: ``doctor``, ``netcheck``) or ``none`` (``why``, ``topology``).
+    ``gpu``: ``nvml`` (NVML, asked only when a step asks), ``policy`` (only
+    with ``[policy] fabric = nvml``) or ``none`` (no GPU: the hooks' early
+    paths, which never ask NVML).  ``config``: ``strict`` (a file that does not
+    load fails the command), ``lenient`` (the defaults, and why:
+    ``doctor``, ``health``) or ``none`` (the defaults, no file read:
+    ``topology``).  ``hook_lookup``: find the file as the hooks do from their
+    own environment; else as under slurmd (``schema.as_under_slurmd``).
+    ``quiet``: the log's lines reach stderr only with ``-v`` (stdout says it all).
+    """
+
+    logs: str = "command"
+    gpu: str = "nvml"
+    config: str = "strict"
+    hook_lookup: bool = False
+    quiet: bool = False
+
+
+class Built(Record):
+    """What :func:`build` made: the runtime, this node's name, why the config did not load ('' when it did).
+
+    ``lookup`` is the environment the config was looked up in (``SLURM_CONF``
+    added as slurmd would give it, for an admin's command).
+    """
+
+    rt: Runtime
+    node: str
+    problem: str
+    lookup: Mapping[str, str]
+    #: the config file chosen (``schema.find_config``), read or absent; '' when none was looked for
+    path: str = ""
+
+
+def build(
+    command: str,
+    env: Mapping[str, str],
+    needs: Needs,
+    *,
+    config: str | None = None,
+    verbose: bool = False,
+    node: str | None = None,
+    host: Host | None = None,
+    gpu: Gpu | None = None,
+    read: Any = None,
+) -> Built:
+    """Node name, config lookup, settings, logging, host and GPU, in that order, as ``needs`` says.
+
+    ``read`` is what the hooks' fast path read before it declined
+    (``quick.Read``): the settings are built from its validated sections, the
+    file is not read again.  ``host`` and ``gpu`` are the tests' fakes.
+
+    Raises:
+        ConfigError: with ``config = strict``, the file does not load (stderr has its line).
+        EnvironmentError_: the node name is unusable (``[paths] root`` may hold ``%n``).
+    """
+    from imexctl.config import schema
+    from imexctl.slurm.job import node_name
+
+    node = node or node_name(env, or_host=True)  # checked before it reaches a path
+    lookup = env if needs.hook_lookup else schema.as_under_slurmd(env)
+    path = "" if read is not None or needs.config == "none" else schema.find_config(config, lookup)[0]
+    cfg, problem = _settings(command, lookup, needs, config, node, read, verbose)
+    logger = _logging(command, env, needs, cfg, None if problem else cfg.paths.log_file, verbose)
+    if host is None:
+        from imexctl.platform.host import RealHost
+
+        host = RealHost()
+    if gpu is None and (needs.gpu == "nvml" or (needs.gpu == "policy" and cfg.policy.fabric == "nvml")):
+        from imexctl.gpu.fabric import NvmlGpu
+
+        gpu = NvmlGpu()
+    return Built(Runtime(host, gpu, cfg, logger), node, problem, lookup, path)  # type: ignore[arg-type]  # gpu: Needs
+
+
+def with_gpu(rt: Runtime) -> Runtime:
+    """``rt`` with NVML as its GPU when it has none yet (a hook past its early paths, which never ask NVML)."""
+    if rt.gpu is not None:
+        return rt
+    from imexctl.gpu.fabric import NvmlGpu
+
+    return rt._replace(gpu=NvmlGpu())
+
+
+def _settings(
+    command: str, lookup: Mapping[str, str], needs: Needs, config: str | None, node: str, read: Any, verbose: bool
+) -> tuple[Settings, str]:
+    """The settings and why the file did not load ('' when it did, or with ``config = strict``, which raises)."""
+    from pathlib import Path
+
+    from imexctl.config import schema, settings
+    from imexctl.platform.errors import ConfigError
+
+    if read is not None:
+        source = Path(read.config) if read.found else None
+        return settings.from_values(read.values, read.imex, node=node, source=source), ""
+    if needs.config == "none":
+        return settings.load(None, node=node), ""
+    path, required = schema.find_config(config, lookup)
+    try:
+        return settings.load(path, node=node, required=required), ""
+    except ConfigError as exc:
+        if needs.config == "lenient":
+            return settings.load(None, node=node), str(exc)
+        from imexctl.platform import log
+
+        opened = log.open_command_sink(None, syslog=False, verbose=verbose)  # no log file known: stderr
+        log.setup_command_logging("info", command, lookup, opened)
+        raise
+
+
+def _logging(command: str, env: Mapping[str, str], needs: Needs, cfg: Settings, log_file: Any, verbose: bool) -> Any:
+    """The command's logger, its lines where ``needs.logs`` says (a config that did not load names no log file)."""
+    from imexctl.platform import log
+
+    if needs.logs == "none":
+        return None
+    if needs.logs == "stderr":
+        import structlog
+
+        log.configure_logging(level=cfg.log.level, stderr_level="info" if verbose else "warning")
+        return structlog.get_logger()
+    opened = log.open_command_sink(log_file, syslog=cfg.log.syslog == "yes", verbose=verbose)
+    if needs.quiet:
+        opened[0].quiet = not verbose
+    if needs.logs == "hook":
+        # structlog's lines without importing structlog: a hook delays every job (docs/performance.md)
+        return log.setup_hook_logging(cfg.log.level, command, env, opened)
+    import structlog
+
+    log.setup_command_logging(cfg.log.level, command, env, opened)
+    return structlog.get_logger()
 
 
 def bind(rt: Runtime, **kw: Any) -> None:
