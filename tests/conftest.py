@@ -79,7 +79,7 @@ def host() -> FakeHost:
 
 
 @pytest.fixture
-def real_nodes(host: FakeHost) -> FakeHost:
+def real_nodes(host: FakeHost) -> FakeHost:  # the default as root: a test that needs the nodes says so
     """The host fixture, making the channel nodes it is asked for for real (root only)."""
     if os.geteuid() != 0:
         pytest.skip("needs root: creating and removing real character device nodes needs CAP_MKNOD")

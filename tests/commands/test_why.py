@@ -41,6 +41,7 @@ def run_why(cfg: Path, job_id: int, *args: str) -> int:
 
 
 def test_set_up_then_torn_down(cfg: Path, host: FakeHost, gpu: FakeGpu, capsys: Any) -> None:
+    host.real_nodes = False  # the same teardown line as root and as another user: no channel node
     assert hook(cfg, host, gpu, "prolog", 42) == 0
     assert hook(cfg, host, gpu, "epilog", 42) == 0
     capsys.readouterr()

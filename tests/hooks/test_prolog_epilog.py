@@ -465,6 +465,7 @@ class TestCleanup:
 
     def test_dry_run_names_no_channel_that_is_not_there(self, rt: Any, host: FakeHost, root: Path) -> None:
         """The state names a channel that was never made (or is gone): neither run lists it."""
+        host.real_nodes = False  # the channel is never made
         epilog_killed(rt, 42)
         assert json.loads((root / "run/imexctl/jobs/42/state.json").read_text())["channel_minor"] == 43
         for dry in (True, False):

@@ -159,7 +159,9 @@ class FakeHost:
     euid_value: int = 0
     #: the addresses on this host's interfaces; None: every address is local
     local_addresses: set[str] | None = None
-    real_nodes: bool = False
+    #: the channel nodes the product asks for are made for real under the test's root, so teardown, cleanup and
+    #: status see them: as root (CI's unit layer; CAP_MKNOD), by default; as another user never (they are skipped)
+    real_nodes: bool = dataclasses.field(default_factory=lambda: os.geteuid() == 0)
     calls: list[tuple[str, ...]] = dataclasses.field(default_factory=list)
     #: (argv, extra environment) of each command run with one
     envs: list[tuple[tuple[str, ...], dict[str, str]]] = dataclasses.field(default_factory=list)
@@ -475,8 +477,7 @@ class FakeHost:
         return self.local_addresses is None or address in self.local_addresses
 
     def mknod_char(self, path: Path, major: int, minor: int, *, mode: int, uid: int, gid: int) -> None:
-        """Record the device node the product asked for.  Only with ``real_nodes`` (root-only
-        tests, see the ``real_nodes`` fixture) is the node really made, for teardown to find."""
+        """Record the device node the product asked for; with ``real_nodes`` (as root) make it, for teardown to find."""
         self.mknods.append((str(path), major, minor, mode, uid, gid))
         if self.real_nodes:
             old = os.umask(0)
