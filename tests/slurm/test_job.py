@@ -266,6 +266,17 @@ RELEASES: dict[str, list[tuple[str, str | None, str | None, bool | None]]] = {
         ("--exclusive=topo, or --exclusive in a partition with ExclusiveTopo=YES", "NO", "TOPO", False),
         ("--oversubscribe", "YES", "NO", True),
         ("partition OverSubscribe=FORCE:4, even with --exclusive", "YES", "NO", True),
+        ("partition Exclusive=NODE (replaces OverSubscribe=EXCLUSIVE), any job", "NO", "NODE", False),
+        ("partition Exclusive=TOPO", "NO", "TOPO", False),
+        ("partition Exclusive=USER", "NO", "USER", True),
+        # SLURM_JOB_OVERSUBSCRIBE says other jobs may be let in (YES: the job asked; OK: its partition allows
+        # it): read as shared whatever SLURM_JOB_EXCLUSIVE says, so no domain rests on a word that lets others
+        # in. Not seen from 26.05.0-26.05.3's slurmctld for a scheduled job: --oversubscribe gives EXCLUSIVE=NO
+        # (get_job_exclusive_display_value), and a whole-node job gets share_res=0, so OVERSUBSCRIBE=NO
+        # (node_scheduler.c _resolve_shared_status); a job_submit plugin or a later release may differ.
+        ("EXCLUSIVE=NODE with OVERSUBSCRIBE=YES", "YES", "NODE", True),
+        ("EXCLUSIVE=NODE with OVERSUBSCRIBE=OK", "OK", "NODE", True),
+        ("EXCLUSIVE=TOPO with OVERSUBSCRIBE=OK", "OK", "TOPO", True),
     ],
 }
 
