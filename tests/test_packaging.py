@@ -133,7 +133,7 @@ def test_wheel_holds_the_package_and_no_tests(dist: Path) -> None:
 
 
 def test_sdist_holds_what_the_packages_are_built_from(dist: Path) -> None:
-    """The sdist has the package, debian/, pkg/, hooks, units and docs; no tests."""
+    """The sdist has the package, debian/, pkg/, hooks, units, docs and the Ansible role; no tests."""
     with tarfile.open(dist / f"imexctl-{__version__}.tar.gz") as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
     wanted = {"debian/rules", "debian/control", "pkg/stage.py", "pkg/rpm/imexctl.spec", "pkg/logrotate"}
@@ -143,6 +143,8 @@ def test_sdist_holds_what_the_packages_are_built_from(dist: Path) -> None:
         "docs/operations.md",
         "imexctl/cli/__init__.py",
         "LICENSE",
+        "deploy/ansible/site.yml",
+        "deploy/ansible/roles/imexctl/tasks/main.yml",
     }
     assert wanted <= names
     assert not [n for n in names if n.startswith(("tests/", "bench/", ".ci/"))]

@@ -77,8 +77,10 @@ PACKAGES = (
     "dbus",
 )
 #: more packages per suite, each changing only its own suite's key: sid ships apptainer 1.4.5, which the
-#: container lab runs under Slurm 26.05 (tests/lab/test_containers_lab.py; trixie has no apptainer)
-SUITE_PACKAGES = {"sid": ("apptainer",)}
+#: container lab runs under Slurm 26.05 (tests/lab/test_containers_lab.py; trixie has no apptainer); the
+#: booted nodes of the systemd lab (trixie) are reached by Ansible over ssh as a site's are (sshd, and
+#: python3-apt for its apt module) and get the role's nftables rule (tests/ansible/test_role.py)
+SUITE_PACKAGES = {"sid": ("apptainer",), "trixie": ("openssh-server", "python3-apt", "nftables")}
 
 
 def packages(suite: str) -> tuple[str, ...]:

@@ -145,9 +145,12 @@ class Container:
         lower: Path,
         netns: str,
         binds: Sequence[tuple[str, str, bool]] = (),
+        capabilities: Sequence[str] = (),
     ) -> None:
         self.name, self.machine, self.top, self.lower, self.netns = name, machine, Path(top), Path(lower), netns
         self.binds = [tuple(b) for b in binds]  # (host path, path inside, read-only)
+        #: capabilities beyond nspawn's default set (CAP_NET_ADMIN: its own network namespace's firewall)
+        self.capabilities = list(capabilities)
         self.launcher: ProcRecord | None = None
         self.nspawn: ProcRecord | None = None
         self.init: ProcRecord | None = None
@@ -244,6 +247,7 @@ class Container:
             "--link-journal=no",
         ]
         argv += [f"--bind{'-ro' if ro else ''}={host}:{inside}" for host, inside, ro in self.binds]
+        argv += [f"--capability={','.join(self.capabilities)}"] if self.capabilities else []
         return [*argv, "--boot"]
 
     def _make_cgroups(self) -> list[Path]:

@@ -119,6 +119,8 @@ class SystemdLab:
         owner_pid: int | None = None,
         repo: Path = debroot.REPO,
         names: LabNames = NAMES,
+        site_install: bool = True,
+        capabilities: Sequence[str] = (),
     ) -> None:
         if not 1 <= nodes <= 9:
             raise ValueError("nodes must be 1..9")
@@ -128,6 +130,10 @@ class SystemdLab:
         self.nodes = [f"node{i}" for i in range(1, nodes + 1)]
         self._top = Path(workdir) if workdir else None
         self.owner_pid = owner_pid
+        #: False: the nodes boot without imexctl (the Ansible role installs it, tests/ansible)
+        self.site_install = site_install
+        #: the nodes' capabilities beyond nspawn's default set (the role's test: CAP_NET_ADMIN for nft)
+        self.capabilities = tuple(capabilities)
         self.state: dict[str, Any] = {}
         self.machines: dict[str, Container] = {}
 
@@ -293,7 +299,10 @@ class SystemdLab:
             binds = [(str(self.dir), str(self.dir), False)]
             if n != CTL:
                 binds.append((str(wheels), siteinstall.WHEELS, True))
-            m = Container(n, f"{self.names.prefix}-{n}", self.top / "machines" / n, self.root, self.netns(n), binds)
+            caps = self.capabilities if n != CTL else ()
+            m = Container(
+                n, f"{self.names.prefix}-{n}", self.top / "machines" / n, self.root, self.netns(n), binds, caps
+            )
             self.machines[n] = m
             self._save()
             m.mount()
@@ -303,7 +312,8 @@ class SystemdLab:
         t = self._mark("boot_ctl", t)
         self._boot([self.node(n) for n in self.nodes])
         t = self._mark("boot_nodes", t)
-        _parallel(lambda m: (siteinstall.install_imexctl(m), siteinstall.configure_node(m)), self._nodes())
+        if self.site_install:
+            _parallel(lambda m: (siteinstall.install_imexctl(m), siteinstall.configure_node(m)), self._nodes())
         t = self._mark("install", t)
         self.wait_idle(timeout=max(10.0, timeout - (time.monotonic() - t0)))
         self._mark("idle", t)
