@@ -46,6 +46,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from imexctl.channels import job as jobchannel
+from imexctl.platform import slurmenv as var
 from imexctl.platform.errors import DeviceError, ExitCode, FileError, ImexctlError
 
 if TYPE_CHECKING:
@@ -258,7 +259,7 @@ def _find_channel(
     Raises:
         _Unknown: what the prolog left here cannot be read by this user (``jobchannel.Unreadable``).
     """
-    if not env.get("SLURM_JOB_ID"):
+    if not var.value(env, var.JOB_ID):
         return None  # enroot outside a Slurm job: nothing of ours to show
     if uid_map is None and read_map:
         uid_map = jobchannel.read_uid_map()

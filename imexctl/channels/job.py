@@ -2,7 +2,8 @@
 
 Both run as the job's user, the TaskProlog once per task, so this module
 imports only ``os`` and ``stat`` and imexctl's light :mod:`imexctl.config.schema`
-(``json`` to read a job's state): no structlog, no settings machinery, no dataclasses.
+and :mod:`imexctl.platform.slurmenv` (``json`` to read a job's state): no structlog,
+no settings machinery, no dataclasses.
 It reads what the prolog left for every user to read, and nothing else:
 
 - the imexctl config file, found and read as the prolog finds and reads it
@@ -27,6 +28,7 @@ import os
 import stat
 
 from imexctl.config import schema
+from imexctl.platform import slurmenv as var
 
 # typing is not imported at run time (start-up cost); mypy reads this block
 TYPE_CHECKING = False
@@ -56,7 +58,6 @@ __all__ = [
 _PATH_KEYS = ("root", "run_dir", "proc_devices")
 _MAX_CONFIG_BYTES = 1 << 20
 _MAX_STATE_BYTES = 16 << 20
-_MAX_JOB_ID = (1 << 32) - 1
 _MAX_CANDIDATES = 64
 
 
@@ -201,9 +202,6 @@ def _trusted(st: os.stat_result, uid_map: UidMap) -> bool:
 # ---------------------------------------------------------------- the job and its state
 
 
-_HET_GROUP, _PACK_GROUP = "SLURM_JOB_ID_HET_GROUP_", "SLURM_JOB_ID_PACK_GROUP_"
-
-
 def candidate_job_ids(env: Mapping[str, str]) -> tuple[int, ...]:
     """Job ids under which the job's domain may be recorded, in the order they are tried.
 
@@ -215,19 +213,12 @@ def candidate_job_ids(env: Mapping[str, str]) -> tuple[int, ...]:
     ``env_array_overwrite_het_fmt``) or, in the tasks of a het job that srun
     itself allocated (``srun ... : ...``), as ``SLURM_JOB_ID_PACK_GROUP_<n>``
     (slurm ``src/srun/srun_job.c`` ``_build_key``; seen under 22.05 and 24.11
-    in the lab).  Malformed values are skipped.
+    in the lab).  Malformed values are skipped.  The variables are
+    :mod:`imexctl.platform.slurmenv`'s.
     """
-    keys = ["SLURM_JOB_ID", "SLURM_JOBID", "SLURM_HET_JOB_ID"]
-    groups = sorted(
-        (int(k.rsplit("_", 1)[1]), k.startswith(_PACK_GROUP), k)
-        for k in env
-        if k.startswith((_HET_GROUP, _PACK_GROUP)) and k.rsplit("_", 1)[1].isascii() and k.rsplit("_", 1)[1].isdigit()
-    )
-    keys += [k for _, _, k in groups]
     ids: list[int] = []
-    for key in keys:
-        value = env.get(key, "")
-        if value.isascii() and value.isdigit() and 1 <= int(value) <= _MAX_JOB_ID and int(value) not in ids:
+    for value in var.task_job_ids(env):
+        if value.isascii() and value.isdigit() and 1 <= int(value) <= var.MAX_JOB_ID and int(value) not in ids:
             ids.append(int(value))
     return tuple(ids[:_MAX_CANDIDATES])
 

@@ -37,6 +37,7 @@ import os
 import sys
 
 from imexctl.channels import job as jobchannel
+from imexctl.platform import slurmenv as var
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -100,7 +101,7 @@ def _note(env: Mapping[str, str], paths: jobchannel.NodePaths | None, uid_map: j
 
 def _first_task(env: Mapping[str, str]) -> bool:
     """Whether this is the step's first task (``SLURM_PROCID`` 0, or none set)."""
-    return env.get("SLURM_PROCID", "0").strip() in ("", "0")
+    return var.value(env, var.PROCID).strip() in ("", "0")
 
 
 def _debug(env: Mapping[str, str]) -> bool:

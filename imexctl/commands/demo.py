@@ -138,22 +138,20 @@ class SimRack:
 
     def job_env(self, t: Tray, job_id: int, hook: str, trays: list[Tray] | None = None) -> dict[str, str]:
         """What slurmd gives a Prolog/Epilog: no PATH, both node-list variables (design.md source slurm-env)."""
-        nl = self.nodelist(trays)
-        return {
-            "SLURM_JOB_ID": str(job_id),
-            "SLURM_JOBID": str(job_id),
-            "SLURM_JOB_NODELIST": nl,
-            "SLURM_NODELIST": nl,
-            "SLURMD_NODENAME": t.name,
-            "SLURM_JOB_UID": str(self.uid),
-            "SLURM_JOB_GID": str(self.gid),
-            "SLURM_JOB_USER": "demo",
-            "SLURM_JOB_PARTITION": "nvl72",
-            "SLURM_CLUSTER_NAME": "demo",
-            "SLURM_SCRIPT_CONTEXT": f"{hook}_slurmd",
-            "IMEXCTL_CONFIG": str(t.config),
-            "PYTHONPATH": _PKG_ROOT,
-        }
+        from imexctl.platform import slurmenv
+
+        env = slurmenv.hook_env(
+            hook,
+            job_id,
+            t.name,
+            self.nodelist(trays),
+            self.uid,
+            self.gid,
+            user="demo",
+            partition="nvl72",
+            cluster="demo",
+        )
+        return {**env, "IMEXCTL_CONFIG": str(t.config), "PYTHONPATH": _PKG_ROOT}
 
     def run_hooks(self, hook: str, job_id: int, trays: list[Tray] | None = None) -> list[HookResult]:
         """Run ``imexctl <hook>`` for every tray of the job at once, like slurmd on each node."""
@@ -178,7 +176,9 @@ class SimRack:
 
     def imexctl(self, t: Tray, *args: str) -> subprocess.CompletedProcess[str]:
         """Run an admin command (status, cleanup) on one tray."""
-        env = {"SLURMD_NODENAME": t.name, "IMEXCTL_CONFIG": str(t.config), "PYTHONPATH": _PKG_ROOT}
+        from imexctl.platform.slurmenv import NODENAME
+
+        env = {NODENAME: t.name, "IMEXCTL_CONFIG": str(t.config), "PYTHONPATH": _PKG_ROOT}
         return subprocess.run(
             [sys.executable, "-m", "imexctl", *args], capture_output=True, text=True, env=env, timeout=60, check=False
         )

@@ -301,9 +301,10 @@ def reconcile(verdict: Verdict, env: Mapping[str, str], rt: Runtime) -> SlurmDon
     out of service and now healthy (is it ours to resume?).  A node that is
     out of service for someone else's reason keeps it.
     """
+    from imexctl.platform import slurmenv as var
     from imexctl.slurm import node as slurmnode
 
-    given = env.get("SLURM_NODE_IS_HEALTHY", "").strip().lower()
+    given = var.value(env, var.HEALTHY).strip().lower()
     known = given if given in ("yes", "no") else None
     out = SlurmDone(known, False, None, None, "none", "")
     if verdict.healthy and known == "yes":
@@ -314,12 +315,12 @@ def reconcile(verdict: Verdict, env: Mapping[str, str], rt: Runtime) -> SlurmDon
         return out._replace(detail="a hook is in progress: judged on the next run")
     view: NodeView | None = None
     if known is None or (verdict.healthy and known == "no"):
-        view = slurmnode.show_node(verdict.node, rt.host, rt.settings, env.get("SLURM_CONF", ""))
+        view = slurmnode.show_node(verdict.node, rt.host, rt.settings, var.value(env, var.CONF))
         out = out._replace(asked=True)
         if view is None:
             return out._replace(action="skipped", detail=f"slurmctld did not describe node {verdict.node}")
         out = out._replace(state="+".join(view.state), reason=view.reason)
-    conf = env.get("SLURM_CONF", "")
+    conf = var.value(env, var.CONF)
     if not verdict.healthy:
         action, detail = _drain(verdict, view, rt, conf)
     else:

@@ -48,6 +48,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import tenacity
 
+from imexctl.platform import slurmenv as var
+
 if TYPE_CHECKING:
     import argparse
 
@@ -146,8 +148,8 @@ def plan_from_env(env: Mapping[str, str], settings: Any, host: Any, timeout_s: f
     from imexctl.slurm import job as slurm
     from imexctl.slurm import nodelist
 
-    job_id, node = env.get("SLURM_JOB_ID", ""), slurm.node_name(env)
-    listed = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
+    job_id, node = var.value(env, var.JOB_ID), slurm.node_name(env)
+    listed = var.value(env, var.STEP_NODELIST)  # else the job's (table: its fallbacks)
     if not job_id.isdigit() or not node or not listed:
         raise EnvironmentError_(
             "netcheck runs as a job step on the trays: srun -N<trays> --ntasks-per-node=1 imexctl netcheck "
@@ -160,7 +162,7 @@ def plan_from_env(env: Mapping[str, str], settings: Any, host: Any, timeout_s: f
     if settings.resolve.method == "slurm_conf":
         from imexctl.slurm import nodeaddr
 
-        table = nodeaddr.read(nodeaddr.conf_path(env.get("SLURM_CONF", ""), settings.paths.root))
+        table = nodeaddr.read(nodeaddr.conf_path(var.value(env, var.CONF), settings.paths.root))
     addrs = members.resolve_all(
         names, method=settings.resolve.method, host=host, hosts_file=settings.paths.hosts_file, node_addrs=table
     )
@@ -580,7 +582,7 @@ def command(args: argparse.Namespace, env: Mapping[str, str], host: Host | None,
     """``imexctl netcheck``: one task per tray of a job step; any user; prints and exits 1 when blocked."""
     from imexctl.hooks.runtime import Needs, build
 
-    if env.get("SLURM_LOCALID", "0") != "0":  # one task per tray listens; others would collide
+    if var.value(env, var.LOCALID) not in ("", "0"):  # one task per tray listens; others would collide
         return 0
     # the file the hooks read under slurmd, also in a task without SLURM_CONF: the ranges the prolog uses
     needs = Needs(logs="stderr", gpu="none")

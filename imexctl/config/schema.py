@@ -11,7 +11,8 @@ It also reads the file, in the one INI grammar imexctl takes
 (:func:`parse_ini_subset`), on every path: hooks, fast path, admin commands,
 doctor and the job's own user (:mod:`imexctl.channels.job`).
 
-This module imports only ``os`` and ``stat`` at run time: ``dataclasses``,
+This module imports only ``os``, ``stat`` and :mod:`imexctl.platform.slurmenv`
+(``SLURM_CONF``) at run time: ``dataclasses``,
 ``pathlib``, ``typing`` and ``enum`` each cost a hook 5 to 20 ms to import
 (docs/performance.md).  Errors are :class:`SchemaError`;
 ``settings`` raises them as ``ConfigError``.
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import os
 import stat
+
+from imexctl.platform import slurmenv as var
 
 # typing is not imported at run time (start-up cost); mypy reads this block
 TYPE_CHECKING = False
@@ -350,7 +353,7 @@ def find_config(explicit: str | None, env: Mapping[str, str]) -> tuple[str, bool
         return explicit, True
     if env.get("IMEXCTL_CONFIG"):
         return env["IMEXCTL_CONFIG"], True
-    beside = _beside(env.get("SLURM_CONF", ""))
+    beside = _beside(var.value(env, var.CONF))
     if beside and os.path.isfile(beside):
         return beside, True
     return DEFAULT_CONFIG, False
@@ -376,15 +379,15 @@ def as_under_slurmd(env: Mapping[str, str]) -> Mapping[str, str]:
     read (:func:`find_config`): beside slurm.conf when one is there.  A slurmd
     started with ``-f FILE`` elsewhere is not guessed: set ``SLURM_CONF``.
     """
-    if env.get("SLURM_CONF"):
+    if var.value(env, var.CONF):
         return env
     found = next((path for path in SLURMD_CONFS if os.path.isfile(path)), "")
-    return {**env, "SLURM_CONF": found} if found else env
+    return {**env, var.CONF: found} if found else env
 
 
 def config_candidates(env: Mapping[str, str]) -> tuple[str, ...]:
     """Every config file that :func:`find_config` could choose by ``env``, in its order (for doctor)."""
-    found = (env.get("IMEXCTL_CONFIG", ""), _beside(env.get("SLURM_CONF", "")), DEFAULT_CONFIG)
+    found = (env.get("IMEXCTL_CONFIG", ""), _beside(var.value(env, var.CONF)), DEFAULT_CONFIG)
     return tuple(dict.fromkeys(path for path in found if path))
 
 

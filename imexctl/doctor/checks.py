@@ -19,6 +19,7 @@ from imexctl.channels import devices
 from imexctl.doctor.framework import FAIL, OK, WARN, Check, Context, under_root
 from imexctl.hooks.runtime import Runtime
 from imexctl.hooks.state import job_ids, read_state
+from imexctl.platform import slurmenv as var
 
 __all__ = ["auth_checks", "config_checks", "dir_checks", "log_checks", "mount_fs", "stale_checks"]
 
@@ -36,7 +37,7 @@ def _config_file(ctx: Context, path: str) -> Check:
         why = f"{ctx.config_problem} (the other checks use the built-in defaults)"
         fix = f"correct {path}: every prolog on this tray exits 78 until then (docs/configuration.md)"
         return Check("imexctl.config", FAIL, why, fix)
-    slurm_conf = ctx.env.get("SLURM_CONF", "")
+    slurm_conf = var.value(ctx.env, var.CONF)
     beside = (
         f", beside SLURM_CONF={slurm_conf}"
         if slurm_conf and os.path.dirname(path) == os.path.dirname(slurm_conf)

@@ -23,6 +23,7 @@ from typing import Final
 from imexctl.config.settings import Settings
 from imexctl.doctor.framework import FAIL, OK, WARN, Check, Context, under_root
 from imexctl.imex.daemon import FORGET_S
+from imexctl.platform import slurmenv as var
 from imexctl.platform.errors import ConfigError, ImexctlError
 from imexctl.platform.fsutil import read_text_nofollow
 from imexctl.slurm import conf as slurmconf
@@ -217,8 +218,8 @@ def _holds(nodes: str, node: str) -> bool:
 def _find(ctx: Context) -> Path | None:
     if ctx.slurm_conf is not None:
         return ctx.slurm_conf
-    if ctx.env.get("SLURM_CONF"):
-        return Path(ctx.env["SLURM_CONF"])
+    if var.value(ctx.env, var.CONF):
+        return Path(var.value(ctx.env, var.CONF))
     for candidate in CANDIDATES:
         path = under_root(ctx, candidate)
         if path.is_file():

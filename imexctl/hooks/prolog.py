@@ -27,6 +27,7 @@ from imexctl.hooks.state import JobState, mark_state, node_lock, read_state, wri
 from imexctl.hooks.teardown import teardown
 from imexctl.imex import config as imexconf
 from imexctl.imex import daemon, peerauth
+from imexctl.platform import slurmenv as var
 from imexctl.platform.errors import (
     ConfigError,
     DomainBusyError,
@@ -152,7 +153,7 @@ def _leave_reason(exc: ImexctlError, run: _Run, rt: Runtime, env: Mapping[str, s
         return
     detail = (exc.summary if isinstance(exc, HealthTimeout) else "") or str(exc)
     text = drain.reason(exc.code, node, detail, run.names)
-    slurm_conf = run.job.slurm_conf if run.job is not None else env.get("SLURM_CONF", "").strip()
+    slurm_conf = run.job.slurm_conf if run.job is not None else var.value(env, var.CONF).strip()
     drain.leave(rt.host, rt.settings, rt.log, node=node, slurm_conf=slurm_conf, text=text)
 
 

@@ -7,7 +7,8 @@ cost little more than the interpreter's own start (docs/performance.md).
 :func:`run` decides them importing only ``os``, ``sys``, ``time``,
 ``datetime`` and imexctl's light modules (``config.schema``, ``slurm.job``,
 ``slurm.nodelist``, ``hooks.gate``, ``hooks.summary``, ``platform.log``,
-``channels.notes``, ``channels.job``, ``platform.procscan``), none of which imports
+``platform.slurmenv``, ``channels.notes``, ``channels.job``, ``platform.procscan``),
+none of which imports
 ``dataclasses``, ``pathlib``, ``argparse``, ``json``, ``typing`` or ``enum``,
 let alone structlog or psutil.
 

@@ -17,6 +17,8 @@ import os
 import sys
 import time
 
+from imexctl.platform import slurmenv as var
+
 # typing and pathlib are not imported at run time (start-up cost of the hooks' fast path); mypy reads this block
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -408,7 +410,7 @@ def log_context(command: str, env: Mapping[str, str]) -> dict[str, Any]:
     context: dict[str, Any] = {"hook": command}
     if command in ("prolog", "epilog"):
         # raw values, so even a failure before the job is parsed names it; the hooks rebind parsed ones
-        context.update(job_id=env.get("SLURM_JOB_ID", "?"), node=env.get("SLURMD_NODENAME", "?"))
+        context.update(job_id=var.value(env, var.JOB_ID) or "?", node=var.value(env, var.NODENAME) or "?")
     return context
 
 

@@ -1,14 +1,17 @@
 """The job as slurmd describes it to Prolog/Epilog, read from the environment (pure).
 
-Light enough for the hooks' fast path (:mod:`imexctl.hooks.quick`): at run time it
-imports only ``os``, :mod:`imexctl.slurm.nodelist`, and :mod:`imexctl.platform.errors` (which imports
-``enum``) only to raise.
+Every variable is read through :mod:`imexctl.platform.slurmenv`, the table of
+Slurm's variables (which versions set each, and its fallback).  Light enough for
+the hooks' fast path (:mod:`imexctl.hooks.quick`): at run time it imports only
+``os``, :mod:`imexctl.platform.slurmenv`, :mod:`imexctl.slurm.nodelist`, and
+:mod:`imexctl.platform.errors` (which imports ``enum``) only to raise.
 """
 
 from __future__ import annotations
 
 import os
 
+from imexctl.platform import slurmenv as var
 from imexctl.slurm import nodelist
 
 # typing is not imported at run time (start-up cost); mypy reads this block
@@ -21,8 +24,6 @@ if TYPE_CHECKING:
 
 __all__ = ["SHARING_UNKNOWN", "JobContext", "constraint_features", "node_name"]
 
-# slurmd sets SLURM_JOB_NODELIST from 23.02 on; 22.05 only SLURM_NODELIST (design.md source slurm-env).
-_NODELIST_VARS = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
 # Who owns the job's nodes, as each Slurm release writes it (docs/configuration.md "Exclusive jobs";
 # tests/slurm/test_job.py holds one table per release, read from SchedMD/slurm):
 # - 26.05+: SLURM_JOB_EXCLUSIVE is NO, NODE, USER, MCS or TOPO, and only NODE and TOPO give the job
@@ -34,10 +35,6 @@ _OWNS_NODES_BEFORE_26 = frozenset({"NO", "TOPO"})
 _LETS_OTHERS_IN = frozenset({"YES", "OK"})
 #: ``sharing_from`` of a job whose sharing slurmctld was asked about (Slurm 22.05) and did not tell
 SHARING_UNKNOWN = "nobody"
-# Slurm job ids are uint32_t, federated ones up to 0xfffffffd (SchedMD/slurm slurm/slurm.h, SLURM_ID_HASH,
-# MAX_FED_JOB_ID).  uid_t/gid_t are 32 bits and (uid_t)-1 means "leave unchanged" to chown(2).
-_MAX_JOB_ID = 2**32 - 1
-_MAX_OWNER_ID = 2**32 - 2
 
 
 class JobContext:
@@ -149,16 +146,16 @@ class JobContext:
         Raises:
             EnvironmentError_: a variable is missing or malformed (named in the message).
         """
-        job_id = _int(env, "SLURM_JOB_ID", fallback="SLURM_JOBID", required=True, minimum=1, maximum=_MAX_JOB_ID)
+        job_id = _int(env, var.JOB_ID, required=True, minimum=1, maximum=var.MAX_JOB_ID)
         node = node_name(env)
         if not node:
             raise _env_error("SLURMD_NODENAME is not set: imexctl must run as slurmd's Prolog/Epilog")
         nodes: tuple[str, ...] = ()
         if need_nodes:
             nodes = _nodes(env, node)
-        uid = _int(env, "SLURM_JOB_UID", fallback="SLURM_UID", required=need_nodes, minimum=0, maximum=_MAX_OWNER_ID)
-        gid = _int(env, "SLURM_JOB_GID", required=False, minimum=0, maximum=_MAX_OWNER_ID)
-        user = env.get("SLURM_JOB_USER", "")
+        uid = _int(env, var.JOB_UID, required=need_nodes, minimum=0, maximum=var.MAX_OWNER_ID)
+        gid = _int(env, var.JOB_GID, required=False, minimum=0, maximum=var.MAX_OWNER_ID)
+        user = var.value(env, var.JOB_USER)
         if need_nodes and not user.isprintable():  # the epilog never uses it
             raise _env_error(f"SLURM_JOB_USER={shorten(user)} holds a non-printing character")
         assert job_id is not None
@@ -169,18 +166,16 @@ class JobContext:
             uid=uid,
             gid=gid,
             user=user,
-            partition=env.get("SLURM_JOB_PARTITION", ""),
-            constraints=env.get("SLURM_JOB_CONSTRAINTS", ""),
-            oversubscribe=env.get("SLURM_JOB_OVERSUBSCRIBE", "").strip().upper(),
-            het_job_id=_int(
-                env, "SLURM_HET_JOB_ID", fallback="SLURM_PACK_JOB_ID", required=False, minimum=1, maximum=_MAX_JOB_ID
-            ),
-            slurm_conf=env.get("SLURM_CONF", "").strip(),
-            exclusive=env.get("SLURM_JOB_EXCLUSIVE", "").strip().upper(),
-            qos=_printable(env.get("SLURM_JOB_QOS", "")),
-            sluid=_printable(env.get("SLURM_JOB_SLUID", "")),
-            restarts=_count(env, "SLURM_JOB_RESTART_COUNT"),
-            start_time=_count(env, "SLURM_JOB_START_TIME"),
+            partition=var.value(env, var.JOB_PARTITION),
+            constraints=var.value(env, var.JOB_CONSTRAINTS),
+            oversubscribe=var.value(env, var.JOB_OVERSUBSCRIBE).strip().upper(),
+            het_job_id=_int(env, var.HET_JOB_ID, required=False, minimum=1, maximum=var.MAX_JOB_ID),
+            slurm_conf=var.value(env, var.CONF).strip(),
+            exclusive=var.value(env, var.JOB_EXCLUSIVE).strip().upper(),
+            qos=_printable(var.value(env, var.JOB_QOS)),
+            sluid=_printable(var.value(env, var.JOB_SLUID)),
+            restarts=_count(env, var.JOB_RESTART_COUNT),
+            start_time=_count(env, var.JOB_START_TIME),
         )
 
     @property
@@ -214,7 +209,7 @@ class JobContext:
             )
         if self.sharing_from:
             return f"OverSubscribe={self.oversubscribe} from {self.sharing_from}"
-        found = (("SLURM_JOB_EXCLUSIVE", self.exclusive), ("SLURM_JOB_OVERSUBSCRIBE", self.oversubscribe))
+        found = ((var.JOB_EXCLUSIVE, self.exclusive), (var.JOB_OVERSUBSCRIBE, self.oversubscribe))
         said = " ".join(f"{name}={value}" for name, value in found if value)
         return said or "neither SLURM_JOB_EXCLUSIVE nor SLURM_JOB_OVERSUBSCRIBE set"
 
@@ -235,7 +230,7 @@ def node_name(env: Mapping[str, str], *, or_host: bool = False) -> str:
             character or a non-printing character, or is ``.`` or ``..`` (or,
             with ``or_host``, is empty).
     """
-    name = env.get("SLURMD_NODENAME", "").strip()
+    name = var.value(env, var.NODENAME).strip()
     if name or not or_host:
         if name and not _usable(name):
             raise _env_error(f"SLURMD_NODENAME={shorten(name)} is not a node name")
@@ -260,21 +255,22 @@ def constraint_features(constraints: str) -> frozenset[str]:
 
 
 def _nodes(env: Mapping[str, str], node: str) -> tuple[str, ...]:
-    var = next((v for v in _NODELIST_VARS if env.get(v, "").strip()), None)
-    if var is None:
+    # slurmd sets SLURM_JOB_NODELIST from 23.02 on; 22.05 only SLURM_NODELIST (its fallback in the table)
+    key, text = var.source(env, var.JOB_NODELIST)
+    if not text.strip():
         raise _env_error("neither SLURM_JOB_NODELIST nor SLURM_NODELIST is set")
-    nodes = tuple(nodelist.expand(env[var]))
+    nodes = tuple(nodelist.expand(text))
     if not nodes:
-        raise _env_error(f"{var}={shorten(env[var])} names no node")
+        raise _env_error(f"{key}={shorten(text)} names no node")
     seen: set[str] = set()
     repeated: set[str] = set()
     for n in nodes:
         (repeated if n in seen else seen).add(n)
     dupes = sorted(repeated)
     if dupes:
-        raise _env_error(f"{var}={shorten(env[var])} names {_few(dupes)} more than once")
+        raise _env_error(f"{key}={shorten(text)} names {_few(dupes)} more than once")
     if node not in nodes:
-        raise _env_error(f"this node {node!r} (SLURMD_NODENAME) is not in {var}={shorten(env[var])}")
+        raise _env_error(f"this node {node!r} (SLURMD_NODENAME) is not in {key}={shorten(text)}")
     return nodes
 
 
@@ -283,11 +279,10 @@ def _few(names: Sequence[str], shown: int = 5) -> str:
     return ", ".join(names[:shown]) + more
 
 
-def _int(
-    env: Mapping[str, str], name: str, *, fallback: str = "", required: bool, minimum: int, maximum: int
-) -> int | None:
-    key = name if env.get(name, "").strip() or not fallback else fallback
-    text = env.get(key, "").strip()
+def _int(env: Mapping[str, str], name: str, *, required: bool, minimum: int, maximum: int) -> int | None:
+    """The number in ``name`` (or its fallback, :mod:`~imexctl.platform.slurmenv`); None when unset."""
+    key, text = var.source(env, name)
+    text = text.strip()
     if not text:
         if required:
             raise _env_error(f"{name} is not set")
@@ -304,7 +299,7 @@ def _count(env: Mapping[str, str], name: str) -> int | None:
     None when unset or not a plain number: no decision needs it (a leftover
     whose run cannot be told is judged as before), so it never fails a hook.
     """
-    text = env.get(name, "").strip()
+    text = var.value(env, name).strip()
     return int(text) if text.isascii() and text.isdigit() and len(text) <= 20 else None
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Final
 
 from imexctl.config.settings import Settings
+from imexctl.platform import slurmenv as var
 from imexctl.platform.errors import CommandError
 from imexctl.platform.host import Host
 from imexctl.platform.record import Record
@@ -82,7 +83,7 @@ def _without_stamp(first_line: str) -> str:
 
 def _env(slurm_conf: str) -> dict[str, str]:
     """The environment of scontrol: the caller's ``SLURM_CONF`` when it has one (else scontrol's own default)."""
-    return {"SLURM_CONF": slurm_conf} if slurm_conf else {}
+    return {var.CONF: slurm_conf} if slurm_conf else {}
 
 
 def show_node(name: str, host: Host, settings: Settings, slurm_conf: str = "") -> NodeView | None:

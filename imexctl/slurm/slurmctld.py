@@ -39,6 +39,7 @@ from __future__ import annotations
 from typing import Final
 
 from imexctl.config.settings import Settings
+from imexctl.platform import slurmenv as var
 from imexctl.platform.errors import CommandError, NodeListError, SlurmQueryError, shorten
 from imexctl.platform.host import Host
 from imexctl.platform.record import Record
@@ -71,7 +72,7 @@ FIELDS: Final = ("JobId", "State", "NodeList", "OverSubscribe", "StartTime", "Re
 #: printed after every field (a ``:0`` width prints the whole value); no field asked for can hold it
 SEPARATOR: Final = "|"
 #: start times as seconds since the epoch (strftime %s), not squeue's local-time default
-_ENV: Final = {"SLURM_TIME_FORMAT": "%s"}
+_ENV: Final = {var.TIME_FORMAT: "%s"}
 #: what squeue prints for a start time slurmctld does not have (0, INFINITE, NO_VAL; src/common/parse_time.c)
 _NO_TIME: Final = frozenset({"N/A", "Unknown", "None"})
 _MAX_ID: Final = 2**32 - 1
@@ -194,7 +195,7 @@ def _ask(job_id: int, host: Host, settings: Settings, slurm_conf: str) -> list[_
     if not 1 <= job_id <= _MAX_ID:
         raise SlurmQueryError(f"{job_id} is not a Slurm job id")
     argv = squeue_argv(settings.commands.squeue, job_id)
-    env = {**_ENV, **({"SLURM_CONF": slurm_conf} if slurm_conf else {})}
+    env = {**_ENV, **({var.CONF: slurm_conf} if slurm_conf else {})}
     try:
         done = host.run(argv, timeout_s=settings.slurm.query_timeout_s, env=env)
     except CommandError as exc:
