@@ -2,8 +2,8 @@
 
 Both run as the job's user, the TaskProlog once per task, so this module
 imports only ``os`` and ``stat`` and imexctl's light :mod:`imexctl.config.schema`
-and :mod:`imexctl.platform.slurmenv` (``json`` to read a job's state): no structlog,
-no settings machinery, no dataclasses.
+and :mod:`imexctl.platform.slurmenv` (:mod:`imexctl.config.jobstate` and ``json`` to read
+a job's state): no structlog, no settings machinery, no dataclasses.
 It reads what the prolog left for every user to read, and nothing else:
 
 - the imexctl config file, found and read as the prolog finds and reads it
@@ -310,27 +310,17 @@ def _read_state(job_dir: _Dir, job_id: int) -> JobChannel:
         raise NoChannel(f"job {job_id}: no state.json (a prolog still running, or failed)") from None
     except OSError as exc:
         raise _error(exc)(f"job {job_id}: state.json: {_reason(exc)}") from None
-    try:
-        import json  # here, not at the top: the hooks' fast path imports this module (docs/performance.md)
+    from imexctl.config import jobstate  # here, not at the top: the hooks' fast path imports this module
 
-        state = json.loads(data)
-    except ValueError:
-        raise NoChannel(f"job {job_id}: state.json is not JSON") from None
-    fields = state if isinstance(state, dict) else {}
-    uid, minor, path = fields.get("uid"), fields.get("channel_minor"), fields.get("channel_path")
-    if not isinstance(uid, int) or not (minor is None or isinstance(minor, int)) or not isinstance(path, str):
-        raise NoChannel(f"job {job_id}: state.json lacks uid, channel_minor or channel_path")
-    if not _is_int(uid) or not (minor is None or _is_int(minor)):
-        raise NoChannel(f"job {job_id}: state.json has a negative or boolean uid or channel_minor")
+    try:
+        uid, minor, path = jobstate.channel_of(data)  # the one schema of state.json
+    except jobstate.StateInvalid as exc:
+        raise NoChannel(f"job {job_id}: {exc}") from None
     if minor is None:
         raise NoChannel(f"job {job_id} has no channel from imexctl here ([policy] channels = none)")
     if not path.startswith("/"):
         raise NoChannel(f"job {job_id}: channel_path {path!r} is not absolute")
     return JobChannel(job_id, uid, minor, path)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 # ---------------------------------------------------------------- the channel node

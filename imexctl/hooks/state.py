@@ -1,54 +1,27 @@
-"""Node-local state: the per-node lock and the record of which job owns the domain."""
+"""Node-local state: the per-node lock, and each job's ``state.json`` (its schema: :mod:`imexctl.config.jobstate`)."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
+from imexctl.config import jobstate
+from imexctl.config.jobstate import JobState
 from imexctl.config.paths import JobDir
 from imexctl.platform.errors import FileError, LockTimeout
 from imexctl.platform.fsutil import atomic_write, ensure_dir, flock_held, read_text_nofollow
 from imexctl.platform.host import Host
-from imexctl.platform.record import Record
 
 __all__ = ["JobState", "hooks_idle", "job_ids", "mark_state", "node_lock", "read_state", "write_state"]
 
 
-class JobState(Record):
-    """What a prolog set up for one job on this node (``<job dir>/state.json``)."""
-
-    job_id: int
-    node: str
-    uid: int
-    gid: int
-    user: str
-    nodes: tuple[str, ...]
-    addresses: tuple[str, ...]
-    port: int
-    backend: str
-    channel_minor: int | None
-    channel_path: str
-    created: float
-    cmd_port: int = 0
-    #: when the prolog finished setting up (0: it did not, or not yet): the domain may be in use
-    set_up: float = 0.0
-    #: when the job's epilog started tearing it down here (0: it did not): the job has ended on this node
-    ended: float = 0.0
-    #: the run of the job that set it up: its restart count and start time as slurmd gave them (None: not said)
-    restarts: int | None = None
-    start_time: int | None = None
-
-
 def write_state(jd: JobDir, state: JobState) -> None:
-    """Record the job's state atomically."""
-    data = state._asdict()
-    atomic_write(jd.state, json.dumps(data, indent=1) + "\n", mode=0o644)
+    """Record the job's state atomically (``config.jobstate``, the file's one schema)."""
+    atomic_write(jd.state, jobstate.encode(state), mode=0o644)
 
 
 def mark_state(jd: JobDir, *, set_up: float = 0.0, ended: float = 0.0) -> bool:
@@ -65,12 +38,10 @@ def mark_state(jd: JobDir, *, set_up: float = 0.0, ended: float = 0.0) -> bool:
 
 
 def read_state(jd: JobDir) -> JobState | None:
-    """The recorded state, or None when absent or unreadable (the epilog must cope)."""
+    """The recorded state, or None when absent or not what a prolog writes (the epilog must cope)."""
     try:
-        data: dict[str, Any] = json.loads(read_text_nofollow(jd.state))
-        data["nodes"], data["addresses"] = tuple(data["nodes"]), tuple(data["addresses"])
-        return JobState(**data)
-    except (OSError, ValueError, TypeError, KeyError):
+        return jobstate.decode(read_text_nofollow(jd.state))
+    except (OSError, jobstate.StateInvalid):
         return None
 
 
