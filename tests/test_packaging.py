@@ -3,9 +3,10 @@
 Marked ``packaging`` (``pytest -m packaging`` runs only these; they build in a
 few tens of seconds once pip's cache and the clean root exist).  They need
 root, dpkg-buildpackage, debhelper, rpmbuild and debootstrap (``.ci/setup
-test`` installs them) and the package index for the dependencies' wheels; each
-test that lacks one says which and is skipped.  What is and is not verified
-for the RPM: docs/install.md, "The RPM".
+test`` installs them), the package index for the dependencies' wheels and the
+Debian mirror; each test that lacks one says which and is skipped, or fails
+under ``CI=true`` (tests/support/ci.py).  What is and is not verified for the
+RPM: docs/install.md, "The RPM".
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ from pathlib import Path
 import pytest
 
 from imexctl import __version__
+from tests.lab.debroot import plain_root
+from tests.lab.procs import LabError
 from tests.simhelpers import wait_for
+from tests.support.ci import unavailable
 
 pytestmark = pytest.mark.packaging
 
@@ -35,7 +39,6 @@ REPO = Path(__file__).resolve().parent.parent
 SYS_PYTHON = "/usr/bin/python3"
 ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "HOME": os.environ.get("HOME", "/root")}
 SUITE = "bookworm"
-MIRROR = "http://deb.debian.org/debian"
 ROOT_PACKAGES = ("python3",)
 #: what both packages install (pkg/stage.py), besides the units (Debian: /lib, EL9: /usr/lib) and the man page
 #: (the Python environment in packaged/<version>, the entry points that lead to the version in use)
@@ -71,7 +74,6 @@ UNITS = ("imexctl-imex@.service", "imexctl-cleanup.service", "imexctl-metrics.se
 RPM_LICENSE = "Apache-2.0 AND (MIT OR Apache-2.0) AND BSD-3-Clause AND PSF-2.0 AND MIT"
 #: imexctl-cleanup.service's [Install] WantedBy=: where systemctl enable links it
 REQUIRED_BY = ("multi-user.target.wants", "slurmd.service.wants")
-CACHE = Path("/var/cache/imexctl-lab")
 
 
 def sh(argv: list[str], *, cwd: Path | None = None, timeout: float = 600, check: bool = True, **kw: object) -> str:
@@ -86,7 +88,7 @@ def sh(argv: list[str], *, cwd: Path | None = None, timeout: float = 600, check:
 def _need(*tools: str) -> None:
     missing = [t for t in tools if shutil.which(t, path=ENV["PATH"]) is None]
     if missing:
-        pytest.skip(f"needs {', '.join(missing)} (bash .ci/setup test installs them)")
+        unavailable(f"needs {', '.join(missing)} (bash .ci/setup test installs them)")
 
 
 def _pip_problem(output: str) -> str:
@@ -160,7 +162,7 @@ def test_versions_come_from_one_place() -> None:
 def test_wheel_in_a_fresh_venv_runs_version_and_demo(dist: Path, tmp_path: Path) -> None:
     """pip installs the wheel into a new venv, where imexctl --version and imexctl demo work."""
     if os.geteuid() != 0:
-        pytest.skip("imexctl demo runs the real hooks, which need root")
+        unavailable("imexctl demo runs the real hooks, which need root")
     venv = tmp_path / "venv"
     sh([SYS_PYTHON, "-m", "venv", str(venv)])
     wheel = dist / f"imexctl-{__version__}-py3-none-any.whl"
@@ -169,7 +171,7 @@ def test_wheel_in_a_fresh_venv_runs_version_and_demo(dist: Path, tmp_path: Path)
         capture_output=True, text=True, timeout=600, env=ENV, check=False,
     )  # fmt: skip
     if done.returncode != 0 and _pip_problem(done.stderr):
-        pytest.skip(f"pip cannot reach the package index for the dependencies: {_pip_problem(done.stderr)}")
+        unavailable(f"pip cannot reach the package index for the dependencies: {_pip_problem(done.stderr)}")
     assert done.returncode == 0, done.stderr
     assert sh([str(venv / "bin/imexctl"), "--version"]).strip() == f"imexctl {__version__}"
     out = sh([str(venv / "bin/imexctl"), "demo", "--trays", "2"], timeout=300, cwd=tmp_path)
@@ -184,7 +186,7 @@ def _stage(dest: Path, pyver: str, *extra: str) -> None:
     argv = [SYS_PYTHON, "pkg/stage.py", "--destdir", str(dest), "--python-version", pyver, *extra]
     done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600, env=ENV, check=False)
     if done.returncode != 0 and _pip_problem(done.stdout + done.stderr):
-        pytest.skip(f"pip cannot reach the package index: {_pip_problem(done.stdout + done.stderr)}")
+        unavailable(f"pip cannot reach the package index: {_pip_problem(done.stdout + done.stderr)}")
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -245,7 +247,7 @@ def test_offline_build_from_the_documented_wheelhouse(tmp_path: Path) -> None:
         cwd=REPO, capture_output=True, text=True, timeout=600, env=ENV, check=False,
     )  # fmt: skip
     if done.returncode != 0 and _pip_problem(done.stdout + done.stderr):
-        pytest.skip(f"pip cannot reach the package index: {_pip_problem(done.stdout + done.stderr)}")
+        unavailable(f"pip cannot reach the package index: {_pip_problem(done.stdout + done.stderr)}")
     assert done.returncode == 0, done.stdout + done.stderr
     fetched = {p.name.split("-")[0].lower().replace("_", "-") for p in (tmp_path / "wheels").glob("*.whl")}
     assert fetched == set(_locked_versions())
@@ -269,14 +271,14 @@ def _unpacked_sdist(dist: Path, where: str) -> Path:
 def _build_deb(src: Path, version: str) -> Path:
     """dpkg-buildpackage in an unpacked sdist: the one .deb of ``version`` beside it."""
     if os.geteuid() != 0:
-        pytest.skip("dpkg-buildpackage here runs as root (bash .ci/setup test)")
+        unavailable("dpkg-buildpackage here runs as root (bash .ci/setup test)")
     _need("dpkg-buildpackage", "dh", "fakeroot")
     done = subprocess.run(
         ["dpkg-buildpackage", "-us", "-uc", "-b"], cwd=src, capture_output=True, text=True, timeout=900, env=ENV,
         check=False,
     )  # fmt: skip
     if done.returncode != 0 and _pip_problem(done.stdout + done.stderr):
-        pytest.skip(f"pip cannot reach the package index: {_pip_problem(done.stdout + done.stderr)}")
+        unavailable(f"pip cannot reach the package index: {_pip_problem(done.stdout + done.stderr)}")
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     found = sorted(src.parent.glob(f"imexctl_{version}_*.deb"))
     assert len(found) == 1
@@ -426,44 +428,18 @@ def _deb_files(deb: Path) -> set[str]:
     return {line.split()[5] for line in sh(["dpkg-deb", "-c", str(deb)]).splitlines()}
 
 
-def _root_key() -> str:
-    spec = json.dumps({"suite": SUITE, "mirror": MIRROR, "packages": ROOT_PACKAGES, "variant": "minbase"})
-    return f"pkgroot-{SUITE}-{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
-
-
-def clean_root() -> Path:
-    """A Debian 12 minbase root with python3, built once by debootstrap and cached (tests copy it)."""
-    from tests.lab.debroot import _locked
-
-    final = CACHE / _root_key()
-    if (final / "root/usr/bin/python3").exists():
-        return final / "root"
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with _locked(CACHE / f"{_root_key()}.lock", 1800, print):
-        if not (final / "root/usr/bin/python3").exists():
-            partial = CACHE / f"{_root_key()}.partial"
-            shutil.rmtree(partial, ignore_errors=True)
-            debs = CACHE / f"debs-{SUITE}"
-            debs.mkdir(exist_ok=True)
-            argv = ["debootstrap", "--variant=minbase", f"--include={','.join(ROOT_PACKAGES)}", f"--cache-dir={debs}"]
-            sh([*argv, SUITE, str(partial / "root"), MIRROR], timeout=1200)
-            shutil.rmtree(partial / "root/var/cache/apt/archives", ignore_errors=True)
-            shutil.rmtree(final, ignore_errors=True)
-            partial.rename(final)
-    return final / "root"
-
-
 @pytest.fixture
 def root(tmp_path: Path) -> Iterator[Path]:
     """A throw-away copy of the clean root."""
     if os.geteuid() != 0:
-        pytest.skip("chroot and debootstrap need root")
+        unavailable("chroot and debootstrap need root")
     _need("debootstrap", "chroot", "unshare")
     try:
-        base = clean_root()
-    except AssertionError as exc:
+        # a Debian 12 minbase root with python3, built once by debootstrap and cached (tests copy it)
+        base = plain_root("pkgroot", SUITE, ROOT_PACKAGES)
+    except LabError as exc:
         if "Temporary failure" in str(exc) or "Failure trying to run" in str(exc) or "Couldn't download" in str(exc):
-            pytest.skip(f"debootstrap cannot reach the Debian mirror: {str(exc).splitlines()[-1]}")
+            unavailable(f"debootstrap cannot reach the Debian mirror: {str(exc).splitlines()[-1]}")
         raise
     copy = tmp_path / "root"
     sh(["cp", "-a", "--reflink=auto", str(base), str(copy)], timeout=300)
@@ -886,7 +862,7 @@ def test_deb_refuses_to_switch_when_nvidia_imex_is_not_the_drivers_version(
 def rpms(dist: Path) -> dict[str, Path]:
     """The x86_64 and aarch64 (GB200's Grace) RPMs, built by Debian's rpmbuild from the sdist."""
     if os.geteuid() != 0:
-        pytest.skip("the RPM build runs as root here (bash .ci/setup test)")
+        unavailable("the RPM build runs as root here (bash .ci/setup test)")
     _need("rpmbuild", "rpm2cpio", "cpio")
     top = dist / "rpm"
     (top / "SOURCES").mkdir(parents=True)
@@ -898,7 +874,7 @@ def rpms(dist: Path) -> dict[str, Path]:
         argv = ["rpmbuild", "-bb", "--nodeps", "--target", arch, "--define", f"_topdir {top}", str(spec)]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=900, env=ENV, check=False)
         if done.returncode != 0 and _pip_problem(done.stdout + done.stderr):
-            pytest.skip(f"pip cannot reach the package index: {_pip_problem(done.stdout + done.stderr)}")
+            unavailable(f"pip cannot reach the package index: {_pip_problem(done.stdout + done.stderr)}")
         assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
         out[arch] = top / "RPMS" / arch / f"imexctl-{__version__}-1.{arch}.rpm"
     return out
@@ -915,10 +891,10 @@ def _documented(prefix: str) -> str:
 def test_rpm_builds_by_the_documented_debian_commands(tmp_path: Path) -> None:
     """docs/install.md's RPM-on-Debian lines, run as written in a copy of the checkout, give the RPM."""
     if os.geteuid() != 0:
-        pytest.skip("the RPM build runs as root here (bash .ci/setup test)")
+        unavailable("the RPM build runs as root here (bash .ci/setup test)")
     _need("rpmbuild")
     if subprocess.run([SYS_PYTHON, "-c", "import build"], capture_output=True, check=False).returncode != 0:
-        pytest.skip("needs python3-build (bash .ci/setup test installs it)")
+        unavailable("needs python3-build (bash .ci/setup test installs it)")
     src = _copy_checkout(tmp_path / "imexctl")
     env = {**ENV, "HOME": str(tmp_path)}  # rpmbuild's default _topdir is ~/rpmbuild
     for line in (_documented("python3 -m build --sdist"), _documented("rpmbuild -bb --nodeps")):
@@ -926,7 +902,7 @@ def test_rpm_builds_by_the_documented_debian_commands(tmp_path: Path) -> None:
             ["sh", "-c", line], cwd=src, capture_output=True, text=True, timeout=900, env=env, check=False
         )
         if done.returncode != 0 and _pip_problem(done.stdout + done.stderr):
-            pytest.skip(f"pip cannot reach the package index: {_pip_problem(done.stdout + done.stderr)}")
+            unavailable(f"pip cannot reach the package index: {_pip_problem(done.stdout + done.stderr)}")
         assert done.returncode == 0, (line, (done.stdout + done.stderr)[-3000:])
     arch = os.uname().machine
     assert (tmp_path / f"rpmbuild/RPMS/{arch}/imexctl-{__version__}-1.{arch}.rpm").is_file()
@@ -996,7 +972,7 @@ def test_rpm_scriptlets_switch_and_enable_nothing(rpms: dict[str, Path]) -> None
 def rpms_here(dist: Path) -> dict[str, Path]:
     """RPMs of __version__ and NEXT for this machine and the clean root's Python (``python_target``), to install."""
     if os.geteuid() != 0:
-        pytest.skip("the RPM build runs as root here (bash .ci/setup test)")
+        unavailable("the RPM build runs as root here (bash .ci/setup test)")
     _need("rpmbuild", "rpm")
     pyver = sh([SYS_PYTHON, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"]).strip()
     top = dist / "rpm-here"
@@ -1019,7 +995,7 @@ def rpms_here(dist: Path) -> dict[str, Path]:
             [*argv, str(spec_path)], capture_output=True, text=True, timeout=900, env=ENV, check=False
         )
         if done.returncode != 0 and _pip_problem(done.stdout + done.stderr):
-            pytest.skip(f"pip cannot reach the package index: {_pip_problem(done.stdout + done.stderr)}")
+            unavailable(f"pip cannot reach the package index: {_pip_problem(done.stdout + done.stderr)}")
         assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
         out[version] = top / "RPMS" / arch / f"imexctl-{version}-1.{arch}.rpm"
     return out

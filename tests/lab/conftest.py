@@ -33,6 +33,7 @@ from tests.lab.jobs import (
 )
 from tests.lab.versions import HostSlurm, RootSlurm, SlurmInstall
 from tests.simhelpers import wait_for
+from tests.support.ci import unavailable
 
 SLURMS = ("22.05", "24.11", "26.05")
 NODES = ["node1", "node2", "node3", "node4"]
@@ -48,9 +49,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def _unavailable(reason: str) -> None:
     """Skip, or fail when CI=true (CI must never skip these tests silently)."""
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"slurm lab unavailable under CI=true: {reason}", pytrace=False)
-    pytest.skip(f"slurm lab unavailable: {reason}")
+    __tracebackhide__ = True
+    unavailable(f"slurm lab unavailable: {reason}")
 
 
 def _host_problems() -> list[str]:

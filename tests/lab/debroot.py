@@ -16,6 +16,9 @@ The cache key hashes everything above (suite, mirror, packages, imexctl's ``inst
 console scripts, the user, :data:`BUILD_STEPS`), so a change to any of them builds a new root beside the
 old one. ``python -m tests.lab
 root --prune`` removes the roots of other keys (about 300 MB each).
+
+``plain_root()`` is the same cache for a bare ``debootstrap --variant=minbase`` root and nothing else (the
+clean Debian 12 of the packaging tests and of the fresh-machine test, tests/test_freshroot.py).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -54,6 +57,7 @@ __all__ = [
     "ensure_root",
     "ensure_wheelhouse",
     "packages",
+    "plain_root",
     "prune",
     "root_key",
 ]
@@ -220,6 +224,45 @@ def ensure_root(
     if found is None:
         raise LabError(f"{CACHE / key} has no {INFO} right after its build")
     return found
+
+
+def plain_root(
+    prefix: str, suite: str, include: Sequence[str] = (), log: Callable[[str], None] = print, lock_timeout: float = 1800
+) -> Path:
+    """Return a bare ``debootstrap --variant=minbase`` root of ``suite`` (and the packages ``include``).
+
+    Built once per machine under the lock of its key and cached as ``CACHE/<prefix>-<suite>-<hash>/root``
+    (the hash covers the suite, the mirror, the packages and the variant); callers copy or overlay it and
+    never change it. Raises LabError with debootstrap's last lines when the build fails.
+    """
+    spec = json.dumps({"suite": suite, "mirror": MIRROR, "packages": list(include), "variant": "minbase"})
+    key = f"{prefix}-{suite}-{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
+    final = CACHE / key
+    if (final / "root/usr/bin/apt-get").exists():
+        return final / "root"
+    problems = build_problems()
+    if problems:
+        raise LabError("cannot build the Debian root: " + "; ".join(problems))
+    CACHE.mkdir(mode=0o755, parents=True, exist_ok=True)
+    with _locked(CACHE / f"{key}.lock", lock_timeout, log):
+        if not (final / "root/usr/bin/apt-get").exists():
+            partial = CACHE / f"{key}.partial"
+            shutil.rmtree(partial, ignore_errors=True)  # a build that died; we hold the lock
+            debs = CACHE / "debs" / suite
+            debs.mkdir(mode=0o755, parents=True, exist_ok=True)
+            log(f"debootstrap {suite} into {final} (about a minute)")
+            argv = ["debootstrap", "--variant=minbase", f"--cache-dir={debs}"]
+            if include:
+                argv.append(f"--include={','.join(include)}")
+            res = sh([*argv, suite, str(partial / "root"), MIRROR], check=False, timeout=DEBOOTSTRAP_TIMEOUT)
+            if res.returncode != 0:
+                tail = "\n".join((res.stdout + res.stderr).splitlines()[-15:])
+                raise LabError(f"debootstrap {suite} failed ({res.returncode}):\n{tail}")
+            shutil.rmtree(partial / "root/var/cache/apt/archives", ignore_errors=True)
+            (partial / "root/var/cache/apt/archives/partial").mkdir(parents=True)
+            shutil.rmtree(final, ignore_errors=True)
+            os.rename(partial, final)
+    return final / "root"
 
 
 def ensure_wheelhouse(

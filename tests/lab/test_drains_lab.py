@@ -24,6 +24,7 @@ from tests.lab.conftest import NODES
 from tests.lab.jobs import JOB_TIMEOUT, events, imexctl_settings, leftovers, sbatch
 from tests.lab.procs import SYS_PATH
 from tests.simhelpers import wait_for
+from tests.support.ci import unavailable
 
 pytestmark = pytest.mark.slurm
 
@@ -35,9 +36,7 @@ TABLE = "imexctl_lab_cut"
 def _nft(lab: SlurmLab, node: str, *args: str) -> None:
     nft = shutil.which("nft", path=SYS_PATH)
     if nft is None:
-        if __import__("os").environ.get("CI") == "true":
-            pytest.fail("nft missing under CI=true (apt-get install nftables)")
-        pytest.skip("nft missing (apt-get install nftables)")
+        unavailable("nft missing (apt-get install nftables)")
     subprocess.run(["ip", "netns", "exec", lab.netns(node), nft, *args], check=True, timeout=30, capture_output=True)
 
 

@@ -21,14 +21,14 @@ from tests.lab.jobs import USER, install_stepcheck
 from tests.lab.nspawn import boot_problems, nspawn_problems
 from tests.lab.sysd import NAMES, SystemdLab
 from tests.simhelpers import wait_for
+from tests.support.ci import unavailable
 from tests.systemd.nodes import NODES, leftover_units, restore
 
 
 def _unavailable(reason: str) -> None:
     """Skip with the reason, or fail when CI=true (CI must never skip these tests)."""
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"systemd lab unavailable under CI=true: {reason}", pytrace=False)
-    pytest.skip(f"systemd lab unavailable: {reason}")
+    __tracebackhide__ = True
+    unavailable(f"systemd lab unavailable: {reason}")
 
 
 def _root() -> debroot.DebRoot:
