@@ -152,7 +152,10 @@ def test_peer_that_never_starts_times_out_and_rolls_back_everywhere(make_rack: A
     assert [r.tray for r in results] == present and codes(results) == [75, 75]
     for r in results:
         s = summary(r)
-        assert s["error_code"] == "not_ready" and s["duration_s"] < 4 + 3
+        # gave up at the 4 s deadline and rolled back; without the deadline it would wait for the missing peer
+        # until slurmd's PrologTimeout. How precisely the deadline ends the wait is tests/hooks/test_readiness.py's
+        # (fake clock); this bound tells a prolog that gave up from one that waits on, with a loaded machine's margin
+        assert s["error_code"] == "not_ready" and s["duration_s"] < 4 + 20
     assert rack.leftovers() == []
 
 

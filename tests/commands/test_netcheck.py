@@ -83,6 +83,15 @@ class TestMatrix:
         assert any(line.startswith("  gb03: no report") for line in lines)
 
 
+#: each tray's retry window (netcheck --timeout): it must cover the trays' start-up skew (their imports, which
+#: on a loaded machine can take seconds more in one tray than in another), or a tray that started late is taken
+#: for one that never answers. It costs nothing when every pair meets (a tray ends once all have reached it);
+#: a blocked pair or a missing tray costs about twice the window
+WINDOW_S = 15.0
+#: the window of the cases with a blocked pair or a missing tray (they wait out twice the window)
+SHORT_WINDOW_S = 5.0
+
+
 @pytest.fixture
 def rack(make_settings: Callable[..., Settings], root: Path) -> Iterator[Callable[..., list[Any]]]:
     """Start n netcheck trays (processes) on 127.0.0.x; returns their results: (returncode, stdout, stderr)."""
@@ -92,7 +101,7 @@ def rack(make_settings: Callable[..., Settings], root: Path) -> Iterator[Callabl
         n: int,
         *,
         before: Callable[[netcheck.Plan], None] | None = None,
-        timeout: float = 3,
+        timeout: float = WINDOW_S,
         absent: int | tuple[int, ...] = (),
         user: dict[int, int] | None = None,
         json_out: bool = False,
@@ -158,7 +167,7 @@ def test_a_tray_whose_command_ports_another_program_holds_is_named(rack: Any) ->
             held.append(s)
 
     try:
-        results = rack(3, before=occupy, timeout=2)
+        results = rack(3, before=occupy, timeout=SHORT_WINDOW_S)
     finally:
         for s in held:
             s.close()
@@ -172,7 +181,7 @@ def test_a_tray_whose_command_ports_another_program_holds_is_named(rack: Any) ->
 
 def test_a_tray_that_never_runs_is_refused_and_unknown(rack: Any) -> None:
     """tray2's netcheck never starts: the others find its ports refused, its row is '?', both exit 1."""
-    results = rack(3, absent=1, timeout=1.5)
+    results = rack(3, absent=1, timeout=SHORT_WINDOW_S)
     assert [r[0] for r in results] == [1, 1], results
     lines = results[0][1].splitlines()
     assert [line.split()[2:] for line in lines[2:5]] == [["-", "both", "ok"], ["?", "-", "?"], ["ok", "both", "-"]]
@@ -191,7 +200,7 @@ def test_json_gives_each_trays_outcomes_and_the_first_trays_matrix(rack: Any) ->
     }
     assert clean[1]["data"]["matrix"] is None and set(clean[1]["data"]["listening"]) == {"server", "cmd"}
     assert all(v.startswith("ok:") for v in clean[1]["data"]["reached"]["tray1"].values())
-    results = rack(3, absent=1, timeout=1.5, json_out=True)
+    results = rack(3, absent=1, timeout=SHORT_WINDOW_S, json_out=True)
     assert [r[0] for r in results] == [1, 1], results
     first, third = (json.loads(out) for _, out, _ in results)
     assert first["errors"][0]["code"] == "netcheck_blocked" and first["exit_code"] == 1
@@ -331,7 +340,7 @@ def test_a_forged_report_from_another_address_is_ignored(rack: Any, attackers: l
         sends += [(me.address, me.address, plan.ports(0, label)[0], f"HELLO {two.name}") for label in ("server", "cmd")]
         attackers.append(_attacker(sends))
 
-    results = rack(3, before=forge, absent=1, timeout=2)
+    results = rack(3, before=forge, absent=1, timeout=SHORT_WINDOW_S)
     assert [r[0] for r in results] == [1, 1], results
     lines = results[0][1].splitlines()
     assert [line.split()[2:] for line in lines[2:5]] == [["-", "both", "ok"], ["?", "-", "?"], ["ok", "both", "-"]]
@@ -359,7 +368,7 @@ def test_a_malformed_or_escaping_report_neither_crashes_nor_reaches_the_terminal
         sends += [(three.address, me.address, port, "ROW " + json.dumps(bad))]
         attackers.append(_attacker(sends))
 
-    results = rack(4, before=forge, absent=(1, 2), timeout=2)  # the forgers stand for tray2 and tray3
+    results = rack(4, before=forge, absent=(1, 2), timeout=SHORT_WINDOW_S)  # the forgers stand for tray2 and tray3
     assert [r[0] for r in results] == [1, 1], results
     out = results[0][1]
     assert "\x1b" not in out and "\x07" not in out

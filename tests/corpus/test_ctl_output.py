@@ -89,6 +89,8 @@ def test_realhost_bounds_a_command(case: ctl_output.Endless) -> None:
     start = time.monotonic()
     with pytest.raises(CommandError) as info:
         RealHost().run([sys.executable, "-c", case.code], timeout_s=0.5)
-    assert time.monotonic() - start < 5.0
+    # killed at its 0.5 s timeout: unbounded, the command would run (and print) for ever; the bound tells the
+    # two apart with a loaded machine's margin (the precise timeout is the kernel's and subprocess's)
+    assert time.monotonic() - start < 30.0
     assert all(name in str(info.value) for name in case.names), str(info.value)[:300]
     assert len(info.value.output) <= MAX_OUTPUT + 65536

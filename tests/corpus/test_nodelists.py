@@ -23,9 +23,9 @@ def tray(root: Path) -> Tray:
     return Tray(root)
 
 
-# A huge case may take this long on a loaded 2-core runner; a quadratic or
-# unbounded expansion takes minutes or exhausts memory.
-HUGE_LIMIT_S = 10.0
+# A huge case takes about a second on this 2-core machine (1.2 s at most, with the labs beside it), several with
+# two CPU burners added; a quadratic or unbounded expansion takes minutes or exhausts memory.
+HUGE_LIMIT_S = 30.0
 
 
 def shown(part: str) -> str:

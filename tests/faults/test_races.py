@@ -12,11 +12,11 @@ lock files) and the policy paths that no other test runs end to end
 from __future__ import annotations
 
 import configparser
+import contextlib
 import hashlib
 import json
 import os
 import stat
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -25,6 +25,7 @@ import pytest
 
 from imexctl.commands.demo import HookResult, Tray
 from tests.faults.rack import FaultRack, Run
+from tests.simhelpers import wait_for
 
 PROLOG_STEPS = ["start", "locked", "claimed", "files_written", "daemon_started", "ready", "channel_created"]
 #: prolog steps at which the job directory exists (before them, an epilog finds nothing of the job)
@@ -100,12 +101,29 @@ def paused(rack: FaultRack, t: Tray, hook: str, job: int, step: str, **kw: Any) 
     return run
 
 
+def at_lock(run: Run) -> bool:
+    """Whether the run holds its tray's node lock file open (the hooks open it only to take the lock)."""
+    lock = os.path.realpath(run.tray.root / "run/imexctl/lock")
+    fds = Path(f"/proc/{run.proc.pid}/fd")
+    for fd in fds.iterdir() if fds.is_dir() else ():
+        with contextlib.suppress(OSError):  # closed meanwhile
+            if os.readlink(fd) == lock:
+                return True
+    return False
+
+
 def waits(run: Run) -> None:
-    """The run got going, then stopped before the node lock: it waits for it."""
-    deadline = time.monotonic() + 30
-    while run.steps()[:1] != ["start"] and time.monotonic() < deadline:
-        time.sleep(0.02)
-    time.sleep(0.25)
+    """The run got going and stopped at the node lock, which another hook holds: it waits for it.
+
+    Waited for, never slept for: the run is at the lock once it has the lock file open, however loaded the
+    machine, and it cannot have passed it while the other hook holds it (its steps stay ``start``).
+    """
+
+    def waiting() -> bool:
+        assert run.proc.poll() is None, run.result().output  # ended instead of waiting
+        return at_lock(run)
+
+    wait_for(waiting, 60, 0.01, what=f"{run.dir.name} to wait at the node lock")
     assert run.proc.poll() is None and run.steps() == ["start"], run.steps()
 
 

@@ -39,6 +39,7 @@ from imexctl.hooks.teardown import epilog
 from imexctl.platform.errors import HealthTimeout
 from imexctl.platform.host import RealHost
 from tests.faults.rack import REPO, FaultRack, Run
+from tests.simhelpers import wait_for
 from tests.support.fakes import FakeGpu, FakeHost, job_env
 
 MAX_OUT = "printed more than 4194304 bytes"
@@ -109,12 +110,14 @@ def finish(rack: FaultRack, job_id: int) -> None:
 
 def test_daemon_that_crashes_during_start_up_fails_the_prolog_at_once(make_rack: Callable[..., FaultRack]) -> None:
     """A daemon that dies while it starts: daemon_failed (69) long before the deadline, rolled back."""
-    rack = one_tray(make_rack, deadline_s=20)
+    rack = one_tray(make_rack, deadline_s=60)
     rack.set_faults("slow_start=30\ncrash_after=0.3")
     t0 = time.monotonic()
     r, _ = rack.run(rack.trays[0], "prolog", 801)
     assert r.returncode == 69, r.output
-    assert time.monotonic() - t0 < 10
+    # a prolog that missed the crash would wait for its 60 s deadline; the crash comes 0.3 s after the start, and
+    # the rest of the 30 s is the margin of a loaded machine
+    assert time.monotonic() - t0 < 30
     done = last(rack.trays[0], "prolog.done")
     assert done["error_code"] == "daemon_failed" and "the IMEX daemon exited during start-up" in done["reason"]
     clean_output(r)
@@ -140,13 +143,14 @@ def test_daemon_never_ready_and_deaf_to_sigterm_is_killed_by_the_roll_back(
 
 def test_daemon_slow_to_stop_is_waited_for_not_killed(make_rack: Callable[..., FaultRack]) -> None:
     """A daemon that takes 0.8 s to stop, within stop_timeout_s: the epilog waits, kills nothing, exits 0."""
-    rack = one_tray(make_rack, daemon={"stop_timeout_s": 5, "kill_grace_s": 1})
+    rack = one_tray(make_rack, daemon={"stop_timeout_s": 30, "kill_grace_s": 1})
     rack.set_faults("stop_delay=0.8")
     t = rack.trays[0]
     assert rack.run(t, "prolog", 803)[0].returncode == 0
     r, _ = rack.run(t, "epilog", 803)
     assert r.returncode == 0, r.output
-    assert 0.8 <= last(t, "epilog.done")["duration_s"] < 5
+    # waited for the daemon's exit (0.8 s), not to stop_timeout_s (30 s): the rest is a loaded machine's margin
+    assert 0.8 <= last(t, "epilog.done")["duration_s"] < 15
     assert not [x for x in records(t) if x["event"] == "imex.daemon.killed"]
     assert rack.dirty() == []
 
@@ -163,7 +167,9 @@ def test_daemon_hung_on_stop_is_killed_after_the_grace_period(make_rack: Callabl
     r, _ = rack.run(t, "epilog", 804)
     assert r.returncode == 0, r.output
     assert last(t, "imex.daemon.killed")["pids"] == [pid]
-    assert 2.0 <= last(t, "epilog.done")["duration_s"] < 6
+    # killed after this tray's stop_timeout_s + kill_grace_s (2 s), not the defaults' 15 + 5 s (tests/imex/
+    # test_daemon.py holds the escalation on a fake clock); the rest of the 12 s is a loaded machine's margin
+    assert 2.0 <= last(t, "epilog.done")["duration_s"] < 12
     assert rack.dirty() == []
 
 
@@ -200,7 +206,10 @@ def test_ctl_that_fails_ends_the_prolog_at_its_deadline(make_rack: Callable[...,
     t0 = time.monotonic()
     r, _ = rack.run(t, "prolog", 811)
     assert r.returncode == 75, r.output
-    assert time.monotonic() - t0 < 8
+    # every ctl call is bounded: without it the prolog would wait an hour ("hangs") or forever ("endless"). That
+    # the 2 s deadline cuts the last call short is tests/hooks/test_readiness.py's (on a fake clock): here the
+    # bound only tells a bounded prolog from a hung one, whatever the machine's load
+    assert time.monotonic() - t0 < 30
     done = last(t, "prolog.done")
     assert done["error_code"] == "not_ready" and says in done["reason"], done["reason"]
     assert len(done["reason"]) < 2000
@@ -220,7 +229,7 @@ def test_status_with_a_hanging_ctl_answers_in_bounded_time(make_rack: Callable[.
     )
     t0 = time.monotonic()
     st = status_of(rack, t)
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 30  # a status that waited on this ctl would hang for an hour
     assert "no answer within 1s" in st["jobs"][0]["domain"]["error"]
     finish(rack, 812)
 
@@ -553,12 +562,16 @@ def test_realhost_knows_a_process_by_its_boot_relative_start(monkeypatch: pytest
     import psutil
 
     host = RealHost()
+    before = host.since_boot()
     child = subprocess.Popen(["/bin/sleep", "30"])
     try:
-        time.sleep(0.1)
-        found = host.processes_with_arg("30")
-        info = next(p for p in found if p.pid == child.pid)
-        assert 0 <= host.since_boot() - info.create_time < 5
+        # the child shows its command line once it has exec'd sleep: waited for, however loaded the machine
+        info = wait_for(
+            lambda: next((p for p in host.processes_with_arg("30") if p.pid == child.pid), None),
+            what="the child to exec /bin/sleep",
+        )
+        # started between the two readings of the boot clock (its start is kept in clock ticks: 10 ms)
+        assert before - 0.01 <= info.create_time <= host.since_boot()
         assert host.is_alive(info)
         ps_linux = getattr(psutil, "_pslinux", None)
         if ps_linux is not None and hasattr(ps_linux, "boot_time"):

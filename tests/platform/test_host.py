@@ -93,13 +93,16 @@ def test_processes_with_arg_finds_what_psutil_finds(tmp_path: Path) -> None:
 def test_processes_with_arg_leaves_out_zombies(tmp_path: Path) -> None:
     """A child that exited but was not reaped yet is not listed."""
     arg = str(tmp_path / "zombie-marker")
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.2)", arg])
+    # it lives until we close its stdin: listed for as long as the test looks, however loaded the machine
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", arg], stdin=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 10
         while arg.encode() not in Path(f"/proc/{child.pid}/cmdline").read_bytes():  # the exec is still loading
             assert time.monotonic() < deadline
             time.sleep(0.001)
         assert [p.pid for p in RealHost().processes_with_arg(arg)] == [child.pid]
+        assert child.stdin is not None
+        child.stdin.close()
         deadline = time.monotonic() + 10
         while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
             time.sleep(0.01)
