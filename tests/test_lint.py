@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.ci import unavailable
 
 REPO = Path(__file__).resolve().parent.parent
 MAX_FUNCTION_LINES = 40
@@ -16,7 +19,8 @@ LONG_MARK = "# long:"
 
 
 def _ruff(*args: str) -> subprocess.CompletedProcess[str]:
-    pytest.importorskip("ruff", reason="ruff is in the 'test' extra")
+    if importlib.util.find_spec("ruff") is None:
+        unavailable("ruff is not installed (the 'test' extra: bash .ci/setup test)")
     return subprocess.run(
         [sys.executable, "-m", "ruff", *args, "--no-cache", "."],
         cwd=REPO,

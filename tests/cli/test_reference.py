@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -16,6 +15,12 @@ from imexctl.cli import reference
 from imexctl.cli.parser import build_parser
 from imexctl.config import schema, settings
 from imexctl.platform.errors import ExitCode
+from tests.support.ci import need_tools
+
+
+@pytest.fixture
+def man_and_groff() -> None:
+    need_tools("man", "groff", how="Debian's man-db and groff-base; bash .ci/setup test installs them")
 
 
 def _commands(parser, path=("imexctl",)):
@@ -63,7 +68,7 @@ def test_man_page_lists_every_exit_code(page: str) -> None:
         assert f"\\fB{int(code)}\\fR ({code.name})" in status
 
 
-@pytest.mark.skipif(shutil.which("man") is None or shutil.which("groff") is None, reason="needs man and groff")
+@pytest.mark.usefixtures("man_and_groff")
 def test_man_page_renders_without_warnings(page: str, tmp_path: Path) -> None:
     """man renders the page with no roff warnings, and the text shows a command and an option."""
     src = tmp_path / "imexctl.8"
@@ -172,7 +177,7 @@ def test_conf_man_page_sections_follow_the_schema(conf_page: str) -> None:
     assert "\\fBLOG_LEVEL\\fR" in conf_page.split('.SH "[imex]"', 1)[1]
 
 
-@pytest.mark.skipif(shutil.which("man") is None or shutil.which("groff") is None, reason="needs man and groff")
+@pytest.mark.usefixtures("man_and_groff")
 def test_conf_man_page_renders_without_warnings(conf_page: str, tmp_path: Path) -> None:
     """man renders imexctl.conf(5) with no roff warnings."""
     src = tmp_path / "imexctl.conf.5"

@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.ci import unavailable
+
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = REPO / "tests" / "nvml" / "fake_nvml.c"
 PROBE = REPO / "tests" / "nvml" / "probe.py"
@@ -63,7 +65,7 @@ def fake_nvml(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The stand-in compiled in each variant: variant -> directory holding libnvidia-ml.so.1."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        pytest.skip("no C compiler (cc) on PATH to build the NVML stand-in; 'bash .ci/setup test' installs gcc")
+        unavailable("no C compiler (cc) on PATH to build the NVML stand-in; 'bash .ci/setup test' installs gcc")
     out = {}
     for name, flags in VARIANTS.items():
         folder = tmp_path_factory.mktemp(f"nvml-{name}")

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.ci import unavailable
+
 REPO = Path(__file__).resolve().parents[2]
 PINS = REPO / ".ci" / "nvml-versions"
 VENVS = Path("/opt/imexctl-nvml")
@@ -49,7 +51,7 @@ def test_nvml_tests_pass_under(name: str) -> None:
     version = _pins()[name]
     python = VENVS / name / "bin" / "python"
     if not python.exists():
-        pytest.skip(f"{python} is missing: 'bash .ci/setup test' creates it with nvidia-ml-py {version}")
+        unavailable(f"{python} is missing: 'bash .ci/setup test' creates it with nvidia-ml-py {version}")
     have = subprocess.run(
         [str(python), "-c", "import importlib.metadata as m; print(m.version('nvidia-ml-py'))"],
         capture_output=True,

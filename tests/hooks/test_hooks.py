@@ -12,9 +12,22 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.ci import need_tools
+
 REPO = Path(__file__).resolve().parents[2]
 HOOKS = ("prolog", "epilog")
 INSTALLED = "/opt/imexctl/bin/imexctl"
+
+
+@pytest.fixture
+def shellcheck() -> None:
+    need_tools("shellcheck")
+
+
+@pytest.fixture
+def systemd_analyze() -> None:
+    need_tools("systemd-analyze", how="Debian's systemd; bash .ci/setup test installs it")
+
 
 # The stub reads its environment from /proc/self/environ: Python itself adds LC_CTYPE at
 # start-up (PEP 538), which would hide what the hook really passed on.
@@ -106,7 +119,7 @@ class TestHookScripts:
         assert os.access(path, os.X_OK)
 
 
-@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
+@pytest.mark.usefixtures("shellcheck")
 @pytest.mark.parametrize("name", HOOKS)
 def test_shellcheck_is_clean(name: str) -> None:
     """shellcheck finds nothing in the hook."""
@@ -176,7 +189,7 @@ def _exposure(root: Path, unit: str, dropin: str | None = None) -> float:
     return float(found.group(1))
 
 
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+@pytest.mark.usefixtures("systemd_analyze")
 class TestSystemdUnit:
     def test_unit_verifies(self, tmp_path: Path) -> None:
         """systemd-analyze verify reports nothing but the missing nvidia-imex binary."""
@@ -251,7 +264,7 @@ class TestBootCleanupUnit:
         assert keys["ExecStart"] == [f"{INSTALLED} cleanup"]
         assert "Requires" not in keys and "RequiredBy" not in keys  # a failed cleanup never blocks slurmd
 
-    @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+    @pytest.mark.usefixtures("systemd_analyze")
     def test_unit_verifies(self, tmp_path: Path) -> None:
         """systemd-analyze verify reports nothing but what this machine lacks (slurmd, the installed imexctl)."""
         unit = tmp_path / "imexctl-cleanup.service"
@@ -331,7 +344,7 @@ class TestLiveGaugeUnits:
         page = (REPO / "docs/metrics.md").read_text()
         assert "systemctl enable --now imexctl-metrics.timer" in page
 
-    @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+    @pytest.mark.usefixtures("systemd_analyze")
     @pytest.mark.parametrize("unit", [METRICS_SERVICE, METRICS_TIMER], ids=lambda p: p.name)
     def test_units_verify(self, unit: Path, tmp_path: Path) -> None:
         """systemd-analyze verify reports nothing but the installed imexctl this machine lacks."""
@@ -340,7 +353,7 @@ class TestLiveGaugeUnits:
         findings = [ln for ln in _verify_all(tmp_path / unit.name) if INSTALLED not in ln]
         assert findings == []
 
-    @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+    @pytest.mark.usefixtures("systemd_analyze")
     def test_verify_catches_a_bad_timer_key(self, tmp_path: Path) -> None:
         """The verify check is able to fail: an unknown key of the timer is reported."""
         shutil.copy(METRICS_SERVICE, tmp_path / METRICS_SERVICE.name)

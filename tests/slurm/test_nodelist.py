@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from imexctl.platform.errors import NodeListError
 from imexctl.slurm.nodelist import MAX_PREFIX_COMBINATIONS, MAX_RANGE, MAX_RANGE_ITEMS, expand, fold
+from tests.support.ci import unavailable
 
 
 def _names(fmt: str, first: int, last: int) -> list[str]:
@@ -347,7 +348,7 @@ def scontrol(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str], t
     """Run `scontrol show <what> <arg>` with a throw-away slurm.conf; skip if absent."""
     path = shutil.which("scontrol")
     if path is None:
-        pytest.skip("scontrol is not installed")
+        unavailable("scontrol is not installed (Debian's slurm-client; bash .ci/setup test installs it)")
     conf = tmp_path_factory.mktemp("slurm") / "slurm.conf"
     conf.write_text("ClusterName=imexctl-test\nSlurmctldHost=localhost\n")
     env = {**os.environ, "SLURM_CONF": str(conf)}

@@ -7,11 +7,12 @@ CI must run every test: there a missing tool, an unreachable package index or mi
 from __future__ import annotations
 
 import os
+import shutil
 from typing import NoReturn
 
 import pytest
 
-__all__ = ["unavailable", "under_ci"]
+__all__ = ["need_tools", "unavailable", "under_ci"]
 
 
 def under_ci() -> bool:
@@ -25,3 +26,11 @@ def unavailable(reason: str) -> NoReturn:
     if under_ci():
         pytest.fail(f"{reason} (CI=true: a missing prerequisite fails the test)", pytrace=False)
     pytest.skip(reason)
+
+
+def need_tools(*tools: str, how: str = "bash .ci/setup test installs it") -> None:
+    """Go on when every one of ``tools`` is on PATH; else :func:`unavailable`, naming the missing and ``how``."""
+    __tracebackhide__ = True
+    missing = [t for t in tools if shutil.which(t) is None]
+    if missing:
+        unavailable(f"{', '.join(missing)} not installed ({how})")
