@@ -84,9 +84,10 @@ def clean_output(r: HookResult) -> None:
 
 
 def program(rack: FaultRack, name: str, body: str) -> str:
-    """Write an executable Python program under the rack (so a survivor shows in ``dirty()``); its path."""
+    """Write an executable program under the rack (so a survivor shows in ``dirty()``): Python, unless ``body``
+    starts with its own ``#!`` line; its path."""
     path = rack.base / "bin" / name
-    path.write_text(f"#!{sys.executable}\n" + textwrap.dedent(body))
+    path.write_text(("" if body.startswith("#!") else f"#!{sys.executable}\n") + textwrap.dedent(body))
     path.chmod(0o755)
     return str(path)
 
@@ -183,14 +184,16 @@ def status_of(rack: FaultRack, t: Tray) -> dict[str, Any]:
 # ---------------------------------------------------------------- nvidia-imex-ctl
 
 CTL: dict[str, tuple[str, str]] = {
-    # name: (program body, what the prolog's reason must say)
+    # name: (program body, what the prolog's reason must say). Those that answer are shell scripts: they answer
+    # in milliseconds, as the real (compiled) nvidia-imex-ctl does, where a Python stand-in's start-up can outlast
+    # the prolog's last probe (at least 0.2 s) on a loaded machine, and its reason would be "no answer" instead
     "hangs": ("import time\ntime.sleep(3600)\n", "no answer within"),
-    "garbage": ("print('Segmentation fault (core dumped)\\nlorem ipsum')\n", "unknown state"),
+    "garbage": ("#!/bin/sh\nprintf 'Segmentation fault (core dumped)\\nlorem ipsum\\n'\n", "unknown state"),
     "binary": (
-        "import os, sys\nsys.stdout.buffer.write(b'\\x00\\x1b[2J\\x1b]0;pwned\\x07\\xff\\xfe' + os.urandom(4096))\n",
+        "#!/bin/sh\nprintf '\\000\\033[2J\\033]0;pwned\\007\\377\\376'\nexec head -c 4096 /dev/urandom\n",
         "unknown state",
     ),
-    "endless": ("import sys\nwhile True:\n    sys.stdout.write('READY\\n' * 8192)\n", MAX_OUT),
+    "endless": ("#!/bin/sh\nexec yes READY\n", MAX_OUT),
 }
 
 
