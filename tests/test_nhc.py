@@ -98,7 +98,9 @@ def test_a_config_that_does_not_load(root: Path, tmp_path: Path) -> None:
 def test_a_hang_ends_at_the_checks_limit_not_nhcs(tmp_path: Path) -> None:
     started = time.monotonic()
     done = _nhc(tmp_path, "* || check_imexctl_health -t 1", _stub(tmp_path, "exec sleep 60"))
-    assert time.monotonic() - started < 10
+    # the check's 1 s limit ended it (the line below says so), not NHC's TIMEOUT (30 s) nor the stub's 60 s: the
+    # rest of the 20 s is a loaded machine's margin
+    assert time.monotonic() - started < 20
     assert done.stdout.splitlines()[-1] == "offline gb01 NHC: imexctl:timeout no verdict from imexctl health within 1s"
 
 

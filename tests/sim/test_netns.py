@@ -30,6 +30,7 @@ import pytest
 
 from imexctl.imex.ctl import parse_domain_json
 from tests.simhelpers import REPO, wait_for
+from tests.support.ci import unavailable
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("nsenter")),
@@ -185,7 +186,7 @@ def test_own_address_command_service_gives_up_everywhere(rack: Rack) -> None:
 def _nft(ns: str, *args: str) -> None:
     nft = shutil.which("nft", path="/usr/sbin:/usr/bin:/sbin:/bin")
     if nft is None:
-        pytest.skip("nft missing (apt-get install nftables)")
+        unavailable("nft missing (apt-get install nftables; bash .ci/setup test installs it)")
     subprocess.run(["ip", "netns", "exec", ns, nft, *args], check=True, capture_output=True, timeout=10)
 
 
