@@ -24,6 +24,7 @@ from tests.lab.procs import proc_start_time
 from tests.simhelpers import wait_for
 
 __all__ = [
+    "CRED_LIFETIME_S",
     "DONE_STATES",
     "GID",
     "IMEXCTL",
@@ -66,6 +67,10 @@ SIM = IMEXCTL_PREFIX / "bin" / "nvidia-imex-sim"
 SIM_CTL = IMEXCTL_PREFIX / "bin" / "nvidia-imex-ctl-sim"
 USER, UID, GID = TEST_USER, TEST_UID, TEST_GID
 PROLOG_TIMEOUT = 30
+#: slurm.conf's credential lifetime (AuthInfo cred_expire), 120 s by default (DEFAULT_EXPIRATION_WINDOW): slurmctld
+#: starts a requeued job no sooner than this after the requeue (batch_requeue_fini), and until then a slurmd of a
+#: tray of both runs may still hold the first run's credential revoked and run no prolog for the second
+CRED_LIFETIME_S = 120
 JOB_TIMEOUT = 60
 DONE_STATES = {
     "COMPLETED",

@@ -9,6 +9,7 @@ import pytest
 from tests.lab.cluster import SlurmLab
 from tests.lab.conftest import NODES
 from tests.lab.jobs import (
+    CRED_LIFETIME_S,
     PROLOG_TIMEOUT,
     events,
     imexctl_admin,
@@ -72,9 +73,14 @@ def test_prolog_failure_rolls_back_drains_requeues_and_recovers(lab: SlurmLab) -
         lab.run(["scontrol", "update", f"nodename={node}", "state=resume"])
     lab.wait_idle()
     wait_prolog_rpcs_settled(lab, job)  # a late resend would fail the released job's new run (jobs.py)
+    # the safe recovery of troubleshooting.md: resume the trays, release the job, and let slurmctld start it when
+    # the first run's credential has expired; StartTime=now could start it sooner, on slurmds that still hold that
+    # credential revoked and run no prolog, so without its domain
     lab.run(["scontrol", "release", str(job)])
-    lab.run(["scontrol", "update", f"jobid={job}", "StartTime=now"])
-    info = wait_done(lab, job)
+    info = wait_done(lab, job, timeout=CRED_LIFETIME_S + 60)
     assert info.get("Restarts") == "1" and Path(f"{marker}.1").exists(), info
+    for node in NODES:  # the second run set up its domain on every tray (a healthy tray's first run may be ok too)
+        setups = [e for e in events(lab, node, job, "prolog.done") if e.get("ok") and not e.get("job_ended")]
+        assert setups, f"{node}: no prolog set the released job's domain up: {events(lab, node, job, 'prolog.done')}"
     for node in NODES:
         assert leftovers(lab, node) == [], f"{node} not clean after the recovered job {job}"

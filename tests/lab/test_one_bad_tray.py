@@ -22,6 +22,7 @@ import pytest
 from tests.lab.cluster import SlurmLab
 from tests.lab.conftest import NODES
 from tests.lab.jobs import (
+    CRED_LIFETIME_S,
     JOB_TIMEOUT,
     UID,
     events,
@@ -36,8 +37,6 @@ from tests.simhelpers import wait_for
 pytestmark = pytest.mark.slurm
 
 BAD = "node2"
-#: slurm.conf's credential lifetime (AuthInfo cred_expire), 120 s by default (DEFAULT_EXPIRATION_WINDOW)
-CRED_LIFETIME_S = 120
 SETTINGS = {"readiness": {"deadline_s": "10"}}
 
 
