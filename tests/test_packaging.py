@@ -695,6 +695,7 @@ def test_deb_upgrades_and_downgrades_while_hooks_run(deb: Path, deb_next: Path, 
     shutil.copy(deb, root / "tmp/old.deb")
     shutil.copy(deb_next, root / "tmp/new.deb")
     chroot(root, "dpkg -i /tmp/old.deb")
+    made = (root / f"opt/imexctl/versions/{__version__}/BUILD").stat().st_ino
     trays = _sim_rack(root, 2)
     results = root / RACK.lstrip("/") / "results.jsonl"
     loop = _chroot_popen(root, f"exec /usr/bin/python3 {RACK}/hooks.py loop {RACK} {','.join(trays)}")
@@ -724,6 +725,7 @@ def test_deb_upgrades_and_downgrades_while_hooks_run(deb: Path, deb_next: Path, 
     for t in trays:
         assert not list((root / RACK.lstrip("/") / t / "run/imexctl/jobs").iterdir()), f"{t}: a job left behind"
     assert sorted(os.listdir(root / "opt/imexctl/versions")) == sorted([__version__, NEXT])
+    assert (root / f"opt/imexctl/versions/{__version__}/BUILD").stat().st_ino == made, "a version is made once"
 
 
 def test_a_prolog_that_spans_an_upgrade_runs_its_version_wholly(deb: Path, deb_next: Path, root: Path) -> None:
