@@ -133,7 +133,7 @@ def read_paths(env: Mapping[str, str], explicit: str | None = None, uid_map: Uid
     found = schema.node_paths(values, node)
     on_error = (sections or {}).get("containers", {}).get("on_error", "").strip()
     config = path if sections is not None else None
-    return NodePaths(found["run_dir"], found["proc_devices"], config, on_error)
+    return NodePaths(found.run_dir, found.proc_devices, config, on_error)
 
 
 def _node_name(env: Mapping[str, str]) -> str:

@@ -1,19 +1,22 @@
 """Where imexctl keeps things on a node: the ``[paths]`` of the config, under ``root``, and each job's files.
 
 :func:`imexctl.config.schema.node_paths` decides where each path lies for a
-node (light, for the hooks' fast path and the job's own user);
-:meth:`Paths.of_node` wraps its answer in :class:`Paths`.
+node (light, for the hooks' fast tier, the gates and the job's own user:
+:class:`imexctl.config.sections.NodePaths`); :meth:`Paths.of_node` makes
+paths of its answer.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from imexctl.config import schema
 from imexctl.platform.record import Record
+
+if TYPE_CHECKING:
+    from imexctl.config.sections import NodePaths
 
 __all__ = ["JobDir", "Paths"]
 
@@ -64,11 +67,9 @@ class Paths(Record):
     nvidia_params: Path
 
     @classmethod
-    def of_node(cls, section: Mapping[str, str], node: str) -> Paths:
-        """``[paths]`` as validated, for ``node`` (:func:`imexctl.config.schema.node_paths`)."""
-        p = schema.node_paths(section, node)
-        found: dict[str, Any] = {f: Path(p[f]) if p[f] else None for f in cls._fields}
-        return cls(**found)
+    def of_node(cls, found: NodePaths) -> Paths:
+        """This node's ``[paths]`` (:func:`imexctl.config.schema.node_paths`) as paths; None for one not set."""
+        return cls(*(Path(p) if p else None for p in found))  # type: ignore[arg-type]  # NodePaths' order
 
     @property
     def jobs_dir(self) -> Path:

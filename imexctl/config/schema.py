@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any, Callable
 
+    from imexctl.config.sections import NodePaths
+
     Parser = Callable[[str], Any]
 
 __all__ = [
@@ -583,20 +585,23 @@ def job_dir(run_dir: str, job_id: int) -> str:
     return os.path.join(run_dir, JOBS_DIR, str(job_id))
 
 
-def node_paths(paths: Mapping[str, str], node: str) -> dict[str, str]:
+def node_paths(paths: Mapping[str, str], node: str) -> NodePaths:
     """``[paths]`` (as validated) for this node: ``%n`` in ``root`` replaced by ``node``, every other path under root.
 
     The one place that decides where a path lies on a node: for the settings
-    (:meth:`imexctl.config.paths.Paths.of_node`), the hooks' fast path and the
-    job's own user (:mod:`imexctl.channels.job`).  An optional path that is not
-    set stays empty; a path of ``/`` is root itself.
+    (:meth:`imexctl.config.paths.Paths.of_node`), the hooks' fast tier and the
+    job's own user (:mod:`imexctl.channels.job`, which gives only the keys it
+    reads: the others stay '').  An optional path that is not set stays empty;
+    a path of ``/`` is root itself.
     """
+    from imexctl.config.sections import NodePaths
+
     root = paths["root"].replace("%n", node)
 
     def under(v: str) -> str:
         return os.path.join(root, v.lstrip("/")) if v.strip("/") else root if v else ""
 
-    return {key: root if key == "root" else under(v) for key, v in paths.items()}
+    return NodePaths(**{key: root if key == "root" else under(v) for key, v in paths.items()})
 
 
 def parse_key(path: str | None, section: str, key: str, text: str | None) -> Any:

@@ -15,6 +15,7 @@ from typing import Any
 
 from imexctl.config import schema
 from imexctl.config.paths import Paths
+from imexctl.config.sections import NodePaths, Policy
 from imexctl.platform.errors import ConfigError
 from imexctl.platform.record import Record
 
@@ -79,23 +80,6 @@ class Daemon(Record):
     kill_grace_s: float
     lock_timeout_s: float
     process_wait_s: float
-
-
-class Policy(Record):
-    """``[policy]``: which jobs get a domain, channels, the NVML fabric check."""
-
-    jobs: str
-    partitions: tuple[str, ...]
-    feature: str
-    shared: str
-    channels: str
-    channel_mode: int
-    channel_count: int
-    fabric: str
-    fabric_wait_s: float
-    fabric_limited: str
-    single_tray: str
-    lost_daemon: str
 
 
 class Readiness(Record):
@@ -215,6 +199,8 @@ class Settings(Record):
     auth: Auth
     containers: Containers
     imex: Mapping[str, str]
+    #: ``paths`` as plain strings, for the gates (:mod:`imexctl.config.sections`)
+    node_paths: NodePaths
 
     def replace(self, **changes: Any) -> Settings:
         """Return a copy with ``section__key=value`` overrides (values already parsed)."""
@@ -262,5 +248,5 @@ def from_values(
     settings from that answer instead of reading the file again.
     """
     sections = {name: SECTIONS[name](**keys) for name, keys in values.items() if name != "paths"}
-    paths = Paths.of_node(values["paths"], node)
-    return Settings(source=source, paths=paths, imex=imex, **sections)
+    node_paths = schema.node_paths(values["paths"], node)
+    return Settings(source=source, paths=Paths.of_node(node_paths), imex=imex, node_paths=node_paths, **sections)

@@ -54,7 +54,7 @@ class FabricInfo(Record):
         """``COMPLETED``, ``IN_PROGRESS``, ... or ``UNKNOWN(n)``."""
         return nvml.STATE_NAMES.get(self.state, f"UNKNOWN({self.state})")
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         """Plain data for logs and ``--json`` output (UUID as canonical text)."""
         import uuid
 

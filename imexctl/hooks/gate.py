@@ -1,9 +1,11 @@
 """The hooks' gates: whether a prolog is skipped, whether an epilog has anything to do.
 
 Each decision is written once, here, and light enough to run before anything
-heavy is imported: the fast path (``quick``) calls these functions with what
-it read from the plain config file, the full commands (``cli``'s early hook,
-``prolog``, ``teardown``) with their settings and their host.  Most prologs
+heavy is imported.  Every tier hands them the same light typed records
+(:mod:`imexctl.config.sections`: ``Policy``, ``NodePaths``): the fast tier
+(``quick``) the ones it built from the plain config file, the settings tier
+(``entry``) and the full hooks (``prolog``, ``teardown``) the settings' own, with
+their host.  Most prologs
 on a shared cluster are for jobs the policy skips, most epilogs for jobs that
 left nothing on the tray; each sits on a job's start or end
 (docs/performance.md).  The fields of their summary lines are
@@ -19,9 +21,9 @@ from imexctl.slurm.job import SHARING_UNKNOWN, JobContext, constraint_features
 # typing is not imported at run time: imexctl.hooks.quick imports this module (docs/performance.md)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-    from typing import Any, Callable
+    from typing import Callable
 
+    from imexctl.config.sections import NodePaths, Policy
     from imexctl.hooks.results import PrologResult
     from imexctl.hooks.runtime import Runtime
 
@@ -71,7 +73,7 @@ class Skip:
         return f"Skip(reason={self.reason!r}, told={self.told!r}, problem={self.problem!r})"
 
 
-def skipped_prolog(job: JobContext, policy: Mapping[str, Any], run_dir: str, proc_devices: str) -> Skip | None:
+def skipped_prolog(job: JobContext, policy: Policy, paths: NodePaths) -> Skip | None:
     """Whether ``[policy]`` skips this job (None when it does not): the one place the prolog decides it.
 
     A skipped job that could have had IMEX by asking is left its note first
@@ -83,9 +85,9 @@ def skipped_prolog(job: JobContext, policy: Mapping[str, Any], run_dir: str, pro
     if not reason:
         return None
     try:
-        told = tell_user(job, reason, run_dir, proc_devices)
+        told = tell_user(job, reason, paths)
     except OSError as exc:
-        return Skip(reason, problem=f"{exc.filename or run_dir}: {exc.strerror or exc}")
+        return Skip(reason, problem=f"{exc.filename or paths.run_dir}: {exc.strerror or exc}")
     return Skip(reason, told)
 
 
@@ -101,8 +103,7 @@ def idle_prolog(job: JobContext, rt: Runtime) -> PrologResult | None:
     from imexctl.hooks.runtime import bind
 
     t0 = rt.host.monotonic()
-    paths = rt.settings.paths
-    skip = skipped_prolog(job, rt.settings.policy._asdict(), str(paths.run_dir), str(paths.proc_devices))
+    skip = skipped_prolog(job, rt.settings.policy, rt.settings.node_paths)
     if skip is None or skip.problem:
         return None
     bind(rt, job_id=job.job_id, node=job.node)
@@ -111,23 +112,20 @@ def idle_prolog(job: JobContext, rt: Runtime) -> PrologResult | None:
     return result
 
 
-def policy_skip(job: JobContext, policy: Mapping[str, Any]) -> str:
+def policy_skip(job: JobContext, policy: Policy) -> str:
     """Why this job gets no IMEX by ``[policy]`` ('' when it does).
 
-    ``policy`` holds the section's values by key (``jobs``, ``partitions``,
-    ``feature``, ``shared``), as the fast path reads them or as ``_asdict()`` of
-    :class:`imexctl.config.settings.Policy` gives them.  A job that may share
-    its trays is skipped with ``shared = skip``; with ``shared = refuse`` it is
-    not skipped here, and the prolog refuses it (:func:`shared_reason`).  A job
-    that slurmctld did not say about (Slurm 22.05, no answer) is skipped
-    either way: its trays are drained for no fault of theirs and no request of the job's.
+    A job that may share its trays is skipped with ``shared = skip``; with
+    ``shared = refuse`` it is not skipped here, and the prolog refuses it
+    (:func:`shared_reason`).  A job that slurmctld did not say about (Slurm
+    22.05, no answer) is skipped either way: its trays are drained for no
+    fault of theirs and no request of the job's.
     """
-    jobs = policy["jobs"]
-    if jobs == "partitions" and job.partition not in policy["partitions"]:
+    if policy.jobs == "partitions" and job.partition not in policy.partitions:
         return f"partition {job.partition or '?'} is not in [policy] partitions"
-    if jobs == "feature" and policy["feature"] not in constraint_features(job.constraints):
-        return f"job did not request feature {policy['feature']!r} (--constraint)"
-    return shared_reason(job) if policy["shared"] == "skip" or job.sharing_from == SHARING_UNKNOWN else ""
+    if policy.jobs == "feature" and policy.feature not in constraint_features(job.constraints):
+        return f"job did not request feature {policy.feature!r} (--constraint)"
+    return shared_reason(job) if policy.shared == "skip" or job.sharing_from == SHARING_UNKNOWN else ""
 
 
 def shared_reason(job: JobContext) -> str:
@@ -145,7 +143,7 @@ def shared_reason(job: JobContext) -> str:
     )
 
 
-def tell_user(job: JobContext, reason: str, run_dir: str, proc_devices: str) -> bool:
+def tell_user(job: JobContext, reason: str, paths: NodePaths) -> bool:
     """Leave the job a note that it runs without IMEX, for the TaskProlog (``notes``); True when left.
 
     Only a job that could have had IMEX by asking (one that may share its
@@ -158,7 +156,8 @@ def tell_user(job: JobContext, reason: str, run_dir: str, proc_devices: str) -> 
         return False
     from imexctl.channels import notes
 
-    return notes.leave(run_dir, proc_devices, job.job_id, f"IMEX was not set up for job {job.job_id}: {reason}")
+    text = f"IMEX was not set up for job {job.job_id}: {reason}"
+    return notes.leave(paths.run_dir, paths.proc_devices, job.job_id, text)
 
 
 def domains(job: JobContext) -> list[int]:
@@ -180,7 +179,7 @@ def left_anything(job_dir: str, config: str, *, has_process: Callable[[str], boo
     return os.path.lexists(job_dir) or has_process(config)
 
 
-def nothing_left(job: JobContext, run_dir: str, left: Callable[[int], bool]) -> bool:
+def nothing_left(job: JobContext, paths: NodePaths, left: Callable[[int], bool]) -> bool:
     """Remove the job's note (``notes``), then whether neither the job nor its het job left anything here.
 
     ``left(job_id)`` is :func:`left_anything` for one domain.  Most jobs never
@@ -189,5 +188,5 @@ def nothing_left(job: JobContext, run_dir: str, left: Callable[[int], bool]) -> 
     """
     from imexctl.channels import notes
 
-    notes.forget(run_dir, job.job_id)  # before anything else, as the full epilog does
+    notes.forget(paths.run_dir, job.job_id)  # before anything else, as the full epilog does
     return not any(left(jid) for jid in domains(job))

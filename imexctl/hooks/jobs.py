@@ -1,7 +1,9 @@
-"""Which jobs this node holds, and whether each may still run here: decided on the tray, never by slurmctld.
+"""Which jobs this node holds, and whether each may still run here: a typed answer (:class:`Liveness`).
 
-``status``, ``doctor``, ``cleanup`` and the prolog's claim ask these
-questions; the teardown that follows is ``teardown``'s.
+Decided on the tray (:func:`still_runs`: ``status``, ``doctor``, ``health``,
+``cleanup``); the prolog's claim alone asks slurmctld when the tray is in
+doubt, in the one place that does (:func:`still_runs_here`).  The teardown
+that follows is ``teardown``'s.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ __all__ = [
     "other_run",
     "scan_jobs",
     "still_runs",
+    "still_runs_here",
 ]
 
 
@@ -43,7 +46,7 @@ class Liveness(Record):
     runs: bool
     #: a slurmstepd or a cgroup of the job shows it runs: no answer of slurmctld changes that
     seen: bool = False
-    #: why it may still run, for the admin ('' when it does not)
+    #: why it may still run, for the admin; for a job that does not, what showed it, where known ('' else)
     why: str = ""
 
     def __bool__(self) -> bool:
@@ -87,6 +90,37 @@ def still_runs(job_id: int, rt: Runtime) -> Liveness:
         unknown = f"and whether its daemon runs is unknown (the {state.backend} backend cannot be asked)"
         return Liveness(True, why=f"may still run on this node: {_SET_UP}, {unknown}")
     return Liveness(True, why=f"may still run on this node: {_SET_UP}, {_NO_STEP}")
+
+
+def still_runs_here(job_id: int, rt: Runtime, *, node: str, slurm_conf: str) -> Liveness:
+    """:func:`still_runs`, and in its doubt slurmctld, asked once and believed only for this tray and this run.
+
+    In doubt: the job may still run by the tray's own evidence but no
+    slurmstepd or cgroup shows it (``seen``).  Then slurmctld's record
+    (``squeue``, only under slurmd: ``slurm_conf`` set) decides: a job it
+    reports ended, requeued or pending, running on other trays only
+    (requeued after a node failure), or in another run than the one that left
+    the domain (requeued, or its id reused after a state reset) no longer runs
+    here (:func:`not_here`); the answer says what slurmctld said (``why``).  No
+    answer keeps the job.
+    """
+    live = still_runs(job_id, rt)
+    if not live.runs or live.seen or not slurm_conf:
+        return live
+    from imexctl.platform.errors import SlurmQueryError
+    from imexctl.slurm import slurmctld
+
+    found = slurmctld.job_record(job_id, rt.host, rt.settings, slurm_conf)
+    if found is None:
+        return live
+    trays = found.trays
+    if found.het_job_id == job_id and found.wants_to_start:  # a joint het domain spans every component's trays
+        try:
+            trays = tuple(n for _, n in slurmctld.het_nodes(job_id, rt.host, rt.settings, slurm_conf))
+        except SlurmQueryError:
+            return live
+    gone = not_here(found._replace(trays=trays), read_state(rt.settings.paths.job(job_id)), node)
+    return Liveness(False, why=gone) if gone else live
 
 
 def epilog_pending(job_id: int, rt: Runtime) -> bool:

@@ -20,7 +20,7 @@ from imexctl.config.settings import Settings
 from imexctl.gpu.fabric import fabric_key
 from imexctl.hooks import members, requeue
 from imexctl.hooks.gate import Skip, shared_reason, skipped_prolog
-from imexctl.hooks.jobs import not_here, other_run, scan_jobs, still_runs
+from imexctl.hooks.jobs import other_run, scan_jobs, still_runs_here
 from imexctl.hooks.results import PrologResult, Setup, texts
 from imexctl.hooks.runtime import Runtime, bind, log_failed, terminations
 from imexctl.hooks.state import JobState, mark_state, node_lock, read_state, write_state
@@ -288,8 +288,7 @@ def _het_domain(job: JobContext, rt: Runtime) -> JobContext:
 
 def _skip(job: JobContext, rt: Runtime) -> Skip | None:
     """``gate.skipped_prolog`` with the settings; a note that could not be left is a warning, never a failure."""
-    paths = rt.settings.paths
-    skip = skipped_prolog(job, rt.settings.policy._asdict(), str(paths.run_dir), str(paths.proc_devices))
+    skip = skipped_prolog(job, rt.settings.policy, rt.settings.node_paths)
     if skip is not None and skip.problem:  # the job runs all the same: no fault of the tray worth a drain
         rt.log.warning("imex.note_failed", problem=skip.problem)
     return skip
@@ -425,42 +424,21 @@ def _keep(job: JobContext, state: JobState, rt: Runtime, deadline: float) -> Set
 def _clear_ended_jobs(job: JobContext, others: list[int], rt: Runtime) -> list[tuple[int, str]]:
     """Tear down what other jobs left here if they no longer run; return those that may still run, and why.
 
-    Decided on the tray (a slurmstepd or cgroup of the job; a set-up domain
-    whose epilog has not run, see ``jobs.still_runs``); only in that
-    doubt is slurmctld asked, once per job, and believed only for this tray:
-    a job it reports ended, requeued or pending, running on other trays only
-    (requeued after a node failure), or running in another run than the one
-    that left the domain (requeued, or its id reused after a state reset) no
-    longer runs here (``jobs.not_here``).  No answer keeps the job.
+    Decided on the tray and, in its doubt, by slurmctld, once per job
+    (``jobs.still_runs_here``: the one place that asks).  No answer keeps the job.
     """
     held = []
     for other in others:
-        live, gone = still_runs(other, rt), ""
-        if live.runs and not live.seen and job.slurm_conf:
-            gone = _gone_says_slurmctld(other, job, rt)
-        if live.runs and not gone:
+        live = still_runs_here(other, rt, node=job.node, slurm_conf=job.slurm_conf)
+        if live.runs:
             held.append((other, live.why))
             continue
         rt.log.warning(
             "state.removed",
-            reason=f"leftovers of job {other}, which no longer runs here" + (f" ({gone})" if gone else ""),
+            reason=f"leftovers of job {other}, which no longer runs here" + (f" ({live.why})" if live.why else ""),
             actions=texts(teardown(other, rt)),
         )
     return held
-
-
-def _gone_says_slurmctld(other: int, job: JobContext, rt: Runtime) -> str:
-    """Why slurmctld's record of job ``other`` shows its leftovers here are no live domain ('' when it may be)."""
-    found = slurmctl.job_record(other, rt.host, rt.settings, job.slurm_conf)
-    if found is None:
-        return ""
-    trays = found.trays
-    if found.het_job_id == other and found.wants_to_start:  # a joint het domain spans every component's trays
-        try:
-            trays = tuple(node for _, node in slurmctl.het_nodes(other, rt.host, rt.settings, job.slurm_conf))
-        except SlurmQueryError:
-            return ""
-    return not_here(found._replace(trays=trays), read_state(rt.settings.paths.job(other)), job.node)
 
 
 def _setup(

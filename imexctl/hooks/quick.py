@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
 
+    from imexctl.config.sections import NodePaths, Policy
     from imexctl.hooks.summary import Line
     from imexctl.platform.log import SinkLogger
     from imexctl.slurm.job import JobContext
@@ -161,10 +162,15 @@ def _answer(command: str, verbose: bool, read: Read, t0: float) -> int | None:
     if job is None or values["metrics"]["textfile_dir"]:  # recording metrics needs the settings
         return None
     paths = schema.node_paths(values["paths"], job.node)
-    lines = _skipped_prolog(job, values["policy"], paths, t0) if command == "prolog" else _idle_epilog(job, paths, t0)
+    if command == "prolog":
+        from imexctl.config.sections import Policy
+
+        lines = _skipped_prolog(job, Policy(**values["policy"]), paths, t0)
+    else:
+        lines = _idle_epilog(job, paths, t0)
     if lines is None:
         return None
-    sink = _sink(paths["log_file"], verbose, values["log"]["syslog"] == "yes")
+    sink = _sink(paths.log_file, verbose, values["log"]["syslog"] == "yes")
     if sink is None:
         return None
     from imexctl.platform.log import LineLogger
@@ -178,32 +184,30 @@ def _answer(command: str, verbose: bool, read: Read, t0: float) -> int | None:
     return 0
 
 
-def _skipped_prolog(
-    job: JobContext, policy: Mapping[str, Any], paths: Mapping[str, str], t0: float
-) -> list[Line] | None:
+def _skipped_prolog(job: JobContext, policy: Policy, paths: NodePaths, t0: float) -> list[Line] | None:
     """The lines of a prolog that policy skips (``gate.skipped_prolog``); None when it is not, or the note failed."""
     from imexctl.hooks import gate, summary
 
-    skip = gate.skipped_prolog(job, policy, paths["run_dir"], paths["proc_devices"])
+    skip = gate.skipped_prolog(job, policy, paths)
     if skip is None or skip.problem:  # the full prolog logs why the note failed
         return None
     return summary.skipped_lines(skip.reason, skip.told, round(time.monotonic() - t0, 3))
 
 
-def _idle_epilog(job: JobContext, paths: Mapping[str, str], t0: float) -> list[Line] | None:
+def _idle_epilog(job: JobContext, paths: NodePaths, t0: float) -> list[Line] | None:
     """The line of an epilog whose job left nothing here (``gate.nothing_left``); None when it may have."""
     from imexctl.hooks import gate, summary
     from imexctl.platform.procscan import mentioned_in_proc
 
     def left(job_id: int) -> bool:
-        job_dir = schema.job_dir(paths["run_dir"], job_id)
+        job_dir = schema.job_dir(paths.run_dir, job_id)
         return gate.left_anything(
             job_dir,
             os.path.join(job_dir, schema.JOB_CONFIG),
             has_process=lambda config: mentioned_in_proc(config, uids={0, os.geteuid()}),  # a daemon's owners
         )
 
-    if not gate.nothing_left(job, paths["run_dir"], left):
+    if not gate.nothing_left(job, paths, left):
         return None
     return [("epilog.done", summary.epilog_fields([], round(time.monotonic() - t0, 3)))]
 

@@ -75,7 +75,7 @@ class Setup(Record):
     #: this tray's block (NVLink domain) as the metrics label it (members.block_label); '' unknown
     block: str = ""
 
-    def fields(self) -> dict[str, Any]:
+    def fields(self) -> dict[str, object]:
         """Its fields of ``prolog.done``, in their order."""
         if not self.daemon:
             return {"trays": self.trays, "channel": self.channel, "daemon": False}
@@ -105,9 +105,9 @@ class PrologResult(Record):
     #: skipped because slurmctld did not say whether the job may share its trays (Slurm 22.05)
     sharing_unknown: bool = False
 
-    def fields(self) -> dict[str, Any]:
+    def fields(self) -> dict[str, object]:
         """The fields of ``prolog.done``, in their order."""
-        extra: dict[str, Any] = {"job_ended": self.job_ended} if self.job_ended else {}
+        extra: dict[str, object] = {"job_ended": self.job_ended} if self.job_ended else {}
         if self.setup is not None:
             extra = {"deadline_s": self.deadline_s, **self.setup.fields()}
         return summary.prolog_fields(self.duration_s, skipped=self.skipped, told_user=self.told_user, **extra)
@@ -131,7 +131,7 @@ class EpilogResult(Record):
     #: domains whose daemon was stopped while processes of the job's user still held the NVIDIA driver
     busy_stop: tuple[str, ...] = ()
 
-    def fields(self) -> dict[str, Any]:
+    def fields(self) -> dict[str, object]:
         """The fields of ``epilog.done``, in their order."""
         return summary.epilog_fields(texts(self.actions), self.duration_s, self.lost_daemon, self.busy_stop)
 

@@ -11,17 +11,18 @@ from __future__ import annotations
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
-    from typing import Any
 
     #: one log line: its event and its fields, in order
-    Line = tuple[str, dict[str, Any]]
+    Line = tuple[str, dict[str, object]]
 
 __all__ = ["epilog_fields", "prolog_fields", "skipped_lines"]
 
 
-def prolog_fields(duration_s: float, *, skipped: str = "", told_user: bool = False, **summary: Any) -> dict[str, Any]:
+def prolog_fields(
+    duration_s: float, *, skipped: str = "", told_user: bool = False, **summary: object
+) -> dict[str, object]:
     """The fields of ``prolog.done``, in their order: ``ok``, the summary, ``duration_s``, then ``skipped``."""
-    out: dict[str, Any] = {"ok": True, **({"told_user": True} if told_user else {}), **summary}
+    out: dict[str, object] = {"ok": True, **({"told_user": True} if told_user else {}), **summary}
     out["duration_s"] = duration_s
     if skipped:
         out["skipped"] = skipped
@@ -38,13 +39,13 @@ def skipped_lines(reason: str, told: bool, duration_s: float) -> list[Line]:
 
 def epilog_fields(
     actions: Sequence[str], duration_s: float, lost: Sequence[str] = (), busy: Sequence[str] = ()
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The fields of ``epilog.done``: ``ok``, ``actions``, ``duration_s``, then ``lost_daemon`` and ``busy_stop``.
 
     ``lost_daemon`` when a daemon was lost, ``busy_stop`` when one was stopped while the job's processes still
     held the NVIDIA driver.
     """
-    out: dict[str, Any] = {"ok": True, "actions": list(actions), "duration_s": duration_s}
+    out: dict[str, object] = {"ok": True, "actions": list(actions), "duration_s": duration_s}
     if lost:
         out["lost_daemon"] = list(lost)
     if busy:

@@ -283,9 +283,7 @@ def idle_epilog(job: JobContext, rt: Runtime) -> EpilogResult | None:
     """
     t0 = rt.host.monotonic()
     try:
-        if not nothing_left(
-            job, str(rt.settings.paths.run_dir), lambda jid: _left_anything(rt.settings.paths.job(jid), rt)
-        ):
+        if not nothing_left(job, rt.settings.node_paths, lambda jid: _left_anything(rt.settings.paths.job(jid), rt)):
             return None
     except (ImexctlError, OSError):
         return None

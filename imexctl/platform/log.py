@@ -405,9 +405,9 @@ def open_command_sink(log_file: Path | None, *, syslog: bool, verbose: bool) -> 
     return open_sink(log_file=log_file, stderr_level="info" if verbose else "warning", syslog=syslog)
 
 
-def log_context(command: str, env: Mapping[str, str]) -> dict[str, Any]:
+def log_context(command: str, env: Mapping[str, str]) -> dict[str, object]:
     """Hook, job id and node for every line."""
-    context: dict[str, Any] = {"hook": command}
+    context: dict[str, object] = {"hook": command}
     if command in ("prolog", "epilog"):
         # raw values, so even a failure before the job is parsed names it; the hooks rebind parsed ones
         context.update(job_id=var.value(env, var.JOB_ID) or "?", node=var.value(env, var.NODENAME) or "?")

@@ -6,11 +6,20 @@ from pathlib import Path
 
 import pytest
 
+from imexctl.config import settings
+from imexctl.config.sections import NodePaths
 from imexctl.hooks import gate, summary
 from imexctl.slurm.job import JobContext
 from tests.support.fakes import job_env
 
-POLICY = {"jobs": "partitions", "partitions": ("gpu",), "feature": "", "shared": "skip"}
+# the typed record every tier hands the gates: the defaults, but for these keys
+POLICY = settings.load(None, node="gb01").policy._replace(
+    jobs="partitions", partitions=("gpu",), feature="", shared="skip"
+)
+
+
+def _paths(run_dir: object, proc_devices: object) -> NodePaths:
+    return NodePaths(run_dir=str(run_dir), proc_devices=str(proc_devices))
 
 
 def _job(**extra: str) -> JobContext:
@@ -19,13 +28,13 @@ def _job(**extra: str) -> JobContext:
 
 def test_a_job_the_policy_takes_is_not_skipped(tmp_path: Path) -> None:
     """A job in a listed partition: None, and no note is left."""
-    assert gate.skipped_prolog(_job(SLURM_JOB_PARTITION="gpu"), POLICY, str(tmp_path), "/nonexistent") is None
+    assert gate.skipped_prolog(_job(SLURM_JOB_PARTITION="gpu"), POLICY, _paths(tmp_path, "/nonexistent")) is None
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_skipped_job_says_why(tmp_path: Path) -> None:
     """A job outside the partitions: the reason; a job the site leaves out is not told."""
-    skip = gate.skipped_prolog(_job(SLURM_JOB_PARTITION="cpu"), POLICY, str(tmp_path), "/nonexistent")
+    skip = gate.skipped_prolog(_job(SLURM_JOB_PARTITION="cpu"), POLICY, _paths(tmp_path, "/nonexistent"))
     assert skip == gate.Skip("partition cpu is not in [policy] partitions")
     with pytest.raises(AttributeError):
         skip.reason = ""  # type: ignore[misc,union-attr]
@@ -38,7 +47,7 @@ def test_a_note_that_cannot_be_left_is_a_problem_not_an_error(tmp_path: Path) ->
     run_dir = tmp_path / "run"
     run_dir.write_text("not a directory")
     skip = gate.skipped_prolog(
-        _job(SLURM_JOB_PARTITION="gpu", SLURM_JOB_OVERSUBSCRIBE="YES"), POLICY, str(run_dir), str(devices)
+        _job(SLURM_JOB_PARTITION="gpu", SLURM_JOB_OVERSUBSCRIBE="YES"), POLICY, _paths(run_dir, devices)
     )
     assert skip is not None and skip.reason.startswith("the job may share its trays") and not skip.told
     assert skip.problem.startswith(str(run_dir))
@@ -80,7 +89,7 @@ def test_nothing_left_forgets_the_note_and_asks_each_domain(tmp_path: Path) -> N
     (tmp_path / "notes" / "7").write_text("note\n")
     asked: list[int] = []
     job = JobContext.from_env(job_env(job_id=7, SLURM_HET_JOB_ID="6"), need_nodes=False)
-    assert gate.nothing_left(job, str(tmp_path), lambda jid: asked.append(jid) or False)
+    assert gate.nothing_left(job, _paths(tmp_path, "/nonexistent"), lambda jid: asked.append(jid) or False)
     assert asked == [7, 6] and not (tmp_path / "notes" / "7").exists()
 
 
@@ -90,3 +99,16 @@ def test_summary_fields_keep_their_order() -> None:
     assert list(summary.prolog_fields(0.1, job_ended="CANCELLED")) == ["ok", "job_ended", "duration_s"]
     assert list(summary.epilog_fields(["a"], 0.1, ["lost"])) == ["ok", "actions", "duration_s", "lost_daemon"]
     assert [e for e, _ in summary.skipped_lines("x", False, 0.1)] == ["imex.skipped", "prolog.done"]
+
+
+def test_every_tier_hands_the_gates_the_same_records() -> None:
+    """No tier hands a gate its settings as a dict (the ``_asdict()`` bridges of the typed tiers are gone), and the
+    gates read the policy and the paths only as the records' fields."""
+    import ast
+
+    hooks = Path(__file__).resolve().parents[2] / "imexctl/hooks"
+    for name in ("entry.py", "quick.py", "gate.py", "prolog.py", "teardown.py"):
+        assert "_asdict()" not in (hooks / name).read_text(encoding="utf-8"), name
+    tree = ast.parse((hooks / "gate.py").read_text(encoding="utf-8"))
+    by_key = [n for n in ast.walk(tree) if isinstance(n, ast.Subscript) and getattr(n.value, "id", "") == "policy"]
+    assert by_key == []
