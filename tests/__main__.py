@@ -1,13 +1,16 @@
-"""Run the whole test suite as two pytest processes side by side: ``python -m tests``.
+"""Run the whole test suite as four pytest processes side by side: ``python -m tests``.
 
 The real-Slurm and booted-node labs (markers ``slurm`` and ``systemd``) spend most of their time waiting on
-slurmd, systemd and the simulator's domain formation, so they run in one pytest process while everything
-else runs in another. Together they select exactly what a plain ``python -m pytest`` selects (it still runs
+slurmd, systemd, the simulator's domain formation and Slurm's own delays (a requeued job waits out its first
+run's credential, 121 s), so each Slurm version's lab runs in a pytest process of its own
+(``IMEXCTL_LAB_SLURM``: tests/lab/conftest.py; the labs' names, subnets and ports are per version, made to run
+side by side: tests/lab/versions.py ``LabNames``), the booted nodes with the 22.05 lab, while everything else
+runs in a fourth. Together they select exactly what a plain ``python -m pytest`` selects (it still runs
 everything in one process). Each process writes its output to a log file; this prints a progress line now and
-then, each log when its process ends, and exits non-zero when either failed.
+then, each log when its process ends, and exits non-zero when any failed.
 
-    python -m tests                 # both parts, side by side (the README's test command)
-    python -m tests -- -x -k nvml   # extra pytest arguments, passed to both parts
+    python -m tests                 # every part, side by side (the README's test command)
+    python -m tests -- -x -k nvml   # extra pytest arguments, passed to every part
 """
 
 from __future__ import annotations
@@ -21,13 +24,24 @@ import time
 from pathlib import Path
 
 LABS = "slurm or systemd"
-PARTS = {"labs": LABS, "rest": f"not ({LABS})"}
+#: each part: its marker expression and, for a lab, the Slurm version it brings up (tests/lab/conftest.py)
+PARTS: dict[str, tuple[str, str | None]] = {
+    "labs-22.05": (LABS, "22.05"),
+    "labs-24.11": ("slurm", "24.11"),
+    "labs-26.05": ("slurm", "26.05"),
+    "rest": (f"not ({LABS})", None),
+}
 PROGRESS_S = 60.0
 
 
-def _start(name: str, marker: str, extra: list[str], logdir: Path) -> tuple[subprocess.Popen[bytes], Path]:
+def _start(
+    name: str, marker: str, slurm: str | None, extra: list[str], logdir: Path
+) -> tuple[subprocess.Popen[bytes], Path]:
     """Start one pytest process in its own process group, its output in ``logdir/<name>.log``."""
     log = logdir / f"{name}.log"
+    env = dict(os.environ)
+    if slurm:
+        env["IMEXCTL_LAB_SLURM"] = slurm
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "pytest", "-m", marker, *extra],
@@ -35,6 +49,7 @@ def _start(name: str, marker: str, extra: list[str], logdir: Path) -> tuple[subp
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env=env,
         )
     return proc, log
 
@@ -78,8 +93,8 @@ def main(argv: list[str]) -> int:
     # KeyboardInterrupt
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        for name, marker in PARTS.items():
-            procs[name], logs[name] = _start(name, marker, extra, logdir)
+        for name, (marker, slurm) in PARTS.items():
+            procs[name], logs[name] = _start(name, marker, slurm, extra, logdir)
             print(f"tests: part {name!r} (-m {marker!r}) started, log {logs[name]}", flush=True)
         codes: dict[str, int] = {}
         last_progress = time.monotonic()
@@ -87,7 +102,7 @@ def main(argv: list[str]) -> int:
             for name, proc in procs.items():
                 if name not in codes and proc.poll() is not None:
                     codes[name] = proc.returncode
-                    print(f"\n===== part {name!r} (-m {PARTS[name]!r}): exit {proc.returncode} =====", flush=True)
+                    print(f"\n===== part {name!r} (-m {PARTS[name][0]!r}): exit {proc.returncode} =====", flush=True)
                     sys.stdout.write(logs[name].read_text(errors="replace"))
                     sys.stdout.flush()
             if time.monotonic() - last_progress >= PROGRESS_S:

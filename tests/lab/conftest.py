@@ -35,7 +35,13 @@ from tests.lab.versions import HostSlurm, RootSlurm, SlurmInstall
 from tests.simhelpers import wait_for
 from tests.support.ci import unavailable
 
-SLURMS = ("22.05", "24.11", "26.05")
+#: the Slurm versions the lab runs; IMEXCTL_LAB_SLURM (a comma list) keeps some of them, so that python -m tests
+#: can run each version's lab in a pytest process of its own
+ALL_SLURMS = ("22.05", "24.11", "26.05")
+_WANTED = os.environ.get("IMEXCTL_LAB_SLURM", "").split(",") if os.environ.get("IMEXCTL_LAB_SLURM") else ALL_SLURMS
+SLURMS = tuple(v for v in ALL_SLURMS if v in _WANTED)
+if not SLURMS:
+    raise ValueError(f"IMEXCTL_LAB_SLURM={os.environ['IMEXCTL_LAB_SLURM']!r} names none of {', '.join(ALL_SLURMS)}")
 NODES = ["node1", "node2", "node3", "node4"]
 
 
