@@ -37,7 +37,7 @@ pytestmark = pytest.mark.systemd
 
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = REPO / "deploy/ansible/site.yml"
-NAMES = LabNames(prefix="imxan", bridge="imxanbr0", subnet="198.18.4", ctl_port=6817)
+NAMES = LabNames(prefix="imxan", bridge="imxanbr0", subnet="198.18.4", ctl_port=6817, first_job_id=400000)
 NODES = ["node1", "node2"]
 #: the driver the nodes pretend to run, and the stand-in nvidia-imex package's version
 DRIVER = "580.95.05"

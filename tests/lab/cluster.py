@@ -174,6 +174,7 @@ def slurm_conf(
     epilog: str,
     prolog_epilog_timeout: int,
     nodes: Sequence[tuple[str, str]],
+    first_job_id: int = 1,
     extra: str = "",
 ) -> str:
     """Return a lab's slurm.conf: ``ctl`` and ``nodes`` are (name, address); ``files`` has every SLURM_FILES key.
@@ -204,6 +205,7 @@ SchedulerParameters=bf_interval=2
 ReturnToService=2
 SlurmctldPort={ctl_port}
 SlurmdPort=6818
+FirstJobId={first_job_id}
 {file_lines}
 LogTimeFormat=iso8601_ms
 SlurmctldDebug=info
@@ -645,6 +647,7 @@ class SlurmLab:
             epilog=str(self.slurm.path_inside(self.epilog)),
             prolog_epilog_timeout=self.prolog_epilog_timeout,
             nodes=[(n, self.addr(n)) for n in self.nodes],
+            first_job_id=self.names.first_job_id,
             extra=self._extra_lines(),
         )
 

@@ -50,7 +50,7 @@ from tests.lab.versions import LabNames
 
 __all__ = ["NAMES", "SystemdLab"]
 
-NAMES = LabNames(prefix="imxsd", bridge="imxsdbr0", subnet="198.18.2", ctl_port=6817)
+NAMES = LabNames(prefix="imxsd", bridge="imxsdbr0", subnet="198.18.2", ctl_port=6817, first_job_id=300000)
 CTL = "ctl"
 STATE_NAME = "lab.json"
 TOP = Path("/var/tmp")  # not /tmp: the machines mount a tmpfs there, which would hide the shared directory
@@ -370,6 +370,7 @@ class SystemdLab:
             epilog="/etc/slurm/epilog.d/*",
             prolog_epilog_timeout=120,
             nodes=[(n, self.addr(n)) for n in self.nodes],
+            first_job_id=self.names.first_job_id,
         )
         missing = [ln for ln in siteinstall.SLURM_CONF if ln not in text.splitlines()]
         if missing:

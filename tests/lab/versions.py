@@ -61,12 +61,16 @@ class LabNames:
     directory ``/tmp/<prefix>-XXXX``. Addresses: ``<subnet>.1`` for slurmctld on ``bridge``, ``<subnet>.11``
     and up for the nodes (keep to 198.18.0.0/15, reserved for benchmarking). slurmctld listens in the root
     namespace, so each lab needs its own ``ctl_port``; every slurmd has a namespace of its own.
+    ``first_job_id`` (slurm.conf ``FirstJobId``) keeps each lab's job ids apart from the others': the labs
+    share one process table, and the hooks (``job_is_running``: a slurmstepd titled ``[<id>.``) and the
+    tests (the running prologs of job N) find a job there by its id alone.
     """
 
     prefix: str
     bridge: str
     subnet: str
     ctl_port: int
+    first_job_id: int = 1
 
     def __post_init__(self) -> None:
         if len(f"{self.prefix}-v200") > 15 or len(self.bridge) > 15:
@@ -234,8 +238,8 @@ class RootSlurm(SlurmInstall):
     kind = "root"
     #: the names of each Slurm series' lab (debroot.SUITES gives its Debian suite): two can be up at once
     SERIES_NAMES = {
-        "24.11": LabNames(prefix="imx24", bridge="imx24br0", subnet="198.18.1", ctl_port=6827),
-        "26.05": LabNames(prefix="imx26", bridge="imx26br0", subnet="198.18.3", ctl_port=6837),
+        "24.11": LabNames(prefix="imx24", bridge="imx24br0", subnet="198.18.1", ctl_port=6827, first_job_id=100000),
+        "26.05": LabNames(prefix="imx26", bridge="imx26br0", subnet="198.18.3", ctl_port=6837, first_job_id=200000),
     }
     NAMES = SERIES_NAMES["24.11"]
 
