@@ -79,6 +79,9 @@ def test_tray_cut_off_by_its_firewall_is_the_one_drained(lab: SlurmLab, cut_off:
     assert cut["ok"] is False and cut["error_code"] == "not_ready", cut
     assert "never reached the command service of any of its 2 peers" in str(cut["reason"]), cut
     wait_for(lambda: lab.node_states()[cut_off]["state"].startswith("drain"), 30, 0.5, what=f"{cut_off} drained")
+    # Slurm shows the hook's own reason, code first, naming the tray (not Slurm's "Prolog error")
+    shown = lab.node_states()[cut_off]["reason"]
+    assert shown.startswith(f"imex:not_ready {cut_off}: "), shown
     for node in TRAYS:
         if node == cut_off:
             continue
@@ -107,6 +110,8 @@ def test_peer_that_refuses_connections_is_drained_and_named(lab: SlurmLab) -> No
     # the domain formed without it: it fails even when the job went back to the queue meanwhile
     assert "the other trays connected to each other but none of them to this tray" in str(done[CUT]["reason"])
     wait_for(lambda: lab.node_states()[CUT]["state"].startswith("drain"), 30, 0.5, what=f"{CUT} drained")
+    shown = lab.node_states()[CUT]["reason"]
+    assert shown.startswith(f"imex:not_ready {CUT}: "), shown
     for node in TRAYS:
         if node == CUT:
             continue
