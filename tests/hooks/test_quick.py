@@ -30,10 +30,11 @@ from imexctl.platform.host import RealHost
 from tests.support.fakes import FakeGpu, job_env
 
 REPO = Path(__file__).resolve().parents[2]
-#: what the fast path must not import: each cost a hook 5 to 60 ms (docs/performance.md)
+#: what the fast path must not import: each cost a hook 2 to 60 ms (docs/performance.md)
 SLOW = (
     "argparse",
     "asyncio",
+    "collections",
     "configparser",
     "dataclasses",
     "enum",

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import subprocess
+import sys
+from pathlib import Path
 from typing import NamedTuple, get_type_hints
 
 import pytest
@@ -81,3 +85,52 @@ def test_a_record_derives_from_record_alone() -> None:
 
         class Mixed(Record, int):  # type: ignore[misc]
             a: int
+
+
+def test_made_without_collections_as_namedtuple_makes_it() -> None:
+    """Everything else namedtuple gives its classes, without importing collections (the fast tier's 2 ms)."""
+    ours, typed = Ours(job=7, nodes=("a",)), Typed(job=7, nodes=("a",))
+    assert ours == (7, "", ("a",)) and hash(ours) == hash(typed) and Ours.__match_args__ == Typed.__match_args__
+    assert Ours._make([1, "n", ()]) == Typed._make([1, "n", ()]) and type(Ours._make((1, "", ()))) is Ours
+    assert copy.copy(ours) == ours and copy.deepcopy(ours) == ours and type(copy.deepcopy(ours)) is Ours
+    assert Ours.job.__doc__ == Typed.job.__doc__
+    assert not hasattr(ours, "__dict__")  # __slots__ = (): no instance dictionary
+    for call in (lambda k: k(1, nodes=("b",)), lambda k: k(node="x", job=2), lambda k: k(3, "y")):
+        assert (
+            type(call(Ours)) is Ours
+            and call(Ours) == call(Typed)
+            and repr(call(Ours)) == repr(call(Typed)).replace("Typed", "Ours")
+        )
+    refused = (lambda k: k(), lambda k: k(1, "", (), 4), lambda k: k(1, bad=2), lambda k: k(1, job=2),
+               lambda k: k(node="x"), lambda k: k._make([1]))  # fmt: skip
+    for call in refused:
+        with pytest.raises(TypeError):
+            call(Typed)
+        with pytest.raises(TypeError):
+            call(Ours)
+    with pytest.raises(ValueError, match="unexpected field names: \\['bad'\\]"):
+        ours._replace(bad=1)
+
+
+def test_importing_it_loads_no_collections() -> None:
+    """In a fresh interpreter (as the hooks run), defining records leaves collections unloaded.
+
+    Without site (-S): an editable install's path hook, as the test venv has, imports pathlib (collections).
+    """
+    repo = str(Path(__file__).resolve().parents[2])
+    code = (
+        f"import sys; sys.path.insert(0, {repo!r}); from imexctl.platform.record import Record\n"
+        "class R(Record):\n    a: int\n    b: str = ''\n"
+        "assert R(1)._replace(b='x') == (1, 'x'), R(1)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('collections', 'typing', 'operator')))"
+    )
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, check=False,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_field_names_are_checked() -> None:
+    (base,) = Record.__mro_entries__(())
+    for bad in ("_a", "_fields", "a b", "1a"):
+        with pytest.raises(ValueError, match="bad or repeated field name"):
+            type(base)("Bad", (base,), {"__module__": __name__, "__annotations__": {bad: "int"}})
