@@ -85,14 +85,20 @@ def test_health_and_doctor_in_a_loop_never_fail_a_healthy_tray(lab: SlurmLab) ->
 
 
 def _wrapper(lab: SlurmLab) -> Path:
-    """The lab's HealthCheckProgram: records what slurmd gave it, runs imexctl health with the lab's files."""
+    """The lab's HealthCheckProgram: records what slurmd gave it, runs imexctl health with the lab's files.
+
+    Each run writes a file of its own, named by when it started (``/proc/uptime``) and its pid: slurmd may
+    start a run while another still runs (its timer's and one slurmctld asks for, on a loaded machine), and
+    their lines must not interleave.
+    """
     script = lab.dir / "bin" / "health-check"
     out = lab.dir / "out"
     script.write_text(
         "#!/bin/sh\n"
         "# slurmd runs this with no arguments and no PATH: SLURMD_NODENAME and maybe SLURM_NODE_IS_HEALTHY\n"
-        f'log={out}/health-"$SLURMD_NODENAME".log\n'
-        'echo "run node=$SLURMD_NODENAME healthy=${SLURM_NODE_IS_HEALTHY-unset} path=${PATH-unset}" >> "$log"\n'
+        "read -r up _ < /proc/uptime\n"
+        f'log={out}/health-"$SLURMD_NODENAME"-"$up"-$$.run\n'
+        'echo "run node=$SLURMD_NODENAME healthy=${SLURM_NODE_IS_HEALTHY-unset} path=${PATH-unset}" > "$log"\n'
         f'SLURM_CONF={lab.conf} {IMEXCTL} --config {lab.imexctl_conf} health >> "$log" 2>&1\n'
         'rc=$?\necho "rc=$rc" >> "$log"\nexit $rc\n'
     )
@@ -101,15 +107,14 @@ def _wrapper(lab: SlurmLab) -> Path:
 
 
 def _runs(lab: SlurmLab, node: str) -> list[list[str]]:
-    """Each recorded health check run on a node: its lines, from 'run ...' to 'rc=N'."""
-    path = lab.dir / "out" / f"health-{node}.log"
-    runs: list[list[str]] = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        if line.startswith("run "):
-            runs.append([line])
-        elif runs:
-            runs[-1].append(line)
-    return [r for r in runs if r[-1].startswith("rc=")]
+    """Each finished health check run on a node, in the order they started: its lines, 'run ...' to 'rc=N'."""
+    found = []
+    for path in (lab.dir / "out").glob(f"health-{node}-*.run"):
+        up, pid = path.name[len(f"health-{node}-") : -len(".run")].rsplit("-", 1)
+        lines = path.read_text().splitlines()
+        if lines and lines[0].startswith("run ") and lines[-1].startswith("rc="):
+            found.append((float(up), int(pid), lines))
+    return [lines for _, _, lines in sorted(found)]
 
 
 @pytest.fixture
