@@ -1,6 +1,6 @@
 """The Ansible role (deploy/ansible) run by ``ansible-playbook`` against booted nodes, over ssh, as at a site.
 
-Marker ``systemd`` (run it through /work/wt/lab.sh): a lab of its own (tests/lab/sysd.py, names ``imxan``,
+Marker ``systemd``: a lab of its own (tests/lab/sysd.py, names ``imxan``,
 198.18.4.0/24) boots a controller and two nodes with systemd, slurmd and the stand-in NVIDIA side, but
 without imexctl (``site_install=False``). Before the role, as a site's image would have them: root's
 authorized key for sshd; NVIDIA's ``nvidia-imex`` as a package (a stand-in .deb of 580.95.05 whose
