@@ -34,8 +34,13 @@ def test_split_cmdline_like_psutil(data: str, argv: tuple[str, ...]) -> None:
 
 def test_info_matches_psutil() -> None:
     """pid, argv, process group and session of a live child are what psutil reports."""
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "two words"])
+    code = "import sys, time; sys.stdout.write('up\\n'); sys.stdout.flush(); time.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", code, "two words"], stdout=subprocess.PIPE)
     try:
+        # Popen returns once the exec closed its pipe, before the kernel has set the new command line's
+        # bounds: read in that window, /proc/<pid>/cmdline is empty (seen under load). The child's own
+        # line says it runs.
+        assert child.stdout is not None and child.stdout.readline() == b"up\n"
         info = RealHost._info(child.pid)
         p = psutil.Process(child.pid)
         assert info is not None
