@@ -16,6 +16,7 @@ the namespaces this module creates.
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import shutil
@@ -42,20 +43,45 @@ SERVER_PORT, CMD_PORT = 61500, 62500
 
 
 def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
+    done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=10, check=False)
+    if done.returncode:
+        raise RuntimeError(f"ip {' '.join(args)}: exit {done.returncode}: {done.stderr.strip()}")
+
+
+_RACKS = itertools.count()
+
+
+def _free_tag(trays: int) -> str:
+    """A tag no bridge, veth or namespace on this machine has: the kernel frees a deleted namespace's veths
+    later, in its own time (cleanup_net), so the last rack's names may still be taken for a while."""
+    while True:
+        tag = f"{os.getpid() % 10000}{next(_RACKS)}"
+        names = [f"imxnb{tag}"[:15], *(f"imxnb{tag}v{i}"[:15] for i in range(trays))]
+        if not any(Path("/sys/class/net", n).exists() for n in names) and not any(
+            Path(f"/run/netns/imxns{tag}-{i}").exists() for i in range(trays)
+        ):
+            return tag
 
 
 class Rack:
     """Trays in network namespaces on one bridge; records and removes everything it creates."""
 
     def __init__(self, trays: int) -> None:
-        tag = f"{os.getpid() % 10000}{random.randrange(100)}"
+        tag = _free_tag(trays)
         self.bridge = f"imxnb{tag}"[:15]
         self.netns = [f"imxns{tag}-{i}" for i in range(trays)]
         subnet = f"198.19.{random.randrange(1, 250)}"
         self.addresses = [f"{subnet}.{11 + i}" for i in range(trays)]
         self.dir = Path(os.path.realpath(__import__("tempfile").mkdtemp(prefix="imxn", dir="/tmp")))
         self.procs: list[subprocess.Popen[str]] = []
+        try:
+            self._wire()
+        except BaseException:
+            self.close()  # what it made so far: a failed rack leaves nothing behind either
+            raise
+        (self.dir / "nodes.cfg").write_text("".join(f"{a}\n" for a in self.addresses))
+
+    def _wire(self) -> None:
         _ip("link", "add", self.bridge, "type", "bridge")
         _ip("link", "set", self.bridge, "up")
         for i, ns in enumerate(self.netns):
@@ -65,7 +91,6 @@ class Rack:
             _ip("-n", ns, "addr", "add", f"{self.addresses[i]}/24", "dev", "eth0")
             _ip("-n", ns, "link", "set", "eth0", "up")
             _ip("-n", ns, "link", "set", "lo", "up")
-        (self.dir / "nodes.cfg").write_text("".join(f"{a}\n" for a in self.addresses))
 
     def config(self, i: int, cmd: dict[str, str]) -> Path:
         keys = {
