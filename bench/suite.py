@@ -33,7 +33,14 @@ from imexctl.slurm import nodelist  # noqa: E402
 PY = sys.executable
 # the console script's start-up: an isolated interpreter, then main() (the checkout first on the path)
 # what the console script runs (setup.cfg: imexctl = imexctl.cli:console), from the checkout
-MAIN = f"import sys; sys.path.insert(0, {str(REPO)!r}); from imexctl.cli import console; console()"
+
+
+def _main(repo: Path) -> str:
+    """The code the console script runs (setup.cfg: imexctl = imexctl.cli:console), from the checkout ``repo``."""
+    return f"import sys; sys.path.insert(0, {str(repo)!r}); from imexctl.cli import console; console()"
+
+
+MAIN = _main(REPO)
 UP_LINE = re.compile(r"Simulator: READY and all \d+ links CONNECTED at monotonic ([\d.]+), started at ([\d.]+)")
 SHUTDOWN_LINE = re.compile(r"Simulator: shutdown took ([\d.]+) s, signalled at monotonic ([\d.]+)")
 
@@ -57,6 +64,8 @@ class Mode(NamedTuple):
     drift_cycles: int
     #: ``--set SECTION.KEY=VALUE``: written into every simulated tray's imexctl config
     overrides: tuple[tuple[str, str, str], ...] = ()
+    #: ``--against DIR``: another checkout whose hooks run alternated with this one's (startup, readiness)
+    against: Path | None = None
 
 
 MODES = {
@@ -136,7 +145,12 @@ def _pct(samples: list[float], q: float) -> float:
 
 
 def bench_startup(mode: Mode, tmp: Path) -> list[Figure]:
-    """``imexctl --version``, a skipped prolog and an idle epilog against ``python -I -c pass``, alternated."""
+    """``imexctl --version``, a skipped prolog and an idle epilog against ``python -I -c pass``, alternated.
+
+    With ``--against DIR`` the other checkout's three runs join the rotation:
+    ``startup.<run>.against.over_floor`` is its figure, ``startup.<run>.vs_against``
+    this checkout's minus it (ms; below zero: this one starts faster).
+    """
     root = tmp / "startup"
     root.mkdir()
     cfg = root / "imexctl.conf"
@@ -144,22 +158,27 @@ def bench_startup(mode: Mode, tmp: Path) -> list[Figure]:
     cfg.chmod(0o644)
     env = {"SLURM_JOB_ID": "77", "SLURMD_NODENAME": "n1", "SLURM_JOB_NODELIST": "n1", "SLURM_JOB_UID": "0"}
     env["SLURM_JOB_PARTITION"] = "cpu"
-    contenders = {
-        "floor": [PY, "-I", "-c", "pass"],
-        "version": [PY, "-I", "-c", MAIN, "--version"],
-        "prolog_skipped": [PY, "-I", "-c", MAIN, "--config", str(cfg), "prolog"],
-        "epilog_idle": [PY, "-I", "-c", MAIN, "--config", str(cfg), "epilog"],
-    }
+    runs = {"version": ["--version"], "prolog_skipped": ["--config", str(cfg), "prolog"]}
+    runs["epilog_idle"] = ["--config", str(cfg), "epilog"]
+    contenders = {"floor": [PY, "-I", "-c", "pass"]}
+    for name, args in runs.items():
+        contenders[name] = [PY, "-I", "-c", MAIN, *args]
+        if mode.against:
+            contenders[f"{name}.against"] = [PY, "-I", "-c", _main(mode.against), *args]
     samples: dict[str, list[float]] = {k: [] for k in contenders}
     for _ in range(mode.startup_runs):
         for name, argv in contenders.items():
             samples[name].append(_timed(argv, env))
     floor = _median_ms(samples["floor"])
     out = [Figure("startup.floor", floor, "ms")]
-    for name in ("version", "prolog_skipped", "epilog_idle"):
+    for name in runs:
         over = _median_ms(samples[name]) - floor
         out.append(Figure(f"startup.{name}.over_floor", over, "ms", "<=25", over <= 25))
         out.append(Figure(f"startup.{name}.ratio", _median_ms(samples[name]) / floor, "x"))
+        if mode.against:
+            other = _median_ms(samples[f"{name}.against"]) - floor
+            out.append(Figure(f"startup.{name}.against.over_floor", other, "ms"))
+            out.append(Figure(f"startup.{name}.vs_against", over - other, "ms"))
     return out
 
 
@@ -293,8 +312,8 @@ class _Rack:
                 runs.setdefault(int(ppid), []).append((float(start), float(end), float(cpu)))
         return runs
 
-    def hooks(self, hook: str, job: int) -> tuple[float, list[_HookRun], float]:
-        """Start the hook on every tray at once; (start, each tray's run, peak RSS MiB)."""
+    def hooks(self, hook: str, job: int, main: str = MAIN) -> tuple[float, list[_HookRun], float]:
+        """Start the hook (``main``: whose console script) on every tray at once; (start, each tray's run, peak RSS MiB)."""
         usage_at = self.ctl_usage.stat().st_size
         env = [self.rack.job_env(t, job, hook) for t in self.rack.trays]
         for e in env:
@@ -303,7 +322,7 @@ class _Rack:
         t0 = time.monotonic()
         procs = [
             subprocess.Popen(
-                [PY, "-I", "-c", RSS_LAUNCHER, str(w), PY, "-I", "-c", MAIN, hook],
+                [PY, "-I", "-c", RSS_LAUNCHER, str(w), PY, "-I", "-c", main, hook],
                 env=e,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -325,11 +344,11 @@ class _Rack:
         runs = [_HookRun(end, cpu - sum(c for _, _, c in ctl.get(pid, [])), ctl.get(pid, [])) for end, pid, cpu in done]
         return t0, runs, rss
 
-    def cycle(self) -> dict[str, Any]:
-        """One job on every tray: prolog, then epilog; what the sim logged between."""
+    def cycle(self, main: str = MAIN) -> dict[str, Any]:
+        """One job on every tray: prolog, then epilog (``main``: whose hooks); what the sim logged between."""
         self.job += 1
         before = self.offsets()
-        t0, prologs, rss = self.hooks("prolog", self.job)
+        t0, prologs, rss = self.hooks("prolog", self.job, main)
         ends = [r.end for r in prologs]
         ups = [UP_LINE.search(text) for text in self.new_text(before)]
         if not all(ups):
@@ -338,7 +357,7 @@ class _Rack:
         started = min(float(m.group(2)) for m in ups if m)
         mid = self.offsets()
         exits = _ExitWatch(self.daemon_pids(self.job))
-        e0, epilogs, _ = self.hooks("epilog", self.job)
+        e0, epilogs, _ = self.hooks("epilog", self.job, main)
         e_ends = [r.end for r in epilogs]
         downs = [SHUTDOWN_LINE.search(text) for text in self.new_text(mid)]
         shutdown = _shutdown_s(downs, exits.times())
@@ -421,14 +440,24 @@ def _shutdown_s(downs: list[re.Match[str] | None], exits: list[float | None]) ->
 
 
 def bench_readiness(mode: Mode, tmp: Path) -> list[Figure]:
-    """Prolog exit after the domain is UP (2, 4, 18 trays); the 18-tray prolog's overhead and probe load; epilog."""
+    """Prolog exit after the domain is UP (2, 4, 18 trays); the 18-tray prolog's overhead and probe load; epilog.
+
+    With ``--against DIR``, the 2- and 4-tray racks also run the other
+    checkout's hooks, a cycle of each in turn: ``cpu.*.against`` are its own-CPU
+    figures, ``cpu.*.vs_against`` this checkout's minus them (ms).
+    """
     out: list[Figure] = []
     epilogs: list[float] = []
     rss = 0.0
     for trays, runs in zip((2, 4, 18), mode.readiness_runs):
         rack = _Rack(tmp / f"r{trays}", trays, debug=trays == 18, overrides=mode.overrides)
+        others: list[dict[str, Any]] = []
         try:
-            cycles = [rack.cycle() for _ in range(runs)]
+            cycles = []
+            for _ in range(runs):
+                cycles.append(rack.cycle())
+                if mode.against and trays != 18:
+                    others.append(rack.cycle(_main(mode.against)))
             if trays == 18:
                 out += _rack_figures(rack, cycles)
         finally:
@@ -439,6 +468,8 @@ def bench_readiness(mode: Mode, tmp: Path) -> list[Figure]:
         out.append(Figure(f"readiness.{trays}trays.p95", p95, "ms", "<150", p95 < 150))
         if trays != 18:
             out += _own_figures(trays, cycles)
+            if others:
+                out += _against_figures(_own_figures(trays, cycles), _own_figures(trays, others))
         if trays == 2:
             # one epilog per core, as on a rack where each tray has its own CPUs: 18 epilogs at once on the
             # bench's 2 cores would measure the queue for the CPU, not the epilog
@@ -465,6 +496,16 @@ def _own_figures(trays: int, cycles: list[dict[str, Any]]) -> list[Figure]:
             out.append(
                 Figure(name, v, "ms", f"<={target:g}", v <= target) if target is not None else Figure(name, v, "ms")
             )
+    return out
+
+
+def _against_figures(ours: list[Figure], theirs: list[Figure]) -> list[Figure]:
+    """The other checkout's own-CPU figures (``<name>.against``) and ours minus them (``<name>.vs_against``)."""
+    out = []
+    for mine, other in zip(ours, theirs):
+        if mine.name.startswith("cpu."):
+            out.append(Figure(f"{mine.name}.against", other.value, other.unit))
+            out.append(Figure(f"{mine.name}.vs_against", mine.value - other.value, mine.unit))
     return out
 
 
@@ -712,11 +753,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="SECTION.KEY=VALUE",
         help="an imexctl setting for every simulated tray, e.g. readiness.poll_max_s=0.1 (readiness, drift)",
     )
+    p.add_argument(
+        "--against",
+        type=Path,
+        metavar="DIR",
+        help="another checkout (e.g. git worktree add /tmp/prev HEAD~1) whose hooks run alternated with this"
+        " one's: start-up and own CPU per hook, side by side in one run (startup, readiness)",
+    )
     args = p.parse_args(argv)
+    if args.against and not (args.against / "imexctl/cli/__init__.py").is_file():
+        p.error(f"--against {args.against}: not a checkout of imexctl (no imexctl/cli/__init__.py)")
     if os.geteuid() != 0:
         print("bench/run: run as root (the hooks need it)", file=sys.stderr)
         return 77
-    mode = MODES["smoke" if args.smoke else "quick" if args.quick else "full"]._replace(overrides=tuple(args.set))
+    mode = MODES["smoke" if args.smoke else "quick" if args.quick else "full"]._replace(
+        overrides=tuple(args.set), against=args.against.resolve() if args.against else None
+    )
     t0 = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="imxbench", dir="/tmp"))
     figures: list[Figure] = []

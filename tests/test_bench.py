@@ -98,3 +98,47 @@ def test_covered_counts_overlaps_once_and_only_inside() -> None:
     # one run before UP, one straddling it, two overlapping after it, one past the exit
     spans = [(-1.0, -0.5, 0.0), (-0.2, 0.1, 0.0), (0.3, 0.5, 0.0), (0.4, 0.6, 0.0), (0.9, 1.4, 0.0)]
     assert abs(covered(spans, 0.0, 1.0) - (0.1 + 0.3 + 0.1)) < 1e-9
+
+
+def test_against_runs_another_checkout_beside_this_one(tmp_path: Path) -> None:
+    """``--against DIR`` adds the other checkout's start-up figures and the differences; refuses a non-checkout."""
+    done = subprocess.run(
+        [str(REPO / "bench/run"), "--smoke", "--only", "startup", "--against", str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    names = [line.split()[0] for line in done.stdout.splitlines()[:-1]]
+    assert names == [
+        "startup.floor",
+        *(
+            f"startup.{h}.{k}"
+            for h in ("version", "prolog_skipped", "epilog_idle")
+            for k in ("over_floor", "ratio", "against.over_floor", "vs_against")
+        ),
+    ]
+    refused = subprocess.run(
+        [str(REPO / "bench/run"), "--smoke", "--only", "startup", "--against", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=REPO,
+    )
+    assert refused.returncode == 2
+    assert f"--against {tmp_path}: not a checkout of imexctl" in refused.stderr
+
+
+def test_against_figures_pair_own_cpu_figures() -> None:
+    """The readiness section's other-checkout figures: each own-CPU figure, its value there and the difference."""
+    suite = _suite()
+    fig = suite.Figure
+    ours = [fig("detection.2trays.lag_p50", 5.0, "ms"), fig("cpu.prolog.2trays.p50", 50.0, "ms", "<=60", True)]
+    theirs = [fig("detection.2trays.lag_p50", 9.0, "ms"), fig("cpu.prolog.2trays.p50", 54.0, "ms", "<=60", True)]
+    assert suite._against_figures(ours, theirs) == [
+        fig("cpu.prolog.2trays.p50.against", 54.0, "ms"),
+        fig("cpu.prolog.2trays.p50.vs_against", -4.0, "ms"),
+    ]
