@@ -124,5 +124,5 @@ def test_no_import_cycle() -> None:
 def test_the_scan_sees_every_kind_of_import(source: str, expected: set[str]) -> None:
     known = _modules()
     tree = ast.parse(source)
-    found = {t for n in ast.walk(tree) for t in _targets(n, "imexctl.hooks.quick", False, known)}
+    found = {t for n in ast.walk(tree) for t in _targets(n, "imexctl.hooks.entry", False, known)}
     assert found == expected

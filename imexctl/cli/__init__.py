@@ -90,7 +90,7 @@ def main(
     log.reset_logging()
     try:
         if args.command in entry.COMMANDS:
-            # read: what the fast tier read before it declined (quick.Read)
+            # read: what the fast tier read before it declined (entry.Read)
             return entry.run(args, env, host, gpu, on_step, read)
         return _handler(args.command)(args, env, host, gpu)
     except ImexctlError as exc:

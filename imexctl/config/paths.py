@@ -2,7 +2,7 @@
 
 :func:`imexctl.config.schema.node_paths` decides where each path lies for a
 node (light, for the hooks' fast tier, the gates and the job's own user:
-:class:`imexctl.config.sections.NodePaths`); :meth:`Paths.of_node` makes
+:class:`imexctl.config.schema.NodePaths`); :meth:`Paths.of_node` makes
 paths of its answer.
 """
 
@@ -16,7 +16,7 @@ from imexctl.config import schema
 from imexctl.platform.record import Record
 
 if TYPE_CHECKING:
-    from imexctl.config.sections import NodePaths
+    from imexctl.config.schema import NodePaths
 
 __all__ = ["JobDir", "Paths"]
 

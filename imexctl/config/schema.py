@@ -4,15 +4,18 @@ Every key of imexctl.conf: its default as written in the file and the parser
 that checks and converts it, section by section in file order (``SCHEMA``),
 and the checks that span keys.  :mod:`imexctl.config.settings` builds its typed,
 frozen objects from what :func:`validate` returns; the fast path of the hooks
-(:mod:`imexctl.hooks.quick`) validates with the same functions before it decides
-that a job is skipped or left nothing behind.
+(:mod:`imexctl.hooks.entry`) validates with the same functions before it decides
+that a job is skipped or left nothing behind.  The typed records every tier
+hands the hooks' gates (:mod:`imexctl.hooks.gate`) are defined here too:
+:class:`Policy` (``[policy]``) and :class:`NodePaths` (this node's ``[paths]``,
+from :func:`node_paths`); the settings hold the same records.
 
 It also reads the file, in the one INI grammar imexctl takes
 (:func:`parse_ini_subset`), on every path: hooks, fast path, admin commands,
 doctor and the job's own user (:mod:`imexctl.channels.job`).
 
-This module imports only ``os``, ``stat`` and :mod:`imexctl.platform.slurmenv`
-(``SLURM_CONF``) at run time: ``dataclasses``,
+This module imports only ``os``, ``stat``, :mod:`imexctl.platform.slurmenv`
+(``SLURM_CONF``) and :mod:`imexctl.platform.record` at run time: ``dataclasses``,
 ``pathlib``, ``typing`` and ``enum`` each cost a hook 5 to 20 ms to import
 (docs/performance.md).  Errors are :class:`SchemaError`;
 ``settings`` raises them as ``ConfigError``.
@@ -24,14 +27,13 @@ import os
 import stat
 
 from imexctl.platform import slurmenv as var
+from imexctl.platform.record import Record
 
 # typing is not imported at run time (start-up cost); mypy reads this block
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any, Callable
-
-    from imexctl.config.sections import NodePaths
 
     Parser = Callable[[str], Any]
 
@@ -43,6 +45,8 @@ __all__ = [
     "IMEX_KEYS",
     "OWNED_IMEX_KEYS",
     "SCHEMA",
+    "NodePaths",
+    "Policy",
     "SchemaError",
     "as_under_slurmd",
     "config_candidates",
@@ -345,6 +349,43 @@ SCHEMA: dict[str, dict[str, tuple[str, Parser]]] = {
 AUTH_FILE_KEYS = ("server_key", "server_cert", "server_cert_auth", "client_key", "client_cert", "client_cert_auth")
 
 
+class Policy(Record):
+    """``[policy]``: which jobs get a domain, channels, the NVML fabric check."""
+
+    jobs: str
+    partitions: tuple[str, ...]
+    feature: str
+    shared: str
+    channels: str
+    channel_mode: int
+    channel_count: int
+    fabric: str
+    fabric_wait_s: float
+    fabric_limited: str
+    single_tray: str
+    lost_daemon: str
+
+
+class NodePaths(Record):
+    """``[paths]`` for this node, as plain strings under ``root`` (``schema.node_paths``); '' for one not set.
+
+    The gates' view of where things lie; :class:`imexctl.config.paths.Paths`
+    holds the same as ``pathlib`` paths for the rest of the hooks.  The job's
+    own user reads only some (the rest stay '').
+    """
+
+    root: str = ""
+    run_dir: str = ""
+    channel_dir: str = ""
+    proc_devices: str = ""
+    log_file: str = ""
+    imex_log_file: str = ""
+    hosts_file: str = ""
+    topology_file: str = ""
+    topology_map: str = ""
+    nvidia_params: str = ""
+
+
 def find_config(explicit: str | None, env: Mapping[str, str]) -> tuple[str, bool]:
     """Choose the config file: ``--config``, ``$IMEXCTL_CONFIG``, beside ``$SLURM_CONF``, default.
 
@@ -594,8 +635,6 @@ def node_paths(paths: Mapping[str, str], node: str) -> NodePaths:
     reads: the others stay '').  An optional path that is not set stays empty;
     a path of ``/`` is root itself.
     """
-    from imexctl.config.sections import NodePaths
-
     root = paths["root"].replace("%n", node)
 
     def under(v: str) -> str:

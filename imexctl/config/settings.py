@@ -15,7 +15,7 @@ from typing import Any
 
 from imexctl.config import schema
 from imexctl.config.paths import Paths
-from imexctl.config.sections import NodePaths, Policy
+from imexctl.config.schema import NodePaths, Policy
 from imexctl.platform.errors import ConfigError
 from imexctl.platform.record import Record
 
@@ -199,7 +199,7 @@ class Settings(Record):
     auth: Auth
     containers: Containers
     imex: Mapping[str, str]
-    #: ``paths`` as plain strings, for the gates (:mod:`imexctl.config.sections`)
+    #: ``paths`` as plain strings, for the gates (:mod:`imexctl.config.schema`)
     node_paths: NodePaths
 
     def replace(self, **changes: Any) -> Settings:

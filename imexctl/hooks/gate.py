@@ -2,9 +2,9 @@
 
 Each decision is written once, here, and light enough to run before anything
 heavy is imported.  Every tier hands them the same light typed records
-(:mod:`imexctl.config.sections`: ``Policy``, ``NodePaths``): the fast tier
-(``quick``) the ones it built from the plain config file, the settings tier
-(``entry``) and the full hooks (``prolog``, ``teardown``) the settings' own, with
+(:mod:`imexctl.config.schema`: ``Policy``, ``NodePaths``): the fast tier
+(``entry.first``) the ones it built from the plain config file, the settings tier
+(``entry.run``) and the full hooks (``prolog``, ``teardown``) the settings' own, with
 their host.  Most prologs
 on a shared cluster are for jobs the policy skips, most epilogs for jobs that
 left nothing on the tray; each sits on a job's start or end
@@ -18,12 +18,12 @@ import os
 
 from imexctl.slurm.job import SHARING_UNKNOWN, JobContext, constraint_features
 
-# typing is not imported at run time: imexctl.hooks.quick imports this module (docs/performance.md)
+# typing is not imported at run time: imexctl.hooks.entry's fast tier imports this module (docs/performance.md)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable
 
-    from imexctl.config.sections import NodePaths, Policy
+    from imexctl.config.schema import NodePaths, Policy
     from imexctl.hooks.results import PrologResult
     from imexctl.hooks.runtime import Runtime
 

@@ -108,7 +108,7 @@ def build(
     """Node name, config lookup, settings, logging, host and GPU, in that order, as ``needs`` says.
 
     ``read`` is what the hooks' fast path read before it declined
-    (``quick.Read``): the settings are built from its validated sections, the
+    (``entry.Read``): the settings are built from its validated sections, the
     file is not read again.  ``host`` and ``gpu`` are the tests' fakes.
 
     Raises:

@@ -1,13 +1,13 @@
 """The summary lines of a hook run, field by field in their order: ``prolog.done``, ``epilog.done``, a skip.
 
-One renderer of their fields for the hooks' fast path (:mod:`imexctl.hooks.quick`),
+One renderer of their fields for the hooks' fast path (:mod:`imexctl.hooks.entry`),
 which writes them itself, and for the records of :mod:`imexctl.hooks.results`;
 light enough for the fast path (``os``-free, no ``typing`` at run time).
 """
 
 from __future__ import annotations
 
-# typing is not imported at run time: imexctl.hooks.quick imports this module (docs/performance.md)
+# typing is not imported at run time: imexctl.hooks.entry's fast tier imports this module (docs/performance.md)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence

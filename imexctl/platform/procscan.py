@@ -1,6 +1,6 @@
 """The process table, read straight from ``/proc`` one process at a time (imports only ``os``).
 
-The hooks' fast path (:mod:`imexctl.hooks.quick`) and ``RealHost`` read the
+The hooks' fast path (:mod:`imexctl.hooks.entry`) and ``RealHost`` read the
 process table here, without psutil (its import alone costs a hook about
 13 ms; docs/performance.md).
 

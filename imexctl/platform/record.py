@@ -11,7 +11,7 @@ the body, as ``typing.NamedTuple`` makes it, but cheaper in two ways:
   imexctl's needs.  That was 2 to 3 ms of every hook's start for the 45 or so
   records on its path (docs/performance.md "Own CPU");
 - without importing :mod:`collections` (about 2 ms under ``python -I``): the
-  hooks' fast tier defines the gates' records (``config.sections``) and loads
+  hooks' fast tier defines the gates' records (``config.schema``) and loads
   nothing else that needs it.  The class is made here: a ``tuple`` subclass
   with ``__slots__ = ()``, a ``__new__`` that takes its fields by position or
   by name, with the defaults (a closure: nothing compiled per class), a read-only property per field, and

@@ -2,8 +2,9 @@
 
 Every variable is read through :mod:`imexctl.platform.slurmenv`, the table of
 Slurm's variables (which versions set each, and its fallback).  Light enough for
-the hooks' fast path (:mod:`imexctl.hooks.quick`): at run time it imports only
-``os``, :mod:`imexctl.platform.slurmenv`, :mod:`imexctl.slurm.nodelist`, and
+the hooks' fast path (:mod:`imexctl.hooks.entry`): at run time it imports only
+``os`` and :mod:`imexctl.platform.slurmenv`; :mod:`imexctl.slurm.nodelist` only
+to read a prolog's node list (an epilog never needs it), and
 :mod:`imexctl.platform.errors` (which imports ``enum``) only to raise.
 """
 
@@ -12,7 +13,6 @@ from __future__ import annotations
 import os
 
 from imexctl.platform import slurmenv as var
-from imexctl.slurm import nodelist
 
 # typing is not imported at run time (start-up cost); mypy reads this block
 TYPE_CHECKING = False
@@ -255,6 +255,8 @@ def constraint_features(constraints: str) -> frozenset[str]:
 
 
 def _nodes(env: Mapping[str, str], node: str) -> tuple[str, ...]:
+    from imexctl.slurm import nodelist  # here: the epilog, and its fast path, never read the list
+
     # slurmd sets SLURM_JOB_NODELIST from 23.02 on; 22.05 only SLURM_NODELIST (its fallback in the table)
     key, text = var.source(env, var.JOB_NODELIST)
     if not text.strip():

@@ -1,5 +1,5 @@
-"""The hooks' front door: one way in per hook, top-down in one folder (entry, then quick and gate, then the prolog or
-the teardown), with cli only parsing, dispatching and mapping errors to exit codes."""
+"""The hooks' front door: one way in per hook, top-down in one folder (entry and its fast tier, then the gate, then the
+prolog or the teardown), with cli only parsing, dispatching and mapping errors to exit codes."""
 
 from __future__ import annotations
 
@@ -14,12 +14,11 @@ from typing import Callable
 import pytest
 
 from imexctl.config.settings import Settings
-from imexctl.hooks import entry, quick
 from tests.support.fakes import job_env
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "imexctl"
-TIERS = ("imexctl.hooks.quick", "imexctl.hooks.gate", "imexctl.hooks.runtime", "imexctl.hooks.prolog")
+TIERS = ("imexctl.hooks.gate", "imexctl.hooks.runtime", "imexctl.hooks.prolog")
 TIERS += ("imexctl.hooks.teardown", "imexctl.hooks.metrics")
 # the console script's interpreter (-I), the checkout first on the path; which of the tiers' modules it loaded
 PROBE = (
@@ -50,21 +49,14 @@ def test_cli_hands_the_hooks_to_their_front_door_only() -> None:
 
 
 def test_the_front_door_is_light() -> None:
-    """At module level entry imports only the fast tier (cli imports it for every hook run)."""
+    """At module level entry imports only what ``--version`` needs (cli imports it for every hook run)."""
     tree = ast.parse((PACKAGE / "hooks/entry.py").read_text(encoding="utf-8"))
     top = {
         (n.module if isinstance(n, ast.ImportFrom) else n.names[0].name)
         for n in tree.body
         if isinstance(n, (ast.Import, ast.ImportFrom))
     }
-    assert top == {"__future__", "sys", "imexctl.hooks"}
-
-
-@pytest.mark.parametrize(
-    "argv", [["prolog"], ["-v", "--config", "/x", "epilog"], ["--config=/x", "prolog"], ["status"], ["prolog", "x"]]
-)
-def test_the_plain_hook_line_is_the_fast_tiers(argv: list[str]) -> None:
-    assert entry.hook_line(argv) == quick.hook_args(argv)
+    assert top == {"__future__", "os", "sys", "time", "imexctl"}
 
 
 def probe(*argv: str, env: dict[str, str]) -> tuple[int, list[str]]:
@@ -84,14 +76,14 @@ def skip_cfg(make_settings: Callable[..., Settings]) -> Settings:
 def test_each_tier_ends_what_it_can_and_loads_nothing_past_it(
     skip_cfg: Settings, make_settings: Callable[..., Settings], root: Path
 ) -> None:
-    """A skipped prolog ends in the fast tier (quick and the gate, no runtime); with metrics it ends in the settings tier (the
+    """A skipped prolog ends in the fast tier (the gate, no runtime); with metrics it ends in the settings tier (the
     runtime and the gate, no prolog module); an epilog with a directory to remove goes on to the teardown."""
     skipped = job_env(job_id=77, SLURM_JOB_PARTITION="cpu")
     assert skip_cfg.paths.log_file is not None
     skip_cfg.paths.log_file.parent.mkdir(parents=True, exist_ok=True)  # else the settings tier makes it
     assert probe("--config", str(skip_cfg.source), "prolog", env=skipped) == (
         0,
-        ["imexctl.hooks.gate", "imexctl.hooks.quick"],
+        ["imexctl.hooks.gate"],
     )
     (root / "prom").mkdir()
     metrics = make_settings(

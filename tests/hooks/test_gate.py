@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from imexctl.config import settings
-from imexctl.config.sections import NodePaths
+from imexctl.config.schema import NodePaths
 from imexctl.hooks import gate, summary
 from imexctl.slurm.job import JobContext
 from tests.support.fakes import job_env
@@ -107,7 +107,7 @@ def test_every_tier_hands_the_gates_the_same_records() -> None:
     import ast
 
     hooks = Path(__file__).resolve().parents[2] / "imexctl/hooks"
-    for name in ("entry.py", "quick.py", "gate.py", "prolog.py", "teardown.py"):
+    for name in ("entry.py", "gate.py", "prolog.py", "teardown.py"):
         assert "_asdict()" not in (hooks / name).read_text(encoding="utf-8"), name
     tree = ast.parse((hooks / "gate.py").read_text(encoding="utf-8"))
     by_key = [n for n in ast.walk(tree) if isinstance(n, ast.Subscript) and getattr(n.value, "id", "") == "policy"]

@@ -1,4 +1,4 @@
-"""The hooks' fast path (imexctl.hooks.quick): it answers only what the full command would answer, the same way.
+"""The hooks' fast tier (imexctl.hooks.entry.fast): it answers only what the full command would answer, the same way.
 
 Three promises, each checked without timing anything (the timings are bench/run's):
 - it imports none of the modules that made a hook start slowly (a fresh interpreter without site-packages);
@@ -25,7 +25,7 @@ from imexctl.cli import main
 from imexctl.cli.parser import build_parser
 from imexctl.config import schema
 from imexctl.config.settings import Settings
-from imexctl.hooks import quick
+from imexctl.hooks import entry
 from imexctl.platform.host import RealHost
 from tests.support.fakes import FakeGpu, job_env
 
@@ -71,6 +71,11 @@ def probe(*argv: str, env: dict[str, str]) -> tuple[int, list[str], str]:
     return rc, loaded, "\n".join(printed).strip()
 
 
+def answer(argv: list[str], env: dict[str, str]) -> int | None:
+    """The fast tier's exit code for this command line, or None where it leaves the run to the next tiers."""
+    return entry.fast(argv, env)[0]
+
+
 def lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
@@ -97,7 +102,7 @@ def both(skip_cfg: Settings) -> Iterator[Callable[..., tuple[Any, ...]]]:
 
     def run(argv: list[str], env: dict[str, str]) -> tuple[Any, ...]:
         before = len(lines(log_file))
-        fast = quick.run(argv, env)
+        fast = answer(argv, env)
         after = len(lines(log_file))
         full = main(argv, env=env, host=RealHost(), gpu=FakeGpu())
         records = lines(log_file)
@@ -129,6 +134,47 @@ def test_idle_epilog_imports_nothing_slow(skip_cfg: Settings) -> None:
     assert probe("--config", str(skip_cfg.source), "epilog", env=job_env(job_id=78))[:2] == (0, [])
     assert skip_cfg.paths.log_file is not None
     assert [r["event"] for r in lines(skip_cfg.paths.log_file)] == ["epilog.done"]
+
+
+#: imexctl's modules each fast answer loads, and no other: a module costs a hook about 0.1 ms before its first line
+#: runs, a record class about 0.05 ms (docs/performance.md "Hook start-up"), so one more here is a cost to weigh
+FAST_MODULES = ("imexctl", "imexctl.cli", "imexctl.hooks", "imexctl.hooks.entry")
+FAST_MODULES_HOOK = (
+    *FAST_MODULES,
+    "imexctl.config",
+    "imexctl.config.schema",
+    "imexctl.hooks.gate",
+    "imexctl.hooks.summary",
+    "imexctl.platform",
+    "imexctl.platform.log",
+    "imexctl.platform.record",
+    "imexctl.platform.slurmenv",
+    "imexctl.slurm",
+    "imexctl.slurm.job",
+)
+LOADS = {
+    "version": FAST_MODULES,
+    "prolog": (*FAST_MODULES_HOOK, "imexctl.slurm.nodelist"),  # the node list: the epilog never reads it
+    "epilog": (*FAST_MODULES_HOOK, "imexctl.channels", "imexctl.channels.notes", "imexctl.platform.procscan"),
+}
+
+
+@as_root
+@pytest.mark.parametrize("command", sorted(LOADS))
+def test_each_fast_answer_loads_only_its_modules(skip_cfg: Settings, command: str) -> None:
+    """``--version`` loads the front door only; a skipped prolog and an idle epilog the light modules they need."""
+    code = (
+        f"import sys\nsys.path.insert(0, {str(REPO)!r})\nfrom imexctl.cli import main\n"
+        "rc = main(sys.argv[1:])\n"
+        "print(rc, *sorted(m for m in sys.modules if m.split('.')[0] == 'imexctl'))\n"
+    )
+    argv = ["--version"] if command == "version" else ["--config", str(skip_cfg.source), command]
+    env = job_env(job_id=77, SLURM_JOB_PARTITION="cpu")
+    out = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", code, *argv], env=env, capture_output=True, text=True, check=True, cwd="/"
+    ).stdout
+    rc, *loaded = out.splitlines()[-1].split()
+    assert (rc, loaded) == ("0", sorted(LOADS[command]))
 
 
 # ---- where it answers, it answers as the full command
@@ -165,7 +211,7 @@ def test_idle_epilog_matches_the_full_command(both: Callable[..., tuple[Any, ...
 def test_a_prolog_for_a_job_that_gets_imex_is_not_fast(skip_cfg: Settings) -> None:
     """A job in partition gpu gets its domain: only the full prolog can do that."""
     env = job_env(job_id=77, SLURM_JOB_PARTITION="gpu")
-    assert quick.run(["--config", str(skip_cfg.source), "prolog"], env) is None
+    assert answer(["--config", str(skip_cfg.source), "prolog"], env) is None
 
 
 @as_root
@@ -180,7 +226,7 @@ def test_an_epilog_of_a_job_that_left_something_is_not_fast(
     cfg.paths.log_file.parent.mkdir(parents=True, exist_ok=True)
     env = job_env(job_id=14, SLURM_HET_JOB_ID="12")
     argv = ["--config", str(cfg.source), "epilog"]
-    assert quick.run(argv, env) == 0  # nothing left yet
+    assert answer(argv, env) == 0  # nothing left yet
     proc = None
     if left in ("job_dir", "het_job_dir"):
         cfg.paths.job(14 if left == "job_dir" else 12).path.mkdir(parents=True)
@@ -196,7 +242,7 @@ def test_an_epilog_of_a_job_that_left_something_is_not_fast(
         cfg.paths.channel_dir.mkdir(parents=True)
         (cfg.paths.channel_dir / "channel6").touch()  # job 14 with 10 channels by the job-id rule: 1 + 14 % 9
     try:
-        assert quick.run(argv, env) == (0 if left == "channel" else None)
+        assert answer(argv, env) == (0 if left == "channel" else None)
     finally:
         if proc is not None:
             proc.kill()
@@ -219,7 +265,7 @@ def test_an_unusual_config_file_is_left_to_the_full_command(tmp_path: Path, name
     cfg = tmp_path / "imexctl.conf"
     cfg.write_text(f"[paths]\nroot = {tmp_path}\n{text}")
     env = job_env(job_id=77, SLURM_JOB_PARTITION="cpu")
-    assert quick.run(["--config", str(cfg), "prolog"], env) is None, name
+    assert answer(["--config", str(cfg), "prolog"], env) is None, name
     assert not (tmp_path / "var").exists()
 
 
@@ -231,7 +277,7 @@ def test_an_unusual_config_file_is_left_to_the_full_command(tmp_path: Path, name
 def test_a_bad_environment_is_left_to_the_full_command(skip_cfg: Settings, change: dict[str, str]) -> None:
     """A job id, node name or node list the full prolog would refuse (and name): None."""
     env = {**job_env(job_id=77, SLURM_JOB_PARTITION="cpu"), **change}
-    assert quick.run(["--config", str(skip_cfg.source), "prolog"], env) is None
+    assert answer(["--config", str(skip_cfg.source), "prolog"], env) is None
 
 
 @as_root
@@ -239,13 +285,13 @@ def test_a_missing_log_directory_is_left_to_the_full_command(make_settings: Call
     """The fast path never creates directories: the full command makes the log directory."""
     cfg = make_settings(policy={"jobs": "partitions", "partitions": "gpu", "fabric": "none"})
     assert cfg.paths.log_file is not None and not cfg.paths.log_file.parent.exists()
-    assert quick.run(["--config", str(cfg.source), "epilog"], job_env(job_id=3)) is None
+    assert answer(["--config", str(cfg.source), "epilog"], job_env(job_id=3)) is None
 
 
 def test_not_root_is_left_to_the_full_command(skip_cfg: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     """Not root: the full command refuses the hook by name."""
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    assert quick.run(["--config", str(skip_cfg.source), "epilog"], job_env(job_id=3)) is None
+    assert answer(["--config", str(skip_cfg.source), "epilog"], job_env(job_id=3)) is None
 
 
 # ---- what it read goes to the full command, which reads neither again
@@ -273,11 +319,11 @@ def test_the_full_command_reads_the_config_and_the_job_once(
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the fast path reads only a config file that root owns")
-def test_start_hands_over_what_it_read(skip_cfg: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where it declines (a job that gets IMEX), start returns no exit code and the validated config and the job."""
+def test_the_fast_tier_hands_over_what_it_read(skip_cfg: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where it declines (a job that gets IMEX), it returns no exit code and the validated config and the job."""
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     env = job_env(job_id=77, SLURM_JOB_PARTITION="gpu")
-    done, read = quick.start(["--config", str(skip_cfg.source), "prolog"], env)
+    done, read = entry.fast(["--config", str(skip_cfg.source), "prolog"], env)
     assert done is None and read is not None
     assert (read.config, read.found, read.job.job_id if read.job else None) == (str(skip_cfg.source), True, 77)
     assert read.values["policy"]["partitions"] == ("gpu",)
@@ -310,7 +356,7 @@ def test_start_hands_over_what_it_read(skip_cfg: Settings, monkeypatch: pytest.M
 )
 def test_hook_args(argv: list[str], want: tuple[str, str | None, bool] | None) -> None:
     """Only plain hook command lines; each read as argparse reads it."""
-    assert quick.hook_args(argv) == want
+    assert entry.hook_line(argv) == want
     if want is not None:
         args = build_parser().parse_args(argv)
         assert (args.command, args.config, args.verbose) == want
@@ -360,12 +406,12 @@ def test_console_ends_a_hook_without_teardown(
 def test_a_failing_fast_path_leaves_the_run_to_the_full_command(
     skip_cfg: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An unexpected error in quick.start (a bug) does not fail the hook: main runs the full command."""
+    """An unexpected error in the fast tier (a bug) does not fail the hook: main runs the full command."""
 
-    def broken(argv: Any, env: Any) -> tuple[int | None, quick.Read | None]:
+    def broken(argv: Any, env: Any) -> tuple[int | None, entry.Read | None]:
         raise RuntimeError("a bug in the fast path")
 
-    monkeypatch.setattr(quick, "start", broken)
+    monkeypatch.setattr(entry, "fast", broken)
     env = job_env(job_id=77, SLURM_JOB_PARTITION="cpu")
     assert main(["--config", str(skip_cfg.source), "prolog"], env=env) == 0
     assert skip_cfg.paths.log_file is not None
