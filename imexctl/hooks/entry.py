@@ -13,7 +13,7 @@ before could not finish it, each deciding with the same gates
    (``gate.nothing_left``);
 2. the settings tier (:func:`run`): the hook's runtime (``runtime.build``),
    then the same decisions with the settings and the given host
-   (``gate.idle_prolog``, ``teardown.idle_epilog``): a site with metrics, a
+   (``gate.skipped_prolog``, ``teardown.idle_epilog``): a site with metrics, a
    log directory still to make, a test's fake host;
 3. the full hook: :func:`imexctl.hooks.prolog.prolog` or
    :func:`imexctl.hooks.teardown.epilog` (``cleanup`` comes here directly);
@@ -50,7 +50,7 @@ imports for every hook run, and loads only what its answer needs: at module
 level this module imports only ``os``, ``sys``, ``time`` and
 :mod:`imexctl`; ``--version`` loads nothing more, a skipped prolog and an idle
 epilog the light modules the gates and the log need (``config.schema``,
-``slurm.job``, ``hooks.gate``, ``hooks.summary``, ``platform.log``, and for
+``slurm.job``, ``hooks.gate``, ``platform.log``, and for
 the epilog ``channels.notes`` and ``platform.procscan``), none of which
 imports ``collections``, ``dataclasses``, ``pathlib``, ``argparse``, ``json``,
 ``typing`` or ``enum``, let alone structlog or psutil
@@ -74,8 +74,9 @@ if TYPE_CHECKING:
 
     from imexctl.config.schema import NodePaths, Policy
     from imexctl.gpu.fabric import Gpu
+    from imexctl.hooks.gate import Line
+    from imexctl.hooks.results import PrologResult
     from imexctl.hooks.runtime import Runtime
-    from imexctl.hooks.summary import Line
     from imexctl.platform.host import Host
     from imexctl.platform.log import SinkLogger
     from imexctl.slurm.job import JobContext
@@ -229,18 +230,18 @@ def _answer(command: str, verbose: bool, read: Read, t0: float) -> int | None:
 
 def _skipped_prolog(job: JobContext, policy: Policy, paths: NodePaths, t0: float) -> list[Line] | None:
     """The lines of a prolog that policy skips (``gate.skipped_prolog``); None when it is not, or the note failed."""
-    from imexctl.hooks import gate, summary
+    from imexctl.hooks import gate
 
     skip = gate.skipped_prolog(job, policy, paths)
     if skip is None or skip.problem:  # the full prolog logs why the note failed
         return None
-    return summary.skipped_lines(skip.reason, skip.told, round(time.monotonic() - t0, 3))
+    return gate.skipped_lines(skip.reason, skip.told, round(time.monotonic() - t0, 3))
 
 
 def _idle_epilog(job: JobContext, paths: NodePaths, t0: float) -> list[Line] | None:
     """The line of an epilog whose job left nothing here (``gate.nothing_left``); None when it may have."""
     from imexctl.config import schema
-    from imexctl.hooks import gate, summary
+    from imexctl.hooks import gate
     from imexctl.platform.procscan import mentioned_in_proc
 
     def left(job_id: int) -> bool:
@@ -253,7 +254,7 @@ def _idle_epilog(job: JobContext, paths: NodePaths, t0: float) -> list[Line] | N
 
     if not gate.nothing_left(job, paths, left):
         return None
-    return [("epilog.done", summary.epilog_fields([], round(time.monotonic() - t0, 3)))]
+    return [("epilog.done", gate.epilog_fields([], round(time.monotonic() - t0, 3)))]
 
 
 def _sink(log_file: str, verbose: bool, syslog: bool) -> SinkLogger | None:
@@ -332,9 +333,7 @@ def _settings_tier(command: str, job: JobContext, rt: Runtime) -> bool:
     t0 = rt.host.monotonic()
     result: Any
     if command == "prolog":
-        from imexctl.hooks.gate import idle_prolog
-
-        result = idle_prolog(job, rt)
+        result = _idle_prolog(job, rt)
     else:
         from imexctl.hooks.teardown import idle_epilog
 
@@ -343,6 +342,28 @@ def _settings_tier(command: str, job: JobContext, rt: Runtime) -> bool:
         return False
     _count(rt, command, result, None, rt.host.monotonic() - t0)
     return True
+
+
+def _idle_prolog(job: JobContext, rt: Runtime) -> PrologResult | None:
+    """The whole prolog of a job that the policy skips, with the settings; None (nothing logged) otherwise.
+
+    The decision is ``gate.skipped_prolog``'s, with the hook's ``log.LineLogger``,
+    when the fast tier could not answer (metrics to record, a log directory
+    still to make, a test's fake host).  None too when the note failed: the
+    full prolog logs that.
+    """
+    from imexctl.hooks.gate import skipped_prolog
+    from imexctl.hooks.results import PrologResult
+    from imexctl.hooks.runtime import bind
+
+    t0 = rt.host.monotonic()
+    skip = skipped_prolog(job, rt.settings.policy, rt.settings.node_paths)
+    if skip is None or skip.problem:
+        return None
+    bind(rt, job_id=job.job_id, node=job.node)
+    result = PrologResult(round(rt.host.monotonic() - t0, 3), skipped=skip.reason, told_user=skip.told)
+    result.log(rt.log)
+    return result
 
 
 def _full(args: argparse.Namespace, env: Mapping[str, str], rt: Runtime, job: JobContext | None) -> int:

@@ -8,8 +8,10 @@ heavy is imported.  Every tier hands them the same light typed records
 their host.  Most prologs
 on a shared cluster are for jobs the policy skips, most epilogs for jobs that
 left nothing on the tray; each sits on a job's start or end
-(docs/performance.md).  The fields of their summary lines are
-:mod:`imexctl.hooks.summary`'s.
+(docs/performance.md).  The fields of the summary lines that end a hook
+(``prolog.done``, ``epilog.done``, a skip) are written here too, in their
+order, for the fast tier, which writes them itself, and for the records of
+:mod:`imexctl.hooks.results`.
 """
 
 from __future__ import annotations
@@ -21,20 +23,24 @@ from imexctl.slurm.job import SHARING_UNKNOWN, JobContext, constraint_features
 # typing is not imported at run time: imexctl.hooks.entry's fast tier imports this module (docs/performance.md)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Callable
 
     from imexctl.config.schema import NodePaths, Policy
-    from imexctl.hooks.results import PrologResult
-    from imexctl.hooks.runtime import Runtime
+
+    #: one log line: its event and its fields, in order
+    Line = tuple[str, dict[str, object]]
 
 __all__ = [
     "Skip",
     "domains",
-    "idle_prolog",
+    "epilog_fields",
     "left_anything",
     "nothing_left",
     "policy_skip",
+    "prolog_fields",
     "shared_reason",
+    "skipped_lines",
     "skipped_prolog",
     "tell_user",
 ]
@@ -89,27 +95,6 @@ def skipped_prolog(job: JobContext, policy: Policy, paths: NodePaths) -> Skip | 
     except OSError as exc:
         return Skip(reason, problem=f"{exc.filename or paths.run_dir}: {exc.strerror or exc}")
     return Skip(reason, told)
-
-
-def idle_prolog(job: JobContext, rt: Runtime) -> PrologResult | None:
-    """The whole prolog of a job that the policy skips, with the settings; None (nothing logged) otherwise.
-
-    ``cli`` runs this before the full prolog is imported, with the hook's
-    ``log.LineLogger``, when the fast path could not answer (metrics to record, a log directory
-    still to make, a test's fake host).  None too when the note
-    failed: the full prolog logs that.
-    """
-    from imexctl.hooks.results import PrologResult
-    from imexctl.hooks.runtime import bind
-
-    t0 = rt.host.monotonic()
-    skip = skipped_prolog(job, rt.settings.policy, rt.settings.node_paths)
-    if skip is None or skip.problem:
-        return None
-    bind(rt, job_id=job.job_id, node=job.node)
-    result = PrologResult(round(rt.host.monotonic() - t0, 3), skipped=skip.reason, told_user=skip.told)
-    result.log(rt.log)
-    return result
 
 
 def policy_skip(job: JobContext, policy: Policy) -> str:
@@ -190,3 +175,41 @@ def nothing_left(job: JobContext, paths: NodePaths, left: Callable[[int], bool])
 
     notes.forget(paths.run_dir, job.job_id)  # before anything else, as the full epilog does
     return not any(left(jid) for jid in domains(job))
+
+
+# ---- the fields of the summary lines, in their order
+
+
+def prolog_fields(
+    duration_s: float, *, skipped: str = "", told_user: bool = False, **summary: object
+) -> dict[str, object]:
+    """The fields of ``prolog.done``, in their order: ``ok``, the summary, ``duration_s``, then ``skipped``."""
+    out: dict[str, object] = {"ok": True, **({"told_user": True} if told_user else {}), **summary}
+    out["duration_s"] = duration_s
+    if skipped:
+        out["skipped"] = skipped
+    return out
+
+
+def skipped_lines(reason: str, told: bool, duration_s: float) -> list[Line]:
+    """The lines of a prolog that skips its job: ``imex.skipped``, then ``prolog.done``."""
+    return [
+        ("imex.skipped", {"reason": reason}),
+        ("prolog.done", prolog_fields(duration_s, skipped=reason, told_user=told)),
+    ]
+
+
+def epilog_fields(
+    actions: Sequence[str], duration_s: float, lost: Sequence[str] = (), busy: Sequence[str] = ()
+) -> dict[str, object]:
+    """The fields of ``epilog.done``: ``ok``, ``actions``, ``duration_s``, then ``lost_daemon`` and ``busy_stop``.
+
+    ``lost_daemon`` when a daemon was lost, ``busy_stop`` when one was stopped while the job's processes still
+    held the NVIDIA driver.
+    """
+    out: dict[str, object] = {"ok": True, "actions": list(actions), "duration_s": duration_s}
+    if lost:
+        out["lost_daemon"] = list(lost)
+    if busy:
+        out["busy_stop"] = list(busy)
+    return out

@@ -3,14 +3,14 @@
 The summary lines (``prolog.done``, ``epilog.done``, ``cleanup.done``), the
 JSON that ``cleanup --json`` prints and the metrics (``metrics.run_of``) all
 read these records; the field order of the summary lines is
-:mod:`imexctl.hooks.summary`'s, which the fast path writes without them.
+:mod:`imexctl.hooks.gate`'s, which the fast tier writes without them.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final
 
-from imexctl.hooks import summary
+from imexctl.hooks import gate
 from imexctl.platform.record import Record
 
 if TYPE_CHECKING:
@@ -110,13 +110,13 @@ class PrologResult(Record):
         extra: dict[str, object] = {"job_ended": self.job_ended} if self.job_ended else {}
         if self.setup is not None:
             extra = {"deadline_s": self.deadline_s, **self.setup.fields()}
-        return summary.prolog_fields(self.duration_s, skipped=self.skipped, told_user=self.told_user, **extra)
+        return gate.prolog_fields(self.duration_s, skipped=self.skipped, told_user=self.told_user, **extra)
 
     def log(self, log: Any) -> None:
         """Write the summary: ``imex.skipped`` first for a skipped job, then ``prolog.done``."""
         lines = [("prolog.done", self.fields())]
         if self.skipped:
-            lines = summary.skipped_lines(self.skipped, self.told_user, self.duration_s)
+            lines = gate.skipped_lines(self.skipped, self.told_user, self.duration_s)
         for event, fields in lines:
             log.info(event, **fields)
 
@@ -133,7 +133,7 @@ class EpilogResult(Record):
 
     def fields(self) -> dict[str, object]:
         """The fields of ``epilog.done``, in their order."""
-        return summary.epilog_fields(texts(self.actions), self.duration_s, self.lost_daemon, self.busy_stop)
+        return gate.epilog_fields(texts(self.actions), self.duration_s, self.lost_daemon, self.busy_stop)
 
 
 class CleanupResult(Record):

@@ -144,7 +144,6 @@ FAST_MODULES_HOOK = (
     "imexctl.config",
     "imexctl.config.schema",
     "imexctl.hooks.gate",
-    "imexctl.hooks.summary",
     "imexctl.platform",
     "imexctl.platform.log",
     "imexctl.platform.record",

@@ -8,7 +8,7 @@ import pytest
 
 from imexctl.config import settings
 from imexctl.config.schema import NodePaths
-from imexctl.hooks import gate, summary
+from imexctl.hooks import gate
 from imexctl.slurm.job import JobContext
 from tests.support.fakes import job_env
 
@@ -95,10 +95,10 @@ def test_nothing_left_forgets_the_note_and_asks_each_domain(tmp_path: Path) -> N
 
 def test_summary_fields_keep_their_order() -> None:
     """prolog.done: ok, told_user, the summary, duration_s, skipped; epilog.done: ok, actions, duration_s, lost."""
-    assert list(summary.prolog_fields(0.1, skipped="x", told_user=True)) == ["ok", "told_user", "duration_s", "skipped"]
-    assert list(summary.prolog_fields(0.1, job_ended="CANCELLED")) == ["ok", "job_ended", "duration_s"]
-    assert list(summary.epilog_fields(["a"], 0.1, ["lost"])) == ["ok", "actions", "duration_s", "lost_daemon"]
-    assert [e for e, _ in summary.skipped_lines("x", False, 0.1)] == ["imex.skipped", "prolog.done"]
+    assert list(gate.prolog_fields(0.1, skipped="x", told_user=True)) == ["ok", "told_user", "duration_s", "skipped"]
+    assert list(gate.prolog_fields(0.1, job_ended="CANCELLED")) == ["ok", "job_ended", "duration_s"]
+    assert list(gate.epilog_fields(["a"], 0.1, ["lost"])) == ["ok", "actions", "duration_s", "lost_daemon"]
+    assert [e for e, _ in gate.skipped_lines("x", False, 0.1)] == ["imex.skipped", "prolog.done"]
 
 
 def test_every_tier_hands_the_gates_the_same_records() -> None:

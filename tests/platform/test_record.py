@@ -113,7 +113,7 @@ def test_made_without_collections_as_namedtuple_makes_it() -> None:
 
 
 def test_importing_it_loads_no_collections() -> None:
-    """In a fresh interpreter (as the hooks run), defining records leaves collections unloaded.
+    """In a fresh interpreter (as the hooks run), defining records leaves collections (and operator) unloaded.
 
     Without site (-S): an editable install's path hook, as the test venv has, imports pathlib (collections).
     """
@@ -122,7 +122,7 @@ def test_importing_it_loads_no_collections() -> None:
         f"import sys; sys.path.insert(0, {repo!r}); from imexctl.platform.record import Record\n"
         "class R(Record):\n    a: int\n    b: str = ''\n"
         "assert R(1)._replace(b='x') == (1, 'x'), R(1)\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('collections', 'typing', 'operator')))"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('collections', 'typing', 'operator', '_operator')))"
     )
     done = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, check=False,
                           timeout=60)  # fmt: skip
