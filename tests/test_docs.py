@@ -22,7 +22,7 @@ from imexctl.config import schema
 from imexctl.doctor import run as doctor
 from imexctl.imex import config as imexconf
 from imexctl.imex.daemon import FORGET_S
-from imexctl.platform import errors, log
+from imexctl.platform import errors, logsetup
 from imexctl.platform.errors import ExitCode, ImexctlError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -279,11 +279,11 @@ def test_event_catalogue_is_exactly_log_events() -> None:
     table = _rows(_section(_page("events.md"), "The catalogue"))
     documented = [row[0] for row in table]
     assert len(documented) == len(set(documented)), "an event is listed twice"
-    assert set(documented) == {_code(e) for e in log.EVENTS}
+    assert set(documented) == {_code(e) for e in logsetup.EVENTS}
 
 
 def _event_like_tokens(text: str) -> set[str]:
-    prefixes = {name.split(".", 1)[0] for name in log.EVENTS}
+    prefixes = {name.split(".", 1)[0] for name in logsetup.EVENTS}
     found = set()
     for token in re.findall(r"`([a-z_]+(?:\.[a-z_]+)+)`", text):
         parts = token.split(".")
@@ -294,8 +294,8 @@ def _event_like_tokens(text: str) -> set[str]:
 
 @pytest.mark.parametrize("name", PAGES)
 def test_docs_name_no_event_that_does_not_exist(name: str) -> None:
-    unknown = _event_like_tokens(_page(name)) - set(log.EVENTS) - set(doctor.CHECK_NAMES)
-    assert not unknown, f"docs/{name} names events that imexctl/platform/log.py does not have: {sorted(unknown)}"
+    unknown = _event_like_tokens(_page(name)) - set(logsetup.EVENTS) - set(doctor.CHECK_NAMES)
+    assert not unknown, f"docs/{name} names events that imexctl/platform/logsetup.py does not have: {sorted(unknown)}"
 
 
 def test_events_page_explains_the_summary_lines_and_destinations() -> None:

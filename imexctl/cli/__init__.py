@@ -82,12 +82,12 @@ def main(
         done, read = entry.first(argv, os.environ if env is None else env)
         if done is not None:
             return done
-    from imexctl.platform import log
+    from imexctl.platform import logsetup
     from imexctl.platform.errors import ExitCode, ImexctlError
 
     args = _parse(argv)
     env = dict(os.environ) if env is None else dict(env)
-    log.reset_logging()
+    logsetup.reset_logging()
     try:
         if args.command in entry.COMMANDS:
             # read: what the fast tier read before it declined (entry.Read)
@@ -98,7 +98,7 @@ def main(
     except KeyboardInterrupt:
         return 130
     except Exception:  # a bug: leave a structured trace, never a bare traceback in slurmd's log only
-        log.log_crash()
+        logsetup.log_crash()
         return int(ExitCode.SOFTWARE)
 
 
@@ -109,11 +109,11 @@ def _failed(args: argparse.Namespace, exc: ImexctlError) -> int:
     command says it in one plain line, its structured line going to the log
     file only (with ``-v``: the structured line, as before).
     """
-    from imexctl.platform import log
+    from imexctl.platform import logsetup
 
     plain = args.command not in _STRUCTURED and not getattr(args, "verbose", False)
     if not exc.logged:
-        log.log_failure(exc, stderr=not plain)
+        logsetup.log_failure(exc, stderr=not plain)
     if getattr(args, "json", False):  # every --json says its failure in the one envelope
         from imexctl.platform.output import print_json
 

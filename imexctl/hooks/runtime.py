@@ -163,33 +163,33 @@ def _settings(
     except ConfigError as exc:
         if needs.config == "lenient":
             return settings.load(None, node=node), str(exc)
-        from imexctl.platform import log
+        from imexctl.platform import logsetup
 
-        opened = log.open_command_sink(None, syslog=False, verbose=verbose)  # no log file known: stderr
-        log.setup_command_logging("info", command, lookup, opened)
+        opened = logsetup.open_command_sink(None, syslog=False, verbose=verbose)  # no log file known: stderr
+        logsetup.setup_command_logging("info", command, lookup, opened)
         raise
 
 
 def _logging(command: str, env: Mapping[str, str], needs: Needs, cfg: Settings, log_file: Any, verbose: bool) -> Any:
     """The command's logger, its lines where ``needs.logs`` says (a config that did not load names no log file)."""
-    from imexctl.platform import log
+    from imexctl.platform import logsetup
 
     if needs.logs == "none":
         return None
     if needs.logs == "stderr":
         import structlog
 
-        log.configure_logging(level=cfg.log.level, stderr_level="info" if verbose else "warning")
+        logsetup.configure_logging(level=cfg.log.level, stderr_level="info" if verbose else "warning")
         return structlog.get_logger()
-    opened = log.open_command_sink(log_file, syslog=cfg.log.syslog == "yes", verbose=verbose)
+    opened = logsetup.open_command_sink(log_file, syslog=cfg.log.syslog == "yes", verbose=verbose)
     if needs.quiet:
         opened[0].quiet = not verbose
     if needs.logs == "hook":
         # structlog's lines without importing structlog: a hook delays every job (docs/performance.md)
-        return log.setup_hook_logging(cfg.log.level, command, env, opened)
+        return logsetup.setup_hook_logging(cfg.log.level, command, env, opened)
     import structlog
 
-    log.setup_command_logging(cfg.log.level, command, env, opened)
+    logsetup.setup_command_logging(cfg.log.level, command, env, opened)
     return structlog.get_logger()
 
 

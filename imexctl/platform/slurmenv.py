@@ -6,7 +6,7 @@ it is unset or blank (its fallback, itself a row).  Every read of one goes
 through :func:`value` or :func:`source`; no other module names a Slurm variable
 to read it (``tests/platform/test_slurmenv.py`` holds both).  The job
 (``slurm.job``), the job's side (``channels``), ``netcheck``, the config lookup
-(``config.schema``), the log's context (``platform.log``) and ``health`` take
+(``config.schema``), the log's context (``platform.logsetup``) and ``health`` take
 what they need from here.  The versions are read from SchedMD/slurm
 ``src/plugins/prep/script/prep_script_slurmd.c`` (``_build_env``; design.md
 source slurm-env) for the Prolog and Epilog, ``src/common/env.c`` and

@@ -361,6 +361,7 @@ def test_module_imports_nothing_heavy(t: Tree) -> None:
         "imexctl.config.settings",
         "imexctl.cli",
         "imexctl.platform.log",
+        "imexctl.platform.logsetup",
         "imexctl.platform.errors",
         "imexctl.platform.fsutil",
         "tempfile",

@@ -141,7 +141,7 @@ def test_a_gone_jobs_daemon_drains_with_our_prefix(tray: Path, host: FakeHost, g
     assert scontrols(host) == [("update", "NodeName=gb01", "State=DRAIN", f"Reason={reason}")]
     out = capsys.readouterr().out
     assert "fix stale_daemon: imexctl cleanup" in out and f"slurm: drained: {reason}" in out
-    if os.geteuid() == 0:  # a command writes [paths] log_file only as root (log.open_command_sink)
+    if os.geteuid() == 0:  # a command writes [paths] log_file only as root (logsetup.open_command_sink)
         logged = [json.loads(line) for line in (tray / "var/log/imexctl.log").read_text().splitlines()]
         assert [(e["event"], e["ok"], e["slurm"], e["node"]) for e in logged] == [
             ("health.done", False, "drained", "gb01")

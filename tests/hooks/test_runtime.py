@@ -29,7 +29,7 @@ ROOT_ONLY = {
 #: where these are defined, or called for a reason of their own
 ALLOWED = {
     "hooks/runtime.py",
-    "platform/log.py",  # defines the logging set-up (a crash's trace configures structlog)
+    "platform/logsetup.py",  # defines the logging set-up (a crash's trace configures structlog)
     "config/settings.py",  # defines load
     "gpu/fabric.py",  # defines NvmlGpu
     "platform/host.py",  # defines RealHost

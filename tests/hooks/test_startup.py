@@ -21,7 +21,7 @@ import structlog
 
 from imexctl.cli import main
 from imexctl.config.settings import Settings
-from imexctl.platform import log
+from imexctl.platform import log, logsetup
 from tests.support.fakes import FakeGpu, FakeHost, job_env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -170,7 +170,7 @@ def test_line_logger_renders_like_structlog(level: str) -> None:
     line_logger = log.LineLogger(log.SinkLogger(ours, None, 50, syslog=False), level, {"hook": "prolog"})
     line_logger.bind_context(job_id="77", node="gb01")
     line_logger.bind_context(job_id=77)
-    log.configure_structlog(log.SinkLogger(theirs, None, 50, syslog=False), level)
+    logsetup.configure_structlog(log.SinkLogger(theirs, None, 50, syslog=False), level)
     structlog.contextvars.bind_contextvars(hook="prolog", job_id="77", node="gb01")
     structlog.contextvars.bind_contextvars(job_id=77)
     for method, event, kw in CALLS:

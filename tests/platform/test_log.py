@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import structlog
 
-from imexctl.platform import log
+from imexctl.platform import log, logsetup
 
 
 def lines(text: str) -> list[dict]:  # type: ignore[type-arg]
@@ -20,7 +20,7 @@ def lines(text: str) -> list[dict]:  # type: ignore[type-arg]
 
 def test_file_gets_every_line_and_stderr_only_warnings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The file takes every line from the configured level up; stderr only warnings and errors."""
-    assert log.configure_logging(level="debug", log_file=tmp_path / "sub" / "imexctl.log") is None
+    assert logsetup.configure_logging(level="debug", log_file=tmp_path / "sub" / "imexctl.log") is None
     structlog.contextvars.bind_contextvars(job_id=7, node="gb01", hook="prolog")
     logger = structlog.get_logger()
     logger.debug("imex.health.poll", attempt=1)
@@ -42,7 +42,7 @@ def test_file_gets_every_line_and_stderr_only_warnings(tmp_path: Path, capsys: p
 
 def test_level_filters_every_sink(capsys: pytest.CaptureFixture[str]) -> None:
     """[log] level = warning drops info lines everywhere; -v (stderr_level info) shows info on stderr."""
-    log.configure_logging(level="warning", stderr_level="info")
+    logsetup.configure_logging(level="warning", stderr_level="info")
     structlog.get_logger().info("prolog.done", ok=True)
     structlog.get_logger().warning("imex.not_ready", status="x")
     assert [r["event"] for r in lines(capsys.readouterr().err)] == ["imex.not_ready"]
@@ -51,7 +51,7 @@ def test_level_filters_every_sink(capsys: pytest.CaptureFixture[str]) -> None:
 def test_unopenable_file_is_reported_and_stderr_still_works(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A log file that cannot be opened (a symlink there) gives a warning text; logging goes to stderr."""
     (tmp_path / "imexctl.log").symlink_to(tmp_path / "elsewhere")
-    problem = log.configure_logging(log_file=tmp_path / "imexctl.log")
+    problem = logsetup.configure_logging(log_file=tmp_path / "imexctl.log")
     assert problem is not None and "cannot open log file" in problem
     structlog.get_logger().error("imexctl.failed", reason="r")
     assert lines(capsys.readouterr().err)[0]["event"] == "imexctl.failed"
@@ -81,13 +81,13 @@ def test_syslog_opened_once_with_priorities(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_one_function_renders_every_line(monkeypatch: pytest.MonkeyPatch) -> None:
     """structlog's chain ends in render_event, which calls render_json: the LineLogger's renderer."""
-    log.configure_structlog(log.SinkLogger(None, None, 50, False), "info")
-    assert structlog.get_config()["processors"][-1] is log.render_event
+    logsetup.configure_structlog(log.SinkLogger(None, None, 50, False), "info")
+    assert structlog.get_config()["processors"][-1] is logsetup.render_event
     structlog.contextvars.clear_contextvars()
     seen: list[Any] = []
     monkeypatch.setattr(log, "render_json", lambda value: seen.append(dict(value)) or "x")
     sink = log.SinkLogger(None, None, 50, False)
-    log.configure_structlog(sink, "info")
+    logsetup.configure_structlog(sink, "info")
     structlog.get_logger().info("prolog.done", ok=True)
     log.LineLogger(sink, "info", {"hook": "prolog"}).info("prolog.done", ok=True)
     assert [{k: v for k, v in d.items() if k != "timestamp"} for d in seen] == [
@@ -106,17 +106,17 @@ def test_a_hooks_lines_stay_on_its_sink_without_structlog_until_it_crashes() -> 
     out = io.StringIO()
     env = {"SLURM_JOB_ID": "9", "SLURMD_NODENAME": "gb02"}
     try:
-        hook = log.setup_hook_logging("info", "prolog", env, (log.SinkLogger(out, None, 50, False), "no log file"))
+        hook = logsetup.setup_hook_logging("info", "prolog", env, (log.SinkLogger(out, None, 50, False), "no log file"))
         hook.bind_context(job_id=9)
-        log.log_failure(ConfigError("bad key"))
+        logsetup.log_failure(ConfigError("bad key"))
         assert not structlog.is_configured()
         try:
             _boom()
         except RuntimeError:
-            log.log_crash()
+            logsetup.log_crash()
         assert structlog.is_configured()
     finally:
-        log.reset_logging()
+        logsetup.reset_logging()
         structlog.contextvars.clear_contextvars()
     recs = lines(out.getvalue())
     assert [(r["event"], r["level"], r["job_id"], r["node"], r["hook"]) for r in recs] == [
