@@ -298,7 +298,7 @@ def deb_next(dist: Path) -> Path:
     As between real releases, a module of NEXT needs what only NEXT's other
     modules have: ``hooks/readiness.py``, which a prolog imports only once it
     has started the daemon, imports a name that only NEXT's
-    ``platform/record.py`` defines.  A hook that read ``record`` from one
+    ``platform/__init__.py`` defines.  A hook that read ``platform`` from one
     version and ``readiness`` from the other fails (ImportError, exit 70).
     """
     src = _next_tree(_unpacked_sdist(dist, "deb-next"))
@@ -313,7 +313,7 @@ def _next_tree(src: Path) -> Path:
     """An unpacked sdist made NEXT: its version, and the change inside that :func:`deb_next` describes."""
     init = src / "imexctl/__init__.py"
     init.write_text(init.read_text().replace(f'__version__ = "{__version__}"', f'__version__ = "{NEXT}"'))
-    record = src / "imexctl/platform/record.py"
+    record = src / "imexctl/platform/__init__.py"
     record.write_text(
         record.read_text() + "\n#: only the next release has it (tests/test_packaging.py)\nNEXT_ONLY = True\n"
     )
@@ -321,8 +321,8 @@ def _next_tree(src: Path) -> Path:
     text = readiness.read_text()
     readiness.write_text(
         text.replace(
-            "from imexctl.platform.record import Record\n",
-            "from imexctl.platform.record import NEXT_ONLY, Record  # noqa: F401\n",
+            "from imexctl.platform import Record\n",
+            "from imexctl.platform import NEXT_ONLY, Record  # noqa: F401\n",
             1,
         )
     )

@@ -11,9 +11,9 @@ import os
 import stat
 from pathlib import Path
 
+from imexctl.platform import Record
 from imexctl.platform.errors import DeviceError
 from imexctl.platform.fsutil import ensure_dir, read_text_nofollow
-from imexctl.platform.record import Record
 
 __all__ = [
     "DEVICE_NAME",

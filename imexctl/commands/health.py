@@ -29,7 +29,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any, Final
 
-from imexctl.platform.record import Record
+from imexctl.platform import Record
 
 if TYPE_CHECKING:
     import argparse

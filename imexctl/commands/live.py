@@ -20,7 +20,7 @@ from typing import Final
 
 from imexctl.config.settings import Settings
 from imexctl.hooks import metrics
-from imexctl.platform.record import Record
+from imexctl.platform import Record
 
 __all__ = ["FILE_NAME", "LIVE_METRICS", "STATES", "Live", "render", "textfile"]
 

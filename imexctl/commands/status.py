@@ -17,10 +17,10 @@ from imexctl.hooks.runtime import Runtime
 from imexctl.hooks.state import JobState, read_state
 from imexctl.imex import daemon
 from imexctl.imex.ctl import DomainStatus
+from imexctl.platform import Record
 from imexctl.platform.errors import CommandError, ImexctlError
 from imexctl.platform.fsutil import read_text_nofollow
 from imexctl.platform.output import print_json
-from imexctl.platform.record import Record
 
 if TYPE_CHECKING:
     import argparse

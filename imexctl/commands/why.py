@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from imexctl.platform.record import Record
+from imexctl.platform import Record
 
 if TYPE_CHECKING:
     import argparse

@@ -9,13 +9,13 @@ module gives it, so the file's field names and their meaning are written once.
 Fields a reader does not know (a newer version's) are left alone; a field
 missing that has a default (an older version's file) takes it.
 
-Light enough for the job's side: it imports only :mod:`imexctl.platform.record`
+Light enough for the job's side: it imports only :mod:`imexctl.platform` (``Record``)
 (``json`` when it reads or writes).
 """
 
 from __future__ import annotations
 
-from imexctl.platform.record import Record
+from imexctl.platform import Record
 
 # typing is not imported at run time: the job's side imports this module at every task start
 TYPE_CHECKING = False

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from imexctl.config import schema
-from imexctl.platform.record import Record
+from imexctl.platform import Record
 
 if TYPE_CHECKING:
     from imexctl.config.schema import NodePaths

@@ -15,7 +15,7 @@ It also reads the file, in the one INI grammar imexctl takes
 doctor and the job's own user (:mod:`imexctl.channels.job`).
 
 This module imports only ``os``, ``stat``, :mod:`imexctl.platform.slurmenv`
-(``SLURM_CONF``) and :mod:`imexctl.platform.record` at run time: ``dataclasses``,
+(``SLURM_CONF``) and :mod:`imexctl.platform` (``Record``) at run time: ``dataclasses``,
 ``pathlib``, ``typing`` and ``enum`` each cost a hook 5 to 20 ms to import
 (docs/performance.md).  Errors are :class:`SchemaError`;
 ``settings`` raises them as ``ConfigError``.
@@ -26,8 +26,8 @@ from __future__ import annotations
 import os
 import stat
 
+from imexctl.platform import Record
 from imexctl.platform import slurmenv as var
-from imexctl.platform.record import Record
 
 # typing is not imported at run time (start-up cost); mypy reads this block
 TYPE_CHECKING = False

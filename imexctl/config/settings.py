@@ -16,8 +16,8 @@ from typing import Any
 from imexctl.config import schema
 from imexctl.config.paths import Paths
 from imexctl.config.schema import NodePaths, Policy
+from imexctl.platform import Record
 from imexctl.platform.errors import ConfigError
-from imexctl.platform.record import Record
 
 __all__ = [
     "SECTIONS",

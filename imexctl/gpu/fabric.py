@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 from imexctl.gpu import nvml
+from imexctl.platform import Record
 from imexctl.platform.errors import GpuError
-from imexctl.platform.record import Record
 
 if TYPE_CHECKING:
     from imexctl.config.settings import Settings

@@ -20,7 +20,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Callable, Final, Optional
 
-from imexctl.platform.record import Record
+from imexctl.platform import Record
 
 __all__ = [
     "FABRIC_INFO_V2",

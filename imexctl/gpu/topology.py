@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 from imexctl.gpu import nvml
 from imexctl.gpu.fabric import STATE_COMPLETED, FabricInfo, Gpu, clique_key
+from imexctl.platform import Record
 from imexctl.platform.errors import GpuError
-from imexctl.platform.record import Record
 
 if TYPE_CHECKING:
     from imexctl.platform.output import JsonObject

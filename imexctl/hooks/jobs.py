@@ -13,8 +13,8 @@ import os
 from imexctl.hooks.runtime import Runtime
 from imexctl.hooks.state import JobState, job_ids, read_state
 from imexctl.imex import daemon
+from imexctl.platform import Record
 from imexctl.platform.host import ProcInfo
-from imexctl.platform.record import Record
 from imexctl.slurm import nodelist
 
 TYPE_CHECKING = False

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any, Final
 
 from imexctl.config.settings import Settings
+from imexctl.platform import Record
 from imexctl.platform.errors import CommandError, ConfigError, ResolveError, TopologyMismatch
 from imexctl.platform.fsutil import read_text_nofollow
 from imexctl.platform.host import Host
-from imexctl.platform.record import Record
 from imexctl.slurm import nodelist, topofile
 from imexctl.slurm.topofile import BlockMap
 

@@ -22,8 +22,8 @@ from typing import Any, Final, Union
 from imexctl import __version__
 from imexctl.config.settings import Settings
 from imexctl.hooks.results import Action, CleanupResult, EpilogResult, PrologResult
+from imexctl.platform import Record
 from imexctl.platform.fsutil import atomic_write, read_text_nofollow
-from imexctl.platform.record import Record
 
 __all__ = [
     "BUCKETS",

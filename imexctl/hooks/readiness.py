@@ -17,9 +17,9 @@ from typing import Any, Callable
 from imexctl.config.settings import Settings
 from imexctl.hooks import verdict
 from imexctl.imex import ctl as ctloutput
+from imexctl.platform import Record
 from imexctl.platform.errors import CommandError, DaemonError, HealthTimeout, OutputError
 from imexctl.platform.host import Host
-from imexctl.platform.record import Record
 
 __all__ = ["Outcome", "Probe", "Readiness", "probe", "wait_ready"]
 

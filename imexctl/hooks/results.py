@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Final
 
 from imexctl.hooks import gate
-from imexctl.platform.record import Record
+from imexctl.platform import Record
 
 if TYPE_CHECKING:
     from imexctl.platform.output import JsonObject

@@ -15,8 +15,8 @@ import signal
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Callable
 
+from imexctl.platform import Record
 from imexctl.platform.errors import ImexctlError, Terminated
-from imexctl.platform.record import Record
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -40,8 +40,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from imexctl.imex import ctl as ctloutput
+from imexctl.platform import Record
 from imexctl.platform.host import Host
-from imexctl.platform.record import Record
 
 __all__ = ["REACH_TIMEOUT_S", "Verdict", "Views", "judge"]
 

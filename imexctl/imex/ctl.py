@@ -12,8 +12,8 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final
 
+from imexctl.platform import Record
 from imexctl.platform.errors import OutputError
-from imexctl.platform.record import Record
 
 __all__ = [
     "CONNECTION_LETTERS",

@@ -17,10 +17,10 @@ from typing import Protocol
 from imexctl.config.paths import JobDir
 from imexctl.config.settings import Settings
 from imexctl.imex.peerauth import DAEMON_ENV
+from imexctl.platform import Record
 from imexctl.platform.errors import CommandError, DaemonError, DomainBusyError, ImexctlError, UnsafeNodeError, shorten
 from imexctl.platform.fsutil import atomic_write, read_text_nofollow
 from imexctl.platform.host import Host, ProcInfo
-from imexctl.platform.record import Record
 
 __all__ = [
     "FORGET_S",

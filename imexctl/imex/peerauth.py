@@ -27,9 +27,9 @@ from typing import Final
 
 from imexctl.config.schema import AUTH_FILE_KEYS
 from imexctl.config.settings import Auth, Settings
+from imexctl.platform import Record
 from imexctl.platform.errors import ConfigError
 from imexctl.platform.fsutil import check_private_dir
-from imexctl.platform.record import Record
 
 __all__ = ["DAEMON_ENV", "KEYTAB", "AuthFile", "check", "config_values", "files", "problems"]
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from imexctl.platform.record import Record
+from imexctl.platform import Record
 
 if TYPE_CHECKING:
     from imexctl.platform.host import ProcInfo

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import subprocess
 
+from imexctl.platform import Record
 from imexctl.platform.errors import CommandError, DeviceError
 from imexctl.platform.procscan import CMDLINE_BYTES, read_cmdline, scan
-from imexctl.platform.record import Record
 
 __all__ = ["MAX_OUTPUT", "SAFE_ENV", "Completed", "Host", "ProcInfo", "RealHost", "split_cmdline"]
 

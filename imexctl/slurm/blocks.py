@@ -24,8 +24,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from imexctl.gpu.topology import NO_FABRIC, parse_key
+from imexctl.platform import Record
 from imexctl.platform.errors import NodeListError, ReportError
-from imexctl.platform.record import Record
 from imexctl.slurm import nodelist
 from imexctl.slurm.topofile import KEY_COMMENT, node_key_fields, short_name
 

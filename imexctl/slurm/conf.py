@@ -18,9 +18,9 @@ import re
 from pathlib import Path
 from typing import Final
 
+from imexctl.platform import Record
 from imexctl.platform.errors import ConfigError
 from imexctl.platform.fsutil import read_text_nofollow
-from imexctl.platform.record import Record
 
 __all__ = [
     "RECORD_KEYS",

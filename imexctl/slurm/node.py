@@ -18,10 +18,10 @@ from __future__ import annotations
 from typing import Final
 
 from imexctl.config.settings import Settings
+from imexctl.platform import Record
 from imexctl.platform import slurmenv as var
 from imexctl.platform.errors import CommandError
 from imexctl.platform.host import Host
-from imexctl.platform.record import Record
 
 __all__ = ["NodeView", "drain", "parse_show_node", "resume", "show_node", "unhealthy_state"]
 

@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from imexctl.platform import Record
 from imexctl.platform.errors import ConfigError, NodeListError
 from imexctl.platform.fsutil import read_text_nofollow
-from imexctl.platform.record import Record
 from imexctl.slurm import nodelist
 
 __all__ = [

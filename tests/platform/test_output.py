@@ -11,9 +11,8 @@ import pytest
 
 from imexctl.cli import main
 from imexctl.config.settings import Settings
-from imexctl.platform import output
+from imexctl.platform import Record, output
 from imexctl.platform.errors import DoctorFailed, GpuError
-from imexctl.platform.record import Record
 from tests.support.fakes import FakeGpu, FakeHost, job_env
 
 PACKAGE = Path(__file__).resolve().parents[2] / "imexctl"

@@ -10,7 +10,7 @@ from typing import NamedTuple, get_type_hints
 
 import pytest
 
-from imexctl.platform.record import Record
+from imexctl.platform import Record
 
 
 class Typed(NamedTuple):
@@ -119,7 +119,7 @@ def test_importing_it_loads_no_collections() -> None:
     """
     repo = str(Path(__file__).resolve().parents[2])
     code = (
-        f"import sys; sys.path.insert(0, {repo!r}); from imexctl.platform.record import Record\n"
+        f"import sys; sys.path.insert(0, {repo!r}); from imexctl.platform import Record\n"
         "class R(Record):\n    a: int\n    b: str = ''\n"
         "assert R(1)._replace(b='x') == (1, 'x'), R(1)\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('collections', 'typing', 'operator', '_operator')))"
