@@ -95,6 +95,8 @@ else:
             return values
 
         def __new__(cls: type, *args: object, **named: object) -> tuple[object, ...]:  # noqa: N807 # it is __new__
+            if named and not args and len(named) == count and all(name in named for name in fields):
+                return tuple.__new__(cls, [named[name] for name in fields])  # every field by name: the settings'
             if named or len(args) != count:
                 return tuple.__new__(cls, bind(args, named))
             return tuple.__new__(cls, args)

@@ -275,8 +275,7 @@ def open_log_file(path: str | Path, *, make_dir: bool = True) -> IO[str]:
     Raises:
         OSError: the directory or the file is refused, or cannot be opened (``filename`` is the path).
     """
-    import errno
-
+    # errno only where it fails: importing it cost every hook 0.07 ms (docs/performance.md)
     directory = os.path.dirname(os.fspath(path)) or "."
     if make_dir:
         from pathlib import Path
@@ -286,16 +285,22 @@ def open_log_file(path: str | Path, *, make_dir: bool = True) -> IO[str]:
         ensure_dir(Path(directory))
     problem = dir_problem(directory)
     if problem:
+        import errno
+
         raise OSError(errno.EPERM, problem, os.fspath(path))
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o640)
     except OSError as exc:
+        import errno
+
         why = {errno.ELOOP: "is a symbolic link (not followed)", errno.ENXIO: "is a FIFO (not a regular file)"}
         raise OSError(exc.errno, why.get(exc.errno or 0, exc.strerror or str(exc)), os.fspath(path)) from None
     import stat
 
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid()) or st.st_mode & stat.S_IWOTH:
+        import errno
+
         os.close(fd)
         what = "a regular file" if stat.S_ISREG(st.st_mode) else "not a regular file"
         raise OSError(
