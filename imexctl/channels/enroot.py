@@ -45,8 +45,8 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Callable, Protocol
 
+from imexctl import slurm as var
 from imexctl.channels import job as jobchannel
-from imexctl.platform import slurmenv as var
 from imexctl.platform.errors import DeviceError, ExitCode, FileError, ImexctlError
 
 if TYPE_CHECKING:

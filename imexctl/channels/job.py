@@ -2,7 +2,7 @@
 
 Both run as the job's user, the TaskProlog once per task, so this module
 imports only ``os`` and ``stat`` and imexctl's light :mod:`imexctl.config.schema`
-and :mod:`imexctl.platform.slurmenv` (:mod:`imexctl.config.jobstate` and ``json`` to read
+and :mod:`imexctl.slurm`'s table of Slurm's variables (:mod:`imexctl.config.jobstate` and ``json`` to read
 a job's state): no structlog, no settings machinery, no dataclasses.
 It reads what the prolog left for every user to read, and nothing else:
 
@@ -27,8 +27,8 @@ import errno
 import os
 import stat
 
+from imexctl import slurm as var
 from imexctl.config import schema
-from imexctl.platform import slurmenv as var
 
 # typing is not imported at run time (start-up cost); mypy reads this block
 TYPE_CHECKING = False
@@ -122,7 +122,7 @@ def read_paths(env: Mapping[str, str], explicit: str | None = None, uid_map: Uid
         NoChannel: the config file is missing (when it must exist), unsafe,
             unreadable or not in the grammar, or a path in ``[paths]`` is not absolute.
     """
-    path, required = schema.find_config(explicit, env)
+    path, required = schema.find_config(explicit, env, slurm_conf=var.value(env, var.CONF))
     sections = _read_sections(path, required, uid_map)
     given = (sections or {}).get("paths", {})
     try:
@@ -214,7 +214,7 @@ def candidate_job_ids(env: Mapping[str, str]) -> tuple[int, ...]:
     itself allocated (``srun ... : ...``), as ``SLURM_JOB_ID_PACK_GROUP_<n>``
     (slurm ``src/srun/srun_job.c`` ``_build_key``; seen under 22.05 and 24.11
     in the lab).  Malformed values are skipped.  The variables are
-    :mod:`imexctl.platform.slurmenv`'s.
+    :mod:`imexctl.slurm`'s.
     """
     ids: list[int] = []
     for value in var.task_job_ids(env):

@@ -36,8 +36,8 @@ from __future__ import annotations
 import os
 import sys
 
+from imexctl import slurm as var
 from imexctl.channels import job as jobchannel
-from imexctl.platform import slurmenv as var
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

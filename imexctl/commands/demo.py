@@ -138,9 +138,9 @@ class SimRack:
 
     def job_env(self, t: Tray, job_id: int, hook: str, trays: list[Tray] | None = None) -> dict[str, str]:
         """What slurmd gives a Prolog/Epilog: no PATH, both node-list variables (design.md source slurm-env)."""
-        from imexctl.platform import slurmenv
+        from imexctl import slurm
 
-        env = slurmenv.hook_env(
+        env = slurm.hook_env(
             hook,
             job_id,
             t.name,
@@ -176,7 +176,7 @@ class SimRack:
 
     def imexctl(self, t: Tray, *args: str) -> subprocess.CompletedProcess[str]:
         """Run an admin command (status, cleanup) on one tray."""
-        from imexctl.platform.slurmenv import NODENAME
+        from imexctl.slurm import NODENAME
 
         env = {NODENAME: t.name, "IMEXCTL_CONFIG": str(t.config), "PYTHONPATH": _PKG_ROOT}
         return subprocess.run(

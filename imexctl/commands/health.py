@@ -301,7 +301,7 @@ def reconcile(verdict: Verdict, env: Mapping[str, str], rt: Runtime) -> SlurmDon
     out of service and now healthy (is it ours to resume?).  A node that is
     out of service for someone else's reason keeps it.
     """
-    from imexctl.platform import slurmenv as var
+    from imexctl import slurm as var
     from imexctl.slurm import node as slurmnode
 
     given = var.value(env, var.HEALTHY).strip().lower()

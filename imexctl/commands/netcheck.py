@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import tenacity
 
-from imexctl.platform import slurmenv as var
+from imexctl import slurm as var
 
 if TYPE_CHECKING:
     import argparse

@@ -14,8 +14,8 @@ It also reads the file, in the one INI grammar imexctl takes
 (:func:`parse_ini_subset`), on every path: hooks, fast path, admin commands,
 doctor and the job's own user (:mod:`imexctl.channels.job`).
 
-This module imports only ``os``, ``stat``, :mod:`imexctl.platform.slurmenv`
-(``SLURM_CONF``) and :mod:`imexctl.platform` (``Record``) at run time: ``dataclasses``,
+This module imports only ``os``, ``stat`` and :mod:`imexctl.platform` (``Record``)
+at run time: ``dataclasses``,
 ``pathlib``, ``typing`` and ``enum`` each cost a hook 5 to 20 ms to import
 (docs/performance.md).  Errors are :class:`SchemaError`;
 ``settings`` raises them as ``ConfigError``.
@@ -27,7 +27,6 @@ import os
 import stat
 
 from imexctl.platform import Record
-from imexctl.platform import slurmenv as var
 
 # typing is not imported at run time (start-up cost); mypy reads this block
 TYPE_CHECKING = False
@@ -48,7 +47,6 @@ __all__ = [
     "NodePaths",
     "Policy",
     "SchemaError",
-    "as_under_slurmd",
     "config_candidates",
     "find_config",
     "job_dir",
@@ -386,8 +384,11 @@ class NodePaths(Record):
     nvidia_params: str = ""
 
 
-def find_config(explicit: str | None, env: Mapping[str, str]) -> tuple[str, bool]:
-    """Choose the config file: ``--config``, ``$IMEXCTL_CONFIG``, beside ``$SLURM_CONF``, default.
+def find_config(explicit: str | None, env: Mapping[str, str], *, slurm_conf: str) -> tuple[str, bool]:
+    """Choose the config file: ``--config``, ``$IMEXCTL_CONFIG``, beside ``slurm_conf``, default.
+
+    ``slurm_conf`` is the value of slurmd's ``SLURM_CONF`` (``slurm.value(env, slurm.CONF)``:
+    this layer reads no Slurm variable itself).
 
     Returns:
         The path and whether it must exist.
@@ -396,7 +397,7 @@ def find_config(explicit: str | None, env: Mapping[str, str]) -> tuple[str, bool
         return explicit, True
     if env.get("IMEXCTL_CONFIG"):
         return env["IMEXCTL_CONFIG"], True
-    beside = _beside(var.value(env, var.CONF))
+    beside = _beside(slurm_conf)
     if beside and os.path.isfile(beside):
         return beside, True
     return DEFAULT_CONFIG, False
@@ -410,27 +411,9 @@ def _beside(slurm_conf: str) -> str:
     return "imexctl.conf" if parent == "." else os.path.join(parent, "imexctl.conf")
 
 
-#: the slurm.conf slurmd uses when it was started without ``-f``, in the order it looks: the copy a
-#: configless slurmd keeps (and names in SLURM_CONF for its hooks), then the compiled-in default
-SLURMD_CONFS = ("/run/slurm/conf/slurm.conf", "/etc/slurm/slurm.conf")
-
-
-def as_under_slurmd(env: Mapping[str, str]) -> Mapping[str, str]:
-    """``env`` with the ``SLURM_CONF`` that slurmd gives the hooks, when it has none (an admin's shell).
-
-    So ``status``, ``doctor`` and ``cleanup`` read the config file the hooks
-    read (:func:`find_config`): beside slurm.conf when one is there.  A slurmd
-    started with ``-f FILE`` elsewhere is not guessed: set ``SLURM_CONF``.
-    """
-    if var.value(env, var.CONF):
-        return env
-    found = next((path for path in SLURMD_CONFS if os.path.isfile(path)), "")
-    return {**env, var.CONF: found} if found else env
-
-
-def config_candidates(env: Mapping[str, str]) -> tuple[str, ...]:
-    """Every config file that :func:`find_config` could choose by ``env``, in its order (for doctor)."""
-    found = (env.get("IMEXCTL_CONFIG", ""), _beside(var.value(env, var.CONF)), DEFAULT_CONFIG)
+def config_candidates(env: Mapping[str, str], *, slurm_conf: str) -> tuple[str, ...]:
+    """Every config file that :func:`find_config` could choose by ``env`` and ``slurm_conf``, in its order (doctor)."""
+    found = (env.get("IMEXCTL_CONFIG", ""), _beside(slurm_conf), DEFAULT_CONFIG)
     return tuple(dict.fromkeys(path for path in found if path))
 
 

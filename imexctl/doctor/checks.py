@@ -15,11 +15,11 @@ import stat
 from pathlib import Path
 from typing import Final
 
+from imexctl import slurm as var
 from imexctl.channels import devices
 from imexctl.doctor.framework import FAIL, OK, WARN, Check, Context, under_root
 from imexctl.hooks.runtime import Runtime
 from imexctl.hooks.state import job_ids, read_state
-from imexctl.platform import slurmenv as var
 
 __all__ = ["auth_checks", "config_checks", "dir_checks", "log_checks", "mount_fs", "stale_checks"]
 
@@ -28,7 +28,7 @@ def config_checks(ctx: Context) -> list[Check]:
     """The config file the hooks read under slurmd (``schema.find_config`` with slurmd's ``SLURM_CONF``)."""
     from imexctl.config import schema
 
-    path, _ = schema.find_config(ctx.config or None, ctx.env)
+    path, _ = schema.find_config(ctx.config or None, ctx.env, slurm_conf=var.value(ctx.env, var.CONF))
     return [_config_file(ctx, path), _config_files(ctx, path)]
 
 
@@ -52,7 +52,8 @@ def _config_files(ctx: Context, path: str) -> Check:
     """WARN when more than one file sits where imexctl looks: only one of them counts."""
     from imexctl.config import schema
 
-    present = [c for c in schema.config_candidates(ctx.env) if os.path.isfile(c)] if not ctx.config else []
+    candidates = schema.config_candidates(ctx.env, slurm_conf=var.value(ctx.env, var.CONF))
+    present = [c for c in candidates if os.path.isfile(c)] if not ctx.config else []
     if len(present) > 1:
         ignored = ", ".join(c for c in present if c != path)
         why = f"several config files: the hooks read {path}, and {ignored} is ignored"

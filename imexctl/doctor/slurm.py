@@ -20,10 +20,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
+from imexctl import slurm as var
 from imexctl.config.settings import Settings
 from imexctl.doctor.framework import FAIL, OK, WARN, Check, Context, under_root
 from imexctl.imex.daemon import FORGET_S
-from imexctl.platform import slurmenv as var
 from imexctl.platform.errors import ConfigError, ImexctlError
 from imexctl.platform.fsutil import read_text_nofollow
 from imexctl.slurm import conf as slurmconf

@@ -182,10 +182,11 @@ def _read(command: str, explicit: str | None, env: Mapping[str, str]) -> Read | 
 
     The full command then reads it again, with the same reader, and names what is wrong.
     """
+    from imexctl import slurm
     from imexctl.config import schema
 
     try:
-        path, required = schema.find_config(explicit, env)
+        path, required = schema.find_config(explicit, env, slurm_conf=slurm.value(env, slurm.CONF))
         text = schema.read_config(path, required=required, euid=0)
         raw = {} if text is None else schema.parse_ini_subset(text, path)
         values, imex = schema.validate(path, raw)

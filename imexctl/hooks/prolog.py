@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
 
+from imexctl import slurm as var
 from imexctl.channels import devices
 from imexctl.config.paths import JobDir
 from imexctl.config.settings import Settings
@@ -27,7 +28,6 @@ from imexctl.hooks.state import JobState, mark_state, node_lock, read_state, wri
 from imexctl.hooks.teardown import teardown
 from imexctl.imex import config as imexconf
 from imexctl.imex import daemon, peerauth
-from imexctl.platform import slurmenv as var
 from imexctl.platform.errors import (
     ConfigError,
     DomainBusyError,

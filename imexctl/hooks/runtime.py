@@ -67,7 +67,7 @@ class Needs(Record):
     load fails the command), ``lenient`` (the defaults, and why:
     ``doctor``, ``health``) or ``none`` (the defaults, no file read:
     ``topology``).  ``hook_lookup``: find the file as the hooks do from their
-    own environment; else as under slurmd (``schema.as_under_slurmd``).
+    own environment; else as under slurmd (``slurm.under_slurmd``).
     ``quiet``: the log's lines reach stderr only with ``-v`` (stdout says it all).
     """
 
@@ -115,12 +115,12 @@ def build(
         ConfigError: with ``config = strict``, the file does not load (stderr has its line).
         EnvironmentError_: the node name is unusable (``[paths] root`` may hold ``%n``).
     """
-    from imexctl.config import schema
+    from imexctl import slurm
     from imexctl.slurm.job import node_name
 
     node = node or node_name(env, or_host=True)  # checked before it reaches a path
-    lookup = env if needs.hook_lookup else schema.as_under_slurmd(env)
-    path = "" if read is not None or needs.config == "none" else schema.find_config(config, lookup)[0]
+    lookup = env if needs.hook_lookup else slurm.under_slurmd(env)
+    found = "" if read is not None or needs.config == "none" else _find_config(config, lookup)[0]
     cfg, problem = _settings(command, lookup, needs, config, node, read, verbose)
     logger = _logging(command, env, needs, cfg, None if problem else cfg.paths.log_file, verbose)
     if host is None:
@@ -131,7 +131,26 @@ def build(
         from imexctl.gpu.fabric import NvmlGpu
 
         gpu = NvmlGpu()
-    return Built(Runtime(host, gpu, cfg, logger), node, problem, lookup, path)  # type: ignore[arg-type]  # gpu: Needs
+    return Built(Runtime(host, gpu, cfg, logger), node, problem, lookup, found)  # type: ignore[arg-type]  # gpu: Needs
+
+
+def _find_config(config: str | None, lookup: Mapping[str, str]) -> tuple[str, bool]:
+    """``schema.find_config`` with the ``SLURM_CONF`` of ``lookup`` (slurmd's, or as under slurmd)."""
+    from imexctl import slurm
+    from imexctl.config import schema
+
+    return schema.find_config(config, lookup, slurm_conf=slurm.value(lookup, slurm.CONF))
+
+
+def log_context(command: str, env: Mapping[str, str]) -> dict[str, object]:
+    """Hook, job id and node for every line of a command's log."""
+    from imexctl import slurm
+
+    context: dict[str, object] = {"hook": command}
+    if command in ("prolog", "epilog"):
+        # raw values, so even a failure before the job is parsed names it; the hooks rebind parsed ones
+        context.update(job_id=slurm.value(env, slurm.JOB_ID) or "?", node=slurm.value(env, slurm.NODENAME) or "?")
+    return context
 
 
 def with_gpu(rt: Runtime) -> Runtime:
@@ -149,7 +168,7 @@ def _settings(
     """The settings and why the file did not load ('' when it did, or with ``config = strict``, which raises)."""
     from pathlib import Path
 
-    from imexctl.config import schema, settings
+    from imexctl.config import settings
     from imexctl.platform.errors import ConfigError
 
     if read is not None:
@@ -157,7 +176,7 @@ def _settings(
         return settings.from_values(read.values, read.imex, node=node, source=source), ""
     if needs.config == "none":
         return settings.load(None, node=node), ""
-    path, required = schema.find_config(config, lookup)
+    path, required = _find_config(config, lookup)
     try:
         return settings.load(path, node=node, required=required), ""
     except ConfigError as exc:
@@ -166,7 +185,7 @@ def _settings(
         from imexctl.platform import logsetup
 
         opened = logsetup.open_command_sink(None, syslog=False, verbose=verbose)  # no log file known: stderr
-        logsetup.setup_command_logging("info", command, lookup, opened)
+        logsetup.setup_command_logging("info", log_context(command, lookup), opened)
         raise
 
 
@@ -186,10 +205,10 @@ def _logging(command: str, env: Mapping[str, str], needs: Needs, cfg: Settings, 
         opened[0].quiet = not verbose
     if needs.logs == "hook":
         # structlog's lines without importing structlog: a hook delays every job (docs/performance.md)
-        return logsetup.setup_hook_logging(cfg.log.level, command, env, opened)
+        return logsetup.setup_hook_logging(cfg.log.level, log_context(command, env), opened)
     import structlog
 
-    logsetup.setup_command_logging(cfg.log.level, command, env, opened)
+    logsetup.setup_command_logging(cfg.log.level, log_context(command, env), opened)
     return structlog.get_logger()
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 
 from imexctl.platform import log
-from imexctl.platform import slurmenv as var
 from imexctl.platform.log import LEVELS, LineLogger, SinkLogger, open_sink
 
 # typing and pathlib are not imported at run time; mypy reads this block
@@ -30,7 +29,6 @@ __all__ = [
     "configure_logging",
     "configure_structlog",
     "ensure_logging",
-    "log_context",
     "log_crash",
     "log_failure",
     "open_command_sink",
@@ -126,25 +124,14 @@ def open_command_sink(log_file: Path | None, *, syslog: bool, verbose: bool) -> 
     return open_sink(log_file=log_file, stderr_level="info" if verbose else "warning", syslog=syslog)
 
 
-def log_context(command: str, env: Mapping[str, str]) -> dict[str, object]:
-    """Hook, job id and node for every line."""
-    context: dict[str, object] = {"hook": command}
-    if command in ("prolog", "epilog"):
-        # raw values, so even a failure before the job is parsed names it; the hooks rebind parsed ones
-        context.update(job_id=var.value(env, var.JOB_ID) or "?", node=var.value(env, var.NODENAME) or "?")
-    return context
-
-
-def setup_command_logging(
-    level: str, command: str, env: Mapping[str, str], opened: tuple[SinkLogger, str | None]
-) -> None:
-    """Configure structlog once on the opened sink, and bind hook, job id and node for every line."""
+def setup_command_logging(level: str, context: Mapping[str, object], opened: tuple[SinkLogger, str | None]) -> None:
+    """Configure structlog once on the opened sink, and bind ``context`` (hook, job id, node) to every line."""
     import structlog
 
     sink, problem = opened
     configure_structlog(sink, level)
     _sinks["command"] = sink
-    structlog.contextvars.bind_contextvars(**log_context(command, env))
+    structlog.contextvars.bind_contextvars(**context)
     if problem:
         structlog.get_logger().warning("imexctl.failed", error_code="log_file", reason=problem)
 
@@ -157,12 +144,10 @@ _current: dict[str, LineLogger] = {}
 _sinks: dict[str, SinkLogger] = {}
 
 
-def setup_hook_logging(
-    level: str, command: str, env: Mapping[str, str], opened: tuple[SinkLogger, str | None]
-) -> LineLogger:
-    """A hook's logger on the opened sink: structlog's lines, without importing structlog."""
+def setup_hook_logging(level: str, context: Mapping[str, object], opened: tuple[SinkLogger, str | None]) -> LineLogger:
+    """A hook's logger on the opened sink, ``context`` on every line: structlog's lines, without importing structlog."""
     sink, problem = opened
-    logger = _current["hook"] = LineLogger(sink, level, log_context(command, env))
+    logger = _current["hook"] = LineLogger(sink, level, dict(context))
     if problem:
         logger.warning("imexctl.failed", error_code="log_file", reason=problem)
     return logger

@@ -1,9 +1,9 @@
 """The job as slurmd describes it to Prolog/Epilog, read from the environment (pure).
 
-Every variable is read through :mod:`imexctl.platform.slurmenv`, the table of
+Every variable is read through :mod:`imexctl.slurm` (the package's own module), the table of
 Slurm's variables (which versions set each, and its fallback).  Light enough for
 the hooks' fast path (:mod:`imexctl.hooks.entry`): at run time it imports only
-``os`` and :mod:`imexctl.platform.slurmenv`; :mod:`imexctl.slurm.nodelist` only
+``os`` and :mod:`imexctl.slurm`'s table; :mod:`imexctl.slurm.nodelist` only
 to read a prolog's node list (an epilog never needs it), and
 :mod:`imexctl.platform.errors` (which imports ``enum``) only to raise.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from imexctl.platform import slurmenv as var
+from imexctl import slurm as var
 
 # typing is not imported at run time (start-up cost); mypy reads this block
 TYPE_CHECKING = False
@@ -282,7 +282,7 @@ def _few(names: Sequence[str], shown: int = 5) -> str:
 
 
 def _int(env: Mapping[str, str], name: str, *, required: bool, minimum: int, maximum: int) -> int | None:
-    """The number in ``name`` (or its fallback, :mod:`~imexctl.platform.slurmenv`); None when unset."""
+    """The number in ``name`` (or its fallback, :mod:`imexctl.slurm`); None when unset."""
     key, text = var.source(env, name)
     text = text.strip()
     if not text:

@@ -38,9 +38,9 @@ from __future__ import annotations
 
 from typing import Final
 
+from imexctl import slurm as var
 from imexctl.config.settings import Settings
 from imexctl.platform import Record
-from imexctl.platform import slurmenv as var
 from imexctl.platform.errors import CommandError, NodeListError, SlurmQueryError, shorten
 from imexctl.platform.host import Host
 from imexctl.slurm import nodelist

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 import pytest
 
+from imexctl import slurm
 from imexctl.cli import main
 from imexctl.config import schema
 from imexctl.config.paths import JobDir
@@ -405,7 +406,7 @@ class TestConfigAsTheHooksReadIt:
         beside.write_text(text)
         os.chmod(beside, 0o644)
         monkeypatch.setattr(
-            schema, "SLURMD_CONFS", (str(tmp_path / "run/slurm/conf/slurm.conf"), str(etc / "slurm.conf"))
+            slurm, "SLURMD_CONFS", (str(tmp_path / "run/slurm/conf/slurm.conf"), str(etc / "slurm.conf"))
         )
         monkeypatch.setattr(schema, "DEFAULT_CONFIG", str(tmp_path / "etc/imexctl/imexctl.conf"))
         return beside

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import pytest
 
+from imexctl import slurm
 from imexctl.commands import netcheck
 from imexctl.config.settings import Settings
 from tests.support.localuser import needs_local_user
@@ -244,7 +245,7 @@ def test_a_task_without_slurm_conf_checks_the_ranges_the_hooks_use(tmp_path: Pat
                       "[ports]\nserver_port_range = 63000-63009\ncmd_port_range = 63100-63109\n")  # fmt: skip
     for path in (beside, tmp_path / "hosts"):
         path.chmod(0o644)
-    monkeypatch.setattr(schema, "SLURMD_CONFS", (str(tmp_path / "run/slurm/conf/slurm.conf"), str(etc / "slurm.conf")))
+    monkeypatch.setattr(slurm, "SLURMD_CONFS", (str(tmp_path / "run/slurm/conf/slurm.conf"), str(etc / "slurm.conf")))
     monkeypatch.setattr(schema, "DEFAULT_CONFIG", str(tmp_path / "etc/imexctl/imexctl.conf"))
     env = {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "tray1", "SLURMD_NODENAME": "tray1", "SLURM_LOCALID": "0"}
     out = io.StringIO()

@@ -105,38 +105,43 @@ def test_the_documented_configs_are_in_the_grammar() -> None:
         assert schema.parse_ini_subset(text, name), name
 
 
+def _find(explicit: str | None, env: dict[str, str]) -> tuple[str, bool]:
+    """``find_config`` as its callers call it: with the value of ``SLURM_CONF`` from the same environment."""
+    return schema.find_config(explicit, env, slurm_conf=env.get("SLURM_CONF", ""))
+
+
 class TestFindConfig:
     def test_explicit_option_wins(self, tmp_path: Path) -> None:
         """--config is used (and required) even when the environment names other files."""
         env = {"IMEXCTL_CONFIG": "/etc/other.conf", "SLURM_CONF": str(tmp_path / "slurm.conf")}
-        assert schema.find_config("/x/explicit.conf", env) == ("/x/explicit.conf", True)
+        assert _find("/x/explicit.conf", env) == ("/x/explicit.conf", True)
 
     def test_environment_variable_next(self, tmp_path: Path) -> None:
         """Without --config, $IMEXCTL_CONFIG is used and required."""
         (tmp_path / "imexctl.conf").write_text("")
         env = {"IMEXCTL_CONFIG": "/etc/env.conf", "SLURM_CONF": str(tmp_path / "slurm.conf")}
-        assert schema.find_config(None, env) == ("/etc/env.conf", True)
+        assert _find(None, env) == ("/etc/env.conf", True)
 
     def test_beside_slurm_conf_when_present(self, tmp_path: Path) -> None:
         """imexctl.conf in the directory of $SLURM_CONF is used when it exists."""
         (tmp_path / "imexctl.conf").write_text("")
-        assert schema.find_config(None, {"SLURM_CONF": str(tmp_path / "slurm.conf")}) == (
+        assert _find(None, {"SLURM_CONF": str(tmp_path / "slurm.conf")}) == (
             str(tmp_path / "imexctl.conf"),
             True,
         )
 
     def test_default_when_nothing_beside_slurm_conf(self, tmp_path: Path) -> None:
         """Without a file beside $SLURM_CONF the default path is used and may be missing."""
-        assert schema.find_config(None, {"SLURM_CONF": str(tmp_path / "slurm.conf")}) == (schema.DEFAULT_CONFIG, False)
+        assert _find(None, {"SLURM_CONF": str(tmp_path / "slurm.conf")}) == (schema.DEFAULT_CONFIG, False)
 
     def test_default_with_empty_environment(self) -> None:
         """With nothing given the default path is used and may be missing."""
-        assert schema.find_config(None, {}) == (schema.DEFAULT_CONFIG, False)
-        assert schema.find_config("", {"IMEXCTL_CONFIG": ""}) == (schema.DEFAULT_CONFIG, False)
+        assert _find(None, {}) == (schema.DEFAULT_CONFIG, False)
+        assert _find("", {"IMEXCTL_CONFIG": ""}) == (schema.DEFAULT_CONFIG, False)
 
     def test_beside_a_relative_slurm_conf(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         """A relative $SLURM_CONF names imexctl.conf in the same relative directory."""
         monkeypatch.chdir(tmp_path)
         (tmp_path / "imexctl.conf").write_text("")
-        assert schema.find_config(None, {"SLURM_CONF": "slurm.conf"}) == ("imexctl.conf", True)
-        assert schema.find_config(None, {"SLURM_CONF": "etc//./slurm.conf"}) == (schema.DEFAULT_CONFIG, False)
+        assert _find(None, {"SLURM_CONF": "slurm.conf"}) == ("imexctl.conf", True)
+        assert _find(None, {"SLURM_CONF": "etc//./slurm.conf"}) == (schema.DEFAULT_CONFIG, False)

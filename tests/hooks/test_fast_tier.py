@@ -146,7 +146,6 @@ FAST_MODULES_HOOK = (
     "imexctl.hooks.gate",
     "imexctl.platform",
     "imexctl.platform.log",
-    "imexctl.platform.slurmenv",
     "imexctl.slurm",
     "imexctl.slurm.job",
 )

@@ -8,6 +8,7 @@ from typing import Callable
 
 import pytest
 
+from imexctl import slurm
 from imexctl.config import schema
 from imexctl.config.settings import Settings
 from imexctl.hooks.runtime import Needs, build, with_gpu
@@ -96,7 +97,7 @@ def test_an_admins_command_reads_the_hooks_file_under_slurmd(root: Path, monkeyp
     beside = conf.parent / "imexctl.conf"
     beside.write_text(f"[paths]\nroot = {root}\n")
     beside.chmod(0o644)
-    monkeypatch.setattr(schema, "SLURMD_CONFS", (str(conf),))
+    monkeypatch.setattr(slurm, "SLURMD_CONFS", (str(conf),))
     env = {"SLURMD_NODENAME": "gb01"}
     admin = build("status", env, Needs(logs="none", gpu="none"), host=FakeHost())
     hook = build("prolog", env, Needs(logs="none", gpu="none", hook_lookup=True), host=FakeHost())

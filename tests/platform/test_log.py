@@ -106,7 +106,8 @@ def test_a_hooks_lines_stay_on_its_sink_without_structlog_until_it_crashes() -> 
     out = io.StringIO()
     env = {"SLURM_JOB_ID": "9", "SLURMD_NODENAME": "gb02"}
     try:
-        hook = logsetup.setup_hook_logging("info", "prolog", env, (log.SinkLogger(out, None, 50, False), "no log file"))
+        context = {"hook": "prolog", "job_id": env["SLURM_JOB_ID"], "node": env["SLURMD_NODENAME"]}
+        hook = logsetup.setup_hook_logging("info", context, (log.SinkLogger(out, None, 50, False), "no log file"))
         hook.bind_context(job_id=9)
         logsetup.log_failure(ConfigError("bad key"))
         assert not structlog.is_configured()

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from imexctl import slurm as var
 from imexctl.channels.job import candidate_job_ids
-from imexctl.platform import slurmenv as var
 from imexctl.slurm.job import JobContext
 
 PACKAGE = Path(__file__).resolve().parents[2] / "imexctl"
@@ -27,12 +27,12 @@ def _bare_names(path: Path) -> list[str]:
 
 
 def test_only_the_table_names_a_slurm_variable() -> None:
-    """Every read of a Slurm variable goes through platform/slurmenv.py: no other module names one to read or
+    """Every read of a Slurm variable goes through slurm/__init__.py: no other module names one to read or
     set it (the job, the job's side, netcheck, the config lookup, the log's context, health, doctor, the demo)."""
     found = [
         hit
         for path in sorted(PACKAGE.rglob("*.py"))
-        if path != PACKAGE / "platform/slurmenv.py" and not path.is_relative_to(PACKAGE / "sim")
+        if path != PACKAGE / "slurm/__init__.py" and not path.is_relative_to(PACKAGE / "sim")
         for hit in _bare_names(path)
     ]
     assert found == []
