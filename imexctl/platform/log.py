@@ -207,6 +207,8 @@ def _render(value: Any) -> str:
         text: str = value
         if not text.isascii():
             raise _NotPlain
+        if text.isprintable() and '"' not in text and "\\" not in text:  # most fields: nothing to escape
+            return '"' + text + '"'
         return '"' + text.translate(_ESCAPES) + '"'
     if value is None:
         return "null"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import random
 from pathlib import Path
 from typing import Any
 
@@ -221,3 +222,37 @@ class TestLogFile:
         sink, problem = log.open_sink(log_file=path)
         assert sink._file is None  # stderr only
         assert problem == f"cannot open log file {path}: is a FIFO (not a regular file)"
+
+
+def _random_value(rng: random.Random, depth: int = 0) -> Any:
+    """A value of the kinds log lines hold, with what json.dumps escapes: quotes, backslashes, control characters,
+    DEL, non-ASCII text, non-finite floats, non-string keys, nesting."""
+    kind = rng.randrange(9 if depth < 3 else 6)
+    if kind == 0:
+        alphabet = ['"', "\\", "\x7f", "é", "\u2028", *map(chr, range(32)), *"abcXYZ019 -_/.:[]{}"]
+        return "".join(rng.choice(alphabet) for _ in range(rng.randrange(12)))
+    if kind == 1:
+        return "".join(rng.choice("abcdefghij0123456789 -_./:") for _ in range(rng.randrange(20)))
+    if kind == 2:
+        return rng.choice([0, -1, 1, 2**63, -(2**70), rng.randrange(-(10**6), 10**6)])
+    if kind == 3:
+        return rng.choice([0.0, -0.0, 1.5, 1e-7, 1e21, float("inf"), float("-inf"), float("nan"), rng.random()])
+    if kind == 4:
+        return rng.choice([True, False, None])
+    if kind == 5:
+        return rng.choice(["", "ok", "prolog.done"])
+    if kind == 6:
+        return [_random_value(rng, depth + 1) for _ in range(rng.randrange(4))]
+    if kind == 7:
+        return tuple(_random_value(rng, depth + 1) for _ in range(rng.randrange(4)))
+    keys = [rng.choice(["a", "job_id", 'q"', "\n", 1, 2.5, None, True]) for _ in range(rng.randrange(4))]
+    return {k: _random_value(rng, depth + 1) for k in keys}
+
+
+def test_render_json_writes_what_json_dumps_writes() -> None:
+    """render_json is byte for byte json.dumps (structlog's JSONRenderer) on 20,000 random values: what it renders
+    itself (plain ASCII, the common case without escapes included) and what it leaves to json.dumps."""
+    rng = random.Random(20261205)
+    for _ in range(20_000):
+        value = {"event": "x", "v": _random_value(rng)}
+        assert log.render_json(value) == json.dumps(value), value
