@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from imexctl.commands.demo import SimRack  # noqa: E402 # after the sys.path line above
-from imexctl.slurm import nodelist  # noqa: E402
+from imexctl.slurm import nodefold, nodelist  # noqa: E402
 
 PY = sys.executable
 # the console script's start-up: an isolated interpreter, then main() (the checkout first on the path)
@@ -192,7 +192,7 @@ def _fragmented(n: int) -> list[str]:
 def _workloads() -> dict[str, str]:
     return {
         "range10k": "gpu[00001-10000]",
-        "frag10k": nodelist.fold(_fragmented(10_000)),
+        "frag10k": nodefold.fold(_fragmented(10_000)),
         "range65536": "gpu[00001-65536]",
         "two100k": "gpu[000001-050000],gpu[050001-100000]",
     }
@@ -203,7 +203,7 @@ def _contenders() -> dict[str, tuple[Callable[[str], list[str]], Callable[[list[
     from ClusterShell.NodeSet import NodeSet
 
     return {
-        "imexctl": (nodelist.expand, nodelist.fold),
+        "imexctl": (nodelist.expand, nodefold.fold),
         "hostlist": (hostlist.expand_hostlist, hostlist.collect_hostlist),
         "clustershell": (lambda text: list(NodeSet(text)), lambda names: str(NodeSet.fromlist(names))),
     }
@@ -227,7 +227,7 @@ def bench_nodelist(mode: Mode, tmp: Path) -> list[Figure]:
         names = nodelist.expand(text)
         if have_scontrol:
             want = _scontrol(text, conf)
-            if nodelist.expand(text) != want or _scontrol(nodelist.fold(names), conf) != want:
+            if nodelist.expand(text) != want or _scontrol(nodefold.fold(names), conf) != want:
                 raise SystemExit(f"bench: imexctl and scontrol disagree on {label}")
         times: dict[tuple[str, str], list[float]] = {}
         for _ in range(mode.nodelist_runs):

@@ -160,10 +160,10 @@ def _node_name(text: str) -> str:
     import argparse
 
     from imexctl.platform.errors import NodeListError
-    from imexctl.slurm import nodelist
+    from imexctl.slurm import nodefold
 
     try:
-        nodelist.fold([text])
+        nodefold.fold([text])
     except NodeListError as exc:
         raise argparse.ArgumentTypeError(f"{text!r} is not one node name: {exc.reason}") from None
     return text

@@ -132,9 +132,9 @@ class SimRack:
 
     def nodelist(self, trays: list[Tray] | None = None) -> str:
         """The job's SLURM_JOB_NODELIST, folded like Slurm does."""
-        from imexctl.slurm import nodelist
+        from imexctl.slurm import nodefold
 
-        return nodelist.fold([t.name for t in trays or self.trays])
+        return nodefold.fold([t.name for t in trays or self.trays])
 
     def job_env(self, t: Tray, job_id: int, hook: str, trays: list[Tray] | None = None) -> dict[str, str]:
         """What slurmd gives a Prolog/Epilog: no PATH, both node-list variables (design.md source slurm-env)."""

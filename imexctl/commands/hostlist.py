@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from imexctl.slurm import nodelist
+from imexctl.slurm import nodefold, nodelist
 
 if TYPE_CHECKING:
     import argparse
@@ -25,5 +25,5 @@ def command(args: argparse.Namespace, _env: Mapping[str, str], _host: Host | Non
         return 0
     names = args.names or sys.stdin.read().split()
     if names:
-        sys.stdout.write(nodelist.fold(names) + "\n")
+        sys.stdout.write(nodefold.fold(names) + "\n")
     return 0

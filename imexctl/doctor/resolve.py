@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from imexctl.doctor.framework import FAIL, OK, Check, Context
 from imexctl.hooks import members
 from imexctl.platform.errors import ConfigError, NodeListError, ResolveError
-from imexctl.slurm import nodelist
+from imexctl.slurm import nodefold, nodelist
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -83,7 +83,7 @@ def _nodes(ctx: Context, table: Mapping[str, str] | None) -> Check:
     by_addr: dict[str, list[str]] = {}
     for name, addr in found.items():
         by_addr.setdefault(addr, []).append(name)
-    problems += [f"{nodelist.fold(ns)} all resolve to {a}" for a, ns in by_addr.items() if len(ns) > 1]
+    problems += [f"{nodefold.fold(ns)} all resolve to {a}" for a, ns in by_addr.items() if len(ns) > 1]
     if problems:
         fix = "fix these names for [resolve] method (every tray of a job must resolve, each to its own address)"
         return Check("resolve.nodes", FAIL, f"{len(problems)} problem(s): " + "; ".join(problems), fix)
@@ -93,6 +93,6 @@ def _nodes(ctx: Context, table: Mapping[str, str] | None) -> Check:
     return Check(
         "resolve.nodes",
         OK,
-        f"{nodelist.fold(names)}: {len(names)} distinct addresses; nodes file hash {hash_} "
+        f"{nodefold.fold(names)}: {len(names)} distinct addresses; nodes file hash {hash_} "
         "(the same on every tray that resolves alike)",
     )

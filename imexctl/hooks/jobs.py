@@ -15,7 +15,7 @@ from imexctl.hooks.state import JobState, job_ids, read_state
 from imexctl.imex import daemon
 from imexctl.platform import Record
 from imexctl.platform.host import ProcInfo
-from imexctl.slurm import nodelist
+from imexctl.slurm import nodefold
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -183,7 +183,7 @@ def not_here(found: JobRecord, state: JobState | None, node: str) -> str:
     if not found.wants_to_start:
         return f"slurmctld says {found.state}"
     if not found.holds(node):
-        where = nodelist.fold(list(found.trays)) if found.trays else "no node"
+        where = nodefold.fold(list(found.trays)) if found.trays else "no node"
         return f"slurmctld says it runs on {where}, not on this tray"
     return other_run(state, found.restarts, found.start_time) if state is not None else ""
 

@@ -19,7 +19,7 @@ from imexctl.platform import Record
 from imexctl.platform.errors import CommandError, ConfigError, ResolveError, TopologyMismatch
 from imexctl.platform.fsutil import read_text_nofollow
 from imexctl.platform.host import Host
-from imexctl.slurm import nodelist, topofile
+from imexctl.slurm import nodefold, topofile
 from imexctl.slurm.topofile import BlockMap
 
 __all__ = [
@@ -145,7 +145,7 @@ def channel_place(trays: Sequence[str], source: BlockMap | None, slurm_nodes: Se
         where, name = {n: i for i, n in enumerate(slurm_nodes)}, "slurm.conf"
         missing = [t for t in trays if t not in where]
         if missing:
-            return Place(0, 1, "none", f"no topology source, and slurm.conf does not list {nodelist.fold(missing)}")
+            return Place(0, 1, "none", f"no topology source, and slurm.conf does not list {nodefold.fold(missing)}")
     return Place(min(where[t] for t in trays), len(where), name)
 
 
@@ -197,7 +197,7 @@ def _log_split(nodes: Sequence[str], me: str, source: BlockMap, trays: int, key:
             key=key or source.key_of(me),
             trays=trays,
             domains=len(domains),
-            outside=nodelist.fold(outside),
+            outside=nodefold.fold(outside),
         )
 
 

@@ -26,7 +26,7 @@ from typing import Any
 from imexctl.gpu.topology import NO_FABRIC, parse_key
 from imexctl.platform import Record
 from imexctl.platform.errors import NodeListError, ReportError
-from imexctl.slurm import nodelist
+from imexctl.slurm import nodefold, nodelist
 from imexctl.slurm.topofile import KEY_COMMENT, node_key_fields, short_name
 
 __all__ = [
@@ -121,7 +121,7 @@ def _json_report(text: str, where: str) -> Report:
 
 def _node_name(name: str, where: str) -> str:
     try:
-        nodelist.fold([name])
+        nodefold.fold([name])
     except NodeListError as exc:
         raise ReportError(f"{where}: bad node name {name!r}: {exc.reason}") from exc
     return name
@@ -237,7 +237,7 @@ def _others(collected: Collected) -> list[str]:
 
 def fold_names(nodes: Iterable[str]) -> str:
     """The names in natural order, folded into one host list."""
-    return nodelist.fold(sorted(nodes, key=natural))
+    return nodefold.fold(sorted(nodes, key=natural))
 
 
 def _summary(blocks: Sequence[Block]) -> str:

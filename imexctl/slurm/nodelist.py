@@ -1,4 +1,4 @@
-"""Slurm hostlist expressions: expand them to host names and fold names back.
+"""Slurm hostlist expressions: expand them to host names (and fold names back, :mod:`imexctl.slurm.nodefold`).
 
 This is an in-process copy of the grammar of Slurm's ``src/common/hostlist.c``
 (master, one dimension; design.md source slurm-hostlist), so that the prolog
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable
     from typing import Final
 
     from imexctl.platform.errors import NodeListError
@@ -26,8 +25,9 @@ __all__ = [
     "MAX_PREFIX_COMBINATIONS",
     "MAX_RANGE",
     "MAX_RANGE_ITEMS",
+    "ULONG_MAX",
+    "digits_value",
     "expand",
-    "fold",
 ]
 
 MAX_RANGE: Final = 64 * 1024
@@ -42,11 +42,10 @@ MAX_RANGE_ITEMS: Final = 256 * 1024
 MAX_HOSTS: Final = 1024 * 1024
 """Most names one expression expands to, all tokens together (Slurm has no such limit)."""
 
-_FOLD_MAX_ITEMS: Final = 64 * 1024
-_ULONG_MAX: Final = 2**64 - 1
+ULONG_MAX: Final = 2**64 - 1
+"""The largest number in a host name that Slurm reads (its ``strtoul``); above it a name has no number."""
 _DIGITS: Final = "0123456789"
 _SEPARATORS: Final = ", \t\n"
-_NAME_FORBIDDEN: Final = ",[]{ \t\n"
 
 
 def expand(text: str) -> list[str]:
@@ -110,37 +109,6 @@ def expand(text: str) -> list[str]:
     for pieces in _tokens(text):
         names.extend(_expand_token(text, pieces, MAX_HOSTS - len(names)))
     return names
-
-
-def fold(names: Iterable[str]) -> str:
-    """Fold host names into one hostlist expression, like ``scontrol show hostlist``.
-
-    Input order is kept.  A name ending in digits joins the previous range
-    when it has the same prefix, is the next number and its zero padding is
-    compatible (Slurm's ``_width_equiv``: ``node9,node10`` gives
-    ``node[9-10]``, ``node09,node10`` gives ``node[09-10]``, ``node08,node9``
-    stays ``node[08,9]``).  Adjacent ranges with one prefix share one bracket
-    group; names without a numeric tail (``node1-ib``) stay single.
-    Duplicates are kept (``n1,n1,n2`` gives ``n[1,1-2]``), so
-    ``expand(fold(names)) == names`` holds for every valid list.
-
-    Unlike Slurm, which would print expressions it cannot read back, a range
-    is split after :data:`MAX_RANGE` hosts, a bracket group after 65,536
-    items, and a numeric tail above 2**64-1 is kept as a plain name.
-
-    Args:
-        names: Host names; none may be empty or contain a separator, ``[``,
-            ``]``, ``{`` or a non-printing character.
-
-    Returns:
-        The expression; ``""`` for no names.
-
-    Raises:
-        NodeListError: A name is invalid; ``part`` is that name.
-    """
-    names = list(names)
-    _check_names(names)
-    return _render(_collect(names))
 
 
 def _error(nodelist: str, part: str, reason: str) -> NodeListError:
@@ -267,9 +235,9 @@ def _parse_group(text: str, group: str) -> list[tuple[int, int, int]]:
         # ASCII only from here, so isdigit() means [0-9]+.
         lo_text, dash, hi_text = item.partition("-")
         if lo_text.isdigit() and (not dash or hi_text.isdigit()):
-            lo = int(lo_text) if len(lo_text) <= 20 else _number(lo_text)
-            hi = (int(hi_text) if len(hi_text) <= 20 else _number(hi_text)) if dash else lo
-            if lo <= hi < lo + MAX_RANGE and hi <= _ULONG_MAX:
+            lo = int(lo_text) if len(lo_text) <= 20 else digits_value(lo_text)
+            hi = (int(hi_text) if len(hi_text) <= 20 else digits_value(hi_text)) if dash else lo
+            if lo <= hi < lo + MAX_RANGE and hi <= ULONG_MAX:
                 parsed.append((lo, hi, len(lo_text)))
                 continue
         raise _error(text, item or f"[{group}]", _item_error(item))
@@ -295,107 +263,18 @@ def _item_error(item: str) -> str:
         return "missing number after '-'"
     if not item.replace("-", "").isdigit():
         return "not a number or LO-HI range"
-    lo, hi = _number(lo_text), _number(hi_text or lo_text)
-    if hi > _ULONG_MAX:
+    lo, hi = digits_value(lo_text), digits_value(hi_text or lo_text)
+    if hi > ULONG_MAX:
         return "number above 2**64-1"
     if lo > hi:
         return "range LO is greater than HI"
     return f"Too many hosts in range (more than {MAX_RANGE})"
 
 
-def _check_names(names: list[str]) -> None:
-    blob = "".join(names)
-    if blob.isprintable() and not any(c in blob for c in _NAME_FORBIDDEN) and all(names):
-        return
-    nodelist = ",".join(names)
-    for name in names:
-        if not name:
-            raise _error(nodelist, name, "empty host name")
-        bad = [c for c in name if c in _NAME_FORBIDDEN or not c.isprintable()]
-        if bad:
-            raise _error(nodelist, name, f"character {bad[0]!r} in a host name")
-
-
-def _collect(names: list[str]) -> list[tuple[str, int, int, int]]:
-    """Group names into ``(prefix, lo, hi, width)`` runs; width -1 is a plain name.
-
-    Mirrors Slurm's ``hostlist_push_range``: only the last run can grow, and
-    only by the next number with a compatible width; unlike Slurm, a run stops
-    at :data:`MAX_RANGE` hosts so that the result can be read back.
-    """
-    runs = []
-    prefix_, lo_, hi_, width_ = "", 0, -2, -1
-    for name in names:
-        prefix = name.rstrip(_DIGITS)
-        digits = name[len(prefix) :]
-        number = _number(digits) if digits else _ULONG_MAX + 1
-        width = len(digits)
-        if (
-            number == hi_ + 1
-            and prefix == prefix_
-            and width_ >= 0
-            and number - lo_ < MAX_RANGE
-            and number <= _ULONG_MAX
-        ):
-            joined = width if width == width_ else _width_equiv(lo_, width_, number, width)
-            if joined >= 0:
-                hi_, width_ = number, joined
-                continue
-        runs.append((prefix_, lo_, hi_, width_))
-        if number > _ULONG_MAX:
-            prefix_, lo_, hi_, width_ = name, 0, -2, -1
-        else:
-            prefix_, lo_, hi_, width_ = prefix, number, number, width
-    runs.append((prefix_, lo_, hi_, width_))
-    return runs[1:]
-
-
-def _number(digits: str) -> int:
+def digits_value(digits: str) -> int:
     """Return the value of ASCII *digits*, or 2**64 for anything above 2**64-1."""
     if len(digits) > 20:
         digits = digits.lstrip("0") or "0"
         if len(digits) > 20:
-            return _ULONG_MAX + 1
+            return ULONG_MAX + 1
     return int(digits)
-
-
-def _zero_pad(number: int, width: int) -> int:
-    return max(width - len(str(number)), 0)
-
-
-def _width_equiv(lo: int, lo_width: int, number: int, width: int) -> int:
-    """Return the width under which *lo* and *number* keep their padding, or -1.
-
-    Slurm's ``_width_equiv``: ``9`` (width 1) and ``10`` (width 2) share
-    width 1; ``08`` and ``9`` share none.
-    """
-    lo_changes = _zero_pad(lo, lo_width) != _zero_pad(lo, width)
-    number_changes = _zero_pad(number, width) != _zero_pad(number, lo_width)
-    if lo_changes and number_changes:
-        return -1
-    return lo_width if lo_changes else width
-
-
-def _render(runs: list[tuple[str, int, int, int]]) -> str:
-    out: list[str] = []
-    start = 0
-    while start < len(runs):
-        prefix, _, _, width = runs[start]
-        end = start + 1
-        if width >= 0:
-            limit = min(len(runs), start + _FOLD_MAX_ITEMS)
-            while end < limit and runs[end][3] >= 0 and runs[end][0] == prefix:
-                end += 1
-        out.append(_render_group(runs[start:end]))
-        start = end
-    return ",".join(out)
-
-
-def _render_group(group: list[tuple[str, int, int, int]]) -> str:
-    prefix, lo, hi, width = group[0]
-    if width < 0:
-        return prefix
-    if len(group) == 1 and lo == hi:
-        return f"{prefix}{lo:0{width}d}"
-    items = ",".join(f"{lo:0{w}d}" if lo == hi else f"{lo:0{w}d}-{hi:0{w}d}" for _, lo, hi, w in group)
-    return f"{prefix}[{items}]"

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from imexctl.platform.errors import NodeListError
 from imexctl.slurm.job import JobContext
-from imexctl.slurm.nodelist import expand, fold
+from imexctl.slurm.nodefold import fold
+from imexctl.slurm.nodelist import expand
 from tests.corpus import nodelists
 from tests.corpus._fakes import job_env
 from tests.corpus._tray import Tray, ids

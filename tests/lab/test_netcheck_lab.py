@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from imexctl.slurm import nodelist
+from imexctl.slurm import nodefold
 from tests.lab.cluster import SlurmLab
 from tests.lab.conftest import NODES
 from tests.lab.jobs import IMEXCTL, UID
@@ -38,7 +38,7 @@ RULES = f"""table inet {TABLE} {{
 
 def _netcheck(lab: SlurmLab) -> subprocess.CompletedProcess[str]:
     # partition 'shared': the netcheck job gets no IMEX domain of its own (its prologs would fail first)
-    argv = ["srun", "-p", "shared", "-N", str(len(NODES)), "-w", nodelist.fold(NODES), "--ntasks-per-node=1"]
+    argv = ["srun", "-p", "shared", "-N", str(len(NODES)), "-w", nodefold.fold(NODES), "--ntasks-per-node=1"]
     return lab.run([*argv, str(IMEXCTL), "netcheck", "--timeout", "5"], user=UID, check=False, timeout=180)
 
 

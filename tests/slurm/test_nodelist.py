@@ -20,7 +20,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from imexctl.platform.errors import NodeListError
-from imexctl.slurm.nodelist import MAX_PREFIX_COMBINATIONS, MAX_RANGE, MAX_RANGE_ITEMS, expand, fold
+from imexctl.slurm.nodefold import fold
+from imexctl.slurm.nodelist import MAX_PREFIX_COMBINATIONS, MAX_RANGE, MAX_RANGE_ITEMS, expand
 from tests.support.ci import unavailable
 
 
