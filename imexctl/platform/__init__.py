@@ -130,11 +130,12 @@ else:
     # the property of each position, with namedtuple's docstring: made once, shared by every record
     _GETTERS: list[property] = []
 
-    def _getter(index: int) -> property:
-        while len(_GETTERS) <= index:
+    def _getters(count: int) -> list[property]:
+        """The properties of the first ``count`` positions."""
+        while len(_GETTERS) < count:
             n = len(_GETTERS)
             _GETTERS.append(property(lambda self, _n=n: self[_n], doc="Alias for field number " + str(n)))
-        return _GETTERS[index]
+        return _GETTERS[:count]
 
     def _record_class(
         typename: str, fields: tuple[str, ...], defaults: list[object], module: str, body: dict[str, object]
@@ -159,8 +160,7 @@ else:
             "__match_args__": fields,
             "__module__": module,
         }
-        for index, name in enumerate(fields):
-            made[name] = _getter(index)
+        made.update(zip(fields, _getters(len(fields))))
         made.update(body)
         return type(typename, (tuple,), made)
 
