@@ -325,7 +325,7 @@ PLAIN_HOOK_LINES = [
 @pytest.mark.parametrize("argv", [pytest.param(a, id=" ".join(a)) for a in PLAIN_HOOK_LINES])
 def test_plain_hook_line_parses_as_argparse_does(argv: list[str]) -> None:
     """A plain hook line skips the parser (7 ms) and gets the very attributes argparse gives it."""
-    from imexctl.cli import _parse
+    from imexctl.cli.dispatch import parse as _parse
     from imexctl.cli.parser import build_parser
 
     assert vars(_parse(argv)) == vars(build_parser().parse_args(argv))
@@ -336,7 +336,7 @@ def test_plain_hook_line_parses_as_argparse_does(argv: list[str]) -> None:
 )
 def test_other_lines_go_to_argparse(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     """What is not a plain hook line (an abbreviated option, an option after the command, ...) is argparse's to read."""
-    from imexctl.cli import _parse
+    from imexctl.cli.dispatch import parse as _parse
     from imexctl.cli.parser import build_parser
 
     try:
@@ -356,7 +356,7 @@ def test_plain_hook_line_does_not_import_argparse() -> None:
     import subprocess
     import sys
 
-    code = "import sys, imexctl.cli as c; a = c._parse(['--config', '/x', 'prolog']); print(a.command, 'argparse' in sys.modules)"
+    code = "import sys, imexctl.cli.dispatch as c; a = c.parse(['--config', '/x', 'prolog']); print(a.command, 'argparse' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert done.stdout.split() == ["prolog", "False"]
 
