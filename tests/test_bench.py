@@ -100,16 +100,15 @@ def test_covered_counts_overlaps_once_and_only_inside() -> None:
     assert abs(covered(spans, 0.0, 1.0) - (0.1 + 0.3 + 0.1)) < 1e-9
 
 
+def _bench(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(REPO / "bench/run"), *args], capture_output=True, text=True, timeout=300, check=False, cwd=REPO
+    )
+
+
 def test_against_runs_another_checkout_beside_this_one(tmp_path: Path) -> None:
     """``--against DIR`` adds the other checkout's start-up figures and the differences; refuses a non-checkout."""
-    done = subprocess.run(
-        [str(REPO / "bench/run"), "--smoke", "--only", "startup", "--against", str(REPO)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        cwd=REPO,
-    )
+    done = _bench("--smoke", "--only", "startup", "--against", str(REPO))
     assert done.returncode == 0, done.stderr[-2000:]
     names = [line.split()[0] for line in done.stdout.splitlines()[:-1]]
     assert names == [
@@ -120,14 +119,7 @@ def test_against_runs_another_checkout_beside_this_one(tmp_path: Path) -> None:
             for k in ("over_floor", "ratio", "against.over_floor", "vs_against")
         ),
     ]
-    refused = subprocess.run(
-        [str(REPO / "bench/run"), "--smoke", "--only", "startup", "--against", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        cwd=REPO,
-    )
+    refused = _bench("--smoke", "--only", "startup", "--against", str(tmp_path))
     assert refused.returncode == 2
     assert f"--against {tmp_path}: not a checkout of imexctl" in refused.stderr
 
