@@ -86,7 +86,7 @@ ALLOWED_EXITS = frozenset({0, 69, 71, 75})
 #: what the hooks import lazily (cli.main imports per command)
 PRELOAD = (
     "imexctl.cli", "imexctl.hooks.prolog", "imexctl.hooks.teardown", "imexctl.commands.status", "imexctl.config.settings", "imexctl.platform.host",
-    "imexctl.platform.log", "imexctl.platform.logsetup", "imexctl.gpu.fabric", "imexctl.hooks.metrics", "imexctl.imex.ctl", "imexctl.hooks.readiness", "structlog",
+    "imexctl.cli.dispatch", "imexctl.platform.log", "imexctl.platform.logsetup", "imexctl.gpu.fabric", "imexctl.hooks.metrics", "imexctl.imex.ctl", "imexctl.hooks.readiness", "structlog",
 )  # fmt: skip
 _ITEM = re.compile(r"^(?:would )?(.*?)(?: \(.*\))?$")
 
