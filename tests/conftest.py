@@ -17,6 +17,9 @@ from imexctl.hooks.runtime import Runtime
 from tests.support.fakes import FakeGpu, FakeHost
 from tests.support.racks import rack_addresses
 
+#: each test's own time limit: a hang fails by name (tests/support/limits.py)
+pytest_plugins = ("tests.support.limits",)
+
 PROC_DEVICES = """Character devices:
   1 mem
 195 nvidia

@@ -483,3 +483,53 @@ def test_every_cited_source_is_in_design_md() -> None:
         for match in re.finditer(rf"design\.md sources? ({key}(?:, {key})*)", path.read_text()):
             cited |= set(match.group(1).split(", "))
     assert cited and cited <= keys, sorted(cited - keys)
+
+
+# ---------------------------------------------------------------- the threat model against its tests
+
+
+def _test_names(path: str) -> set[str]:
+    """The test functions of ``path`` (``Class::test`` for a class's), by the file's syntax tree."""
+    tree = ast.parse((ROOT / path).read_text(encoding="utf-8"))
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+            names.add(node.name)
+        elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
+            names |= {f"{node.name}::{f.name}" for f in node.body if isinstance(f, ast.FunctionDef)}
+            names.add(node.name)
+    return names
+
+
+def _named_tests(cell: str) -> list[tuple[str, str]]:
+    """``(file, test)`` for each test a table cell names: ``tests/x.py::test_y``, and bare ``test_z`` after it."""
+    out: list[tuple[str, str]] = []
+    where = ""
+    for match in re.finditer(r"`(tests/[\w/]+\.py)(?:::([\w:]+))?`|`((?:test_|Test)\w+)`", cell):
+        if match.group(1):
+            where = match.group(1)
+            if match.group(2):
+                out.append((where, match.group(2)))
+        elif where:
+            out.append((where, match.group(3)))
+    return out
+
+
+def test_security_threat_model_is_held_to_its_tests() -> None:
+    """Each attacker of security.md's "A local user against the hooks" names real tests; each test has a row.
+
+    A row whose test was renamed or removed, and an attacker test without a row (issue 41), fail here.
+    """
+    rows = _rows(_section(_page("security.md"), "A local user against the hooks"))
+    assert rows and all(len(row) == 4 for row in rows), rows
+    named: set[tuple[str, str]] = set()
+    for what, _, stops, tests in rows:
+        found = _named_tests(tests)
+        assert found, f"no test named for: {what[:80]}"
+        assert stops.strip(), f"no defence named for: {what[:80]}"
+        named |= set(found)
+    missing = sorted(f"{path}::{name}" for path, name in named if name not in _test_names(path))
+    assert not missing, f"security.md names tests that do not exist: {missing}"
+    attackers = {name for name in _test_names("tests/test_local_user.py") if name.startswith("test_")}
+    unrowed = sorted(attackers - {name for path, name in named if path == "tests/test_local_user.py"})
+    assert not unrowed, f"tests/test_local_user.py tests without a row in security.md: {unrowed}"

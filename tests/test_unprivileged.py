@@ -82,6 +82,7 @@ def run_as_user(*select: str, timeout: float = TIMEOUT_S) -> subprocess.Complete
     os.geteuid() != 0 or not _user_exists(),
     reason=f"needs root to switch to the unprivileged user {USER} (made by '.ci/setup test')",
 )
+@pytest.mark.limit_s(TIMEOUT_S + 120)  # its own guard ends the run first, naming where it was
 def test_unit_tests_pass_as_an_unprivileged_user() -> None:
     """The fast tests pass as uid != 0; the skips name what needs root (or NVML)."""
     done = run_as_user("-m", FAST, "--deselect", "tests/test_unprivileged.py")
