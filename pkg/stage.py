@@ -17,6 +17,8 @@ The layout (docs/install.md, "What the packages install"):
     <unitdir>/                     imexctl-imex@.service, imexctl-cleanup.service, imexctl-metrics.service and
                                    imexctl-metrics.timer (none enabled)
     /usr/share/imexctl/systemd/no-hardening.conf  the drop-in that turns the daemon unit's sandbox off
+    /usr/share/imexctl/systemd/port-guard.slice.conf, port-guard.scope.conf  the port guard's drop-ins for
+                                   user.slice and slurmstepd.scope (docs/security.md; installed by the admin)
     /usr/share/imexctl/prometheus/ imexctl.rules.yml (alert rules for the metrics, docs/operations.md),
                                    alertmanager.yml (their route, grouped by block), imexctl.dashboard.json (Grafana)
     /etc/imexctl/imexctl.conf      pkg/imexctl.conf: sets nothing, the same text in every release
@@ -205,8 +207,9 @@ def install_files(dest: Path, unitdir: str) -> None:
         _put(dest / "usr/share/imexctl/hooks" / hook, (SRC / "hooks" / hook).read_text(), 0o755)
     for unit in sorted([*(SRC / "systemd").glob("*.service"), *(SRC / "systemd").glob("*.timer")]):
         _put(dest / unitdir.lstrip("/") / unit.name, unit.read_text(), 0o644)
-    # not a drop-in yet: docs/security.md says how to install it
-    _put(dest / "usr/share/imexctl/systemd/no-hardening.conf", (SRC / "systemd/no-hardening.conf").read_text(), 0o644)
+    # not drop-ins yet: docs/security.md and docs/install.md say how to install them
+    for dropin in ("no-hardening.conf", "port-guard.slice.conf", "port-guard.scope.conf"):
+        _put(dest / "usr/share/imexctl/systemd" / dropin, (SRC / "systemd" / dropin).read_text(), 0o644)
     # the conffile is a fixed text: one that changed with each release would stop an unattended
     # upgrade of a node whose config was edited at dpkg's conffile prompt
     _put(dest / "etc/imexctl/imexctl.conf", (SRC / "pkg/imexctl.conf").read_text(), 0o644)

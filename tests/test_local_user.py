@@ -126,6 +126,50 @@ def test_a_users_fake_slurmstepd_keeps_no_gone_job_alive(make_rack: Any) -> None
     assert rack.leftovers() == []
 
 
+# ---------------------------------------------------------------- a job's port
+
+
+def test_a_users_listener_on_the_jobs_port_is_named_not_blamed_on_a_daemon(make_rack: Any) -> None:
+    """The local user listens on job 4271's SERVER_PORT on the tray's address: the real prolog names them.
+
+    Issue 41: the prolog failed ``domain_busy`` with "is in use (a stale IMEX
+    daemon?)" for any holder; a user who held the ranges drained every tray
+    they could reach, and the reason blamed a daemon that was not there.  Now
+    the holder is read from /proc/net/tcp and the processes' descriptors:
+    ``port_held`` (69) naming uid 1501, the pid and the command, with the port
+    guard as the fix.  Nothing of the job is left, and the tray works again
+    once the user's process has ended.
+    """
+    import subprocess
+
+    from imexctl.imex.config import job_port
+
+    rack = make_rack(1)
+    t, job = rack.trays[0], 4271
+    port = job_port(job, (61000, 61999))
+    code = "import socket, sys, time\ns = socket.socket()\ns.bind((sys.argv[1], int(sys.argv[2])))\ns.listen()\n"
+    code += "print('listening', flush=True)\ntime.sleep(600)\n"
+    user = spawn_as_user(["/usr/bin/python3", "-c", code, t.address, str(port)], stdout=subprocess.PIPE)
+    try:
+        assert user.stdout is not None and user.stdout.readline() == b"listening\n"
+        (result,) = rack.run_hooks("prolog", job)
+        assert result.returncode == 69, result.output
+        (done,) = [r for r in _log(t) if r["event"] == "prolog.done" and r.get("job_id") == job]
+        why = done["reason"]
+        assert done["error_code"] == "port_held", done
+        assert why.startswith(
+            f"SERVER_PORT {t.address}:{port} is held by pid {user.pid} (uid 1501 imexlab: /usr/bin/python3 -c import"
+        ), why
+        assert "not an IMEX daemon: a local user's" in why and "port guard" in why and "stale" not in why, why
+        assert rack.leftovers() == []
+    finally:
+        user.kill()
+        user.wait()
+    assert [r.returncode for r in rack.run_hooks("prolog", job)] == [0]
+    assert [r.returncode for r in rack.run_hooks("epilog", job)] == [0]
+    assert rack.leftovers() == []
+
+
 # ---------------------------------------------------------------- files in directories others can write
 
 
@@ -239,6 +283,92 @@ def test_metrics_in_a_directory_others_may_write_are_refused(tray: Path) -> None
     assert [r["event"] for r in failed][-2:] == ["epilog.done", "metrics.failed"], failed
     assert "textfile_dir" in failed[-1]["reason"] and "not writable by others" in failed[-1]["reason"]
     assert list(metrics.iterdir()) == []
+
+
+def _as_user_write(path: Path, text: str) -> None:
+    """The local user writes ``text`` into a new file of theirs at ``path`` (gzip for ``.gz``), mode 0644."""
+    code = (
+        "import gzip, sys\n"
+        "opener = gzip.open if sys.argv[1].endswith('.gz') else open\n"
+        "with opener(sys.argv[1], 'wt') as f:\n"
+        "    f.write(sys.argv[2])\n"
+    )
+    done = as_user([sys.executable, "-I", "-c", code, str(path), text])
+    assert done.returncode == 0, done.stdout
+
+
+def test_why_tells_no_story_from_a_users_file_at_the_logs_name(tray: Path) -> None:
+    """The local user renames a file of theirs over ``imexctl.log`` and plants a rotated copy: ``why`` leaves both out.
+
+    Issue 41: the log's directory is one their group may write (Ubuntu's
+    ``/var/log``); the hooks then refuse the log and write only to stderr, and
+    ``imexctl why`` told the user's forged story (the job failed, another
+    tray to blame) as root's record.  Now only root's files are told, and the
+    two are named as left out.
+    """
+    logs = _dir_of_the_users_group(tray / "var/log")
+    assert _hook(tray, "prolog")[0] == 0  # root's record: job 78 skipped (partition cpu)
+    os.rename(logs / "imexctl.log", logs / "imexctl.log.1")  # logrotate, as root
+    forged = json.dumps(
+        {"event": "prolog.done", "job_id": 78, "hook": "prolog", "node": "gb01", "timestamp": "2099-01-01T00:00:00Z",
+         "ok": False, "error_code": "not_ready", "exit_code": 75, "reason": "FORGED: tray gb02 blocked"}
+    ) + "\n"  # fmt: skip
+    _as_user_write(logs / ".mine", forged)
+    assert as_user(["/bin/mv", str(logs / ".mine"), str(logs / "imexctl.log")]).returncode == 0
+    _as_user_write(logs / "imexctl.log.2.gz", forged)
+    rc, err = _hook(tray, "epilog")  # the hooks refuse the user's file: stderr only
+    assert rc == 0 and f"cannot open log file {logs / 'imexctl.log'}: " in err, err
+    import subprocess
+
+    argv = [sys.executable, "-I", "-c", MAIN, "--config", str(tray / "imexctl.conf"), "why", "78"]
+    done = subprocess.run(argv, env={"SLURMD_NODENAME": "gb01"}, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("job 78 on gb01: skipped\n"), done.stdout
+    assert "FORGED" not in done.stdout and "not_ready" not in done.stdout
+    uid = os.stat(logs / "imexctl.log").st_uid
+    for name in ("imexctl.log", "imexctl.log.2.gz"):
+        assert f"skipped {logs / name}: not root's record (owner uid {uid}, mode 0644), left out" in done.stdout
+    assert f"read: {logs / 'imexctl.log.1'} (" in done.stdout
+
+
+# ---------------------------------------------------------------- the kernel's log
+
+
+def test_a_users_mount_option_in_the_kernel_log_drains_nothing(tmp_path: Path) -> None:
+    """The local user's ``unshare -rm`` and ``mount -t tmpfs -o '<the driver's words>'``: the kernel logs the
+    option on the machine's real ``/dev/kmsg``, and the real ``imexctl health --check-only`` stays healthy.
+
+    Issue 41: health counted any record holding "Abrupt nvidia-imex daemon
+    shutdown detected": the kernel's ``tmpfs: Unknown parameter '...'`` made
+    it ``imex_shutdown``, a drain only an admin resumes, as often as the user
+    liked.  Now only the driver's own record counts (imex/driverlog.py).
+    """
+    import subprocess
+
+    from imexctl.imex import driverlog
+    from imexctl.platform import kmsg
+    from tests.conftest import write_config
+    from tests.support.ci import unavailable
+    from tests.support.localuser import USER
+
+    said = "Abrupt nvidia-imex daemon shutdown detected"  # what health matched; a mount option ends at a comma
+    forged = f"NVRM: {driverlog.FUNCTION}: {said}"
+    if as_user(["/usr/bin/unshare", "-rm", "/bin/true"]).returncode != 0:
+        unavailable(f"this machine does not let {USER} make a user namespace (unshare -rm)")
+    _, before = kmsg.read_after("/dev/kmsg", -1)
+    done = as_user(["/usr/bin/unshare", "-rm", "/usr/bin/mount", "-t", "tmpfs", "-o", forged, "none", "/tmp"])
+    assert done.returncode != 0, done.stdout  # no mount: the kernel refused the option, and logged it
+    echoed = [r for r in kmsg.read_after("/dev/kmsg", before)[0] if forged in r.message]
+    if not echoed:
+        unavailable("this kernel does not log an unknown tmpfs option")
+    assert echoed[0].facility == kmsg.KERNEL and said in echoed[0].message  # the old check's match, as the kernel's
+    paths = {"root": "/", "run_dir": str(tmp_path / "run"), "log_file": str(tmp_path / "imexctl.log")}
+    config = write_config(tmp_path, {"paths": paths, "daemon": {"backend": "exec"}, "policy": {"fabric": "none"}})
+    argv = [sys.executable, "-I", "-c", MAIN, "--config", str(config), "health", "--check-only", "--node", "gb01"]
+    health = subprocess.run(argv, env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=60)
+    assert health.returncode == 0 and health.stdout.startswith("healthy gb01: "), health.stdout + health.stderr
+    seen = (tmp_path / "run/health.kmsg").read_text().split()
+    assert int(seen[1]) >= echoed[0].seq and len(seen) == 2  # read past the forged record; nothing pending
 
 
 # ---------------------------------------------------------------- slurmd's umask

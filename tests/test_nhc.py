@@ -23,6 +23,11 @@ REPO = Path(__file__).resolve().parent.parent
 NHC_FILE = REPO / "pkg/nhc/imexctl.nhc"
 HARNESS = REPO / "tests/support/nhc_harness.sh"
 BOOT = "7e0493b2-61b7-4448-b8c3-88f6a56ee7c9"
+#: the driver's own record (facility 0, printk's default level 4) as the kernel keeps it
+DRIVER_LINE = (
+    4,
+    "NVRM: imexsessionapiDestruct_IMPL: Abrupt nvidia-imex daemon shutdown detected, disabled fabric allocations",
+)
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None or not Path("/usr/bin/timeout").exists(), reason="bash")
 
@@ -59,11 +64,13 @@ def _stub(tmp: Path, body: str) -> Path:
     return script
 
 
-def _tray(root: Path, *kernel: str) -> None:
+def _tray(root: Path, *kernel: str | tuple[int, str]) -> None:
+    """A tray under ``root`` whose kernel log holds ``kernel``: each a line (PRIO 6) or ``(PRIO, line)``."""
     (root / "proc/sys/kernel/random").mkdir(parents=True)
     (root / "proc/sys/kernel/random/boot_id").write_text(BOOT + "\n")
     (root / "dev").mkdir()
-    (root / "dev/kmsg").write_text("".join(f"6,{i},{i},-;{line}\n" for i, line in enumerate(kernel)))
+    records = [(6, k) if isinstance(k, str) else k for k in kernel]
+    (root / "dev/kmsg").write_text("".join(f"{prio},{i},{i},-;{line}\n" for i, (prio, line) in enumerate(records)))
     write_config(root, {"paths": {"root": str(root)}, "daemon": {"backend": "exec"}, "policy": {"fabric": "none"}})
 
 
@@ -78,12 +85,44 @@ def test_a_healthy_tray_passes_and_nhc_marks_it_online(root: Path, tmp_path: Pat
 def test_the_first_finding_is_the_nhc_message_with_quotes_made_safe(root: Path, tmp_path: Path) -> None:
     """The kernel's line comes back between single quotes, which NHC's eval would break on: they become blanks,
     the code comes first, the node is named."""
-    _tray(root, "Linux version 6.1.0", "NVRM: Abrupt nvidia-imex daemon shutdown detected, disabled fabric allocations")
+    _tray(root, "Linux version 6.1.0", DRIVER_LINE)
     done = _nhc(tmp_path, "gb* || check_imexctl_health", _imexctl(tmp_path, root))
     assert done.returncode == 1, done.stderr
     offline = done.stdout.splitlines()[-1]
     assert offline.startswith("offline gb01 NHC: imexctl:imex_shutdown gb01: kernel:  Abrupt nvidia-imex daemon")
     assert "'" not in offline and len(offline) <= len("offline gb01 NHC: ") + 200
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="imexctl health judges the jobs and the kernel log as root")
+def test_a_forged_kernel_line_does_not_offline_the_node(root: Path, tmp_path: Path) -> None:
+    """A user's mount option echoed by the kernel, and the driver's exact words written by user space (LOG_USER,
+    PRIO 11): neither is the driver's record, the node stays online (issue 41: NHC offlined it)."""
+    _tray(
+        root,
+        "Linux version 6.1.0",
+        (3, "tmpfs: Unknown parameter 'Abrupt nvidia-imex daemon shutdown detected'"),
+        (11, DRIVER_LINE[1]),
+    )
+    done = _nhc(tmp_path, "* || check_imexctl_health", _imexctl(tmp_path, root))
+    assert (done.returncode, done.stdout.strip()) == (0, "online gb01"), done.stdout + done.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="imexctl health judges the jobs and the kernel log as root")
+def test_the_drivers_line_stays_reported_until_an_admin_acknowledges_it(root: Path, tmp_path: Path) -> None:
+    """NHC runs the check again and again: the node stays offline for imex_shutdown (before, the second run found
+    nothing and NHC put the node back by itself) until an admin runs imexctl health --acknowledge on the tray."""
+    _tray(root, "Linux version 6.1.0", DRIVER_LINE)
+    imexctl = _imexctl(tmp_path, root)
+    for _ in range(2):
+        done = _nhc(tmp_path, "* || check_imexctl_health", imexctl)
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert done.stdout.splitlines()[-1].startswith("offline gb01 NHC: imexctl:imex_shutdown gb01: kernel: ")
+    ack = subprocess.run(
+        [str(imexctl), "health", "--acknowledge", "--node", "gb01"], capture_output=True, text=True, timeout=60
+    )
+    assert ack.returncode == 0 and "acknowledged gb01: imex_shutdown: kernel: " in ack.stdout, ack.stdout + ack.stderr
+    done = _nhc(tmp_path, "* || check_imexctl_health", imexctl)
+    assert (done.returncode, done.stdout.strip()) == (0, "online gb01"), done.stdout + done.stderr
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="imexctl health judges the jobs and the kernel log as root")

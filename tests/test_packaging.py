@@ -60,6 +60,8 @@ LAYOUT = (
     "/etc/imexctl/imexctl.conf",
     "/usr/share/imexctl/imexctl.conf.example",
     "/usr/share/imexctl/systemd/no-hardening.conf",
+    "/usr/share/imexctl/systemd/port-guard.slice.conf",
+    "/usr/share/imexctl/systemd/port-guard.scope.conf",
     "/usr/share/imexctl/prometheus/imexctl.rules.yml",
     "/usr/share/imexctl/prometheus/alertmanager.yml",
     "/usr/share/imexctl/prometheus/imexctl.dashboard.json",

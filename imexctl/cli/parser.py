@@ -84,8 +84,17 @@ def _health_parser(sub: Any) -> None:
         description="reads SLURMD_NODENAME and SLURM_NODE_IS_HEALTHY as slurmd gives them (docs/operations.md)",
     )
     he.add_argument("--json", action="store_true", help="the findings and what was done in Slurm, as JSON")
-    he.add_argument(
-        "--check-only", action="store_true", help="judge and report only: never ask or change Slurm (NHC, cron)"
+    judge_only = he.add_mutually_exclusive_group()
+    judge_only.add_argument(
+        "--check-only",
+        action="store_true",
+        help="judge and report only: never ask or change Slurm (NHC, cron); kernel evidence stays pending",
+    )
+    judge_only.add_argument(
+        "--acknowledge",
+        action="store_true",
+        help="as --check-only, and let go of the kernel evidence kept pending (imex_shutdown), once the job that"
+        " lost its daemon has ended on every tray (NHC then resumes the node); logged",
     )
     he.add_argument(
         "--node", type=_node_name, metavar="NAME", help="Slurm node name (default: $SLURMD_NODENAME, short host name)"

@@ -8,20 +8,28 @@ It judges only faults of the tray (docs/operations.md "In a node health check"):
   it is in progress, healthy for now;
 - the stock ``nvidia-imex.service`` running (``stock_unit``);
 - NVML: the fabric failed, or is unhealthy (``gpu_failed``; ``fabric = nvml``);
-- the kernel's "Abrupt nvidia-imex daemon shutdown detected" since the last
-  check (``imex_shutdown``), read from ``/dev/kmsg`` after the sequence number
-  it keeps in ``<run_dir>/health.kmsg``;
+- the driver's own record that it refuses fabric allocations after an IMEX
+  daemon ended with exports left (``imex_shutdown``; the lines, and what the
+  driver does after each: :mod:`imexctl.imex.driverlog`), read from
+  ``/dev/kmsg`` after the sequence number it keeps in ``<run_dir>/health.kmsg``;
 - a config file that does not load (``config_invalid``), or a node lock the
   hooks would refuse (``file_failed``).
 
 "Idle, no daemon" is healthy.  Unless ``--check-only``, it then makes Slurm
 agree: it drains the node with a reason of its own prefix
 (``imex-health:<code> <node>: ...``), and resumes only a node whose reason
-carries that prefix, once the fault is gone (never for ``imex_shutdown``: the
-kernel refuses fabric allocations until an admin's recovery).  It asks
+carries that prefix, once the fault is gone (never for ``imex_shutdown``:
+:data:`~imexctl.imex.driverlog.RESUME`).  It asks
 slurmctld (``scontrol show node``) only when slurmd did not say what
 slurmctld thinks (``SLURM_NODE_IS_HEALTHY``) and the answer matters; an
 admin's or a hook's reason is never replaced.
+
+The driver's line is evidence that a later run may still need: health keeps
+it in ``health.kmsg`` (pending, whatever happens to the kernel's ring buffer)
+until Slurm holds it (a drain of ours for ``imex_shutdown`` took, or the node
+already has one) or an admin acknowledges it (``--acknowledge``, for NHC,
+which drains and resumes by its own rule).  A ``--check-only`` run never
+lets it go.
 """
 
 from __future__ import annotations
@@ -29,11 +37,13 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any, Final
 
+from imexctl.imex.driverlog import RESUME
 from imexctl.platform import Record
 
 if TYPE_CHECKING:
     import argparse
     from collections.abc import Mapping
+    from pathlib import Path
 
     from imexctl.gpu.fabric import Gpu
     from imexctl.hooks.runtime import Runtime
@@ -45,8 +55,12 @@ __all__ = [
     "AUTO_RESUME",
     "CODES",
     "PREFIX",
+    "SHUTDOWN",
+    "Cursor",
     "Finding",
+    "KernelLog",
     "Report",
+    "Sighting",
     "SlurmDone",
     "Verdict",
     "command",
@@ -62,15 +76,14 @@ CODES: Final = {
     "stray_daemon": "stop it (imexctl status shows it); no imexctl command started it",
     "stock_unit": "systemctl disable --now nvidia-imex.service && systemctl mask nvidia-imex.service",
     "gpu_failed": "check the NVLink fabric (nvidia-smi -q -d FABRIC) and the GPU",
-    "imex_shutdown": "a job lost its IMEX daemon: once the cause is known, resume the node by hand",
+    "imex_shutdown": f"{RESUME} (scontrol update nodename=<node> state=resume; NHC: imexctl health --acknowledge)",
     "config_invalid": "correct the config file: every prolog here exits 78 until then",
     "file_failed": "remove the node lock file; the hooks refuse it too",
 }
+#: the finding of the driver's own line that it refuses fabric allocations (design.md source imex-abrupt-shutdown)
+SHUTDOWN: Final = "imex_shutdown"
 #: faults that health clears by itself (resume) once they are gone; the others wait for an admin's resume
-AUTO_RESUME: Final = frozenset(CODES) - {"imex_shutdown"}
-#: the kernel's line when an IMEX daemon's session ended with exports left (open-gpu-kernel-modules,
-#: src/nvidia/src/kernel/compute/imex_session_api.c; design.md source imex-abrupt)
-KERNEL_LINE: Final = "Abrupt nvidia-imex daemon shutdown detected"
+AUTO_RESUME: Final = frozenset(CODES) - {SHUTDOWN}
 _SYSTEMCTL_TIMEOUT_S: Final = 5.0
 _KMSG_CURSOR: Final = "health.kmsg"
 
@@ -91,14 +104,50 @@ class Finding(Record):
         }
 
 
+class Sighting(Record):
+    """The driver's lines that it refuses fabric allocations, read and not yet handed on: how many, the last."""
+
+    times: int
+    boot: str
+    seq: int
+    usec: int
+
+
+class KernelLog(Record):
+    """``<run_dir>/health.kmsg``: the kernel log of boot ``boot`` read up to ``seq``, and the evidence pending."""
+
+    boot: str
+    seq: int
+    pending: Sighting | None
+
+    def text(self) -> str:
+        """The file: ``BOOT SEQ``, then ``imex_shutdown COUNT BOOT SEQ USEC`` while evidence is pending."""
+        p = self.pending
+        kept = "" if p is None else f"{SHUTDOWN} {p.times} {p.boot or '-'} {p.seq} {p.usec}\n"
+        return f"{self.boot} {self.seq}\n{kept}"
+
+
+class Cursor(Record):
+    """Where health keeps the kernel log's position and evidence, the text it read there, what it keeps now."""
+
+    path: Path
+    was: str
+    now: KernelLog
+
+
 class Verdict(Record):
-    """What health found on the tray: its faults, and whether a hook was in flight (not judged)."""
+    """What health found on the tray: its faults, and whether a hook was in flight (not judged).
+
+    ``kernel``: the kernel log's position and pending evidence, to keep once
+    Slurm has been made to agree (None where the kernel log was not judged).
+    """
 
     node: str
     findings: tuple[Finding, ...]
     in_progress: bool
     idle: bool
     notes: tuple[str, ...]
+    kernel: Cursor | None = None
 
     @property
     def healthy(self) -> bool:
@@ -129,15 +178,24 @@ def judge(rt: Runtime, node: str, *, config_problem: str = "") -> Verdict:
             findings.append(Finding("file_failed", str(exc)))
     findings += _stock_unit(rt, notes)
     findings += _fabric(rt, node)
-    findings += _kernel(rt, notes) if root else []
-    return Verdict(node, tuple(findings), in_progress, idle, tuple(notes))
+    cursor = _kernel(rt, notes) if root else None
+    if cursor is not None and cursor.now.pending is not None:
+        findings.append(Finding(SHUTDOWN, _evidence(cursor.now)))
+    # a fault that waits for an admin leads: the reason Slurm keeps names it, and no resume of ours clears it
+    findings.sort(key=lambda f: f.code in AUTO_RESUME)
+    return Verdict(node, tuple(findings), in_progress, idle, tuple(notes), cursor)
 
 
 def _daemons(rt: Runtime) -> tuple[list[Finding], bool, bool]:
-    """Daemons of gone jobs and strays, under the node lock; ``(findings, in progress, idle)``."""
-    from imexctl.hooks.jobs import epilog_pending, scan_jobs, still_runs
-    from imexctl.hooks.state import hooks_idle
-    from imexctl.imex import daemon
+    """Daemons of gone jobs and strays, under the node lock; ``(findings, in progress, idle)``.
+
+    Whether a gone job's daemon runs is the one rule (``daemon.daemon_runs``,
+    through ``jobs.daemon_left``): a daemon that ``/proc`` misses but its
+    backend says runs is stale too.  A job whose epilog may still be working
+    (``jobs.epilog_pending``: the deadline it recorded) is in flight.
+    """
+    from imexctl.hooks.jobs import daemon_left, epilog_pending, scan_jobs, still_runs
+    from imexctl.hooks.state import hooks_idle, read_state
 
     out: list[Finding] = []
     with hooks_idle(rt.settings.paths.lock_file) as free:
@@ -148,15 +206,12 @@ def _daemons(rt: Runtime) -> tuple[list[Finding], bool, bool]:
         for job_id in jobs:
             if still_runs(job_id, rt).runs:
                 continue
-            if epilog_pending(job_id, rt):  # its epilog began and may be waiting for the lock: in flight
+            if epilog_pending(job_id, rt):  # its epilog began and may still be working: in flight
                 pending = True
                 continue
-            procs = daemon.job_processes(rt.host, rt.settings, rt.settings.paths.job(job_id).config)
-            if procs:
-                pids = ", ".join(str(p.pid) for p in procs)
-                out.append(
-                    Finding("stale_daemon", f"IMEX daemon pid {pids} of job {job_id}, which no longer runs here")
-                )
+            left = daemon_left(job_id, rt, read_state(rt.settings.paths.job(job_id)))
+            if left:
+                out.append(Finding("stale_daemon", f"IMEX {left} of job {job_id}, which no longer runs here"))
         where = rt.settings.paths.jobs_dir
         out += [Finding("stray_daemon", f"IMEX daemon pid {p.pid} under {where} of no job") for p in strays]
     return out, pending, not jobs
@@ -215,27 +270,124 @@ def _fabric(rt: Runtime, node: str) -> list[Finding]:
     return []
 
 
-def _kernel(rt: Runtime, notes: list[str]) -> list[Finding]:
-    """The kernel's line for a daemon that ended with exports left, since the last check (this boot)."""
+def _kernel(rt: Runtime, notes: list[str]) -> Cursor:
+    """The driver's own lines since the last check (this boot), added to the evidence still pending.
+
+    Only the driver's record counts (:func:`imexctl.imex.driverlog.sentence_of`):
+    its line that it refuses fabric allocations becomes pending evidence; its
+    line that it stopped the processes holding imported memory is a note.
+    Nothing is written here: :func:`_keep_kernel` does, once Slurm was asked.
+    """
+    from imexctl.imex import driverlog
     from imexctl.platform import kmsg
 
     paths = rt.settings.paths
-    cursor = paths.run_dir / _KMSG_CURSOR
+    path = paths.run_dir / _KMSG_CURSOR
     boot = _read(paths.root / "proc/sys/kernel/random/boot_id").strip()
-    seen_boot, _, seen_seq = _read(cursor).partition(" ")
-    after = int(seen_seq) if seen_boot == boot and seen_seq.strip().isdigit() else -1
+    was = _read_cursor(path, notes)
+    kept = _parse_cursor(was, boot)
     try:
-        records, last = kmsg.read_after(str(paths.root / "dev/kmsg"), after)
+        records, last = kmsg.read_after(str(paths.root / "dev/kmsg"), kept.seq)
     except OSError as exc:
         notes.append(f"kernel log not read: {exc.strerror or exc}")
-        return []
-    if last != after:
-        _remember(cursor, f"{boot} {last}\n", notes)
-    hits = [seq for seq, message in records if KERNEL_LINE in message]
-    if not hits:
-        return []
-    what = "disabled fabric allocations until a new daemon starts"
-    return [Finding("imex_shutdown", f"kernel: '{KERNEL_LINE}' ({len(hits)}x, last kmsg seq {hits[-1]}): {what}")]
+        return Cursor(path, was, kept)
+    lines: dict[str, list[kmsg.Entry]] = {driverlog.DISABLED: [], driverlog.RECOVERY: []}
+    for entry in records:
+        sentence = driverlog.sentence_of(entry.facility, entry.message)
+        if sentence:
+            lines[sentence].append(entry)
+    pending = kept.pending
+    if hits := lines[driverlog.DISABLED]:
+        pending = Sighting((pending.times if pending else 0) + len(hits), boot, hits[-1].seq, hits[-1].usec)
+    if stopped := lines[driverlog.RECOVERY]:
+        what = f"'{driverlog.RECOVERY}' ({len(stopped)}x, last kmsg seq {stopped[-1].seq})"
+        notes.append(f"kernel: {what}: {driverlog.AFTER_RECOVERY}; no fault of the tray")
+    return Cursor(path, was, KernelLog(boot, last, pending))
+
+
+def _evidence(log: KernelLog) -> str:
+    """The finding's message for the pending evidence of ``log``."""
+    from imexctl.imex import driverlog
+
+    p = log.pending
+    assert p is not None
+    if p.seq < 0:  # a pending line whose details the file no longer holds: still evidence
+        when = "details unreadable in health.kmsg"
+    else:
+        at = f"{p.usec // 1_000_000} s after boot" if p.boot == log.boot else "an earlier boot"
+        when = f"{p.times}x, last kmsg seq {p.seq}, {at}"
+    return f"kernel: '{driverlog.DISABLED}' ({when}): {driverlog.AFTER_DISABLED}"
+
+
+def _parse_cursor(text: str, boot: str) -> KernelLog:
+    """What ``health.kmsg`` holds: the position, and the pending evidence.
+
+    The position counts only for this boot (else -1: read from the start);
+    the evidence of any boot stays, and a pending line that cannot be parsed
+    stays pending.
+    """
+    lines = text.splitlines()
+    head = lines[0].split() if lines else []
+    seq = int(head[1]) if len(head) == 2 and head[0] == boot and head[1].isdigit() else -1
+    pending = None
+    for line in lines[1:]:
+        fields = line.split()
+        if fields and fields[0] == SHUTDOWN:
+            numbers = [fields[i] for i in (1, 3, 4)] if len(fields) == 5 else []
+            if numbers and all(n.isascii() and n.isdigit() for n in numbers):
+                pending = Sighting(int(fields[1]), fields[2], int(fields[3]), int(fields[4]))
+            else:
+                pending = Sighting(1, "", -1, -1)
+    return KernelLog(boot, seq, pending)
+
+
+def _read_cursor(path: Path, notes: list[str]) -> str:
+    """``health.kmsg``'s text: '' when there is none; a file that is not root's own regular file is refused."""
+    from imexctl.platform.fsutil import read_text_nofollow
+
+    try:
+        return read_text_nofollow(path, trusted=True)
+    except FileNotFoundError:
+        return ""
+    except OSError as exc:
+        notes.append(f"kernel log position not read from {path}: {exc.strerror or exc}")
+        return ""
+
+
+def _slurm_holds(verdict: Verdict, done: SlurmDone | None) -> bool:
+    """Whether Slurm now keeps the node out of service for the kernel's evidence: a reason of ours with its code.
+
+    Our drain took with it (it leads the reason), or the node already had
+    such a reason.  Out of service for anyone else's reason, or a drain that
+    failed, holds nothing: the evidence stays pending for the next run.
+    """
+    if done is None:
+        return False
+    if done.action == "drained":
+        return bool(verdict.findings) and verdict.findings[0].code == SHUTDOWN
+    return done.action == "kept" and _ours(done.reason or "") == SHUTDOWN
+
+
+def _keep_kernel(verdict: Verdict, done: SlurmDone | None, *, acknowledged: bool = False) -> Verdict:
+    """Write the kernel log's position and what evidence is still pending; a note when it cannot be kept.
+
+    The evidence is let go once Slurm holds it or an admin acknowledged it;
+    otherwise (``--check-only``, a failed drain, a node out of service for
+    another reason) it stays pending.  The file is written only when it
+    changes.
+    """
+    cursor = verdict.kernel
+    if cursor is None:
+        return verdict
+    now = cursor.now
+    if now.pending is not None and (acknowledged or _slurm_holds(verdict, done)):
+        now = now._replace(pending=None)
+    text = now.text()
+    if text == cursor.was or (not cursor.was and now == KernelLog(now.boot, -1, None)):  # nothing read, none kept
+        return verdict
+    notes = list(verdict.notes)
+    _remember(cursor.path, text, notes)
+    return verdict._replace(notes=tuple(notes), kernel=cursor._replace(now=now))
 
 
 def _read(path: Any) -> str:
@@ -307,14 +459,16 @@ def reconcile(verdict: Verdict, env: Mapping[str, str], rt: Runtime) -> SlurmDon
     given = var.value(env, var.HEALTHY).strip().lower()
     known = given if given in ("yes", "no") else None
     out = SlurmDone(known, False, None, None, "none", "")
+    # the kernel's evidence is let go only once Slurm holds it: out of service, but for whose reason?
+    evidence = any(f.code == SHUTDOWN for f in verdict.findings)
     if verdict.healthy and known == "yes":
         return out._replace(detail="healthy, and in service")
-    if not verdict.healthy and known == "no":
+    if not verdict.healthy and known == "no" and not evidence:
         return out._replace(action="kept", detail="already out of service (SLURM_NODE_IS_HEALTHY=no): reason kept")
     if verdict.healthy and verdict.in_progress:
         return out._replace(detail="a hook is in progress: judged on the next run")
     view: NodeView | None = None
-    if known is None or (verdict.healthy and known == "no"):
+    if known is None or known == "no":
         view = slurmnode.show_node(verdict.node, rt.host, rt.settings, var.value(env, var.CONF))
         out = out._replace(asked=True)
         if view is None:
@@ -362,10 +516,15 @@ def _resume(node: str, view: NodeView, rt: Runtime, conf: str) -> tuple[str, str
 
 
 class Report(Record):
-    """One ``imexctl health`` run: the verdict and, unless ``--check-only`` or not root, what Slurm was made to do."""
+    """One ``imexctl health`` run: the verdict and, unless judging only or not root, what Slurm was made to do.
+
+    ``acknowledged``: with ``--acknowledge``, the evidence the admin let go
+    (no longer among the verdict's findings).
+    """
 
     verdict: Verdict
     slurm: SlurmDone | None
+    acknowledged: tuple[Finding, ...] = ()
 
     def data(self) -> JsonObject:
         """``health --json``'s ``data``."""
@@ -378,14 +537,18 @@ class Report(Record):
             "findings": [f.data() for f in v.findings],
             "notes": list(v.notes),
             "slurm": self.slurm.data() if self.slurm is not None else None,
+            "acknowledged": [f.data() for f in self.acknowledged],
         }
 
 
 # ---------------------------------------------------------------- the command
 
 
-def render_text(verdict: Verdict, slurm: SlurmDone | None) -> str:
-    """The first line is the verdict (NHC's check reads it); one line per finding with its fix; Slurm's line."""
+def render_text(verdict: Verdict, slurm: SlurmDone | None, acknowledged: tuple[Finding, ...] = ()) -> str:
+    """The first line is the verdict (NHC's check reads it); one line per finding with its fix; Slurm's line.
+
+    With ``--acknowledge``, a line for each piece of evidence let go, after the findings.
+    """
     if verdict.healthy:
         why = (
             "a prolog or epilog is in progress"
@@ -400,6 +563,7 @@ def render_text(verdict: Verdict, slurm: SlurmDone | None) -> str:
         lines = [f"unhealthy {verdict.node}: {first.code}: {first.message}"]
         lines += [f"unhealthy {verdict.node}: {f.code}: {f.message}" for f in verdict.findings[1:]]
         lines += [f"  fix {f.code}: {CODES[f.code]} (docs/troubleshooting.md#{f.code})" for f in verdict.findings]
+    lines += [f"acknowledged {verdict.node}: {f.code}: {f.message}" for f in acknowledged]
     lines += [f"  note: {n}" for n in verdict.notes]
     if slurm is not None:
         if slurm.asked and slurm.state:
@@ -424,16 +588,35 @@ def command(args: argparse.Namespace, env: Mapping[str, str], host: Host | None,
     built = build("health", env, needs, config=args.config, verbose=args.verbose, node=args.node, host=host, gpu=gpu)
     rt, node, problem = built.rt, built.node, built.problem
     rt.log.bind_context(node=node)
+    root = rt.host.euid() == 0
+    if args.acknowledge and not root:
+        from imexctl.platform.errors import NotPrivilegedError
+
+        raise NotPrivilegedError("imexctl health --acknowledge keeps its record in root's run directory: run as root")
     verdict = judge(rt, node, config_problem=problem)
-    slurm_done = None if args.check_only or rt.host.euid() != 0 else reconcile(verdict, env, rt)
-    _log(rt, verdict, slurm_done)
-    _print(args, Report(verdict, slurm_done))
+    acknowledged: tuple[Finding, ...] = ()
+    if args.acknowledge:
+        verdict, acknowledged = _acknowledge(verdict)
+    judge_only = args.check_only or args.acknowledge or not root
+    slurm_done = None if judge_only else reconcile(verdict, env, rt)
+    verdict = _keep_kernel(verdict, slurm_done, acknowledged=bool(acknowledged))
+    _log(rt, verdict, slurm_done, acknowledged)
+    _print(args, Report(verdict, slurm_done, acknowledged))
     return 0 if verdict.healthy else int(TrayUnhealthy.exit_code)
+
+
+def _acknowledge(verdict: Verdict) -> tuple[Verdict, tuple[Finding, ...]]:
+    """The verdict without the kernel's pending evidence, and that evidence (the admin's ``--acknowledge``)."""
+    taken = tuple(f for f in verdict.findings if f.code == SHUTDOWN)
+    if not taken:
+        return verdict._replace(notes=(*verdict.notes, "nothing to acknowledge: no kernel evidence is pending")), ()
+    rest = tuple(f for f in verdict.findings if f.code != SHUTDOWN)
+    return verdict._replace(findings=rest), taken
 
 
 def _print(args: argparse.Namespace, report: Report) -> None:
     if not args.json:
-        sys.stdout.write(render_text(report.verdict, report.slurm))
+        sys.stdout.write(render_text(report.verdict, report.slurm, report.acknowledged))
         return
     from imexctl.platform.errors import TrayUnhealthy
     from imexctl.platform.output import print_json
@@ -442,8 +625,13 @@ def _print(args: argparse.Namespace, report: Report) -> None:
     print_json(report, errors=[] if healthy else [TrayUnhealthy(reason_of(report.verdict))])
 
 
-def _log(rt: Runtime, verdict: Verdict, slurm_done: SlurmDone | None) -> None:
-    """One ``health.done`` line when a fault was found or Slurm was changed; a healthy idle run logs nothing."""
+def _log(rt: Runtime, verdict: Verdict, slurm_done: SlurmDone | None, acknowledged: tuple[Finding, ...]) -> None:
+    """One ``health.done`` line when a fault was found or Slurm was changed; a healthy idle run logs nothing.
+
+    ``health.acknowledged`` names the evidence an admin let go.
+    """
+    if acknowledged:
+        rt.log.info("health.acknowledged", findings=[f"{f.code}: {f.message}" for f in acknowledged])
     action, detail = (slurm_done.action, slurm_done.detail) if slurm_done is not None else ("none", "")
     if verdict.healthy and action in ("none", "skipped"):
         return

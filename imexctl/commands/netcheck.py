@@ -16,7 +16,11 @@ candidates in the same order, so a port another program holds only moves the
 listener to the next one.  A listener greets with a banner naming the job,
 the tray and the range, so a port that some other program answers is not
 taken for open.  Peers retry for ``timeout_s`` (srun starts the tasks at
-slightly different times).  A tray keeps listening until every peer has
+slightly different times).  A listener serves every connection at once, each
+within its own deadline (:attr:`Plan.line_timeout_s` for the banner and the
+line together, however slowly the bytes come), so a client that sends a byte
+a second, or nothing, neither delays the peers nor holds the listener (issue
+41); a peer gives a port that greets too slowly up by the same deadline.  A tray keeps listening until every peer has
 reached both its ports (or, after a blocked pair, until twice ``timeout_s``).
 Each tray then sends its row to the step's first tray, which prints the
 tray-by-tray matrix; every tray prints its own line and exits 1 when
@@ -77,8 +81,12 @@ BANNER: Final = "IMEXCTL-NETCHECK 1"
 WINDOW: Final = 4
 #: one connection attempt; a dropped SYN (a firewall) costs this much
 _CONNECT_TIMEOUT_S: Final = 1.0
-#: a listener's banner and a client's line must come within this
+#: a connection's banner and line must both come within this, in all (the default of ``Plan.line_timeout_s``)
 _LINE_TIMEOUT_S: Final = 2.0
+#: the longest line a listener takes (a tray's row names every other tray: some 40 KiB for 72 trays)
+_MAX_LINE: Final = 65536
+#: connections a listener serves at once (two per peer at most); more wait in the kernel's accept queue
+_MAX_CONNECTIONS: Final = 512
 _RETRY_PAUSE_S: Final = 0.2
 #: the longest outcome text a row may carry per tray and range (a tray's own are under 200 characters)
 _MAX_OUTCOME: Final = 512
@@ -104,6 +112,8 @@ class Plan:
     #: ``(label, low, high)``: ``("server", 61000, 61999)``, ``("cmd", 62000, 62999)``
     ranges: tuple[tuple[str, int, int], ...]
     timeout_s: float
+    #: one connection's whole exchange, the listener's banner and the client's line, within this (seconds)
+    line_timeout_s: float = _LINE_TIMEOUT_S
 
     def ports(self, index: int, label: str) -> list[int]:
         """Tray ``index``'s candidate ports in range ``label``, in the order they are tried."""
@@ -173,6 +183,18 @@ def plan_from_env(env: Mapping[str, str], settings: Any, host: Any, timeout_s: f
     return Plan(int(job_id), names.index(node), trays, ranges, timeout_s)
 
 
+@dataclasses.dataclass
+class _Conn:
+    """One connection a listener serves: its range, the peer's address, its deadline, the banner and the bytes."""
+
+    sock: socket.socket
+    label: str
+    peer: str
+    deadline: float
+    out: bytes
+    data: bytearray = dataclasses.field(default_factory=bytearray)
+
+
 class _Listener:
     """This tray's two listening sockets, served by one thread: banner, then a HELLO or a ROW line."""
 
@@ -188,6 +210,9 @@ class _Listener:
         self.ignored_count = 0
         self.lock = threading.Lock()
         self.stop = threading.Event()
+        #: the connections being served, by socket (the serving thread's alone)
+        self._conns: dict[socket.socket, _Conn] = {}
+        self._accepting = True
 
     def open(self) -> None:
         """Bind the first free candidate of each range; a range with none is a problem of this tray."""
@@ -212,28 +237,106 @@ class _Listener:
                 self.problems[label] = f"cannot listen on {self.plan.own.address}: " + ", ".join(tried)
 
     def serve(self) -> None:
-        """Answer connections until :attr:`stop` is set."""
+        """Answer connections until :attr:`stop` is set: all of them at once, each within its own deadline.
+
+        One thread and a selector, not a thread per connection: anybody who can
+        reach the port can open connections, and here each costs a socket and
+        its bytes, never a thread, so a silent or trickling client holds
+        nothing that a peer needs.  Each connection has one deadline for the
+        banner and the line together (:attr:`Plan.line_timeout_s`), however
+        its bytes come; at most :data:`_MAX_CONNECTIONS` are served at once,
+        and the rest wait in the kernel's accept queue until one ends.
+        """
         with selectors.DefaultSelector() as sel:
             for label, sock in self.socks.items():
+                sock.setblocking(False)
                 sel.register(sock, selectors.EVENT_READ, label)
             while not self.stop.is_set():
-                for key, _ in sel.select(0.05):
-                    try:
-                        conn, addr = key.fileobj.accept()  # type: ignore[union-attr]
-                    except OSError:
-                        continue
-                    with conn:
-                        self._answer(conn, key.data, str(addr[0]))
+                for key, events in sel.select(self._pause()):
+                    if isinstance(key.data, _Conn):
+                        self._step(sel, key.data, events)
+                    elif self._accepting:  # not when the limit was reached by a connection of this round
+                        self._accept(sel, key.fileobj, key.data)  # type: ignore[arg-type]
+                self._expire(sel)
+            for conn in list(self._conns.values()):  # the step is over: whoever is still connected is let go
+                self._close(sel, conn)
         for sock in self.socks.values():
             sock.close()
 
-    def _answer(self, conn: socket.socket, label: str, peer: str) -> None:
-        conn.settimeout(_LINE_TIMEOUT_S)
+    def _pause(self) -> float:
+        """How long the selector may wait: until the next deadline, and 50 ms at most (to see :attr:`stop`)."""
+        soonest = min((c.deadline for c in self._conns.values()), default=float("inf"))
+        return max(0.0, min(0.05, soonest - time.monotonic()))
+
+    def _accept(self, sel: selectors.BaseSelector, listening: socket.socket, label: str) -> None:
+        """Take one connection: its deadline starts now; its banner goes out as the socket takes it."""
         try:
-            conn.sendall(f"{BANNER} {self.plan.job_id} {self.plan.own.name} {label}\n".encode())
-            line = _read_line(conn)
+            sock, addr = listening.accept()
         except OSError:
             return
+        sock.setblocking(False)
+        banner = f"{BANNER} {self.plan.job_id} {self.plan.own.name} {label}\n".encode()
+        conn = _Conn(sock, label, str(addr[0]), time.monotonic() + self.plan.line_timeout_s, banner)
+        self._conns[sock] = conn
+        sel.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, conn)
+        if len(self._conns) >= _MAX_CONNECTIONS:
+            self._listen(sel, False)
+
+    def _step(self, sel: selectors.BaseSelector, conn: _Conn, events: int) -> None:
+        """Send what the banner has left, read what came; answer a whole line (or what came before the end)."""
+        try:
+            if events & selectors.EVENT_WRITE and conn.out:
+                conn.out = conn.out[conn.sock.send(conn.out) :]
+                if not conn.out:
+                    sel.modify(conn.sock, selectors.EVENT_READ, conn)
+            if not events & selectors.EVENT_READ:
+                return
+            chunk = conn.sock.recv(4096)
+        except BlockingIOError:
+            return
+        except OSError:  # reset by the peer
+            self._close(sel, conn)
+            return
+        conn.data += chunk
+        if chunk and b"\n" not in conn.data and len(conn.data) <= _MAX_LINE:
+            return  # more to come
+        self._close(sel, conn)
+        if len(conn.data.split(b"\n", 1)[0]) > _MAX_LINE:
+            with self.lock:
+                self._ignore(conn.peer, f"a line longer than {_MAX_LINE} bytes")
+            return
+        line = conn.data.split(b"\n", 1)[0].decode(errors="replace").strip()
+        self._answer(line, conn.label, conn.peer)
+
+    def _expire(self, sel: selectors.BaseSelector) -> None:
+        """End every connection whose deadline passed without a whole line, and name it in the report."""
+        now = time.monotonic()
+        for conn in [c for c in self._conns.values() if c.deadline <= now]:
+            self._close(sel, conn)
+            with self.lock:
+                self._ignore(conn.peer, f"no whole line within {self.plan.line_timeout_s:g} s ({len(conn.data)} bytes)")
+
+    def _close(self, sel: selectors.BaseSelector, conn: _Conn) -> None:
+        """Forget and close one connection; take new ones again below the limit."""
+        sel.unregister(conn.sock)
+        conn.sock.close()
+        del self._conns[conn.sock]
+        if not self._accepting and len(self._conns) < _MAX_CONNECTIONS:
+            self._listen(sel, True)
+
+    def _listen(self, sel: selectors.BaseSelector, on: bool) -> None:
+        """Watch the listening sockets for new connections (``on``), or leave them in the kernel's queue."""
+        if on == self._accepting:
+            return
+        self._accepting = on
+        for label, sock in self.socks.items():
+            if on:
+                sel.register(sock, selectors.EVENT_READ, label)
+            else:
+                sel.unregister(sock)
+
+    def _answer(self, line: str, label: str, peer: str) -> None:
+        """Take a peer's ``HELLO`` or ``ROW`` line, or name what else came."""
         kind, _, rest = line.partition(" ")
         if kind == "HELLO":
             why = self._sender(rest, peer)
@@ -321,14 +424,23 @@ def shown(text: str) -> str:
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
-def _read_line(conn: socket.socket) -> str:
+def _read_line(conn: socket.socket, deadline: float, limit: int) -> str:
+    """One line from ``conn`` by ``deadline`` (``time.monotonic``), in all however the bytes come; ``limit`` bytes.
+
+    Raises:
+        socket.timeout: the deadline passed before a newline, ``limit`` bytes or the end.
+    """
     data = b""
-    while not data.endswith(b"\n") and len(data) < 65536:
-        chunk = conn.recv(4096)
+    while b"\n" not in data and len(data) < limit:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("no whole line in time")
+        conn.settimeout(left)
+        chunk = conn.recv(limit - len(data))
         if not chunk:
             break
         data += chunk
-    return data.decode(errors="replace").strip()
+    return data.split(b"\n", 1)[0].decode(errors="replace").strip()
 
 
 def _contact(plan: Plan, index: int, label: str, line: str, deadline: float) -> str:
@@ -372,13 +484,15 @@ def _try(plan: Plan, index: int, label: str, port: int, line: str) -> str:
         return "timed out (dropped: a firewall?)"
     except OSError as exc:
         return exc.strerror or str(exc)
+    banner = f"{BANNER} {plan.job_id} {peer.name} {label}"
+    deadline = time.monotonic() + plan.line_timeout_s  # the greeting and our line, in all
     with conn:
         try:
-            conn.settimeout(_LINE_TIMEOUT_S)
-            if _read_line(conn) != f"{BANNER} {plan.job_id} {peer.name} {label}":
+            if _read_line(conn, deadline, len(banner) + 1) != banner:
                 return "another program answers"
+            conn.settimeout(max(deadline - time.monotonic(), 0.001))
             conn.sendall(f"{line}\n".encode())
-        except OSError:  # socket.timeout included: connected, but no greeting
+        except OSError:  # socket.timeout included: connected, but no greeting in time
             return "another program answers"
     return ""
 

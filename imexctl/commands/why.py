@@ -12,12 +12,27 @@ The log can be large: a line is parsed only when its bytes hold the job id,
 the files are read newest first and the reading stops at the first older file
 without the job once the job was found, or after :data:`MAX_BYTES`.  Log lines
 are data: every value printed is escaped (a reason may quote a user's text).
+
+Only root's records are told (issue 41).  The log's directory may be one its
+group may write (Ubuntu's ``/var/log`` is ``root:syslog 0775``, which the
+hooks accept): a member can rename a file of their own over ``imexctl.log``
+or a rotated copy.  So each file is opened without following a symlink and
+without waiting (a FIFO), and judged on the open file (``fstat``): a regular
+file owned by root that neither group nor others may write.  Anything else is
+left out, unread, and named with its owner and mode (``read.skipped``); the
+story is told from the rest, and a job found in none of root's files is
+``job_not_in_log`` whose message names what was left out.  That is stricter
+than the hooks' rule for appending (``log.open_log_file`` also takes a file
+of this process's user, and one its group may write): a line in such a file
+may be anybody's.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -35,7 +50,7 @@ if TYPE_CHECKING:
     #: one log line as logged: a JSON object (data, never trusted)
     Line = Mapping[str, object]
 
-__all__ = ["MAX_BYTES", "Entry", "Read", "Story", "command", "log_files", "read_job", "story"]
+__all__ = ["MAX_BYTES", "Entry", "NotRoots", "Read", "Story", "command", "log_files", "open_roots", "read_job", "story"]
 
 #: at most this many bytes are read (decompressed) in one run: about two months of a busy tray's log
 MAX_BYTES: Final = 512 << 20
@@ -59,17 +74,23 @@ class Entry(Record):
 
 
 class Read(Record):
-    """What :func:`read_job` read: the files, the bytes, the lines it could not parse, whether it stopped early."""
+    """What :func:`read_job` read: the files, the bytes, the lines it could not parse, whether it stopped early.
+
+    ``skipped``: ``(file, why)`` of each file left out unread because it is not
+    root's record (:func:`open_roots`).
+    """
 
     files: tuple[str, ...]
     bytes: int
     unreadable: int
     truncated: bool
     errors: tuple[str, ...]
+    skipped: tuple[tuple[str, str], ...] = ()
 
     def data(self) -> JsonObject:
         """The ``read`` object of ``why --json``."""
-        return {**self._asdict(), "files": list(self.files), "errors": list(self.errors)}
+        skipped: list[JsonObject] = [{"file": f, "why": why} for f, why in self.skipped]
+        return {**self._asdict(), "files": list(self.files), "errors": list(self.errors), "skipped": skipped}
 
 
 def log_files(log_file: Path) -> list[Path]:
@@ -94,11 +115,40 @@ def log_files(log_file: Path) -> list[Path]:
 _LINE_MAX: Final = 1 << 20
 
 
-def _lines(path: Path) -> Iterator[bytes]:
-    """The file's lines as bytes, never through a symlink (gzip for ``.gz``), none longer than 1 MiB."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+class NotRoots(Exception):
+    """A file at the log's path or a rotated copy's that is not root's record; the message says why."""
+
+
+def open_roots(path: Path) -> int:
+    """A descriptor of ``path`` open for reading, when it is root's record: else :class:`NotRoots` says why.
+
+    Root's record is a regular file (``fsutil.open_regular``: never through a
+    symlink, never waiting on a FIFO) owned by uid 0 that neither group nor
+    others may write, judged on the open file.
+
+    Raises:
+        NotRoots: a symlink, not a regular file, another owner, or writable by group or others.
+        OSError: it could not be opened (absent, a permission).
+    """
+    from imexctl.platform.fsutil import open_regular
+
+    try:
+        fd = open_regular(path)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EINVAL):
+            raise NotRoots(exc.strerror) from None
+        raise
+    st = os.fstat(fd)
+    if st.st_uid != 0 or st.st_mode & 0o022:
+        os.close(fd)
+        raise NotRoots(f"not root's record (owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})")
+    return fd
+
+
+def _lines(fd: int, gz: bool) -> Iterator[bytes]:
+    """The lines of the open file ``fd`` as bytes (gzip when ``gz``), none longer than 1 MiB; ``fd`` is closed."""
     with os.fdopen(fd, "rb") as raw:
-        if path.name.endswith(".gz"):
+        if gz:
             import gzip
 
             with gzip.GzipFile(fileobj=raw) as unzipped:
@@ -117,17 +167,24 @@ def _about(line: Line, job_id: int, mention: re.Pattern[str]) -> bool:
 
 
 class _FileRead(Record):
-    """One file's share of :func:`read_job`: the job's lines, bytes, lines not parsed, budget spent, an error."""
+    """One file's share of :func:`read_job`: the job's lines, bytes, lines not parsed, budget spent, an error.
+
+    ``skipped``: why the file was left out unread ('' when it was read).
+    """
 
     lines: list[Line]
     size: int
     unreadable: int
     truncated: bool
     error: str
+    skipped: str = ""
 
 
 def _job_lines(path: Path, job_id: int, budget: int) -> _FileRead:
-    """The job's lines in one file, read until its end, ``budget`` bytes, or an error (what came before it kept)."""
+    """The job's lines in one file, read until its end, ``budget`` bytes, or an error (what came before it kept).
+
+    A file that is not root's record (:func:`open_roots`) is not read at all.
+    """
     import json
 
     token = str(job_id).encode()
@@ -135,7 +192,13 @@ def _job_lines(path: Path, job_id: int, budget: int) -> _FileRead:
     found: list[Line] = []
     size = unreadable = 0
     try:
-        for raw in _lines(path):
+        fd = open_roots(path)
+    except NotRoots as exc:
+        return _FileRead([], 0, 0, False, "", str(exc))
+    except OSError as exc:
+        return _FileRead([], 0, 0, False, f"{path}: {exc.strerror or exc}")
+    try:
+        for raw in _lines(fd, path.name.endswith(".gz")):
             size += len(raw)
             if size > budget:
                 return _FileRead(found, size, unreadable, True, "")
@@ -154,14 +217,23 @@ def _job_lines(path: Path, job_id: int, budget: int) -> _FileRead:
 
 
 def read_job(files: list[Path], job_id: int, *, max_bytes: int = MAX_BYTES) -> tuple[list[Line], Read]:
-    """The job's log lines in the order they were written, and what was read (files, bytes, lines skipped)."""
+    """The job's log lines in the order they were written, and what was read (files, bytes, lines skipped).
+
+    Only root's records are read: the files that are not are left out and
+    named in :attr:`Read.skipped`; they count for nothing else (neither as
+    read nor as the older file where the reading stops).
+    """
     per_file: list[list[Line]] = []
     read: list[str] = []
     errors: list[str] = []
+    skipped: list[tuple[str, str]] = []
     size = unreadable = 0
     truncated = False
     for path in files:
         one = _job_lines(path, job_id, max_bytes - size)
+        if one.skipped:
+            skipped.append((str(path), one.skipped))
+            continue
         size, unreadable, truncated = size + one.size, unreadable + one.unreadable, one.truncated
         errors += [one.error] if one.error else []
         read.append(str(path))
@@ -169,7 +241,7 @@ def read_job(files: list[Path], job_id: int, *, max_bytes: int = MAX_BYTES) -> t
         if truncated or (not one.lines and any(per_file[:-1])):  # older than the job's lines: stop
             break
     lines = [line for found in reversed(per_file) for line in found]
-    return lines, Read(tuple(read), size, unreadable, truncated, tuple(errors))
+    return lines, Read(tuple(read), size, unreadable, truncated, tuple(errors), tuple(skipped))
 
 
 # ---------------------------------------------------------------- the story
@@ -291,6 +363,13 @@ class Story(Record):
         }
 
 
+#: what a file left out means, and where to look next
+_SKIPPED_HINT: Final = (
+    "a file root does not own, or that group or others may write, may hold anybody's lines "
+    "(imexctl doctor: imexctl.log_dir says who may write the log's directory)"
+)
+
+
 def render_text(found: Story) -> str:
     """The verdict line, one line per event, the codes' sections, and what was read."""
     lines = [f"job {found.job_id} on {found.node}: {', '.join(found.outcomes) or 'no outcome logged'}"]
@@ -299,13 +378,22 @@ def render_text(found: Story) -> str:
     lines += [f"  see docs/troubleshooting.md#{code}" for code in codes]
     read = found.read
     more = "; stopped at the read limit, older files not read" if read.truncated else ""
-    lines.append(f"read: {', '.join(read.files)} ({read.bytes / (1 << 20):.1f} MiB{more})")
+    lines += [f"skipped {path}: {why}, left out" for path, why in read.skipped]
+    if read.skipped:
+        lines.append(f"  only root's records are told: {_SKIPPED_HINT}")
+    lines.append(f"read: {', '.join(read.files) or 'nothing'} ({read.bytes / (1 << 20):.1f} MiB{more})")
     lines += [f"not read: {err}" for err in read.errors]
     return "\n".join(printable(line) for line in lines) + "\n"
 
 
 def command(args: argparse.Namespace, env: Mapping[str, str], _host: Host | None, _gpu: Gpu | None) -> int:
-    """``imexctl why JOBID [--json]``: exit 0 when the log has the job, 1 (``job_not_in_log``) when not."""
+    """``imexctl why JOBID [--json]``: exit 0 when root's log files have the job, 1 (``job_not_in_log``) when not.
+
+    A file left out because it is not root's record does not change the exit
+    code by itself (as one that cannot be read): the story is told from root's
+    files with the file named; when they hold no line about the job, the
+    ``job_not_in_log`` message names what was left out.
+    """
     from imexctl.hooks.runtime import Needs, build
     from imexctl.platform.errors import JobNotInLog
 
@@ -318,9 +406,7 @@ def command(args: argparse.Namespace, env: Mapping[str, str], _host: Host | None
     outcomes, entries = story(lines)
     node = next((str(line["node"]) for line in reversed(lines) if line.get("node") not in (None, "?")), node)
     found = Story(args.job, node, tuple(outcomes), tuple(entries), read)
-    missing = (
-        None if entries else JobNotInLog(f"job {args.job}: no line in {', '.join(read.files) or cfg.paths.log_file}")
-    )
+    missing = None if entries else JobNotInLog(_not_in_log(args.job, read, cfg.paths.log_file))
     if args.json:
         from imexctl.platform.output import print_json
 
@@ -330,3 +416,11 @@ def command(args: argparse.Namespace, env: Mapping[str, str], _host: Host | None
         raise missing
     sys.stdout.write(render_text(found))
     return 0
+
+
+def _not_in_log(job_id: int, read: Read, log_file: Path) -> str:
+    """``job_not_in_log``'s message: the files read, and those left out as not root's record."""
+    if not read.skipped:
+        return f"job {job_id}: no line in {', '.join(read.files) or log_file}"
+    left_out = "; ".join(f"skipped {path}: {why}" for path, why in read.skipped)
+    return f"job {job_id}: no line in root's records; {left_out}; read: {', '.join(read.files) or 'nothing'}"

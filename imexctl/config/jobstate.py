@@ -48,6 +48,9 @@ class JobState(Record):
     #: the run of the job that set it up: its restart count and start time as slurmd gave them (None: not said)
     restarts: int | None = None
     start_time: int | None = None
+    #: by when the epilog that began at ``ended`` has finished here at the latest: every wait it makes from its
+    #: mark on, with the settings it read (0: not recorded, as by an older version's epilog)
+    epilog_deadline: float = 0.0
 
 
 #: each field's kind: ``id`` (a whole number, 0 or more), ``id?`` (the same, or null), ``text``, ``texts`` (a list
@@ -70,6 +73,7 @@ KINDS = {
     "ended": "time",
     "restarts": "id?",
     "start_time": "id?",
+    "epilog_deadline": "time",
 }
 #: what the job's own user reads: the owner and the channel
 CHANNEL_FIELDS = ("uid", "channel_minor", "channel_path")

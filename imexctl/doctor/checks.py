@@ -21,7 +21,15 @@ from imexctl.doctor.framework import FAIL, OK, WARN, Check, Context, under_root
 from imexctl.hooks.runtime import Runtime
 from imexctl.hooks.state import job_ids, read_state
 
-__all__ = ["auth_checks", "config_checks", "dir_checks", "log_checks", "mount_fs", "stale_checks"]
+__all__ = [
+    "auth_checks",
+    "config_checks",
+    "dir_checks",
+    "log_checks",
+    "mount_fs",
+    "stale_checks",
+    "writable_dir_checks",
+]
 
 
 def config_checks(ctx: Context) -> list[Check]:
@@ -271,6 +279,130 @@ def _read(path: str) -> str:
         return ""
 
 
+def writable_dir_checks(ctx: Context) -> list[Check]:
+    """WARN when anybody but root may replace the hooks' log file or metrics file: who may write their directories.
+
+    The hooks accept a directory that its group may write (``log.dir_problem``:
+    Ubuntu's ``/var/log`` is ``root:syslog 0775``), and refuse one that others
+    may write or that root does not own.  In the first, a member of the group
+    can rename a file of their own over ``imexctl.log`` (the hooks then log to
+    stderr only, ``imexctl why`` leaves it out) or over ``imexctl.prom``
+    (node_exporter serves their numbers); in the second the hooks write
+    nothing there.  Issue 41.
+    """
+    return [_log_dir(ctx), _metrics_dir(ctx)]
+
+
+def _log_dir(ctx: Context) -> Check:
+    """``imexctl.log_dir``: ``[paths] log_file``'s directory, and the file at its name."""
+    log_file = ctx.rt.settings.paths.log_file
+    if log_file is None:
+        return Check("imexctl.log_dir", OK, "[paths] log_file is empty: no log file")
+    where, name = _on_node(ctx, log_file.parent), log_file.name
+    kind, shown = _dir_writers(log_file.parent, where)
+    if kind == "absent":
+        return Check("imexctl.log_dir", OK, f"{where} is absent: the hooks create it root's, mode 0755")
+    problems, fixes = [], []
+    if kind == "refused":
+        problems.append(f"{shown}: the hooks refuse it: they write no log file there (stderr only)")
+        fixes.append(f"chown root {where} && chmod o-w {where}, or [paths] log_file in a directory of root's alone")
+    elif kind == "group":
+        problems.append(
+            f"{shown}: a member can replace {name} with a file of their own (the hooks then log to stderr only, "
+            "and imexctl why leaves it out)"
+        )
+        fixes.append(
+            f"[paths] log_file = {where.rstrip('/')}/imexctl/{name} (a directory of root's alone: the hooks "
+            "create it mode 0755) and the same path in /etc/logrotate.d/imexctl; chmod g-w only where nothing "
+            "else writes the directory (not Ubuntu's /var/log: rsyslog writes there as syslog)"
+        )
+    foreign = _not_roots_file(log_file)
+    if foreign:
+        shown_file = _on_node(ctx, log_file)
+        problems.append(f"{shown_file} {foreign}: the hooks refuse it (stderr only) and imexctl why leaves it out")
+        fixes.append(f"remove {shown_file} (the next hook creates it root's, mode 0640)")
+    if problems:
+        return Check("imexctl.log_dir", WARN, "; ".join(problems), "; ".join(fixes))
+    return Check("imexctl.log_dir", OK, f"{shown}: only root can replace {name} there")
+
+
+def _metrics_dir(ctx: Context) -> Check:
+    """``imexctl.metrics_dir``: ``[metrics] textfile_dir``, where node_exporter reads ``imexctl.prom``."""
+    directory = ctx.rt.settings.metrics.textfile_dir
+    if not directory:
+        return Check("imexctl.metrics_dir", OK, "[metrics] textfile_dir is empty: no metrics")
+    path = under_root(ctx, directory)
+    where = _on_node(ctx, path)
+    kind, shown = _dir_writers(path, where)
+    if kind == "absent":
+        why = f"{where} does not exist: every metrics write fails (metrics.failed)"
+        return Check("imexctl.metrics_dir", WARN, why, f"install -d -m 0755 -o root -g root {where}")
+    if kind == "refused":
+        why = f"{shown}: the hooks refuse it: every metrics write fails (metrics.failed)"
+        fix = f"chown root {where} && chmod o-w {where}"
+        return Check("imexctl.metrics_dir", WARN, why, fix)
+    if kind == "group":
+        why = f"{shown}: a member can replace imexctl.prom with a file of their own, and node_exporter serves it"
+        fix = (
+            f"chmod g-w {where} (node_exporter only reads it), or [metrics] textfile_dir and node_exporter's "
+            "--collector.textfile.directory in a directory of root's alone"
+        )
+        return Check("imexctl.metrics_dir", WARN, why, fix)
+    return Check("imexctl.metrics_dir", OK, f"{shown}: only root can replace imexctl.prom there")
+
+
+def _dir_writers(path: Path, where: str) -> tuple[str, str]:
+    """Who may write the directory ``path`` (``where`` on the node), by the hooks' rule (``log.dir_problem``).
+
+    Returns ``(kind, text)``: ``absent``; ``refused`` (not a directory, not
+    root's, or others may write it: the hooks write nothing there); ``group``
+    (its group may write it, which the hooks accept); ``''`` (root's alone).
+    Symlinks are followed, as the hooks follow them.
+    """
+    from imexctl.platform.log import dir_problem
+
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "absent", where
+    except OSError as exc:
+        return "refused", f"{where}: {exc.strerror}"
+    if not stat.S_ISDIR(st.st_mode):
+        return "refused", f"{where} is not a directory"
+    mode = stat.S_IMODE(st.st_mode)
+    if dir_problem(path):
+        return "refused", f"{where}: not root's, or others may write it (owner uid {st.st_uid}, mode {mode:04o})"
+    if mode & stat.S_IWGRP:
+        return "group", f"{where}: group {_group_name(st.st_gid)} may write it (mode {mode:04o})"
+    return "", f"{where}: root's, mode {mode:04o}"
+
+
+def _group_name(gid: int) -> str:
+    """A group's name, or its number when it has none."""
+    import grp
+
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def _not_roots_file(path: Path) -> str:
+    """Why the file at ``path`` is not root's record ('' when it is, or absent): ``imexctl why``'s rule."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return ""
+    except OSError as exc:
+        return f"cannot be examined ({exc.strerror})"
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+        what = "" if stat.S_ISREG(st.st_mode) else ", not a regular file"
+        return f"is not root's record (owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}{what})"
+    return ""
+
+
 def stale_checks(ctx: Context) -> list[Check]:
     """Jobs that left a directory or a daemon but no longer run here, and channel nodes no job claims.
 
@@ -290,12 +422,12 @@ def stale_checks(ctx: Context) -> list[Check]:
             if not idle:
                 return _in_progress(rt)
             # cleanup's rule: what cleanup would remove
-            gone = [jid for jid in known_jobs(rt) if not still_runs(jid, rt).runs]
-            pending = [jid for jid in gone if epilog_pending(jid, rt)]  # an epilog began, before its lock
-            gone = [jid for jid in gone if jid not in pending]
+            ended = [jid for jid in known_jobs(rt) if not still_runs(jid, rt).runs]
+            pending = [jid for jid in ended if epilog_pending(jid, rt)]  # an epilog began and may still be working
+            gone = [jid for jid in ended if jid not in pending]
             if pending and not gone:
                 return _in_progress(rt)
-            channels = _stale_channels(rt) if rt.settings.policy.channels == "job" else None
+            channels = _stale_channels(rt, set(ended)) if rt.settings.policy.channels == "job" else None
     except FileError as exc:
         if os.geteuid() == 0:
             raise  # the hooks refuse this lock too: the group's FAIL says why
@@ -329,22 +461,38 @@ def _in_progress(rt: Runtime) -> list[Check]:
 
 
 def _left_by(job_id: int, rt: Runtime) -> str:
-    from imexctl.imex import daemon
+    """What job ``job_id`` left: its directory, and its daemon by the one liveness rule (``jobs.daemon_left``)."""
+    from imexctl.hooks.jobs import daemon_left
 
     jd = rt.settings.paths.job(job_id)
     left = ["directory"] if jd.exists() else []
-    procs = daemon.job_processes(rt.host, rt.settings, jd.config)
-    left += [f"daemon pid {procs[0].pid}"] if procs else []
+    left += [d] if (d := daemon_left(job_id, rt, read_state(jd))) else []
     return ", ".join(left) or "nothing"
 
 
-def _stale_channels(rt: Runtime) -> Check:
+def _stale_channels(rt: Runtime, ended: set[int]) -> Check:
+    """Channel nodes no job claims (not channel0), by cleanup's rule.
+
+    A job that may still run (not in ``ended``, which cleanup tears down)
+    whose state cannot be read may claim any of them: while one does, they
+    are not called unclaimed, and cleanup leaves them.
+    """
     paths = rt.settings.paths
-    claimed = {st.channel_minor for j in job_ids(paths.jobs_dir) if (st := read_state(paths.job(j)))}
+    states = {j: read_state(paths.job(j)) for j in job_ids(paths.jobs_dir)}
+    claimed = {st.channel_minor for st in states.values() if st is not None}
     stray = [c for c in devices.list_channels(paths.channel_dir) if c.minor != 0 and c.minor not in claimed]
     if not stray:
         return Check("imexctl.channels", OK, f"no channel node in {paths.channel_dir} outside a job")
     names = ", ".join(f"{c.path.name} (uid {c.uid}, mode {c.mode:04o})" for c in stray)
+    unread = ", ".join(str(j) for j, st in states.items() if st is None and j not in ended)
+    if unread:
+        return Check(
+            "imexctl.channels",
+            WARN,
+            f"channel nodes that no readable state claims: {names}; the state of job {unread} cannot be read, "
+            "and it may claim any of them",
+            f"imexctl cleanup leaves them while it cannot: see why the state.json of job {unread} is unreadable",
+        )
     return Check(
         "imexctl.channels",
         WARN,

@@ -20,6 +20,7 @@ from imexctl.hooks.state import job_ids, read_state
 from imexctl.imex import daemon
 from imexctl.platform.errors import CommandError, ConfigError, DeviceError
 from imexctl.platform.fsutil import read_text_nofollow
+from imexctl.platform.host import read_tcp_sockets
 
 if TYPE_CHECKING:
     from imexctl.gpu.fabric import Gpu
@@ -283,47 +284,78 @@ def _channel_device(ctx: Context) -> Check:
 
 
 def _channel_count(ctx: Context) -> Check:
+    """The driver's channel count against ``[policy] channel_count``, and the topology source's cliques against both.
+
+    WARNs when a clique has as many trays as channels (its numbers wrap) and
+    when a block has no NVLink domain key (the whole file is then one clique).
+    """
     s = ctx.rt.settings
     try:
         count = devices.driver_channel_count(s.paths.nvidia_params)
     except DeviceError as exc:
         return Check("imex.channel_count", FAIL, str(exc), "check the NVIDIA driver")
     wanted = s.policy.channel_count
-    if count is None:
-        why = f"{s.paths.nvidia_params} gives no ImexChannelCount; channel minors up to {wanted - 1} are not checked"
-        return Check("imex.channel_count", WARN, why, "load the NVIDIA driver")
-    if count < wanted:
+    if count is not None and count < wanted:
         why = (
             f"NVreg_ImexChannelCount={count} but [policy] channel_count = {wanted}: jobs whose minor is >= {count} fail"
         )
         return Check("imex.channel_count", FAIL, why, f"set [policy] channel_count = {count}")
-    clique = _largest_clique(ctx)
+    problems, fixes = [], []
+    if count is None:
+        problems.append(f"{s.paths.nvidia_params} gives no ImexChannelCount; channel minors up to {wanted - 1} are "
+                        "not checked")  # fmt: skip
+        fixes.append("load the NVIDIA driver")
+    clique, keyless, where = _cliques(ctx)
     if clique >= wanted:
-        why = (
+        problems.append(
             f"the topology source's largest NVLink clique has {clique} trays, [policy] channel_count = {wanted} gives "
             f"{wanted - 1} channels: two domains of one clique can get the same channel (design.md, the channel rule)"
         )
-        return Check("imex.channel_count", WARN, why, f"raise NVreg_ImexChannelCount and channel_count above {clique}")
+        fixes.append(f"raise NVreg_ImexChannelCount and channel_count above {clique}")
+    if keyless:
+        problems.append(
+            f"{_few(keyless)} of {where} {'has' if len(keyless) == 1 else 'have'} no NVLink domain key (no "
+            "imexctl-key comment, and [paths] topology_map does not name every tray of it): which blocks share an "
+            f"NVLink clique is unknown, so all {clique} trays of the file count as one clique for the channel numbers"
+        )
+        fixes.append(
+            "regenerate the file with its keys (imexctl topology blocks), or set [paths] topology_map "
+            "(imexctl topology blocks --map)"
+        )
+    if problems:
+        return Check("imex.channel_count", WARN, "; ".join(problems), "; ".join(fixes))
     return Check("imex.channel_count", OK, f"NVreg_ImexChannelCount={count} covers [policy] channel_count = {wanted}")
 
 
-def _largest_clique(ctx: Context) -> int:
-    """Trays of the topology source's largest clique (0 without a source; a broken one is another check's)."""
+def _cliques(ctx: Context) -> tuple[int, list[str], str]:
+    """The trays of the topology source's largest clique, its blocks without a key, and its file.
+
+    ``(0, [], '')`` without a source; a broken source or map is another check's (``slurm.topology``).
+    """
     from imexctl.hooks import members
 
     try:
         source = members.load_source(ctx.rt.settings)
+        key_map = members.load_map(ctx.rt.settings) if source is not None else None
     except ConfigError:
-        return 0
-    return 0 if source is None else members.largest_clique(source)
+        return 0, [], ""
+    if source is None:
+        return 0, [], ""
+    return members.largest_clique(source, key_map), members.keyless_blocks(source, key_map), source.source
+
+
+def _few(blocks: list[str]) -> str:
+    """``block r1``, ``blocks r1, r2``, ``blocks r1, r2, r3 and 4 others``."""
+    shown = ", ".join(blocks[:3]) + (f" and {len(blocks) - 3} others" if len(blocks) > 3 else "")
+    return f"block{'s' if len(blocks) > 1 else ''} {shown}"
 
 
 # ---------------------------------------------------------------- ports
 
 
 def port_checks(ctx: Context) -> list[Check]:
-    """The port ranges against the kernel's ephemeral range, and listeners in them now."""
-    return [_ephemeral(ctx), _listening(ctx)]
+    """The port ranges against the kernel's ephemeral range, listeners in them now, and the port guard."""
+    return [_ephemeral(ctx), _listening(ctx), _guard(ctx)]
 
 
 def parse_port_set(text: str) -> list[tuple[int, int]]:
@@ -377,26 +409,212 @@ def parse_listening(text: str) -> set[int]:
 
 
 def _listening(ctx: Context) -> Check:
-    listening: set[int] = set()
-    for name in ("tcp", "tcp6"):
-        try:
-            listening |= parse_listening(read_text_nofollow(under_root(ctx, f"/proc/net/{name}")))
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            return Check("ports.listening", WARN, f"cannot read /proc/net/{name}: {exc}", "run doctor as root")
-    paths, p = ctx.rt.settings.paths, ctx.rt.settings.ports
+    """Listeners in the ``[ports]`` ranges that are no job's daemon, each named as the prolog names it.
+
+    root's (a service, a stale daemon) FAIL: every job mapped to the port
+    fails.  A local user's WARN: it is no fault of the tray, and the port
+    guard (``ports.guard``) is what keeps users off the ranges.  Loopback
+    listeners are left out: the prolog binds the tray's own address, which
+    is never loopback.
+    """
+    from imexctl.hooks import portholder
+
+    s = ctx.rt.settings
+    ranges = (s.ports.server_port_range, s.ports.cmd_port_range)
+    ports = {n for a, b in ranges for n in range(a, b + 1)}
+    root = str(under_root(ctx, "/"))
+    found = read_tcp_sockets(ports, proc=str(under_root(ctx, "/proc")), passwd=str(under_root(ctx, "/etc/passwd")))
+    if found is None:
+        why = f"cannot read {root.rstrip('/')}/proc/net/tcp or tcp6"
+        return Check("ports.listening", WARN, why, "run doctor as root")
     ours = {
-        port for j in job_ids(paths.jobs_dir) if (st := read_state(paths.job(j))) for port in (st.port, st.cmd_port)
+        port for j in job_ids(s.paths.jobs_dir) if (st := read_state(s.paths.job(j))) for port in (st.port, st.cmd_port)
     }
-    found = sorted(
-        port for port in listening - ours if any(a <= port <= b for a, b in (p.server_port_range, p.cmd_port_range))
-    )
-    if found:
-        shown = ", ".join(str(n) for n in found[:10])
-        why = f"ports in the [ports] ranges have a listener that is no job's daemon: {shown}; jobs mapped there fail"
-        return Check("ports.listening", FAIL, why, "find it with 'ss -ltnp' and stop it, or move the [ports] ranges")
+    roots: list[str] = []
+    users: list[str] = []
+    for sock in found:
+        if sock.state != "LISTEN" or _loopback(sock.address):
+            continue
+        holder = portholder.judge(sock, s, ctx.rt.host.euid())
+        if sock.port in ours and holder.kind in (portholder.DAEMON, portholder.UNKNOWN):
+            continue  # a running job's own daemon (unknown: its process unreadable to a doctor that is not root)
+        line = f"{sock.address}:{sock.port} held by {holder.text}"
+        (roots if holder.uid == 0 or holder.kind == portholder.DAEMON else users).append(line)
+    if roots:
+        why = f"listeners in the [ports] ranges that are no job's daemon: {_listed(roots)}; jobs mapped there fail"
+        return Check("ports.listening", FAIL, why, "stop them (a stale daemon: imexctl cleanup), or move the ranges")
+    if users:
+        why = (
+            f"local users listen in the [ports] ranges: {_listed(users)}; a job mapped there fails its prolog "
+            "(port_held) and drains the tray"
+        )
+        return Check("ports.listening", WARN, why, f"end them, and keep users off the ranges with {portholder.GUARD}")
     return Check("ports.listening", OK, "nothing but the jobs' own daemons listens in the [ports] ranges")
+
+
+def _loopback(address: str) -> bool:
+    return address.startswith("127.") or address == "::1"
+
+
+def _listed(lines: list[str], most: int = 5) -> str:
+    return "; ".join(lines[:most]) + (f"; and {len(lines) - most} more" if len(lines) > most else "")
+
+
+#: the unit whose processes the port guard must keep off the [ports] ranges: every login
+GUARDED: Final = "user.slice"
+#: the unit it may guard too: cgroup/v2 Slurm's job steps (its plugin's scope: SchedMD/slurm
+#: src/plugins/cgroup/v2/cgroup_v2.c; design.md source slurm-stepd-scope). Not required: imexctl netcheck binds
+#: the ranges from a job step, and proctrack/cgroup ends a job's processes with the job
+JOBS_SCOPE: Final = "slurmstepd.scope"
+#: where systemd reads a unit's drop-ins (``<dir>/<unit>.d/*.conf``); a file name in an earlier one hides it later
+_DROPIN_DIRS: Final = (
+    "/etc/systemd/system.control",
+    "/run/systemd/system.control",
+    "/etc/systemd/system",
+    "/run/systemd/system",
+    "/usr/local/lib/systemd/system",
+    "/usr/lib/systemd/system",
+    "/lib/systemd/system",
+)
+#: a SocketBindAllow=/SocketBindDeny= rule as written in a unit file or as ``systemctl show`` prints it
+#: (``tcp61000-62999``, ``ipv4:tcp:61000-61999``, ``ipv6``, ``any``): systemd.resource-control(5)
+_BIND_RULE: Final = re.compile(r"(?:(ipv4|ipv6):?)?(?:(tcp|udp):?)?(?:(\d+)(?:-(\d+))?)?", re.IGNORECASE)
+
+
+def _guard(ctx: Context) -> Check:
+    """The port guard: does systemd refuse bind() in the ``[ports]`` ranges to every login (issue 41)?
+
+    Read live: ``systemctl --version`` (SocketBindDeny= needs systemd built
+    with BPF_FRAMEWORK), a unified cgroup hierarchy, and :data:`GUARDED` by
+    ``systemctl show``, against the configured ranges, TCP over IPv4 and
+    IPv6.  :data:`JOBS_SCOPE` is judged only when it has a rule (a scope that
+    does not run now: by its drop-in files): one that leaves ports open WARNs,
+    none is said in the OK line.
+    """
+    s = ctx.rt.settings
+    ranges = (s.ports.server_port_range, s.ports.cmd_port_range)
+    shown = f"{ranges[0][0]}-{ranges[0][1]} and {ranges[1][0]}-{ranges[1][1]}"
+    fix = (
+        "install the port guard with these ranges (/usr/share/imexctl/systemd/port-guard.slice.conf as "
+        "/etc/systemd/system/user.slice.d/imexctl-port-guard.conf, docs/install.md, or the Ansible role's "
+        "imexctl_port_guard) on a systemd built with BPF_FRAMEWORK"
+    )
+    props = "--property=Id,LoadState,SocketBindAllow,SocketBindDeny"
+    try:
+        version = ctx.rt.host.run((s.commands.systemctl, "--version"), timeout_s=_SYSTEMCTL_TIMEOUT_S)
+        show = (s.commands.systemctl, "show", props, "--", GUARDED, JOBS_SCOPE)
+        done = ctx.rt.host.run(show, timeout_s=_SYSTEMCTL_TIMEOUT_S)
+        problem = "" if done.returncode == 0 else f"exit {done.returncode}: {done.stderr.strip()}"
+    except CommandError as exc:
+        problem = str(exc)
+    if problem:
+        why = f"cannot ask systemd ({problem}): no port guard known, and a local user can hold a job's port"
+        return Check("ports.guard", WARN, why, fix)
+    first = (version.stdout.splitlines() or ["systemd"])[0].strip()
+    problems, jobs_open = _guard_problems(ctx, version.stdout, _shown_units(done.stdout), ranges)
+    if problems:
+        why = "; ".join(problems) + f": a local user can hold a job's port in {shown} and fail its prolog (port_held)"
+        return Check("ports.guard", WARN, why, fix)
+    scope = (
+        f"{JOBS_SCOPE} too" if not jobs_open else f"{JOBS_SCOPE} does not (the jobs' steps; optional, docs/security.md)"
+    )
+    return Check("ports.guard", OK, f"{GUARDED} refuses bind() in {shown} ({first}, BPF_FRAMEWORK); {scope}")
+
+
+def _guard_problems(
+    ctx: Context, version: str, found: dict[str, dict[str, list[str]]], ranges: tuple[tuple[int, int], ...]
+) -> tuple[list[str], str]:
+    """What keeps the guard from holding (systemd's build, cgroups, the rules), and what the jobs' scope leaves open."""
+    problems = []
+    first = (version.splitlines() or ["systemd"])[0].strip()
+    if "+BPF_FRAMEWORK" not in version.split():
+        problems.append(f"{first} is built without BPF_FRAMEWORK: it takes SocketBindDeny= and enforces nothing")
+    if not any(under_root(ctx, d).joinpath("cgroup.controllers").exists() for d in _UNIFIED):
+        problems.append("no unified cgroup hierarchy: systemd enforces no SocketBindDeny=")
+    rules = {}
+    for unit in (GUARDED, JOBS_SCOPE):  # a unit that does not run now (a scope slurmd has not made): its drop-ins
+        loaded = found.get(unit, {}).get("LoadState", [""])[0] == "loaded"
+        rules[unit] = found[unit] if loaded else _dropin_rules(ctx, unit)
+    open_to = _unguarded(rules[GUARDED].get("SocketBindDeny", []), rules[GUARDED].get("SocketBindAllow", []), ranges)
+    if open_to:
+        problems.append(f"{GUARDED} lets its processes bind {open_to}")
+    jobs = rules[JOBS_SCOPE]
+    jobs_open = _unguarded(jobs.get("SocketBindDeny", []), jobs.get("SocketBindAllow", []), ranges)
+    if jobs.get("SocketBindDeny") and jobs_open:
+        problems.append(f"{JOBS_SCOPE} has a rule that lets its processes bind {jobs_open}")
+    return problems, jobs_open
+
+
+#: where a unified (cgroup v2) hierarchy is mounted: alone, or beside v1 (hybrid)
+_UNIFIED: Final = ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")
+
+
+def _shown_units(text: str) -> dict[str, dict[str, list[str]]]:
+    """``systemctl show`` of several units: unit -> property -> every value (a list property: one line each)."""
+    units: dict[str, dict[str, list[str]]] = {}
+    for block in text.split("\n\n"):
+        props: dict[str, list[str]] = {}
+        for line in block.splitlines():
+            key, sep, value = line.partition("=")
+            if sep:
+                props.setdefault(key, []).append(value)
+        if props.get("Id"):
+            units[props["Id"][0]] = props
+    return units
+
+
+def _dropin_rules(ctx: Context, unit: str) -> dict[str, list[str]]:
+    """SocketBindAllow=/SocketBindDeny= of ``unit``'s drop-in files (a unit not loaded now: a scope to come)."""
+    files: dict[str, Path] = {}
+    for base in _DROPIN_DIRS:
+        try:
+            for path in sorted(under_root(ctx, base).joinpath(f"{unit}.d").glob("*.conf")):
+                files.setdefault(path.name, path)
+        except OSError:
+            continue
+    rules: dict[str, list[str]] = {"SocketBindAllow": [], "SocketBindDeny": []}
+    for name in sorted(files):
+        try:
+            text = read_text_nofollow(files[name])
+        except (OSError, ValueError):
+            continue
+        for line in text.splitlines():
+            key, sep, value = line.strip().partition("=")
+            if sep and key.strip() in rules:
+                values = rules[key.strip()]
+                if value.strip():
+                    values.append(value.strip())
+                else:
+                    values.clear()  # an empty assignment resets the list
+    return rules
+
+
+def _unguarded(deny: list[str], allow: list[str], ranges: tuple[tuple[int, int], ...]) -> str:
+    """Which of the ranges' TCP ports a unit with these rules still lets bind, in words ('' for none)."""
+    ports = {n for a, b in ranges for n in range(a, b + 1)}
+    words = []
+    for family in ("ipv4", "ipv6"):
+        denied = _matched(deny, family)
+        allowed = _matched(allow, family)
+        left = {n for n in ports if n not in denied or n in allowed}
+        if left:
+            words.append(f"{len(left)} of their ports over {family.replace('ip', 'IP')}")
+    return " and ".join(words)
+
+
+def _matched(rules: list[str], family: str) -> set[int]:
+    """The TCP ports of ``family`` that ``rules`` match (``any``: all); rules systemd would refuse match none."""
+    out: set[int] = set()
+    for rule in rules:
+        if rule.strip().lower() == "any":
+            return set(range(1, 65536))
+        m = _BIND_RULE.fullmatch(rule.strip())
+        if m is None or (m.group(1) and m.group(1).lower() != family) or (m.group(2) and m.group(2).lower() != "tcp"):
+            continue
+        lo = int(m.group(3)) if m.group(3) else 1
+        hi = int(m.group(4)) if m.group(4) else (lo if m.group(3) else 65535)
+        out |= set(range(lo, hi + 1))
+    return out
 
 
 # ---------------------------------------------------------------- NVML

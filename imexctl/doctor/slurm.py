@@ -425,12 +425,39 @@ def _switch(conf: slurmconf.SlurmConf, s: Settings) -> Check:
     return Check("slurm.switch", OK, f"SwitchType={switch or '(unset)'}: the job's channel comes from {who}")
 
 
+def _unplaced(conf: slurmconf.SlurmConf, ctx: Context) -> str:
+    """Why this node's IMEX channel has no place without a topology source ('' when it has one, or needs none).
+
+    Without a topology source the channel's clique is slurm.conf's nodes; a
+    node it does not list (a dynamic node) has no place, and its prologs
+    refuse IMEX (design.md "The channel rule").
+    """
+    from imexctl.slurm import nodeaddr
+
+    if ctx.rt.settings.policy.channels != "job" or (conf.get("SwitchType") or "").strip() == "switch/nvidia_imex":
+        return ""
+    try:
+        names = nodeaddr.node_names(conf)
+    except ConfigError as exc:
+        return f"no topology source, and slurm.conf's node lines cannot be read ({exc}): its prologs refuse IMEX"
+    if ctx.node in names:
+        return ""
+    return (
+        f"no topology source, and slurm.conf does not list this node {ctx.node} (a dynamic node?): with [policy] "
+        "channels = job its IMEX channel has no place in its NVLink clique, and its prologs refuse IMEX"
+    )
+
+
 def _topology(conf: slurmconf.SlurmConf, ctx: Context) -> list[Check]:
     from imexctl.slurm import topofile
 
     s = ctx.rt.settings
     if s.topology.source == "none":
         plugin = (conf.get("TopologyPlugin") or "").strip()
+        unplaced = _unplaced(conf, ctx)
+        if unplaced:
+            fix = "set [topology] source and [paths] topology_file to a file that names every tray (docs/topology.md)"
+            return [Check("slurm.topology", FAIL, unplaced, fix)]
         if plugin == "topology/block":
             why = "Slurm places jobs by blocks, but imexctl makes one domain of all a job's trays"
             fix = "set [paths] topology_file to the blocks' topology.conf (docs/topology.md)"

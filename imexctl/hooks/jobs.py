@@ -14,18 +14,22 @@ from imexctl.hooks.runtime import Runtime
 from imexctl.hooks.state import JobState, job_ids, read_state
 from imexctl.imex import daemon
 from imexctl.platform import Record
+from imexctl.platform.errors import ImexctlError
 from imexctl.platform.host import ProcInfo
 from imexctl.slurm import nodefold
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from imexctl.config.settings import Daemon
     from imexctl.slurm.slurmctld import JobRecord
 
 __all__ = [
     "CLOCK_SLACK_S",
     "GONE",
     "Liveness",
+    "daemon_left",
     "epilog_pending",
+    "epilog_waits",
     "known_jobs",
     "not_here",
     "other_run",
@@ -123,25 +127,68 @@ def still_runs_here(job_id: int, rt: Runtime, *, node: str, slurm_conf: str) -> 
     return Liveness(False, why=gone) if gone else live
 
 
-def epilog_pending(job_id: int, rt: Runtime) -> bool:
-    """Whether the job's epilog began here so recently that it may still be waiting for the node lock.
+def daemon_left(job_id: int, rt: Runtime, state: JobState | None) -> str:
+    """The daemon of job ``job_id`` that runs here by the one rule (:func:`imexctl.imex.daemon.daemon_runs`), named.
 
-    The epilog marks the job ``ended`` *before* it takes the node lock
-    (``teardown._mark_ended``), so for a moment, or while another hook holds
-    the lock, a job can look ended with its daemon alive and the lock free.
-    An epilog takes at most ``[daemon] lock_timeout_s`` for the lock, then
-    ``stop_timeout_s`` and ``kill_grace_s`` for the daemon: until that much
-    time (and a margin) has passed since the mark, what it left is no fault
-    yet (``imexctl health``, ``imexctl doctor``).
+    ``daemon pid 4001`` when ``/proc`` shows it; else, when the job's backend
+    (``state``'s, the configured one without a state) says it runs though the
+    scan misses it (its program moved under it), what that backend knows:
+    ``daemon (unit imexctl-imex@7.service, pid 4001: its systemd backend says
+    it runs, ...)``.  '' when none runs, or the backend cannot be asked: no
+    daemon is claimed then.
+    """
+    jd = rt.settings.paths.job(job_id)
+    procs = daemon.job_processes(rt.host, rt.settings, jd.config)
+    if procs:
+        return f"daemon pid {', '.join(str(p.pid) for p in procs)}"
+    name = state.backend if state is not None else rt.settings.daemon.backend
+    if name == "none" or daemon.daemon_runs(rt.host, rt.settings, jd, name, found=procs) is not True:
+        return ""
+    try:  # what the backend knows of it, for the admin
+        info = daemon.make_backend(rt.host, rt.settings, name).info(jd)
+        known = ", ".join([*([f"unit {info.unit}"] if info.unit else []), *([f"pid {info.pid}"] if info.pid else [])])
+    except (ImexctlError, OSError):
+        known = ""
+    seen = f"its {name} backend says it runs, /proc does not show it as [commands] nvidia_imex"
+    return f"daemon ({known}: {seen})" if known else f"daemon ({seen})"
+
+
+def epilog_pending(job_id: int, rt: Runtime) -> bool:
+    """Whether the job's epilog began here and may still be working: its leftovers are no fault yet.
+
+    The epilog marks the job ``ended`` *before* it waits for the job's
+    processes and takes the node lock (``teardown._mark_ended``), so for a
+    while, without the lock held, a job can look ended with its daemon alive.
+    With the mark it records its own deadline (``epilog_deadline``: every wait
+    it makes from there on, with the settings it read, :func:`epilog_waits`);
+    until then what it left is no fault (``imexctl health``, ``imexctl
+    doctor``).  A state an older version marked has no deadline: then every
+    wait of today's settings counts from the mark, as one domain's.  The
+    clock is the tray's (``host.time``), as the mark's.
     """
     state = read_state(rt.settings.paths.job(job_id))
     if state is None or not state.ended:
         return False
     d = rt.settings.daemon
-    return rt.host.time() - state.ended < d.lock_timeout_s + d.stop_timeout_s + d.kill_grace_s + _EPILOG_SLACK_S
+    deadline = state.epilog_deadline or state.ended + epilog_waits(d, d.process_wait_s)
+    return rt.host.time() < deadline
 
 
-#: what an epilog may take beyond its waits: its start-up and its other steps
+def epilog_waits(d: Daemon, process_wait_s: float, domains: int = 1) -> float:
+    """The longest an epilog works from its mark on, in seconds, by its settings ``d``.
+
+    It waits for the job's processes that hold the driver (``process_wait_s``:
+    what is left of ``[daemon] process_wait_s``, which counts from the
+    epilog's start once for all the job's domains), then for each of its
+    ``domains`` left on the tray (the job's own and its het job's): for the
+    node lock (``lock_timeout_s``), for the daemon's stop (``stop_timeout_s``)
+    and its SIGKILL grace (``kill_grace_s``), and its other steps
+    (:data:`_EPILOG_SLACK_S`).
+    """
+    return process_wait_s + domains * (d.lock_timeout_s + d.stop_timeout_s + d.kill_grace_s + _EPILOG_SLACK_S)
+
+
+#: what an epilog may take beyond its waits for each domain: its start-up and its other steps
 _EPILOG_SLACK_S = 10.0
 
 

@@ -27,10 +27,13 @@ __all__ = [
     "block_label",
     "channel_place",
     "check_own",
+    "cliques",
     "cross_check",
     "domain_members",
     "job_domain",
+    "keyless_blocks",
     "largest_clique",
+    "load_map",
     "load_source",
     "name_key",
     "parse_hosts_file",
@@ -58,13 +61,13 @@ def job_domain(
         ConfigError: a source that cannot be read or parsed, this node in no block or not in the map.
         TopologyMismatch: the source gives this tray another key than NVML.
     """
-    paths = settings.paths
     if source is True or source is False:  # not given: read here
         source = load_source(settings)
     trays = domain_members(nodes, me, source)
     checks = [(source, False)] if source is not None else []
-    if paths.topology_map is not None:
-        checks.append((topofile.load("map", paths.topology_map), True))
+    key_map = load_map(settings)
+    if key_map is not None:
+        checks.append((key_map, True))
     cross_check(me, nvml_key, checks)
     if source is not None:
         _log_split(nodes, me, source, len(trays), nvml_key, log)
@@ -81,6 +84,16 @@ def load_source(settings: Settings) -> BlockMap | None:
     if topo.source == "none" or paths.topology_file is None:
         return None
     return topofile.load(topo.source, paths.topology_file, topo.yaml_topology)
+
+
+def load_map(settings: Settings) -> BlockMap | None:
+    """``[paths] topology_map``, the ``NODE KEY`` map of every tray's NVLink domain key; None without one.
+
+    Raises:
+        ConfigError: the file cannot be read or parsed.
+    """
+    path = settings.paths.topology_map
+    return None if path is None else topofile.load("map", path)
 
 
 def block_label(me: str, source: BlockMap | None, key: str | None) -> str:
@@ -119,26 +132,29 @@ class Place(Record):
     position: int
     #: how many trays the clique has
     trays: int
-    #: what the clique is, for the log: ``block b1``, ``slurm.conf``, ``none``
+    #: what the clique is, for the log: ``block b1``, ``every block of <file>``, ``slurm.conf``, ``none``
     clique: str
     #: why the domain has no place (then position 0 of a clique of 1: the job-id rule); '' when it has one
     unplaced: str = ""
 
 
-def channel_place(trays: Sequence[str], source: BlockMap | None, slurm_nodes: Sequence[str] | None) -> Place:
+def channel_place(
+    trays: Sequence[str], source: BlockMap | None, slurm_nodes: Sequence[str] | None, key_map: BlockMap | None = None
+) -> Place:
     """Where the domain of ``trays`` stands in its NVLink clique: every tray of the domain computes the same.
 
-    With a topology source the clique is the domain's block, with every block
-    the source gives the same NVML key (a clique split over several blocks),
-    its trays sorted by name: the same order on every tray whatever the order
-    of the file.  Without a source the trays' NVLink cliques are unknown, so
-    the clique is every node of slurm.conf, in Slurm's order (``slurm_nodes``);
-    without that list, or with a tray it does not name (a dynamic node), the
-    domain has no place.
+    With a topology source the clique is the domain's block merged with every
+    block of the same NVLink domain key (:func:`cliques`: a clique split over
+    several blocks), its trays sorted by name: the same order on every tray
+    whatever the order of the file.  ``key_map`` is ``[paths] topology_map``,
+    which gives keys to a file's blocks.  Without a source the trays' NVLink
+    cliques are unknown, so the clique is every node of slurm.conf, in
+    Slurm's order (``slurm_nodes``); without that list, or with a tray it
+    does not name (a dynamic node), the domain has no place.
     """
     if source is not None:
-        block = source.block_of[trays[0]]
-        where, name = {n: i for i, n in enumerate(_clique(source, block))}, f"block {block}"
+        clique, name = _clique_of(source, trays[0], key_map)
+        where = {n: i for i, n in enumerate(clique)}
     elif slurm_nodes is None:
         return Place(0, 1, "none", "no topology source and no slurm.conf")
     else:
@@ -149,15 +165,57 @@ def channel_place(trays: Sequence[str], source: BlockMap | None, slurm_nodes: Se
     return Place(min(where[t] for t in trays), len(where), name)
 
 
-def largest_clique(source: BlockMap) -> int:
+def largest_clique(source: BlockMap, key_map: BlockMap | None = None) -> int:
     """How many trays the largest NVLink clique of the source has (its channel numbers wrap beyond the count)."""
-    return max((len(_clique(source, b)) for b in set(source.block_of.values())), default=0)
+    return max((len(c) for c in cliques(source, key_map)), default=0)
 
 
-def _clique(source: BlockMap, block: str) -> list[str]:
-    """The trays of ``block`` and of every block the source gives the same key, sorted by name."""
-    key = source.keys.get(block)
-    return sorted(n for n, b in source.block_of.items() if b == block or (key and source.keys.get(b) == key))
+def cliques(source: BlockMap, key_map: BlockMap | None = None) -> list[list[str]]:
+    """The source's NVLink cliques, each its trays sorted by name: blocks merged by their NVLink domain keys.
+
+    A block's keys are its ``imexctl-key`` (a map's blocks are keys) and,
+    with ``key_map`` (``[paths] topology_map``), the keys the map gives its
+    trays; blocks that share a key are one clique.  When some block has no
+    key (:func:`keyless_blocks`) nothing tells which blocks it shares a
+    clique with: then the whole source is one clique, every tray of it.
+    """
+    keys = _block_keys(source, key_map)
+    if not all(keys.values()):
+        return [sorted(source.block_of)]
+    groups: list[tuple[set[str], set[str]]] = []  # (keys, blocks) of each clique found so far
+    for block in sorted(keys):
+        linked = [g for g in groups if g[0] & keys[block]]
+        merged = (keys[block].union(*(g[0] for g in linked)), {block}.union(*(g[1] for g in linked)))
+        groups = [*(g for g in groups if g not in linked), merged]
+    return sorted(sorted(n for n, b in source.block_of.items() if b in blocks) for _, blocks in groups)
+
+
+def keyless_blocks(source: BlockMap, key_map: BlockMap | None = None) -> list[str]:
+    """The blocks without an NVLink domain key: no ``imexctl-key``, and not every tray of them in ``key_map``."""
+    return sorted(block for block, keys in _block_keys(source, key_map).items() if not keys)
+
+
+def _block_keys(source: BlockMap, key_map: BlockMap | None) -> dict[str, set[str]]:
+    """Each block's keys: its own, and those ``key_map`` gives its trays when it gives every one of them a key."""
+    trays: dict[str, list[str]] = {}
+    for node, block in source.block_of.items():
+        trays.setdefault(block, []).append(node)
+    out: dict[str, set[str]] = {}
+    for block, nodes in trays.items():
+        own = source.keys.get(block)
+        keys = {own} if own else set()
+        mapped = [key_map.key_of(n) for n in nodes] if key_map is not None else [None]
+        if all(mapped):
+            keys.update(k for k in mapped if k)
+        out[block] = keys
+    return out
+
+
+def _clique_of(source: BlockMap, tray: str, key_map: BlockMap | None) -> tuple[list[str], str]:
+    """The sorted trays of ``tray``'s clique (:func:`cliques`), and its name for the log."""
+    clique = next(c for c in cliques(source, key_map) if tray in c)
+    whole = keyless_blocks(source, key_map)
+    return clique, f"every block of {source.source}" if whole else f"block {source.block_of[tray]}"
 
 
 def cross_check(me: str, nvml_key: str | None, sources: Sequence[tuple[BlockMap, bool]]) -> None:

@@ -19,7 +19,7 @@ from imexctl.channels import devices
 from imexctl.config.paths import JobDir
 from imexctl.config.settings import Settings
 from imexctl.gpu.fabric import fabric_key
-from imexctl.hooks import members, requeue
+from imexctl.hooks import members, remnants, requeue
 from imexctl.hooks.gate import Skip, shared_reason, skipped_prolog
 from imexctl.hooks.jobs import other_run, scan_jobs, still_runs_here
 from imexctl.hooks.results import PrologResult, Setup, texts
@@ -42,7 +42,7 @@ from imexctl.platform.errors import (
 from imexctl.platform.fsutil import atomic_write, ensure_dir
 from imexctl.platform.host import Host, ProcInfo
 from imexctl.slurm import conf as slurmconf
-from imexctl.slurm import drain
+from imexctl.slurm import drain, nodefold
 from imexctl.slurm import slurmctld as slurmctl
 from imexctl.slurm.job import SHARING_UNKNOWN, JobContext, node_name
 from imexctl.slurm.topofile import BlockMap
@@ -120,23 +120,22 @@ def _on_signal(exc: Terminated, run: _Run, rt: Runtime) -> None:
 def _failed(exc: ImexctlError, run: _Run, rt: Runtime, env: Mapping[str, str]) -> PrologResult:
     """Exit 0 for a job that will not run here any more, if this tray did its part; else fail.
 
-    Only a tray whose own daemon got READY, and which waited for its peers in
-    vain, asks slurmctld: once, or under ``PrologFlags=DeferBatch`` until the
-    job is taken back or a window closes (``requeue``).  A tray whose own
-    daemon never got ready, or that is cut off, is broken whatever became of
-    the job, and is drained, with its own reason (``slurm.drain``).
+    A prolog whose domain never came up (``not_ready``) asks slurmctld before
+    it fails, whoever it thinks is at fault (``requeue.job_gone``): a tray sure
+    of its own fault (its daemon never got READY, or its verdict) once,
+    whether the job is over (a requeue is no end); any other whether the job
+    was taken back, once or under ``PrologFlags=DeferBatch`` until a window
+    closes.  Its roll-back is done by then; the drain comes after the answer.
+    Any other failure is the tray's whatever became of the job, and drains
+    it with its own reason (``slurm.drain``).
     """
-    # a tray that reached none of its peers is likely the broken one: it fails even if the job was requeued
-    timed_out = isinstance(exc, HealthTimeout) and exc.local_ready and not exc.isolated
-    if timed_out and run.job is not None and rt.settings.slurm.check_cancelled == "yes":
-        assert isinstance(exc, HealthTimeout)
+    if isinstance(exc, HealthTimeout) and run.job is not None and rt.settings.slurm.check_cancelled == "yes":
         elapsed = rt.host.monotonic() - run.t0
-        window = requeue.window_s(
-            rt, exc, elapsed_s=elapsed, hook_timeout_s=run.hook_timeout_s, defer_batch=run.defer_batch
+        state = requeue.job_gone(
+            rt, exc, run.job, elapsed_s=elapsed, hook_timeout_s=run.hook_timeout_s, defer_batch=run.defer_batch
         )
-        state = requeue.taken_back(rt, run.job.job_id, run.job.slurm_conf, window)
         if state is not None:
-            rt.log.info("prolog.job_ended", job_state=state, reason=str(exc))
+            rt.log.info("prolog.job_ended", job_state=state, reason=requeue.ended_reason(exc))
             return _done(rt, run.t0, job_ended=state)
     if not exc.logged:
         log_failed("prolog.done", exc, rt, run.t0)
@@ -456,12 +455,12 @@ def _setup(
     ``names`` gets each tray's address -> node name once they are resolved.
     """
     if not with_daemon:
-        return _setup_channel_only(job, trays, rt, place)
+        return _setup_channel_only(job, trays, rt, place, deadline)
     try:
         addresses = _resolve(job, trays, rt)
         names.update(zip(addresses, trays))
         own = addresses[trays.index(job.node)]
-        channel = _plan_channel(job, place, rt)
+        channel = _plan_channel(job, trays, place, rt, deadline)
         ports = _ports(job, rt)
         jd = _write_files(job, trays, addresses, ports, channel, rt)
         rt.step("files_written")
@@ -478,9 +477,11 @@ def _setup(
     return Setup(len(trays), chan, port=ports[0], cmd_port=ports[1], ready=ready.ready, blamed=tuple(ready.blamed))
 
 
-def _setup_channel_only(job: JobContext, trays: tuple[str, ...], rt: Runtime, place: members.Place | None) -> Setup:
+def _setup_channel_only(
+    job: JobContext, trays: tuple[str, ...], rt: Runtime, place: members.Place | None, deadline: float
+) -> Setup:
     """``[policy] single_tray = channel``: the job's channel and its state, no daemon."""
-    channel = _plan_channel(job, place, rt)
+    channel = _plan_channel(job, trays, place, rt, deadline)
     jd = rt.settings.paths.job(job.job_id)
     try:
         ensure_dir(jd.path, 0o755, private_from=rt.settings.paths.run_dir)
@@ -529,35 +530,57 @@ def _channel_place(trays: tuple[str, ...], source: BlockMap | None, run: _Run, r
     ``SwitchType=switch/nvidia_imex``: that plugin gives each step its own
     channel in a private mount namespace and removes host channel nodes when
     slurmd starts, so a channel of imexctl's would be invisible to the job
-    (design.md source slurm-switch-imex).  Without a topology source the clique
-    is slurm.conf's nodes; a domain that has no place there, under slurmd, is
-    logged (``imex.channel.unplaced``): its number is then the job id's.
+    (design.md source slurm-switch-imex).  The clique is the topology
+    source's (its blocks merged by ``[paths] topology_map``'s keys too), or
+    without one slurm.conf's nodes.  Under slurmd (``SLURM_CONF`` given) a
+    domain that has no place there (a tray slurm.conf does not list) is
+    refused before anything starts: the job-id rule it would fall back to
+    can meet a placed domain's number.  Outside slurmd (``imexctl demo``,
+    the simulator) it gets the job-id rule.
+
+    Raises:
+        ConfigError: under slurmd, the domain has no place; the map cannot be read.
     """
     if rt.settings.policy.channels != "job":
         return None
     if run.slurm_channels:
         rt.log.info("imex.channels.slurm", reason="slurm.conf: SwitchType=switch/nvidia_imex owns the channels")
         return None
-    names = None
-    if source is None and run.conf is not None:
+    slurm_conf = run.job.slurm_conf if run.job is not None else ""
+    if source is not None:
+        return members.channel_place(trays, source, None, members.load_map(rt.settings))
+    names, why = None, f"no topology source, and slurm.conf {slurm_conf} could not be read"
+    if run.conf is not None:
         from imexctl.slurm import nodeaddr
 
         try:
             names = nodeaddr.node_names(run.conf)
         except ConfigError as exc:
-            rt.log.warning("imex.channel.unplaced", reason=str(exc))
-            return members.Place(0, 1, "none", str(exc))
-    place = members.channel_place(trays, source, names)
-    if place.unplaced and run.conf is not None:
-        rt.log.warning("imex.channel.unplaced", reason=place.unplaced)
+            why = f"no topology source, and {exc}"
+    place = members.channel_place(trays, None, names)
+    if place.unplaced and slurm_conf:
+        raise ConfigError(
+            f"the IMEX channel of this domain ({nodefold.fold(list(trays))}) has no place in its NVLink clique: "
+            f"{why if names is None else place.unplaced}, and a number from the job id alone could be another "
+            "domain's; refusing IMEX before starting anything: give [topology] source a topology file that names "
+            "every tray (imexctl topology blocks), or list the trays in slurm.conf"
+        )
     return place
 
 
-def _plan_channel(job: JobContext, place: members.Place | None, rt: Runtime) -> tuple[int, int, Path] | None:
+def _plan_channel(
+    job: JobContext, trays: tuple[str, ...], place: members.Place | None, rt: Runtime, deadline: float
+) -> tuple[int, int, Path] | None:
     """``(major, minor, path)`` of the job's channel at ``place`` (None: imexctl makes no channel).
 
     Checked before anything starts: the driver must have channels, and the
-    minor must lie below the driver's ``NVreg_ImexChannelCount``.
+    minor must lie below the driver's ``NVreg_ImexChannelCount``.  Then, still
+    before the daemon starts (so its peers cannot form the domain either),
+    the wait for a domain torn down here with the same number that may live
+    on in the clique (``remnants.wait_gone``, until ``deadline``).
+
+    Raises:
+        DomainBusyError: such a domain outlived the deadline.
     """
     s, paths = rt.settings, rt.settings.paths
     if place is None:
@@ -565,6 +588,7 @@ def _plan_channel(job: JobContext, place: members.Place | None, rt: Runtime) -> 
     major = devices.read_major(paths.proc_devices)
     minor = devices.channel_minor(job.job_id, s.policy.channel_count, place.position, place.trays)
     devices.check_minor(minor, devices.driver_channel_count(paths.nvidia_params), s.policy.channel_count)
+    remnants.wait_gone(job.job_id, minor, trays, rt, slurm_conf=job.slurm_conf, deadline=deadline)
     return major, minor, devices.channel_path(paths.channel_dir, minor)
 
 
@@ -618,10 +642,17 @@ def _write_files(
 
 
 def _start(jd: JobDir, own: str, ports: tuple[int, int], rt: Runtime) -> None:
-    """Refuse ports that are taken (a stale daemon?), then start the daemon through the backend."""
+    """Refuse ports that are taken, naming who holds them, then start the daemon through the backend.
+
+    Only an IMEX daemon in the way is ``domain_busy`` (a stale daemon); any
+    other holder, a local user's process above all, is ``port_held`` and named
+    by pid, uid and command (``hooks.portholder``, read only on this path).
+    """
     for key, port in zip(("SERVER_PORT", "IMEX_CMD_PORT"), ports):
         if rt.host.port_in_use(own, port):
-            raise DomainBusyError(f"{key} {own}:{port} is in use (a stale IMEX daemon?)")
+            from imexctl.hooks import portholder
+
+            raise portholder.refusal(key, own, port, rt)
     daemon.make_backend(rt.host, rt.settings).start(jd)
     rt.log.info("imex.daemon.started", backend=rt.settings.daemon.backend, port=ports[0], cmd_port=ports[1])
 

@@ -1,13 +1,34 @@
-"""Whether slurmctld took the job back, for a prolog about to fail because its domain never formed.
+"""Whether a prolog whose domain never formed may exit 0: what slurmctld says about its job, asked before it fails.
 
-A tray whose own daemon got READY but whose domain did not come up is not
-broken itself, as far as it can tell: a peer is.  If that peer's prolog
-fails, Slurm requeues the job (or cancels it), and this tray should exit 0
-rather than be drained for the peer's fault.  Whether the requeue has landed
-when this tray asks is a matter of timing: all trays reach their deadline
-together, and the broken tray's failure reaches slurmctld only after its own
-roll-back.  So, where it is safe, a tray asks again over a window
-(issue 32 §3, issue 34 §5):
+Every tray asks before a ``not_ready`` failure drains it (``[slurm]
+check_cancelled``), whoever it thinks is at fault, but the two kinds of
+tray ask different questions (docs/design.md "Jobs that Slurm ends,
+splits or restarts"):
+
+- **A tray sure of its own fault** (``own_fault``: its daemon never got
+  READY, or the verdict says the fault is its own, ``hooks/verdict.py``)
+  asks once whether the job is *over*: cancelled, completed, failed, timed
+  out (``JobRecord.over``).  Its evidence cannot tell a blocked port from
+  peers that left because the job was cancelled (their epilogs stop their
+  daemons, and the others then look as if they formed the domain without
+  it: issue 41), so it must not be drained for a job that is over.  A job
+  that went back to the queue is no end: another tray's failure requeued
+  it, it will run again, and this tray may be broken too, so it fails and
+  is drained as before.  It never waits: it asks right after its roll-back
+  and before its drain, so its own failure still reaches slurmctld first
+  and its peers, which wait longer, see the requeue it causes.
+- **A tray whose own daemon got READY** but whose domain did not come up
+  is not broken itself, as far as it can tell: a peer is.  If that peer's
+  prolog fails, Slurm requeues the job (or cancels it), and this tray
+  should exit 0 rather than be drained for the peer's fault: it asks
+  whether the job was *taken back* (``wants_to_start``: requeues count).
+  Whether the requeue has landed when this tray asks is a matter of
+  timing: all trays reach their deadline together, and the broken tray's
+  failure reaches slurmctld only after its own roll-back and its one
+  question.  So, where it is safe, a tray asks again over a window
+  (issue 32 §3, issue 34 §5).
+
+The window:
 
 - **Where it is safe**: with ``PrologFlags=Alloc,DeferBatch`` (no ``NoHold``)
   slurmctld launches the batch script only once every tray's prolog has
@@ -30,9 +51,6 @@ roll-back.  So, where it is safe, a tray asks again over a window
   fault is elsewhere waits it out.  So the tray that is sure of its own
   fault fails at once, a tray in doubt next, and the healthy ones last: each
   can still see the requeue the one before caused.
-
-A tray sure of its own fault (``HealthTimeout.local_ready`` false, or
-``isolated``) never asks: it fails, whatever became of the job.
 """
 
 from __future__ import annotations
@@ -40,12 +58,74 @@ from __future__ import annotations
 from imexctl.hooks.runtime import Runtime
 from imexctl.platform.errors import HealthTimeout
 from imexctl.slurm import slurmctld as slurmctl
+from imexctl.slurm.job import JobContext
 
-__all__ = ["FIRST_PAUSE_S", "MAX_PAUSE_S", "taken_back", "window_s"]
+__all__ = [
+    "FIRST_PAUSE_S",
+    "MAX_PAUSE_S",
+    "ended_reason",
+    "job_gone",
+    "job_over",
+    "own_fault",
+    "taken_back",
+    "window_s",
+]
 
 #: the pauses between questions: doubling from the first, at most the second
 FIRST_PAUSE_S = 0.25
 MAX_PAUSE_S = 1.0
+
+
+def own_fault(exc: HealthTimeout) -> bool:
+    """Whether the tray's evidence says the fault is its own: its daemon never got READY, or its verdict is ``own``."""
+    return not exc.local_ready or exc.isolated
+
+
+def job_gone(
+    rt: Runtime,
+    exc: HealthTimeout,
+    job: JobContext,
+    *,
+    elapsed_s: float,
+    hook_timeout_s: float | None,
+    defer_batch: bool,
+) -> str | None:
+    """The job's state when the prolog about to fail with ``exc`` may exit 0 instead; None: it fails.
+
+    A tray sure of its own fault asks once whether the job is over
+    (:func:`job_over`); any other asks whether it was taken back, over
+    :func:`window_s` (:func:`taken_back`).  The arguments after ``job`` are
+    :func:`window_s`'s.
+    """
+    if own_fault(exc):
+        return job_over(rt, job)
+    window = window_s(rt, exc, elapsed_s=elapsed_s, hook_timeout_s=hook_timeout_s, defer_batch=defer_batch)
+    return taken_back(rt, job.job_id, job.slurm_conf, window)
+
+
+def job_over(rt: Runtime, job: JobContext) -> str | None:
+    """The job's state, asked once, when slurmctld says it will not run again (``JobRecord.over``); else None.
+
+    None too when slurmctld cannot be asked, does not know the job or
+    answers oddly: a broken tray is never let off on a guess.
+    """
+    found = slurmctl.job_record(job.job_id, rt.host, rt.settings, job.slurm_conf)
+    return found.state if found is not None and found.over(job.restarts) else None
+
+
+def ended_reason(exc: HealthTimeout) -> str:
+    """What ``prolog.job_ended`` says the prolog would have failed with.
+
+    A tray sure of its own fault says how the wait ended and no more: its
+    peers may have gone away with the job, so its verdict (whose text blames
+    its own ports or interfaces) is no finding.
+    """
+    if not own_fault(exc):
+        return str(exc)
+    return (
+        f"IMEX not ready after {exc.waited_s:.1f}s ({exc.attempts} probes): {exc.last_status}; "
+        "the job ended while it waited: its peers may have left with it, so nothing here is blamed on this tray"
+    )
 
 
 def window_s(

@@ -24,8 +24,11 @@ def write_state(jd: JobDir, state: JobState) -> None:
     atomic_write(jd.state, jobstate.encode(state), mode=0o644)
 
 
-def mark_state(jd: JobDir, *, set_up: float = 0.0, ended: float = 0.0) -> bool:
+def mark_state(jd: JobDir, *, set_up: float = 0.0, ended: float = 0.0, deadline: float = 0.0) -> bool:
     """Record when the prolog finished setting up or the epilog began, in the job's state; False without one.
+
+    ``deadline``, with ``ended``: by when that epilog has finished at the latest
+    (``jobs.epilog_pending`` reads it).
 
     Raises:
         OSError: the state cannot be written.
@@ -33,7 +36,8 @@ def mark_state(jd: JobDir, *, set_up: float = 0.0, ended: float = 0.0) -> bool:
     state = read_state(jd)
     if state is None:
         return False
-    write_state(jd, state._replace(set_up=set_up or state.set_up, ended=ended or state.ended))
+    marked = state._replace(set_up=set_up or state.set_up, ended=ended or state.ended)
+    write_state(jd, marked._replace(epilog_deadline=deadline or state.epilog_deadline))
     return True
 
 

@@ -15,8 +15,9 @@ from typing import Any, Callable
 
 from imexctl.channels import devices, notes
 from imexctl.config.paths import JobDir
+from imexctl.hooks import remnants
 from imexctl.hooks.gate import domains, left_anything, nothing_left
-from imexctl.hooks.jobs import GONE, known_jobs, still_runs
+from imexctl.hooks.jobs import GONE, epilog_waits, known_jobs, still_runs
 from imexctl.hooks.results import Action, CleanupResult, EpilogResult
 from imexctl.hooks.runtime import Runtime, bind, log_failed
 from imexctl.hooks.state import JobState, job_ids, mark_state, node_lock, read_state
@@ -75,7 +76,10 @@ def teardown(job_id: int, rt: Runtime, *, dry_run: bool = False, owner: int | No
     """
     jd, steps = rt.settings.paths.job(job_id), _Steps(dry_run)
     state = read_state(jd)
-    with_backend = jd.exists() and not (state and state.backend == "none")  # "none": a channel-only job
+    if not dry_run:  # its channel, for a later prolog here while its other trays may hold it (design.md)
+        remnants.remember(state, rt)
+    # "none": a channel-only job; its directory gone, a daemon /proc misses is its backend's to stop (a unit)
+    with_backend = not (state and state.backend == "none") if jd.exists() else _daemon_of(jd, rt) == "unseen"
     if with_backend or daemon.job_processes(rt.host, rt.settings, jd.config, with_clients=True):
         steps.run(Action("stop_daemon", str(job_id)), lambda: _stop_daemon(jd, state, with_backend, rt))
         _step(rt, dry_run, "daemon_stopped")
@@ -180,9 +184,11 @@ def epilog(env: Mapping[str, str], rt: Runtime, job: JobContext | None = None) -
         bind(rt, job_id=job.job_id, node=job.node)
         notes.forget(str(rt.settings.paths.run_dir), job.job_id)
         until = t0 + rt.settings.daemon.process_wait_s  # one wait for all the job's domains here
-        for jid in domains(job):
+        ids = domains(job)
+        for n, jid in enumerate(ids):
             if _left_anything(rt.settings.paths.job(jid), rt):
-                _mark_ended(rt.settings.paths.job(jid), rt)  # first: even a lock timeout leaves it for cleanup
+                # first: even a lock timeout leaves it for cleanup; with the deadline of the waits to come
+                _mark_ended(rt.settings.paths.job(jid), rt, until, len(ids) - n)
                 busy += _wait_for_processes(jid, rt, until)  # without the lock: nothing of the tray changes
                 with node_lock(rt.settings.paths.lock_file, rt.host, rt.settings.daemon.lock_timeout_s):
                     rt.step("locked")
@@ -216,7 +222,10 @@ def _wait_for_processes(job_id: int, rt: Runtime, until: float) -> list[str]:
     imported memory only as a client of the driver, so those are the ones
     counted: processes of the job's user (the tray was the job's alone) with a
     ``/dev/nvidia*`` file open.  Only a domain whose daemon still runs is
-    waited for; a job of root's is not (root's own daemons hold the driver).
+    waited for, by the one rule (``daemon.daemon_runs``: a daemon that
+    ``/proc`` misses but its backend says runs, or whose backend cannot be
+    asked, is waited for too); a job of root's is not (root's own daemons
+    hold the driver).
 
     Returns:
         ``["the IMEX daemon of job N is stopped while ..."]`` when processes remain, else [].
@@ -225,7 +234,7 @@ def _wait_for_processes(job_id: int, rt: Runtime, until: float) -> list[str]:
     state = read_state(jd)
     if state is None or state.backend == "none" or state.uid == 0:
         return []
-    if not daemon.job_processes(rt.host, rt.settings, jd.config):
+    if daemon.daemon_runs(rt.host, rt.settings, jd, state.backend) is False:
         return []  # no daemon to stop: the driver has dealt with its clients already
     t0, pause = rt.host.monotonic(), 0.05
     while True:
@@ -299,8 +308,16 @@ def _epilog_done(
     return result
 
 
-def _mark_ended(jd: JobDir, rt: Runtime) -> None:
+def _mark_ended(jd: JobDir, rt: Runtime, until: float, domains_left: int) -> None:
     """Record in the job's state that its epilog runs here, so ``cleanup`` knows the job has ended.
+
+    With the mark goes the epilog's own deadline: every wait it makes from
+    here on, with the settings it read (``jobs.epilog_waits``): what is left
+    of its wait for the job's processes (until ``until``, the host's
+    monotonic clock), and for each of its ``domains_left`` (this one and
+    those after it) the lock, the stop and the kill.  Until then ``health``
+    and ``doctor`` take the job's leftovers for an epilog in flight
+    (``jobs.epilog_pending``).
 
     Written before the node lock is taken, so an epilog that times out on the
     lock still leaves its job to plain ``cleanup``.  Without the lock it may
@@ -312,19 +329,35 @@ def _mark_ended(jd: JobDir, rt: Runtime) -> None:
     write then fails, which is fine here.  Best effort: if the state cannot be
     written, teardown (which removes it) reports the problem.
     """
+    now, d = rt.host.time(), rt.settings.daemon
+    waits = epilog_waits(d, max(0.0, until - rt.host.monotonic()), domains_left)
     try:
-        mark_state(jd, ended=rt.host.time())
+        mark_state(jd, ended=now, deadline=now + waits)
     except OSError:
         pass
 
 
 def _left_anything(jd: JobDir, rt: Runtime) -> bool:
-    """``gate.left_anything`` as the full epilog looks: IMEX processes by its host."""
-    return left_anything(
-        str(jd.path),
-        str(jd.config),
-        has_process=lambda config: bool(daemon.job_processes(rt.host, rt.settings, Path(config), with_clients=True)),
-    )
+    """``gate.left_anything`` as the full epilog looks: the job's directory, or a daemon of it by the one rule."""
+    return left_anything(str(jd.path), str(jd.config), has_process=lambda _config: bool(_daemon_of(jd, rt)))
+
+
+def _daemon_of(jd: JobDir, rt: Runtime) -> str:
+    """Whether a daemon of the job runs here, by the one rule (``daemon.daemon_runs``): ``seen``, ``unseen`` or ''.
+
+    ``seen``: the host's scan finds it (or its ``nvidia-imex-ctl`` client);
+    ``unseen``: a process of root's names the job's config, the scan does not
+    take it for the daemon (its program moved under it), and the backend
+    (the configured one: this is for a job without its directory) says it
+    runs or cannot be asked.  A daemon and its client name the config, so
+    where no process of root's does, none runs and no backend is asked: an
+    idle epilog costs the one scan it always did.
+    """
+    if not rt.host.processes_with_arg(str(jd.config), uids={0, rt.host.euid()}):  # a daemon's owners
+        return ""
+    if daemon.job_processes(rt.host, rt.settings, jd.config, with_clients=True):
+        return "seen"
+    return "" if daemon.daemon_runs(rt.host, rt.settings, jd, found=[]) is False else "unseen"
 
 
 def cleanup(rt: Runtime, *, job_id: int | None = None, dry_run: bool = False, force: bool = False) -> CleanupResult:
@@ -332,12 +365,14 @@ def cleanup(rt: Runtime, *, job_id: int | None = None, dry_run: bool = False, fo
 
     Which jobs may still run is decided locally (slurmctld is never asked), see
     ``jobs.still_runs``.  ``force`` tears down running jobs too.  Stray channels
-    (not channel0) are removed when imexctl owns channels.
+    (not channel0) are removed when imexctl owns channels, none while a job it
+    leaves has a state that cannot be read (``skipped`` says so).
     """
     actions: list[Action] = []
     skipped: list[str] = []
     errors: list[str] = []
     planned: set[Path] = set()  # channels that teardown removes: a dry run must not name them twice
+    torn: set[int] = set()  # jobs torn down (or, dry, to be): what their states claim no longer runs
     with node_lock(rt.settings.paths.lock_file, rt.host, rt.settings.daemon.lock_timeout_s):
         rt.step("locked")
         for jid in [job_id] if job_id is not None else known_jobs(rt):
@@ -347,12 +382,15 @@ def cleanup(rt: Runtime, *, job_id: int | None = None, dry_run: bool = False, fo
                 continue
             chan = _channel_of(jid, read_state(rt.settings.paths.job(jid)), rt)
             planned |= {chan[0]} if chan else set()
+            torn.add(jid)
             try:
                 actions += teardown(jid, rt, dry_run=dry_run)
             except UnsafeNodeError as exc:
                 errors.append(str(exc))
         if job_id is None and rt.settings.policy.channels == "job":
-            actions += _remove_stray_channels(rt, dry_run, planned)
+            strays, held = _remove_stray_channels(rt, dry_run, planned, torn)
+            actions += strays
+            skipped += [held] if held else []
         actions += _remove_notes(rt, job_id, dry_run, force)
     report = CleanupResult(dry_run, tuple(actions), tuple(skipped), tuple(errors))
     rt.log.info("cleanup.done", **report.data())
@@ -377,18 +415,35 @@ def _remove_notes(rt: Runtime, job_id: int | None, dry_run: bool, force: bool) -
     return out
 
 
-def _remove_stray_channels(rt: Runtime, dry_run: bool, planned: set[Path]) -> list[Action]:
-    """Remove channel nodes that no job claims (not channel0), except those that teardown removes already."""
+def _remove_stray_channels(rt: Runtime, dry_run: bool, planned: set[Path], torn: set[int]) -> tuple[list[Action], str]:
+    """Remove channel nodes that no job claims (not channel0), except those that teardown removes already.
+
+    A job whose state cannot be read may claim any channel but channel0, so
+    while one that is not torn down (``torn``: it may still run) has such a
+    state, no stray is removed, as the epilog takes no channel then
+    (:func:`_channel_of`).
+
+    Returns:
+        What was done (or would be), and why strays were left ('' when none was).
+    """
     paths = rt.settings.paths
-    claimed = {st.channel_minor for j in job_ids(paths.jobs_dir) if (st := read_state(paths.job(j)))}
+    states = {j: read_state(paths.job(j)) for j in job_ids(paths.jobs_dir)}
+    claimed = {st.channel_minor for st in states.values() if st is not None}
+    strays = [
+        c
+        for c in devices.list_channels(paths.channel_dir)
+        if c.minor != 0 and c.minor not in claimed and c.path not in planned
+    ]
+    unread = [j for j, st in states.items() if st is None and j not in torn]
+    if strays and unread:
+        names, who = ", ".join(c.path.name for c in strays), ", ".join(map(str, unread))
+        return [], f"no stray channel removed ({names}): the state of job {who} cannot be read, and it may claim any"
     out = []
-    for chan in devices.list_channels(paths.channel_dir):
-        if chan.minor == 0 or chan.minor in claimed or chan.path in planned:
-            continue
+    for chan in strays:
         try:
             if not dry_run:
                 devices.remove_channel(chan.path, chan.minor)
             out.append(Action("remove_stray_channel", str(chan.path)))
         except DeviceError as exc:
             out.append(Action("failed", str(chan.path), str(exc)))
-    return out
+    return out, ""

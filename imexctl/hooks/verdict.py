@@ -16,16 +16,20 @@ The evidence (docs/design.md "Readiness and peer blame"):
 
 Three verdicts, from the most certain (docs/design.md "Which tray Slurm drains"):
 
-- **own**: the fault is this tray's, whatever became of the job; it fails
-  without asking slurmctld.  It reaches answering peers, none of which
-  reaches it, and no peer's connection arrives (its incoming job ports are
-  blocked, or its daemon refuses them); with no ``-N`` answer at all (the
-  ctl can wait on a peer whose command port drops it), its socket table
-  shows it connected to peers and no peer connected to it; the others formed the domain
-  without it; or it reached no peer at all and no peer reaches it (cut
-  off).  Host firewalls filter incoming traffic far more often than
-  outgoing, so a link that works one way only is counted against the tray
-  it does not reach.
+- **own**: the fault is this tray's.  It reaches answering peers, none of
+  which reaches it, and no peer's connection arrives (its incoming job
+  ports are blocked, or its daemon refuses them); with no ``-N`` answer at
+  all (the ctl can wait on a peer whose command port drops it), its socket
+  table shows it connected to peers and no peer connected to it; the others
+  formed the domain without it; or it reached no peer at all and no peer
+  reaches it (cut off).  Host firewalls filter incoming traffic far more
+  often than outgoing, so a link that works one way only is counted against
+  the tray it does not reach.  Peers that left because their job was
+  cancelled (their epilogs stop their daemons) leave the same evidence, so
+  the tray asks slurmctld once whether the job is over before it fails
+  (``hooks/requeue.py``, issue 41): a job that is over lets it exit 0, and
+  this text is then no finding; a job back in the queue does not (it fails,
+  so it cannot exit 0 while a healthy peer is drained).
 - **unsure**: it reached none of its peers, but their connections arrive:
   either its outgoing traffic is blocked, or theirs incoming (a half-done
   firewall change on most trays).  It asks slurmctld for half the window,
@@ -199,7 +203,10 @@ def _left_out(dom: ctloutput.DomainStatus, me: str) -> bool:
 
     Their own rows say so (the ctl asked each of them): the domain formed
     without this tray, so the fault is most likely this tray's (it refuses
-    or cannot reach them), not theirs.
+    or cannot reach them), not theirs.  ``dom`` may be an answer from before
+    the peers left (the last one in which they answered): a slow tray whose
+    job was cancelled sees the others linked to each other and not yet to it,
+    then gone; only slurmctld can tell that apart (``requeue.job_over``).
     """
     mine = dom.node_by_host(me)
     if mine is None:

@@ -31,6 +31,7 @@ __all__ = [
     "NodeListError",
     "NotPrivilegedError",
     "OutputError",
+    "PortHeldError",
     "ReportError",
     "ResolveError",
     "SlurmQueryError",
@@ -160,6 +161,19 @@ class DomainBusyError(ImexctlError):
     """Another job (or a stray daemon) holds this node's IMEX domain."""
 
     code = "domain_busy"
+    exit_code = ExitCode.UNAVAILABLE
+
+
+class PortHeldError(ImexctlError):
+    """A job's port on this tray is held by a process that is no IMEX daemon: a local user's, or a service's.
+
+    Not ``domain_busy``: no job's domain and no stale daemon is in the way,
+    and ``imexctl cleanup`` frees nothing.  The prolog fails all the same (the
+    job cannot get its domain here) and names the holder; what keeps users off
+    the ports for good is the port guard (docs/security.md).
+    """
+
+    code = "port_held"
     exit_code = ExitCode.UNAVAILABLE
 
 

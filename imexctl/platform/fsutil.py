@@ -15,6 +15,7 @@ __all__ = [
     "check_private_dir",
     "ensure_dir",
     "flock_held",
+    "open_regular",
     "read_text_nofollow",
     "remove_file",
     "remove_tree",
@@ -192,6 +193,28 @@ def flock_held(
         os.close(fd)
 
 
+def open_regular(path: Path) -> int:
+    """A descriptor of the regular file ``path``, open for reading: never through a symlink, never waiting.
+
+    Raises:
+        OSError: ``ELOOP`` "is a symbolic link (not followed)", ``EINVAL`` "not a
+            regular file" (a FIFO, a device, a directory), or as ``open`` failed;
+            ``filename`` is ``path``.  Nothing is left open.
+    """
+    # O_NONBLOCK: opening a FIFO would otherwise block until a writer appears;
+    # it has no effect on reading regular files.
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # what O_NOFOLLOW reports for a symlink: say so
+            raise OSError(errno.ELOOP, "is a symbolic link (not followed)", str(path)) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    return fd
+
+
 def read_text_nofollow(path: Path, *, trusted: bool = False) -> str:
     """Read a regular UTF-8 file, refusing symlinks and other file types.
 
@@ -205,18 +228,8 @@ def read_text_nofollow(path: Path, *, trusted: bool = False) -> str:
         OSError: also for a file that is not UTF-8 text (``EILSEQ``), so callers
             that handle unreadable files handle this one too.
     """
-    # O_NONBLOCK: opening a FIFO would otherwise block until a writer appears;
-    # it has no effect on reading regular files.
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:  # what O_NOFOLLOW reports for a symlink: say so
-            raise OSError(errno.ELOOP, "is a symbolic link (not followed)", str(path)) from None
-        raise
-    with os.fdopen(fd, "rb") as f:
+    with os.fdopen(open_regular(path), "rb") as f:
         st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
         if trusted and (st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022):
             raise OSError(
                 errno.EPERM,

@@ -21,9 +21,20 @@ if TYPE_CHECKING:
 
 from imexctl.platform import Record
 from imexctl.platform.errors import CommandError, DeviceError
-from imexctl.platform.procscan import CMDLINE_BYTES, read_cmdline, scan
+from imexctl.platform.procscan import CMDLINE_BYTES, read_cmdline, scan, socket_holders
 
-__all__ = ["MAX_OUTPUT", "SAFE_ENV", "Completed", "Host", "ProcInfo", "RealHost", "split_cmdline"]
+__all__ = [
+    "MAX_OUTPUT",
+    "SAFE_ENV",
+    "Completed",
+    "Host",
+    "ProcInfo",
+    "RealHost",
+    "TcpSocket",
+    "read_tcp_sockets",
+    "select_sockets",
+    "split_cmdline",
+]
 
 # The environment of every child: slurmd gives hooks none worth passing on.
 SAFE_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
@@ -68,6 +79,25 @@ class ProcInfo(Record):
 
     def __hash__(self) -> int:
         return hash(self[:5])
+
+
+class TcpSocket(Record):
+    """A TCP socket of the kernel's table (``/proc/net/tcp``, ``tcp6``), and the process found holding it."""
+
+    #: its local address as the table gives it: ``10.0.0.1``, ``0.0.0.0``, ``::``, ``fd00::1``; an IPv4-mapped
+    #: IPv6 address (``::ffff:10.0.0.1``, a dual-stack socket's) as its IPv4 address
+    address: str
+    port: int
+    #: the TCP state: ``LISTEN``, ``ESTABLISHED``, ... (include/net/tcp_states.h)
+    state: str
+    #: the socket's owner: the table's ``uid`` column
+    uid: int
+    #: the inode that descriptors on the socket link to (``socket:[<inode>]``); 0 for none
+    inode: int
+    #: the process found with a descriptor on it (pid, command line, real uid, executable); None: none found
+    holder: ProcInfo | None = None
+    #: the name of the holder's uid (the socket's, without a holder) in ``/etc/passwd``; '' where it has none
+    user: str = ""
 
 
 class Host(Protocol):
@@ -120,6 +150,13 @@ class Host(Protocol):
 
     def tcp_links(self, address: str, port: int) -> tuple[frozenset[str], frozenset[str]] | None:
         """Who has an established TCP connection to ``address:port``, and to whose ``port`` ``address`` has one."""
+
+    def tcp_sockets(self, ports: Collection[int], address: str | None = None) -> list[TcpSocket] | None:
+        """The TCP sockets on ``ports`` (bound to ``address`` or a wildcard, when given), each with its holder.
+
+        From the kernel's tables (``/proc/net/tcp``, ``tcp6``; listeners first), the holder found by its
+        inode in the processes' descriptors.  None when neither table can be read.
+        """
 
     def is_local_address(self, address: str) -> bool:
         """Whether ``address`` is on one of this machine's interfaces (a daemon can bind it)."""
@@ -422,6 +459,10 @@ class RealHost:
                     outgoing.add(remote[0])
         return (frozenset(incoming), frozenset(outgoing)) if read else None
 
+    def tcp_sockets(self, ports: Collection[int], address: str | None = None) -> list[TcpSocket] | None:
+        """This network namespace's TCP sockets on ``ports``, each with its holder (:func:`read_tcp_sockets`)."""
+        return read_tcp_sockets(ports, address)
+
     def is_local_address(self, address: str) -> bool:
         """Whether binding ``address`` (any port) works: the kernel refuses an address of no interface.
 
@@ -555,9 +596,9 @@ def _uid(pid: int) -> int:
     return _uids(pid)[0]
 
 
-def _uids(pid: int) -> tuple[int, int, int, int]:
+def _uids(pid: int, proc: str = "/proc") -> tuple[int, int, int, int]:
     """Process ``pid``'s real, effective, saved and file-system uids: the ``Uid:`` line of ``/proc/<pid>/status``."""
-    with open(f"/proc/{pid}/status", "rb") as f:
+    with open(f"{proc}/{pid}/status", "rb") as f:
         for line in f:
             if line.startswith(b"Uid:"):
                 real, effective, saved, fs = (int(x) for x in line.split()[1:5])
@@ -565,10 +606,10 @@ def _uids(pid: int) -> tuple[int, int, int, int]:
     raise ValueError(f"/proc/{pid}/status has no Uid line")
 
 
-def _exe(pid: int) -> str:
+def _exe(pid: int, proc: str = "/proc") -> str:
     """Process ``pid``'s executable, or '' where the kernel does not show it (another user's, to non-root)."""
     try:
-        return os.readlink(f"/proc/{pid}/exe")
+        return os.readlink(f"{proc}/{pid}/exe")
     except OSError:
         return ""
 
@@ -733,3 +774,173 @@ def _reach_word(err: int) -> str:
     if err == errno.ETIMEDOUT:
         return "timeout"
     return os.strerror(err).lower()
+
+
+# ---------------------------------------------------------------- who holds a port
+
+#: the TCP states by the ``st`` column of /proc/net/tcp (include/net/tcp_states.h)
+_TCP_STATES = {
+    "01": "ESTABLISHED",
+    "02": "SYN_SENT",
+    "03": "SYN_RECV",
+    "04": "FIN_WAIT1",
+    "05": "FIN_WAIT2",
+    "06": "TIME_WAIT",
+    "07": "CLOSE",
+    "08": "CLOSE_WAIT",
+    "09": "LAST_ACK",
+    "0A": "LISTEN",
+    "0B": "CLOSING",
+    "0C": "NEW_SYN_RECV",
+}
+#: the addresses a socket bound to any address shows
+_WILDCARDS = ("0.0.0.0", "::")  # noqa: S104 (addresses shown, nothing bound)
+#: the most bytes of the passwd file read for the holders' user names
+_PASSWD_BYTES = 4 << 20
+
+
+def read_tcp_sockets(
+    ports: Collection[int],
+    address: str | None = None,
+    *,
+    proc: str = "/proc",
+    passwd: str = "/etc/passwd",  # noqa: S107 (a file name)
+) -> list[TcpSocket] | None:
+    """The TCP sockets of this network namespace on ``ports``, each with the process that holds it.
+
+    The sockets come from the kernel's own tables, ``<proc>/net/tcp`` and
+    ``tcp6`` (:func:`select_sockets` says which count); each socket's holder
+    is the process with a descriptor on its inode (``procscan.socket_holders``:
+    the socket owner's processes first, a bounded search), read as far as
+    the kernel shows it: its real uid, its command line (the first
+    ``procscan.CMDLINE_BYTES``) and its executable.  The user name is looked
+    up in ``passwd`` only (a bounded read of a local file: a directory
+    service is never asked).  A socket bound without ``listen()`` is in
+    neither table and is not found.  ``proc`` and ``passwd`` name a test's
+    own tree, or doctor's ``[paths] root``.
+
+    Returns:
+        The sockets, listeners first (:func:`select_sockets`); None when neither table can be read.
+    """
+    table = _tcp_table(proc)
+    if table is None:
+        return None
+    found = select_sockets(table, ports, address)
+    pids = socket_holders({s.inode for s in found}, owners={s.uid for s in found}, proc=proc)
+    holders = {inode: _holder(pid, proc) for inode, pid in pids.items()}
+    names = _user_names(passwd)
+    out = []
+    for sock in found:
+        holder = holders.get(sock.inode)
+        uid = holder.uid if holder is not None and holder.uid >= 0 else sock.uid
+        out.append(sock._replace(holder=holder, user=names.get(uid, "")))
+    return out
+
+
+def select_sockets(table: Sequence[TcpSocket], ports: Collection[int], address: str | None) -> list[TcpSocket]:
+    """The sockets of ``table`` that can hold ``address`` (None: any) on one of ``ports``, listeners first.
+
+    One holds it when it is bound to that address or to a wildcard
+    (``0.0.0.0``, ``::``: a dual-stack socket takes the IPv4 port too), in
+    any state but ``TIME_WAIT``, which binds nothing a listener's
+    ``SO_REUSEADDR`` cannot take over.  Listeners come first, then sockets
+    on the address itself before those on a wildcard; the table's order
+    otherwise.
+    """
+    found = [
+        s
+        for s in table
+        if s.port in ports and s.state != "TIME_WAIT" and (address is None or s.address in (address, *_WILDCARDS))
+    ]
+    return sorted(found, key=lambda s: (s.state != "LISTEN", s.address in _WILDCARDS))
+
+
+def _tcp_table(proc: str) -> list[TcpSocket] | None:
+    """Every socket of ``<proc>/net/tcp`` and ``tcp6``, in their order; None when neither can be read."""
+    table: list[TcpSocket] = []
+    read = False
+    for name in ("tcp", "tcp6"):
+        try:
+            with open(f"{proc}/net/{name}", encoding="ascii", errors="replace") as f:
+                next(f, None)  # the header
+                for line in f:
+                    sock = _socket_line(line)
+                    if sock is not None:
+                        table.append(sock)
+        except OSError:
+            continue
+        read = True
+    return table if read else None
+
+
+def _socket_line(line: str) -> TcpSocket | None:
+    """One line of /proc/net/tcp{,6} (``sl local rem st ... uid timeout inode ...``); None when it is not one."""
+    fields = line.split()
+    if len(fields) < 10:
+        return None
+    local = _local_address(fields[1])
+    state = _TCP_STATES.get(fields[3].upper())
+    try:
+        uid, inode = int(fields[7]), int(fields[9])
+    except ValueError:
+        return None
+    if local is None or state is None:
+        return None
+    return TcpSocket(local[0], local[1], state, uid, inode)
+
+
+def _local_address(text: str) -> tuple[str, int] | None:
+    """``0100007F:1F90`` -> ``("127.0.0.1", 8080)``; an IPv6 address as ``inet_ntop`` writes it; None for garbage.
+
+    The kernel prints each 32-bit word of the address in host byte order;
+    an IPv4-mapped IPv6 address (``::ffff:a.b.c.d``) comes back as IPv4.
+    """
+    import _socket  # see _bind_errno
+
+    hexaddr, _, hexport = text.partition(":")
+    try:
+        port = int(hexport, 16)
+        raw = bytes.fromhex(hexaddr)
+    except ValueError:
+        return None
+    if len(raw) not in (4, 16) or not 0 <= port <= 65535:
+        return None
+    words = [raw[i : i + 4][::-1] if sys.byteorder == "little" else raw[i : i + 4] for i in range(0, len(raw), 4)]
+    data = b"".join(words)
+    if len(data) == 16 and data[:12] == b"\0" * 10 + b"\xff\xff":
+        data = data[12:]
+    if len(data) == 4:
+        return ".".join(str(b) for b in data), port
+    return _socket.inet_ntop(_socket.AF_INET6, data), port
+
+
+def _holder(pid: int, proc: str) -> ProcInfo | None:
+    """Process ``pid`` as far as ``<proc>/<pid>`` shows it: real uid, command line, executable; None when gone."""
+    try:
+        uid = _uids(pid, proc)[0]
+        fd = os.open(f"{proc}/{pid}/cmdline", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            raw = os.read(fd, CMDLINE_BYTES)
+        finally:
+            os.close(fd)
+    except (OSError, ValueError):  # gone meanwhile, or unreadable
+        return None
+    return ProcInfo(pid, 0.0, _split_raw(raw), uid=uid, exe=_exe(pid, proc))
+
+
+def _user_names(passwd: str) -> dict[int, str]:
+    """User names by uid from a passwd file (its first :data:`_PASSWD_BYTES`); empty when it cannot be read."""
+    try:
+        fd = os.open(passwd, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            data = os.read(fd, _PASSWD_BYTES)
+        finally:
+            os.close(fd)
+    except OSError:
+        return {}
+    names: dict[int, str] = {}
+    for line in data.decode(errors="replace").splitlines():
+        fields = line.split(":")
+        if len(fields) >= 3 and fields[2].isdigit():
+            names.setdefault(int(fields[2]), fields[0])
+    return names

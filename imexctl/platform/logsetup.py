@@ -50,7 +50,8 @@ EVENTS: dict[str, str] = {
     "prolog.deadline": "the readiness deadline was capped below slurm.conf's hook timeout (or it was unreadable)",
     "prolog.job_ended": "the job was cancelled while its prolog waited: rolled back, exit 0, no drain",
     "imex.channels.slurm": "slurm.conf sets SwitchType=switch/nvidia_imex: Slurm owns the channels, imexctl makes none",
-    "imex.channel.unplaced": "no topology source and slurm.conf does not place the domain: the job-id channel rule",
+    "imex.channel.waited": "the prolog waited until a domain torn down here, of its channel number, ended elsewhere",
+    "imex.channel.memory_failed": "the record of the domains torn down on this tray could not be read or written",
     "imex.het_job": "a het job: one domain over its components (joint) or one per component",
     "imex.domain.split": "the job spans several NVLink domains: the one this tray joined and its tray count",
     "imex.nodes.resolved": "the job's trays in this NVLink domain, their addresses and the list's hash",
@@ -77,6 +78,7 @@ EVENTS: dict[str, str] = {
     "slurm.drain_failed": "a failing hook could not set its node's drain reason; Slurm's own stands",
     "metrics.failed": "the Prometheus text file could not be updated; the run itself is not affected",
     "health.done": "imexctl health found a fault of the tray, or drained or resumed the node in Slurm",
+    "health.acknowledged": "an admin let go of the kernel evidence imexctl health kept pending (--acknowledge)",
     "imexctl.failed": "a command failed with an expected error (error_code, exit_code)",
     "imexctl.crashed": "a command failed with an unexpected exception (a bug)",
 }

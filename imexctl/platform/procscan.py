@@ -21,12 +21,15 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is not imported at run time (the fast path's start-up)
     from collections.abc import Collection, Iterator
 
-__all__ = ["CMDLINE_BYTES", "mentioned_in_proc", "read_cmdline", "scan"]
+__all__ = ["CMDLINE_BYTES", "FD_LINKS", "mentioned_in_proc", "read_cmdline", "scan", "socket_holders"]
 
 #: the most bytes of one process's ``/proc/<pid>/cmdline`` read: four pages.  An IMEX daemon's command line
 #: (``nvidia-imex -c <config>``, through an interpreter or a wrapper) and a slurmstepd's title
 #: (``slurmstepd: [<job>.<step>]``) are a few hundred bytes; what lies beyond this is never read.
 CMDLINE_BYTES = 16384
+#: the most descriptor links :func:`socket_holders` reads in one search, over every process together: a user
+#: with thousands of processes holding thousands of descriptors each costs the search this much, no more
+FD_LINKS = 65536
 
 
 def read_cmdline(pid: int, max_bytes: int = CMDLINE_BYTES) -> bytes:
@@ -90,3 +93,61 @@ def mentioned_in_proc(arg: str, *, uids: Collection[int] | None = None) -> bool:
         return any(needle in raw for _, raw in scan(uids=uids))
     except OSError:
         return True
+
+
+def socket_holders(
+    inodes: Collection[int], *, owners: Collection[int] = (), proc: str = "/proc", max_links: int = FD_LINKS
+) -> dict[int, int]:
+    """The pid of a process with a descriptor on each socket (``/proc/<pid>/fd/<n>`` -> ``socket:[<inode>]``).
+
+    Processes whose ``/proc/<pid>`` one of ``owners`` owns (the sockets'
+    owners, from the kernel's socket table) are searched first, the others
+    after; the search ends once every inode has a holder, or after
+    ``max_links`` descriptors (:data:`FD_LINKS`) in all.  A process gone
+    meanwhile, or whose descriptors may not be read (another user's, to a
+    caller that is not root), is passed over.  ``proc`` is where ``/proc``
+    is read (a test's own tree).
+
+    Returns:
+        inode -> pid, for the inodes a holder was found of.
+    """
+    wanted = {f"socket:[{inode}]": inode for inode in inodes if inode}
+    found: dict[int, int] = {}
+    if not wanted:
+        return found
+    try:
+        pids = [int(name) for name in os.listdir(proc) if name.isdigit()]
+    except OSError:
+        return found
+    first: list[int] = []
+    rest: list[int] = []
+    for pid in pids:
+        try:
+            (first if owners and os.stat(f"{proc}/{pid}").st_uid in owners else rest).append(pid)
+        except OSError:  # gone meanwhile
+            continue
+    left = max_links
+    for pid in first + rest:
+        if left <= 0 or len(found) == len(wanted):
+            break
+        left = _fd_links(f"{proc}/{pid}/fd", pid, wanted, found, left)
+    return found
+
+
+def _fd_links(fd_dir: str, pid: int, wanted: dict[str, int], found: dict[int, int], left: int) -> int:
+    """Read the links of one process's descriptors into ``found`` (inode -> pid); the links still allowed."""
+    try:
+        with os.scandir(fd_dir) as entries:
+            for entry in entries:
+                if left <= 0:
+                    break
+                left -= 1
+                try:
+                    inode = wanted.get(os.readlink(entry.path))
+                except OSError:  # closed meanwhile
+                    continue
+                if inode is not None:
+                    found.setdefault(inode, pid)
+    except OSError:  # gone, or not ours to read
+        pass
+    return left

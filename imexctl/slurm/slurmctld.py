@@ -48,6 +48,7 @@ from imexctl.slurm import nodelist
 __all__ = [
     "ENDED_STATES",
     "FIELDS",
+    "OVER_STATES",
     "JobRecord",
     "ask_job",
     "het_nodes",
@@ -67,6 +68,12 @@ ENDED_STATES: Final = frozenset(
         "REVOKED",
     }
 )  # fmt: skip
+#: job states in which the job is over (``job_state_string()``'s base states that end it): it will not run again.
+#: A job that went back to the queue shows PENDING, REQUEUED, REQUEUE_HOLD, ..., or COMPLETING while its trays
+#: complete, never one of these (src/slurmctld/job_mgr.c ``_job_requeue_op``)
+OVER_STATES: Final = frozenset(
+    {"CANCELLED", "COMPLETED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"}
+)
 #: the squeue ``--Format`` fields asked for, in this order: each one slurmctld's alone (src/squeue/print.c)
 FIELDS: Final = ("JobId", "State", "NodeList", "OverSubscribe", "StartTime", "RestartCnt", "HetJobId", "HetJobOffset")
 #: printed after every field (a ``:0`` width prints the whole value); no field asked for can hold it
@@ -112,6 +119,21 @@ class JobRecord(Record):
     def wants_to_start(self) -> bool:
         """Whether the job may still run on its allocation (:func:`wants_to_start` of its state)."""
         return wants_to_start(self.state)
+
+    def over(self, restarts: int | None) -> bool:
+        """Whether the job will not run again: an ending state, or COMPLETING with no requeue since run ``restarts``.
+
+        ``job_state_string()`` prints the COMPLETING flag before the base
+        state, so a job that is ending and one that went back to the queue
+        while its trays complete (PENDING and COMPLETING) read the same.  Every
+        requeue counts one more restart first (``restart_cnt++`` in
+        src/slurmctld/job_mgr.c, 22.05 to 26.05), so COMPLETING with the restart
+        count this run started with (``SLURM_JOB_RESTART_COUNT``) is an end.
+        ``restarts`` None (slurmd did not say): COMPLETING tells nothing.
+        """
+        if self.state in OVER_STATES:
+            return True
+        return self.state == "COMPLETING" and restarts is not None and self.restarts == restarts
 
 
 class _Line(Record):

@@ -292,6 +292,11 @@ def _check_node(lab: SystemdLab, node: str) -> None:
     assert on(lab, node, "systemctl", "is-active", "imexctl-metrics.timer") == "active"
     assert on(lab, node, "dpkg", "--get-selections", "nvidia-imex").split() == ["nvidia-imex", "hold"]
     assert 'include "/etc/nftables.d/imexctl.nft"' in on(lab, node, "cat", "/etc/nftables.conf")
+    guard = on(lab, node, "cat", "/etc/systemd/system/user.slice.d/imexctl-port-guard.conf")  # both ranges
+    assert "[Slice]\nSocketBindDeny=tcp:61000-61999\nSocketBindDeny=tcp:62000-62999" in guard, guard
+    assert not (lab.node_root(node) / "etc/systemd/system/slurmstepd.scope.d").exists()  # imexctl_port_guard_jobs
+    shown = on(lab, node, "systemctl", "show", "--property=SocketBindDeny", "user.slice").splitlines()
+    assert sorted(shown) == ["SocketBindDeny=tcp61000-61999", "SocketBindDeny=tcp62000-62999"], shown
     live = lab.node_root(node) / TEXTFILE_DIR.lstrip("/") / "imexctl-live.prom"
     wait_for(live.exists, 30, 0.5, what=f"{node}: the live gauges")
 

@@ -8,6 +8,7 @@ hosts file to loopback addresses of their own (127/8 is all on ``lo``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -15,6 +16,8 @@ import random
 import socket
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
@@ -375,3 +378,194 @@ def test_a_malformed_or_escaping_report_neither_crashes_nor_reaches_the_terminal
     assert "\x1b" not in out and "\x07" not in out
     assert "  tray2 -> tray1 server: \\x1b[2J\\x1b]0;owned\\x07all fine" in out.splitlines()
     assert "ROW: 'to' of tray3 is not a map of the step's other trays" in out
+
+
+# ---------------------------------------------------------------- slow and silent clients (issue 41)
+
+
+def _loop_plan(me: int = 0, *, trays: int = 2, timeout_s: float = 5.0, line_timeout_s: float) -> netcheck.Plan:
+    """Trays on loopback addresses of their own (a random block), with the given deadlines."""
+    base = random.randrange(20, 240 - trays)
+    tt = tuple(netcheck.Tray(f"tray{i + 1}", f"127.0.0.{base + i}") for i in range(trays))
+    ranges = (("server", 61000, 61999), ("cmd", 62000, 62999))
+    return netcheck.Plan(random.randrange(1, 10**6), me, tt, ranges, timeout_s, line_timeout_s)
+
+
+def _greeted(address: str, port: int) -> socket.socket:
+    """A client connected to a listener, past its banner (retried until the listener is up)."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            sock = socket.create_connection((address, port), timeout=2)
+        except OSError:
+            assert time.monotonic() < deadline, f"nothing listens on {address}:{port}"
+            time.sleep(0.01)
+            continue
+        assert sock.recv(4096).startswith(netcheck.BANNER.encode())
+        return sock
+
+
+class _Trickler(threading.Thread):
+    """A client past the banner that sends one byte every ``pause_s`` (never a newline), or nothing when
+    ``silent``, for ``rounds`` pauses; it records the bytes sent before the listener closed the connection."""
+
+    def __init__(self, sock: socket.socket, *, silent: bool = False, rounds: int = 40, pause_s: float = 0.1) -> None:
+        super().__init__(daemon=True)
+        self.sock, self.silent, self.rounds, self.pause_s = sock, silent, rounds, pause_s
+        self.sent = 0
+        self.closed_by_peer = False
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        try:
+            for _ in range(self.rounds):
+                if self.done.wait(self.pause_s) or self._peer_closed():
+                    return
+                if not self.silent:
+                    self.sock.sendall(b"H")
+                    self.sent += 1
+        except OSError:  # reset by the listener
+            self.closed_by_peer = True
+        finally:
+            self.sock.close()
+
+    def _peer_closed(self) -> bool:
+        import select
+
+        if select.select([self.sock], [], [], 0)[0] and self.sock.recv(1) == b"":
+            self.closed_by_peer = True
+        return self.closed_by_peer
+
+
+@pytest.fixture
+def clients() -> Iterator[list[_Trickler]]:
+    """The slow clients a test starts: stopped and joined after it."""
+    started: list[_Trickler] = []
+    yield started
+    for t in started:
+        t.done.set()
+    for t in started:
+        t.join()
+
+
+@contextlib.contextmanager
+def _listening(plan: netcheck.Plan) -> Iterator[Any]:
+    """The plan's listener, served by its thread until the block ends."""
+    listener = netcheck._Listener(plan)
+    listener.open()
+    server = threading.Thread(target=listener.serve, daemon=True)
+    server.start()
+    try:
+        yield listener
+    finally:
+        listener.stop.set()
+        server.join(timeout=30)
+        assert not server.is_alive(), "the listener did not stop"
+
+
+@pytest.mark.parametrize("silent", [False, True], ids=["trickling", "silent"])
+def test_a_slow_or_silent_client_is_cut_off_at_its_lines_deadline(clients: list[_Trickler], silent: bool) -> None:
+    """A client sending a byte every 0.1 s (no newline), or nothing: closed at the line's deadline (0.5 s in all,
+    not per read), long before its 40 rounds are over, and named in the tray's report.
+
+    Issue 41: every read had 2 s of its own and a line up to 65,536 bytes, so a byte a second held the one
+    listener thread for 18 hours; a silent client was dropped without a word.
+    """
+    plan = _loop_plan(line_timeout_s=0.5)
+    with _listening(plan) as listener:
+        slow = _Trickler(_greeted(plan.own.address, listener.ports["server"]), silent=silent)
+        clients.append(slow)
+        slow.start()
+        slow.join(timeout=30)
+        assert slow.closed_by_peer and slow.sent < 40, (slow.sent, slow.closed_by_peer)
+        with listener.lock:
+            assert listener.ignored_count == 1, listener.ignored
+            why = listener.ignored[0][1]
+    # the bytes it had when it was let go (a byte sent in the moment of the close is not among them)
+    assert why in (f"no whole line within 0.5 s ({n} bytes)" for n in (slow.sent, slow.sent - 1)), why
+    assert silent == (why == "no whole line within 0.5 s (0 bytes)")
+
+
+def test_peers_are_served_while_slow_and_silent_clients_hold_connections(clients: list[_Trickler]) -> None:
+    """Two trays in threads; before the second starts, a trickling and a silent client hold both of the first
+    tray's ports (their deadline, 30 s, outlasts the run): every pair is reached, the row arrives, and the
+    slow clients were still connected when the check was done.
+
+    Issue 41: the first tray served one connection at a time, so its peer read as blocked and its row never came.
+    """
+    first = _loop_plan(0, timeout_s=4.0, line_timeout_s=30.0)
+    second = dataclasses.replace(first, me=1)
+    reports: dict[int, netcheck.Report] = {}
+    one = threading.Thread(target=lambda: reports.setdefault(0, netcheck.run(first)), daemon=True)
+    one.start()
+    for label in ("server", "cmd"):
+        for silent in (False, True):
+            sock = _greeted(first.own.address, first.ports(0, label)[0])
+            if not silent:
+                sock.sendall(b"H")  # a line begun before the peer comes
+            slow = _Trickler(sock, silent=silent, rounds=600)
+            clients.append(slow)
+            slow.start()
+    reports[1] = netcheck.run(second)
+    one.join(timeout=60)
+    assert not one.is_alive()
+    for report in reports.values():
+        assert not report.failed, report.text()
+    assert reports[0].ignored_count == 0, reports[0].text()  # none of them reached its deadline: held to the end
+    for slow in clients:  # and then let go, when the first tray stopped listening
+        slow.join(timeout=10)
+        assert slow.closed_by_peer, (slow.silent, slow.sent)
+    assert reports[0].rows is not None and set(reports[0].rows) == {"tray1", "tray2"}
+    assert "reached all 1 other trays on both ranges" in reports[1].text()
+
+
+def test_a_port_that_trickles_its_greeting_is_given_up_at_the_deadline() -> None:
+    """Another program on a peer's candidate port sends a byte every 0.1 s, never a newline: the check gives up
+    at the greeting's deadline (0.5 s in all) with "another program answers", long before 40 bytes are out.
+
+    Issue 41: each read of the greeting had 2 s of its own, for up to 65,536 bytes.
+    """
+    plan = _loop_plan(line_timeout_s=0.5)
+    server = socket.socket()
+    server.bind((plan.trays[1].address, 0))
+    server.listen(1)
+    sent: list[int] = []
+
+    def trickle() -> None:
+        conn, _ = server.accept()
+        with conn:
+            try:
+                for _ in range(40):
+                    conn.sendall(b"I")
+                    sent.append(1)
+                    time.sleep(0.1)
+            except OSError:  # the check went away
+                pass
+
+    program = threading.Thread(target=trickle, daemon=True)
+    program.start()
+    try:
+        assert netcheck._try(plan, 1, "server", server.getsockname()[1], "HELLO tray1") == "another program answers"
+        program.join(timeout=30)
+    finally:
+        server.close()
+    assert len(sent) < 40, len(sent)
+
+
+def test_past_the_connection_limit_the_rest_wait_in_the_kernels_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the limit at 2, two silent clients are served at once, and a third is greeted only once one of them
+    ends (here: leaves)."""
+    import select
+
+    monkeypatch.setattr(netcheck, "_MAX_CONNECTIONS", 2)
+    plan = _loop_plan(line_timeout_s=30.0)
+    with _listening(plan) as listener:
+        port = listener.ports["server"]
+        first, second = _greeted(plan.own.address, port), _greeted(plan.own.address, port)
+        assert select.select([first], [], [], 0)[0] == []  # still served (no end) while the second is greeted
+        with first, second, socket.create_connection((plan.own.address, port), timeout=10) as third:
+            assert select.select([third], [], [], 0.3)[0] == []  # accepted by the kernel, not served
+            first.close()
+            assert third.recv(4096).startswith(netcheck.BANNER.encode())
+            with listener.lock:  # the first one's end, named before the third was taken
+                assert listener.ignored_count == 1 and "not a HELLO or ROW line: ''" in listener.ignored[0][1]

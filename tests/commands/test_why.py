@@ -70,7 +70,9 @@ def test_lost_its_daemon(cfg: Path, host: FakeHost, gpu: FakeGpu, capsys: Any) -
 def test_failed_with_its_code_and_where_to_read(cfg: Path, host: FakeHost, gpu: FakeGpu, capsys: Any) -> None:
     host.ready_after = 10**6
     host.slurm_nodes["gb01"] = {"state": "IDLE"}
-    assert hook(cfg, host, gpu, "prolog", 44, SLURM_CONF="/etc/slurm/slurm.conf") == 75
+    conf = cfg.parent / "slurm.conf"
+    conf.write_text("NodeName=gb[01-02]\n")  # the trays: the channel's clique
+    assert hook(cfg, host, gpu, "prolog", 44, SLURM_CONF=str(conf)) == 75
     hook(cfg, host, gpu, "epilog", 44)
     capsys.readouterr()
     assert run_why(cfg, 44) == 0
@@ -169,3 +171,112 @@ def test_a_job_id_that_is_none(cfg: Path, arg: str, capsys: Any) -> None:
     with pytest.raises(SystemExit) as err:
         cli.main(["--config", str(cfg), "why", arg], env={})
     assert err.value.code == 64 and "is not a Slurm job id" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- only root's records (issue 41)
+
+#: an unprivileged owner for the files a local user would leave (nobody)
+NOBODY = 65534
+
+
+def _jline(job_id: int, stamp: str, **fields: Any) -> str:
+    return json.dumps({**fields, "job_id": job_id, "node": "gb01", "timestamp": stamp}) + "\n"
+
+
+#: root's record of job 52: its prolog skipped it
+ROOTS = _jline(52, "T1", event="prolog.done", hook="prolog", ok=True, skipped="policy: partition cpu")
+#: a story somebody else wrote: the job failed, the tray was drained, another tray was to blame
+FORGED = _jline(
+    52, "T9", event="prolog.done", hook="prolog", ok=False, error_code="not_ready", exit_code=75,
+    reason="FORGED: gb02 blocked every port",
+)  # fmt: skip
+
+
+def _rotated_root_story(root: Path) -> Path:
+    """Root's log rotated into imexctl.log.1 (logrotate's ``create 0640 root root``); the log path itself free."""
+    log = root / LOG
+    log.parent.mkdir(parents=True, exist_ok=True)
+    (root / f"{LOG}.1").write_text(ROOTS)
+    (root / f"{LOG}.1").chmod(0o640)
+    os.utime(root / f"{LOG}.1", (1000, 1000))
+    return log
+
+
+def _forge(path: Path, text: str, *, uid: int = NOBODY, mode: int = 0o640) -> None:
+    """A file with ``text`` (gzip for ``.gz``) owned by ``uid`` with ``mode``, as its owner would leave it."""
+    if path.name.endswith(".gz"):
+        with gzip.open(path, "wt") as f:
+            f.write(text)
+    else:
+        path.write_text(text)
+    os.chown(path, uid, uid)
+    path.chmod(mode)
+
+
+def test_a_log_file_and_a_rotated_copy_of_another_owner_are_left_out(root: Path, cfg: Path, capsys: Any) -> None:
+    """A user's file at the log's path and one at a rotated copy's: why tells only root's record, and names both.
+
+    Issue 41: in a directory its group may write (Ubuntu's /var/log) a member
+    renames their own file over imexctl.log; why told that story as root's.
+    """
+    log = _rotated_root_story(root)
+    _forge(log, FORGED)
+    _forge(root / f"{LOG}.2.gz", FORGED)  # newer than .1: read before it if it were trusted
+    assert run_why(cfg, 52) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("job 52 on gb01: skipped\n"), out
+    assert "FORGED" not in out and "not_ready" not in out
+    assert f"skipped {log}: not root's record (owner uid {NOBODY}, mode 0640), left out" in out
+    assert f"skipped {root / LOG}.2.gz: not root's record (owner uid {NOBODY}, mode 0640), left out" in out
+    assert f"read: {root / LOG}.1 (" in out
+    assert run_why(cfg, 52, "--json") == 0
+    data = json.loads(capsys.readouterr().out)["data"]
+    assert data["outcomes"] == ["skipped"] and [e["line"]["timestamp"] for e in data["events"]] == ["T1"]
+    assert data["read"]["files"] == [f"{root / LOG}.1"]
+    assert data["read"]["skipped"] == [
+        {"file": str(log), "why": f"not root's record (owner uid {NOBODY}, mode 0640)"},
+        {"file": f"{root / LOG}.2.gz", "why": f"not root's record (owner uid {NOBODY}, mode 0640)"},
+    ]
+
+
+def test_a_file_of_roots_that_others_may_write_is_left_out(root: Path, cfg: Path, capsys: Any) -> None:
+    """Root owns it, but group or others may write it: anyone of them may have written its lines."""
+    log = _rotated_root_story(root)
+    _forge(log, FORGED, uid=0, mode=0o646)
+    _forge(root / f"{LOG}.2", FORGED, uid=0, mode=0o660)
+    assert run_why(cfg, 52, "--json") == 0
+    data = json.loads(capsys.readouterr().out)["data"]
+    assert [e["line"]["timestamp"] for e in data["events"]] == ["T1"]
+    assert [s["why"] for s in data["read"]["skipped"]] == [
+        "not root's record (owner uid 0, mode 0646)",
+        "not root's record (owner uid 0, mode 0660)",
+    ]
+
+
+def test_a_refused_log_without_the_job_elsewhere_is_not_in_log_and_says_why(root: Path, cfg: Path, capsys: Any) -> None:
+    """Only a forged file holds the job: exit 1, job_not_in_log, and the message names the file left out."""
+    log = root / LOG
+    log.parent.mkdir(parents=True)
+    _forge(log, FORGED)
+    assert run_why(cfg, 52) == 1
+    captured = capsys.readouterr()
+    assert "FORGED" not in captured.out + captured.err
+    assert captured.err.startswith(f"imexctl why: job 52: no line in root's records; skipped {log}: not root's")
+    assert run_why(cfg, 52, "--json") == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["errors"][0]["code"] == "job_not_in_log" and f"skipped {log}" in out["errors"][0]["message"]
+    assert out["data"]["events"] == [] and out["data"]["read"]["skipped"][0]["file"] == str(log)
+
+
+def test_a_symlink_or_a_fifo_at_the_log_path_is_left_out(root: Path, cfg: Path, capsys: Any) -> None:
+    """A symlink at the log's path (even to a file of root's) is never followed; a FIFO neither blocks nor counts."""
+    log = _rotated_root_story(root)
+    elsewhere = root / "elsewhere.log"
+    elsewhere.write_text(FORGED)
+    log.symlink_to(elsewhere)
+    os.mkfifo(root / f"{LOG}.2")
+    assert run_why(cfg, 52) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("job 52 on gb01: skipped\n") and "FORGED" not in out
+    assert f"skipped {log}: is a symbolic link (not followed), left out" in out
+    assert f"skipped {root / LOG}.2: not a regular file, left out" in out

@@ -13,7 +13,7 @@ from imexctl.config.jobstate import JobState
 
 PACKAGE = Path(__file__).resolve().parents[2] / "imexctl"
 STATE = JobState(42, "gb01", 1000, 1001, "alice", ("gb01", "gb02"), ("10.0.0.1", "10.0.0.2"), 61042, "exec", 43,
-                 "/dev/nvidia-caps-imex-channels/channel43", 5.5, 62042, 6.0, 0.0, 0, 1796434523)  # fmt: skip
+                 "/dev/nvidia-caps-imex-channels/channel43", 5.5, 62042, 6.0, 9.0, 0, 1796434523, 184.5)  # fmt: skip
 
 
 def test_every_field_has_its_kind_in_order() -> None:
@@ -28,13 +28,13 @@ def test_what_the_prolog_writes_reads_back_the_same() -> None:
 
 
 def test_an_older_file_takes_the_defaults_and_a_newer_ones_fields_are_left_alone() -> None:
-    """A file without the fields added since (cmd_port, marks, the run) reads with their defaults; a field this
-    version does not know is no reason to lose the job's state."""
+    """A file without the fields added since (cmd_port, marks, the run, the epilog's deadline) reads with their
+    defaults; a field this version does not know is no reason to lose the job's state."""
     data = STATE._asdict()
-    for late in ("cmd_port", "set_up", "ended", "restarts", "start_time"):
+    for late in ("cmd_port", "set_up", "ended", "restarts", "start_time", "epilog_deadline"):
         del data[late]
     old = jobstate.decode(json.dumps({**data, "from_a_newer_version": 1}))
-    assert old == STATE._replace(cmd_port=0, set_up=0.0, ended=0.0, restarts=None, start_time=None)
+    assert old == STATE._replace(cmd_port=0, set_up=0.0, ended=0.0, restarts=None, start_time=None, epilog_deadline=0.0)
 
 
 @pytest.mark.parametrize(
@@ -49,6 +49,8 @@ def test_an_older_file_takes_the_defaults_and_a_newer_ones_fields_are_left_alone
         ({"uid": True}, "negative or boolean"),
         ({"port": -1}, "negative or boolean"),
         ({"ended": -2.0}, "negative or boolean"),
+        ({"epilog_deadline": "soon"}, "lacks"),
+        ({"epilog_deadline": -1.0}, "negative or boolean"),
     ],
 )
 def test_a_field_of_another_kind_is_refused(change: dict[str, object], why: str) -> None:

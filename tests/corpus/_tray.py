@@ -37,9 +37,10 @@ ROOT = Path(__file__).resolve().parents[2]
 TRAYS: dict[str, list[str]] = rack_addresses()
 
 #: What any run may leave on a clean tray (relative to the root): the shared
-#: directories, the node lock (which must not be held) and imexctl's own log.
+#: directories, the node lock (which must not be held), the record of domains
+#: torn down here (hooks/remnants.py, pruned by age) and imexctl's own log.
 INFRASTRUCTURE: frozenset[str] = frozenset({
-    "run", "run/imexctl", "run/imexctl/jobs", "run/imexctl/notes", "run/imexctl/lock",
+    "run", "run/imexctl", "run/imexctl/jobs", "run/imexctl/notes", "run/imexctl/lock", "run/imexctl/remnants.json",
     "var", "var/log", "var/log/imexctl.log",
     "dev", "dev/nvidia-caps-imex-channels",
 })  # fmt: skip

@@ -75,7 +75,8 @@ def tray(root: Path) -> Tray:
 
 def _env(tray: Tray, case: PrologCase) -> dict[str, str]:
     """What slurmd of ``case.version`` gives the prolog (tests/lab/test_hooks_env.py records it)."""
-    conf = tray.write("etc/slurm/slurm.conf", "ClusterName=x\n")
+    # the trays listed: a domain slurm.conf does not place is refused (design.md "The channel rule")
+    conf = tray.write("etc/slurm/slurm.conf", "ClusterName=x\nNodeName=gb[01-04] CPUs=1\n")
     het = {"job_id": 101, "nodelist": "gb[03-04]", "node": "gb03", "SLURM_HET_JOB_ID": "100"}
     env = job_env(**(het if case.scenario == "het" else {}), SLURM_CONF=str(conf))  # type: ignore[arg-type]
     if case.version == "22.05":

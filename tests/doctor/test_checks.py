@@ -17,6 +17,7 @@ from imexctl import cli
 from imexctl.config import settings
 from imexctl.doctor import framework as doctor
 from imexctl.doctor import run as doctor_run
+from imexctl.doctor.host import GUARDED, JOBS_SCOPE
 from imexctl.gpu.fabric import FabricInfo
 from imexctl.hooks.runtime import Runtime
 from imexctl.platform.errors import GpuError
@@ -58,6 +59,12 @@ def tray(root: Path, host: FakeHost) -> Path:
     (root / "proc/net/tcp").write_text(TCP_HEADER + _listen(22))
     (root / "proc/net/tcp6").write_text(TCP_HEADER)
     host.unit_exec = f"{root}/usr/bin/nvidia-imex -c {root}/run/imexctl/jobs/{{job}}/config.cfg"
+    # the port guard (docs/install.md): cgroup v2, and the rule on the logins' slice and the jobs' scope
+    (root / "sys/fs/cgroup").mkdir(parents=True)
+    (root / "sys/fs/cgroup/cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    for unit in (GUARDED, JOBS_SCOPE):
+        host.units[unit] = {"LoadState": "loaded"}
+        host.unit_lists[unit] = {"SocketBindDeny": ["tcp61000-62999"]}
     return root
 
 
@@ -515,6 +522,24 @@ def test_missing_topology_file_fails(tray: Path, make_rt: Any) -> None:
     assert check.status == doctor.FAIL and "cannot read topology file" in check.message
 
 
+@pytest.mark.parametrize(
+    ("sections", "status"),
+    [({}, doctor.FAIL), ({"policy": {"channels": "none"}}, doctor.OK)],
+    ids=["channels-job", "channels-none"],
+)
+def test_a_node_slurm_conf_does_not_list_has_no_channel_place(tray: Path, make_rt: Any,
+                                                              sections: dict[str, dict[str, str]],
+                                                              status: str) -> None:  # fmt: skip
+    """No topology source and slurm.conf does not list this node (a dynamic node): its prologs refuse IMEX, since its
+    channel has no place in a clique; doctor fails ahead of them and says to configure a topology source."""
+    (tray / "etc/slurm/nodes.conf").write_text("NodeName=gb[02-18] CPUs=144\nPartitionName=nvl72 Nodes=gb[02-18]\n")
+    check = _checks(make_rt(**sections))["slurm.topology"]
+    assert check.status == status, check
+    if status == doctor.FAIL:
+        assert "slurm.conf does not list this node gb01" in check.message and "prologs refuse IMEX" in check.message
+        assert "[topology] source" in check.fix
+
+
 # ---------------------------------------------------------------- IMEX
 
 
@@ -609,12 +634,49 @@ def test_a_clique_with_more_trays_than_channels_warns(make_rt: Any, tray: Path, 
     """A topology block of 16 trays: with 16 channels (15 numbers) two of its domains can share one: WARN."""
     (tray / "proc/driver/nvidia/params").write_text(f"ImexChannelCount: {count}\n")
     (tray / "etc/slurm").mkdir(parents=True, exist_ok=True)
-    (tray / "etc/slurm/topology.conf").write_text("BlockName=r1 Nodes=gb[01-16]\nBlockName=r2 Nodes=gb[17-18]\n")
+    key = "4f2a9c1e-5d6b-4e8f-9a0b-1c2d3e4f5a6b"
+    text = (
+        f"BlockName=r1 Nodes=gb[01-16]  # imexctl-key: {key}.1\nBlockName=r2 Nodes=gb[17-18]  # imexctl-key: {key}.2\n"
+    )
+    (tray / "etc/slurm/topology.conf").write_text(text)
     rt = make_rt(policy={"channel_count": str(count)}, paths={"topology_file": "/etc/slurm/topology.conf"})
     check = _checks(rt)["imex.channel_count"]
     assert check.status == status, check
     if status == doctor.WARN:
         assert "largest NVLink clique has 16 trays" in check.message and "above 16" in check.fix
+
+
+@pytest.mark.parametrize(
+    ("lines", "keyless"),
+    [
+        ("BlockName=r1 Nodes=gb[01-02]\nBlockName=r2 Nodes=gb[03-04]\n", "blocks r1, r2"),
+        ("BlockName=r1 Nodes=gb[01-02]  # imexctl-key: 4f2a9c1e-5d6b-4e8f-9a0b-1c2d3e4f5a6b.1\nBlockName=r2 Nodes=gb[03-04]\n",
+         "block r2"),
+    ],
+    ids=["none-keyed", "one-keyless"],
+)  # fmt: skip
+def test_blocks_without_a_key_warn(make_rt: Any, tray: Path, lines: str, keyless: str) -> None:
+    """Blocks with no NVLink domain key may split one clique: the whole file counts as one, and doctor says so and
+    how to give them keys."""
+    (tray / "proc/driver/nvidia/params").write_text("ImexChannelCount: 2048\n")
+    (tray / "etc/slurm").mkdir(parents=True, exist_ok=True)
+    (tray / "etc/slurm/topology.conf").write_text(lines)
+    check = _checks(make_rt(paths={"topology_file": "/etc/slurm/topology.conf"}))["imex.channel_count"]
+    assert check.status == doctor.WARN, check
+    assert f"{keyless} of " in check.message and "all 4 trays of the file count as one clique" in check.message
+    assert "imexctl topology blocks" in check.fix and "topology_map" in check.fix
+
+
+def test_a_topology_map_that_names_every_tray_gives_the_blocks_keys(make_rt: Any, tray: Path) -> None:
+    """The same keyless file with a [paths] topology_map naming every tray: the blocks have keys, no warning."""
+    (tray / "proc/driver/nvidia/params").write_text("ImexChannelCount: 2048\n")
+    (tray / "etc/slurm").mkdir(parents=True, exist_ok=True)
+    (tray / "etc/slurm/topology.conf").write_text("BlockName=r1 Nodes=gb[01-02]\nBlockName=r2 Nodes=gb[03-04]\n")
+    key = "4f2a9c1e-5d6b-4e8f-9a0b-1c2d3e4f5a6b"
+    (tray / "etc/slurm/imex.map").write_text("".join(f"gb0{i} {key}.{1 + (i > 2)}\n" for i in range(1, 5)))
+    paths = {"topology_file": "/etc/slurm/topology.conf", "topology_map": "/etc/slurm/imex.map"}
+    check = _checks(make_rt(paths=paths))["imex.channel_count"]
+    assert check.status == doctor.OK, check
 
 
 # ---------------------------------------------------------------- ports
@@ -653,6 +715,142 @@ def test_a_jobs_own_daemon_port_is_no_finding(make_rt: Any, tray: Path, host: Fa
     host.running_jobs.add(7)
     (tray / "proc/net/tcp").write_text(TCP_HEADER + _listen(61007) + _listen(62007))
     assert _checks(rt)["ports.listening"].status == doctor.OK
+
+
+def _users_listener(tray: Path, address: str = "00000000", port: int = 61042, pid: int = 4242) -> None:
+    """uid 1501's ``python3 -m http.server`` listening on ``address:port`` (kernel hex), as /proc shows it."""
+    line = f"   1: {address}:{port:04X} 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1501 0 {pid} 1\n"
+    (tray / "proc/net/tcp").write_text(TCP_HEADER + _listen(22) + line)
+    proc = tray / "proc" / str(pid)
+    (proc / "fd").mkdir(parents=True)
+    (proc / "status").write_text("Name:\tpython3\nUid:\t1501\t1501\t1501\t1501\n")
+    (proc / "cmdline").write_bytes(b"python3\0-m\0http.server\0" + str(port).encode() + b"\0")
+    (proc / "fd/3").symlink_to(f"socket:[{pid}]")
+    with (tray / "etc/passwd").open("a") as f:
+        f.write("imexlab:x:1501:1502::/home/imexlab:/bin/sh\n")
+
+
+def test_a_local_users_listener_in_the_ranges_warns_naming_it(make_rt: Any, tray: Path) -> None:
+    """A local user's listener in the ranges: WARN (no fault of the tray), named as the prolog names it."""
+    _users_listener(tray)
+    checks = _checks(make_rt())
+    check = checks["ports.listening"]
+    assert check.status == doctor.WARN, check
+    assert "0.0.0.0:61042 held by pid 4242 (uid 1501 imexlab: python3 -m http.server 61042)" in check.message
+    assert "port guard" in check.fix
+    assert doctor.exit_code(list(checks.values())) == 0
+
+
+def test_a_local_users_loopback_listener_holds_no_jobs_port(make_rt: Any, tray: Path) -> None:
+    """127.0.0.1:61042 is not the tray's address, which the prolog binds: no finding."""
+    _users_listener(tray, address="0100007F")
+    assert _checks(make_rt())["ports.listening"].status == doctor.OK
+
+
+def test_the_port_guard_is_ok_on_a_guarded_tray(make_rt: Any, host: FakeHost) -> None:
+    """systemd with BPF_FRAMEWORK, cgroup v2, the logins' slice denies the ranges: OK, saying so; the jobs' scope,
+    guarded or not (it is optional: netcheck binds the ranges from a job step), is named either way."""
+    check = _checks(make_rt())["ports.guard"]
+    assert check.status == doctor.OK, check
+    assert "user.slice refuses bind() in 61000-61999 and 62000-62999" in check.message, check
+    assert check.message.endswith("; slurmstepd.scope too"), check
+    host.unit_lists[JOBS_SCOPE] = {}
+    check = _checks(make_rt())["ports.guard"]
+    assert check.status == doctor.OK and "slurmstepd.scope does not (the jobs' steps; optional" in check.message
+
+
+def test_a_systemd_without_bpf_framework_guards_nothing(make_rt: Any, host: FakeHost) -> None:
+    """Debian 12's systemd 252 shows SocketBindDeny= and enforces nothing (measured): WARN, naming the build."""
+    features = "+PAM +AUDIT +SECCOMP -BPF_FRAMEWORK -XKBCOMMON +UTMP default-hierarchy=unified"
+    host.systemd_version_output = f"systemd 252 (252.39-1~deb12u2)\n{features}\n"
+    check = _checks(make_rt())["ports.guard"]
+    assert check.status == doctor.WARN, check
+    assert "systemd 252 (252.39-1~deb12u2) is built without BPF_FRAMEWORK" in check.message
+    assert "port_held" in check.message and "port-guard" in check.fix
+
+
+def test_no_cgroup_v2_guards_nothing(make_rt: Any, tray: Path) -> None:
+    """Without a unified cgroup hierarchy systemd attaches no bind program: WARN."""
+    (tray / "sys/fs/cgroup/cgroup.controllers").unlink()
+    check = _checks(make_rt())["ports.guard"]
+    assert check.status == doctor.WARN and "no unified cgroup hierarchy" in check.message, check
+
+
+def test_a_unit_without_the_rule_is_named(make_rt: Any, host: FakeHost) -> None:
+    """The logins' slice has no rule: WARN naming user.slice and what its processes may bind."""
+    host.unit_lists[GUARDED] = {}
+    check = _checks(make_rt())["ports.guard"]
+    assert check.status == doctor.WARN, check
+    assert "user.slice lets its processes bind 2000 of their ports over IPv4 and 2000 of their ports over IPv6" in (
+        check.message
+    )
+    assert "slurmstepd.scope" not in check.message
+
+
+@pytest.mark.parametrize(
+    ("deny", "allow", "left"),
+    [
+        (["ipv4:tcp61000-62999"], [], "2000 of their ports over IPv6"),
+        (["tcp61000-61999"], [], "1000 of their ports over IPv4"),
+        (["udp61000-62999"], [], "2000 of their ports over IPv4"),
+        (["tcp61000-62999"], ["tcp61500"], "1 of their ports over IPv4"),
+        (["ipv4:tcp61000-62999", "ipv6:61000-62999"], [], ""),
+        (["any"], [], ""),
+    ],
+)
+def test_a_rule_must_cover_both_ranges_over_tcp_and_both_families(
+    make_rt: Any, host: FakeHost, deny: list[str], allow: list[str], left: str
+) -> None:
+    """Only ports denied over TCP, IPv4 and IPv6 alike, and not allowed again, are guarded."""
+    host.unit_lists[GUARDED] = {"SocketBindDeny": deny, "SocketBindAllow": allow}
+    check = _checks(make_rt())["ports.guard"]
+    assert (check.status == doctor.OK) == (not left), check
+    if left:
+        assert f"user.slice lets its processes bind {left}" in check.message, check
+
+
+def test_other_ranges_need_their_own_rule(make_rt: Any) -> None:
+    """[ports] moved to 63000-64999: the shipped default rule guards none of it."""
+    ports = {"server_port_range": "63000-63999", "cmd_port_range": "64000-64999"}
+    check = _checks(make_rt(ports=ports))["ports.guard"]
+    assert check.status == doctor.WARN and "bind() in" not in check.message, check
+    assert "in 63000-63999 and 64000-64999 and fail its prolog" in check.message
+
+
+def test_a_scope_that_does_not_run_is_judged_by_its_drop_ins(make_rt: Any, host: FakeHost, tray: Path) -> None:
+    """slurmstepd.scope not loaded now (slurmd makes it): its drop-in files decide; one that leaves ports open
+    WARNs, a whole one is OK, and an empty line resets the list (no guard there: OK, it is optional)."""
+    del host.units[JOBS_SCOPE], host.unit_lists[JOBS_SCOPE]
+    drop = tray / "etc/systemd/system/slurmstepd.scope.d"
+    drop.mkdir(parents=True)
+    (drop / "imexctl-port-guard.conf").write_text("[Scope]\nSocketBindDeny=ipv4:tcp:61000-62999\n")
+    check = _checks(make_rt())["ports.guard"]
+    assert check.status == doctor.WARN and "slurmstepd.scope has a rule that lets its processes bind 2000" in (
+        check.message
+    ), check
+    (drop / "imexctl-port-guard.conf").write_text("[Scope]\nSocketBindDeny=tcp:61000-62999\n")
+    assert _checks(make_rt())["ports.guard"].message.endswith("slurmstepd.scope too")
+    (drop / "zz-site.conf").write_text("[Scope]\nSocketBindDeny=\n")
+    check = _checks(make_rt())["ports.guard"]
+    assert check.status == doctor.OK and "slurmstepd.scope does not" in check.message, check
+
+
+def test_the_shipped_drop_ins_guard_the_default_ranges(make_rt: Any, host: FakeHost, tray: Path) -> None:
+    """systemd/port-guard.*.conf, installed as docs/install.md says, pass the check."""
+    for unit, name in ((GUARDED, "slice"), (JOBS_SCOPE, "scope")):
+        del host.units[unit], host.unit_lists[unit]
+        drop = tray / "etc/systemd/system" / f"{unit}.d"
+        drop.mkdir(parents=True)
+        shutil.copy(REPO / f"systemd/port-guard.{name}.conf", drop / "imexctl-port-guard.conf")
+    check = _checks(make_rt())["ports.guard"]
+    assert check.status == doctor.OK and check.message.endswith("slurmstepd.scope too"), check
+
+
+def test_systemd_that_cannot_be_asked_warns(make_rt: Any, host: FakeHost) -> None:
+    """No answer from systemctl: WARN, the guard unknown."""
+    host.fail_verbs.add("show")
+    check = _checks(make_rt())["ports.guard"]
+    assert check.status == doctor.WARN and "cannot ask systemd" in check.message, check
 
 
 # ---------------------------------------------------------------- NVML
@@ -1019,3 +1217,57 @@ def test_an_epilog_before_its_lock_is_in_flight(make_rt: Any, host: FakeHost) ->
     assert check.status == doctor.OK and "in progress" in check.message
     host.now += 120
     assert _checks(rt)["imexctl.stale"].status == doctor.FAIL
+
+
+# ---------------------------------------------------------------- imexctl.stale by the epilog's deadline and the one liveness rule (issue 41)
+
+
+def test_an_epilog_is_in_flight_until_the_deadline_it_recorded(make_rt: Any, host: FakeHost) -> None:
+    """The epilog records its own deadline with its mark (every wait it makes, with the settings it read, a long
+    process_wait_s among them): until then its job's daemon is no stale fault, whatever today's settings sum to."""
+    rt = make_rt()
+    _mid_flight(rt, host, 45, set_up=5.0, ended=host.time() - 2, epilog_deadline=host.time() + 300)
+    host.now += 120  # past today's settings' window (process_wait_s 20 + lock 30 + stop 1 + kill 1 + 10 s)
+    check = _checks(rt)["imexctl.stale"]
+    assert check.status == doctor.OK and "in progress" in check.message
+    host.now += 181
+    assert _checks(rt)["imexctl.stale"].status == doctor.FAIL
+
+
+def test_a_gone_jobs_daemon_out_of_procs_sight_is_named_by_its_backend(make_rt: Any, host: FakeHost) -> None:
+    """Job 47 ended long ago; its daemon's program moved under it, so /proc no longer shows it as [commands]
+    nvidia_imex, but the exec backend's pid file names it alive: the FAIL names that daemon, not just the
+    directory."""
+    rt = make_rt()
+    _mid_flight(rt, host, 47, set_up=5.0, ended=9.0)
+    proc = host.procs[max(host.procs)]
+    rt.settings.paths.job(47).pid_file.write_text(f"{proc.info.pid} {proc.info.create_time!r}\n")
+    proc.info = proc.info._replace(exe="/usr/lib/nvidia/580/nvidia-imex")
+    check = _checks(rt)["imexctl.stale"]
+    assert check.status == doctor.FAIL, check
+    assert (
+        f"job 47 (directory, daemon (pid {proc.info.pid}: its exec backend says it runs, /proc does not show it as "
+        "[commands] nvidia_imex))" in check.message
+    ), check.message
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: a real character device node")
+def test_channels_a_running_jobs_unreadable_state_may_claim_are_not_called_unclaimed(
+    make_rt: Any, host: FakeHost
+) -> None:
+    """Job 46 runs here and its state.json cannot be read: it may claim any channel but channel0, so channel9 is
+    no channel 'that no job claims', and cleanup leaves it while that lasts: the WARN says so, naming the job."""
+    rt = make_rt()
+    _mid_flight(rt, host, 46, set_up=5.0)
+    host.running_jobs.add(46)
+    rt.settings.paths.job(46).state.write_text('{"job_id": 4')
+    chan = rt.settings.paths.channel_dir
+    chan.mkdir(parents=True)
+    os.mknod(chan / "channel9", stat.S_IFCHR | 0o600, os.makedev(234, 9))
+    check = _checks(rt)["imexctl.channels"]
+    assert check.status == doctor.WARN, check
+    assert check.message == (
+        "channel nodes that no readable state claims: channel9 (uid 0, mode 0600); the state of job 46 cannot be "
+        "read, and it may claim any of them"
+    ), check.message
+    assert "cleanup leaves them" in check.fix and "job 46" in check.fix, check.fix

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Callable
 
@@ -102,6 +103,46 @@ class TestOneLivenessRule:
         assert not still_runs(42, rt).runs
         assert cleanup(rt).data()["skipped"] == [] and not rt.settings.paths.job(42).exists()
 
+    @pytest.mark.parametrize("backend", ["exec", "systemd"])
+    def test_the_epilog_waits_for_the_driver_clients_of_a_daemon_out_of_sight(
+        self, host: FakeHost, make_settings: Callable[..., Settings], backend: str
+    ) -> None:
+        """/proc no longer ties job 42's daemon to ``[commands] nvidia_imex``, its backend says it runs: the epilog
+        still waits for the job user's processes that hold the driver before it stops the daemon, and reports
+        the busy stop (the driver would kill them, with exports left, and refuse fabric allocations)."""
+        rt = runtime(host, make_settings, backend)
+        rt = rt._replace(settings=make_settings(daemon={"backend": backend, "process_wait_s": 3}))
+        assert prolog(job_env(job_id=42), rt).ok
+        pid = move_program(host, rt, 42)
+        stuck = host.add_process(["/home/alice/train"], uid=1000, driver=True)
+        t0 = host.monotonic()
+        out = epilog(job_env(job_id=42), rt)
+        assert host.monotonic() - t0 >= 3.0 and len(out.busy_stop) == 1, out
+        assert out.busy_stop[0].startswith(f"the IMEX daemon of job 42 is stopped while pid {stuck.pid} of uid 1000")
+        assert out.ok and not host.procs[pid].alive and host.is_alive(stuck)
+
+    def test_an_epilog_stops_a_unit_that_runs_out_of_sight_without_its_directory(
+        self, host: FakeHost, make_settings: Callable[..., Settings]
+    ) -> None:
+        """Job 42's directory is gone, /proc misses its daemon (program moved) and systemd says its unit runs:
+        the job left something, so its epilog is no idle one, and it stops the unit (and, its state lost, takes
+        the one channel of its uid).  An epilog of a job of which nothing at all names the config asks systemd
+        nothing."""
+        from imexctl.hooks.teardown import idle_epilog
+        from imexctl.slurm.job import JobContext
+
+        rt = runtime(host, make_settings, "systemd")
+        assert prolog(job_env(job_id=42), rt).ok
+        pid = move_program(host, rt, 42)
+        shutil.rmtree(rt.settings.paths.job(42).path)
+        host.calls.clear()
+        assert idle_epilog(JobContext.from_env(job_env(job_id=7), need_nodes=False), rt) is not None
+        assert not [c for c in host.calls if c[0].endswith("systemctl")], host.calls
+        assert idle_epilog(JobContext.from_env(job_env(job_id=42), need_nodes=False), rt) is None
+        out = epilog(job_env(job_id=42), rt)
+        assert [a.kind for a in out.actions] == ["stop_daemon", "remove_channel"] and out.ok, out  # its uid's one
+        assert host.units["imexctl-imex@42.service"]["ActiveState"] == "inactive" and not host.procs[pid].alive
+
     def test_the_answer_has_no_truth_value(self, rt: Runtime) -> None:
         """``if still_runs(...)`` would keep every job (a record is a non-empty tuple): it raises instead."""
         with pytest.raises(TypeError, match="ask its runs"):
@@ -143,13 +184,21 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: real chan
 class TestEpilogChannelGuard:
     """Jobs 42 and 2089 have the same channel minor (43 with 2048 channels): one's epilog never takes the other's."""
 
-    @pytest.mark.parametrize("other_state", ["claims-minor-43", "unreadable"])
+    @pytest.mark.parametrize(
+        ("other_state", "uid"),
+        [
+            pytest.param("claims-minor-43", 1234, id="claims-minor-43"),
+            pytest.param("unreadable", 1234, id="unreadable"),
+            pytest.param("unreadable", 1000, id="unreadable-same-user"),
+        ],
+    )
     def test_a_stateless_jobs_epilog_leaves_a_channel_another_job_claims(
-        self, rt: Runtime, real_nodes: FakeHost, root: Path, other_state: str
+        self, rt: Runtime, real_nodes: FakeHost, root: Path, other_state: str, uid: int
     ) -> None:
         """Job 42's prolog died before its state.json; job 2089's channel43 stays through 42's epilog, whether
-        2089's state names minor 43 or cannot be read (it may)."""
-        assert prolog(job_env(job_id=2089, uid=1234), rt).ok
+        2089's state names minor 43 or cannot be read (it may), also when 2089 is a job of 42's own user (uid
+        1000): its channel is then the one node of that uid that no readable state claims."""
+        assert prolog(job_env(job_id=2089, uid=uid), rt).ok
         chan = rt.settings.paths.channel_dir / "channel43"
         if other_state == "unreadable":
             rt.settings.paths.job(2089).state.write_text('{"job_id": 20')
@@ -158,7 +207,7 @@ class TestEpilogChannelGuard:
         out = epilog(job_env(job_id=42), rt)
         assert [a.kind for a in out.actions] == ["stop_daemon", "remove_job_dir"], out.actions
         after = os.lstat(chan)
-        assert (after.st_ino, after.st_uid, after.st_gid) == (before.st_ino, 1234, JOB_GID)
+        assert (after.st_ino, after.st_uid, after.st_gid) == (before.st_ino, uid, JOB_GID)
         assert not rt.settings.paths.job(42).exists() and len([p for p in real_nodes.procs.values() if p.alive]) == 1
 
     def test_a_stateless_jobs_epilog_removes_its_own_channel(
@@ -279,7 +328,7 @@ class TestClaimBelievesRunningOnlyForThisTray:
 
     def _left_by_job_7(self, host: FakeHost, make_settings: Callable[..., Settings], root: Path, **env: str) -> Runtime:
         rt = runtime(host, make_settings)
-        (root / "slurm.conf").write_text("ClusterName=x\n")
+        (root / "slurm.conf").write_text("ClusterName=x\nNodeName=gb[01-18]\n")  # the channel's clique
         more = {"SLURM_CONF": str(root / "slurm.conf"), "SLURM_JOB_OVERSUBSCRIBE": "NO", **env}
         assert prolog(job_env(job_id=7, **more), rt).ok
         return rt

@@ -10,9 +10,12 @@ import pytest
 from imexctl.hooks.members import (
     Place,
     channel_place,
+    cliques,
     cross_check,
     domain_members,
     job_domain,
+    keyless_blocks,
+    largest_clique,
     parse_hosts_file,
     resolve_all,
 )
@@ -315,7 +318,8 @@ class TestChannelPlace:
     def test_first_tray_of_the_domain_in_its_block_sorted_by_name(self) -> None:
         """The clique is the domain's block, sorted by name whatever the file's order: the domain's earliest tray
         gives its position, the same whichever tray of the domain asks."""
-        source = parse_topology("BlockName=r1 Nodes=gb03,gb01,gb02\nBlockName=r2 Nodes=gb[04-05],gb07\n", "t")
+        text = f"BlockName=r1 Nodes=gb03,gb01,gb02  # imexctl-key: {KEY_A}\n"
+        source = parse_topology(text + f"BlockName=r2 Nodes=gb[04-05],gb07  # imexctl-key: {KEY_B}\n", "t")
         assert channel_place(("gb07", "gb05"), source, None) == Place(1, 3, "block r2")
         assert channel_place(("gb03",), source, None) == Place(2, 3, "block r1")
         assert channel_place(("gb02", "gb01"), source, ["ignored"]) == Place(0, 3, "block r1")
@@ -327,6 +331,49 @@ class TestChannelPlace:
         source = parse_topology(text, "t")
         assert channel_place(("gb03", "gb04"), source, None) == Place(2, 4, "block b")
         assert channel_place(("gb05",), source, None) == Place(0, 1, "block c")
+
+    def test_keyless_blocks_make_the_whole_file_one_clique(self) -> None:
+        """Two blocks without a key may be one NVLink clique split by Slurm's block size: nothing tells, so every
+        tray of the file is one clique (each block its own clique gave both blocks' first domains position 0 of 2,
+        one number for two domains of one clique)."""
+        source = parse_topology("BlockName=b1 Nodes=gb[01-02]\nBlockName=b2 Nodes=gb[03-04]\n", "/etc/t.conf")
+        assert channel_place(("gb01", "gb02"), source, None) == Place(0, 4, "every block of /etc/t.conf")
+        assert channel_place(("gb03", "gb04"), source, None) == Place(2, 4, "every block of /etc/t.conf")
+
+    def test_one_keyless_block_makes_the_whole_file_one_clique(self) -> None:
+        """A keyed block next to a keyless one: the keyless one may share the keyed one's clique, so all is one."""
+        source = parse_topology(f"BlockName=b1 Nodes=gb[01-02]  # imexctl-key: {KEY_A}\nBlockName=b2 Nodes=gb03\n", "t")
+        assert channel_place(("gb03",), source, None) == Place(2, 3, "every block of t")
+        assert keyless_blocks(source) == ["b2"] and largest_clique(source) == 3
+
+    def test_a_topology_map_merges_the_blocks_of_one_key(self) -> None:
+        """[paths] topology_map gives keyless blocks their keys: the blocks whose trays share a key are one clique,
+        the others apart (as imexctl-key comments would)."""
+        source = parse_topology(
+            "BlockName=b1 Nodes=gb[01-02]\nBlockName=b2 Nodes=gb[03-04]\nBlockName=c Nodes=gb05\n", "t"
+        )
+        key_map = parse_map(f"gb01 {KEY_A}\ngb02 {KEY_A}\ngb03 {KEY_A}\ngb04 {KEY_A}\ngb05 {KEY_B}\n", "m")
+        assert channel_place(("gb03", "gb04"), source, None, key_map) == Place(2, 4, "block b2")
+        assert channel_place(("gb05",), source, None, key_map) == Place(0, 1, "block c")
+        assert cliques(source, key_map) == [["gb01", "gb02", "gb03", "gb04"], ["gb05"]]
+        assert keyless_blocks(source, key_map) == [] and largest_clique(source, key_map) == 4
+
+    def test_a_map_that_misses_a_tray_leaves_its_block_keyless(self) -> None:
+        """A block with a tray the map does not name has no key from the map: the whole file is one clique."""
+        source = parse_topology("BlockName=b1 Nodes=gb[01-02]\nBlockName=b2 Nodes=gb[03-04]\n", "t")
+        key_map = parse_map(f"gb01 {KEY_A}\ngb02 {KEY_A}\ngb03 {KEY_B}\n", "m")
+        assert keyless_blocks(source, key_map) == ["b2"]
+        assert channel_place(("gb03", "gb04"), source, None, key_map) == Place(2, 4, "every block of t")
+
+    def test_keys_chain_blocks_into_one_clique(self) -> None:
+        """Blocks that share a key through either source are one clique, also through a third block (sources that
+        contradict each other, which each tray's NVML cross-check refuses: the numbers stay apart meanwhile)."""
+        text = f"BlockName=z Nodes=gb05  # imexctl-key: {KEY_C}\nBlockName=a Nodes=gb01  # imexctl-key: {KEY_A}\n"
+        text += f"BlockName=m Nodes=gb03  # imexctl-key: {KEY_B}\n"
+        source = parse_topology(text, "t")
+        key_map = parse_map(f"gb01 {KEY_A}\ngb03 {KEY_A}\ngb05 {KEY_B}\n", "m")  # m shares A and B: one clique
+        assert cliques(source, key_map) == [["gb01", "gb03", "gb05"]]
+        assert cliques(source) == [["gb01"], ["gb03"], ["gb05"]]
 
     def test_a_map_source_is_keyed_by_clique(self) -> None:
         """A NODE KEY map: the clique is every node of the key."""

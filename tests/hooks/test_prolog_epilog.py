@@ -11,6 +11,7 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
+from imexctl.config.settings import Settings
 from imexctl.gpu.fabric import FabricInfo
 from imexctl.hooks.prolog import prolog
 from imexctl.hooks.runtime import Runtime
@@ -27,7 +28,8 @@ from imexctl.platform.errors import (
     ResolveError,
     UnsafeNodeError,
 )
-from tests.support.fakes import JOB_GID, FakeHost, domain_json, job_env
+from imexctl.platform.host import TcpSocket
+from tests.support.fakes import JOB_GID, FakeGpu, FakeHost, SlurmJob, domain_json, job_env
 
 
 def events(logs: list[dict], level: str = "info") -> list[str]:
@@ -179,16 +181,21 @@ class TestProlog:
         assert leftovers(root) == before and len(live(host)) == 1
 
     def test_port_in_use_is_refused(self, rt: Any, host: FakeHost, root: Path) -> None:
-        """A stale process on the job's SERVER_PORT fails the prolog before starting a daemon."""
+        """A stale IMEX daemon on the job's SERVER_PORT fails the prolog before starting a daemon (a holder that is
+        no daemon: tests/hooks/test_portholder.py)."""
         host.ports_in_use.add(("10.0.0.1", 61042))
-        with pytest.raises(DomainBusyError, match="SERVER_PORT 10.0.0.1:61042"):
+        stale = host.add_process(["/usr/bin/nvidia-imex", "-c", "/etc/nvidia-imex/config.cfg"])
+        host.sockets = [TcpSocket("10.0.0.1", 61042, "LISTEN", 0, 1, stale)]
+        with pytest.raises(DomainBusyError, match="SERVER_PORT 10.0.0.1:61042 is held by an IMEX daemon"):
             prolog(job_env(job_id=42), rt)
         assert leftovers(root) == [] and not any(c[0] == "spawn" for c in host.calls)
 
     def test_command_port_in_use_is_refused(self, rt: Any, host: FakeHost, root: Path) -> None:
-        """A stale listener on the job's IMEX_CMD_PORT (on the tray's address) is refused the same way."""
+        """A stale daemon's listener on the job's IMEX_CMD_PORT (on the tray's address) is refused the same way."""
         host.ports_in_use.add(("10.0.0.1", 62042))
-        with pytest.raises(DomainBusyError, match="IMEX_CMD_PORT 10.0.0.1:62042"):
+        stale = host.add_process(["/usr/bin/nvidia-imex", "-c", "/etc/nvidia-imex/config.cfg"])
+        host.sockets = [TcpSocket("0.0.0.0", 62042, "LISTEN", 0, 1, stale)]
+        with pytest.raises(DomainBusyError, match="IMEX_CMD_PORT 10.0.0.1:62042 is held by an IMEX daemon"):
             prolog(job_env(job_id=42), rt)
         assert leftovers(root) == [] and not any(c[0] == "spawn" for c in host.calls)
 
@@ -404,6 +411,39 @@ def epilog_killed(rt: Any, job_id: int) -> None:
 
 
 class TestCleanup:
+    @pytest.mark.parametrize("dry_run", [False, True], ids=["cleanup", "dry-run"])
+    def test_no_stray_channel_goes_while_a_running_jobs_state_cannot_be_read(
+        self, rt: Any, real_nodes: FakeHost, root: Path, dry_run: bool
+    ) -> None:
+        """Job 2089 runs here and its state.json cannot be read: it may claim any channel but channel0 (its own
+        channel43 among them), as the epilog's channel rule holds.  cleanup removes no stray channel then, and
+        says so under skipped, naming the job; once its state reads again, only the stray goes.  A gone job's
+        unreadable state holds nothing back: cleanup tears that job down first."""
+        prolog(job_env(job_id=2089), rt)
+        real_nodes.running_jobs.add(2089)
+        chans, state = root / "dev/nvidia-caps-imex-channels", rt.settings.paths.job(2089).state
+        real_nodes.mknod_char(chans / "channel9", 234, 9, mode=0o600, uid=2000, gid=2000)
+        good = state.read_text()
+        state.write_text('{"job_id": 20')
+        report = cleanup(rt, dry_run=dry_run).data()
+        assert report["actions"] == [] and report["errors"] == [], report
+        assert report["skipped"] == [
+            "job 2089 still runs on this node (use --force)",
+            "no stray channel removed (channel9, channel43): the state of job 2089 cannot be read, and it may claim any",
+        ], report
+        assert sorted(p.name for p in chans.iterdir()) == ["channel43", "channel9"]
+        state.write_text(good)
+        (root / "run/imexctl/jobs/77").mkdir()
+        (root / "run/imexctl/jobs/77/state.json").write_text("")
+        report = cleanup(rt, dry_run=dry_run).data()
+        would = "would remove" if dry_run else "remove"
+        assert report["actions"] == [
+            f"{'would stop' if dry_run else 'stop'} daemon of job 77",  # without a state, through the backend
+            f"{would} {root / 'run/imexctl/jobs/77'}",
+            f"{would} stray channel {chans / 'channel9'}",
+        ], report
+        assert sorted(p.name for p in chans.iterdir()) == ["channel43", *(["channel9"] if dry_run else [])]
+
     def test_set_up_job_without_a_step_counts_as_running(self, rt: Any, host: FakeHost, root: Path) -> None:
         """No slurmstepd, no cgroup, but a set-up domain and no epilog yet: cleanup leaves it, --force removes it."""
         prolog(job_env(job_id=42), rt)
@@ -488,3 +528,138 @@ class TestCleanup:
         report = cleanup(rt, dry_run=True)
         assert report.data()["actions"] and all(a.startswith("would ") for a in report.data()["actions"])
         assert leftovers(root) == before and len(live(host)) == 1
+
+
+class TestChannelOfAnEndingDomain:
+    """A new domain whose first tray is an old domain's, while the old one's epilog still runs on another of its trays
+    (slurmctld returns a COMPLETING job's trays one by one): the same position, and with job ids alike modulo T the
+    same number. slurm.conf lists gb[01-04] (the clique, no topology source) and channel_count = 5: T = 1, so jobs 7
+    on gb[01-02] and 8 on gb[01,03] both get channel 1 (design.md "The channel rule")."""
+
+    CONF = "ClusterName=x\nNodeName=gb[01-04]\n"
+
+    def _rt(self, host: FakeHost, make_settings: Callable[..., Settings], channel_count: int = 5) -> Runtime:
+        settings = make_settings(policy={"channel_count": channel_count})
+        return Runtime(host, FakeGpu(), settings, structlog.get_logger())
+
+    def _old_job_ended_here(self, rt: Runtime, root: Path) -> str:
+        """Job 7 set up on gb01 and torn down by its epilog there; returns the slurm.conf path."""
+        conf = root / "slurm.conf"
+        conf.write_text(self.CONF)
+        env = job_env(job_id=7, nodelist="gb[01-02]", SLURM_CONF=str(conf))
+        assert prolog(env, rt).setup.channel.endswith("/channel1")
+        epilog(env, rt)
+        assert leftovers(root) == []
+        return str(conf)
+
+    def _new_job(self, conf: str) -> dict[str, str]:
+        return job_env(job_id=8, nodelist="gb[01,03]", SLURM_CONF=conf)
+
+    @staticmethod
+    def _slurmctld_later(host: FakeHost, at: float, job: SlurmJob) -> None:
+        """From host time ``at`` on, slurmctld's record of ``job.job_id`` is ``job`` (the epilog elsewhere ended)."""
+        sleep = host.sleep
+
+        def later(seconds: float) -> None:
+            sleep(seconds)
+            if host.now >= at:
+                host.slurm_jobs[job.job_id] = job
+
+        host.sleep = later  # type: ignore[method-assign]
+
+    def test_waits_while_slurmctld_says_the_old_domain_still_completes_elsewhere(
+        self, host: FakeHost, make_settings: Callable[..., Settings], root: Path
+    ) -> None:
+        """slurmctld lists job 7 COMPLETING on gb02 for 3 s: the prolog waits, asking, and starts its daemon only
+        once slurmctld says job 7 holds gb02 no more."""
+        rt = self._rt(host, make_settings)
+        conf = self._old_job_ended_here(rt, root)
+        host.slurm_jobs[7] = SlurmJob(7, "COMPLETING", "gb02")
+        self._slurmctld_later(host, host.now + 3, SlurmJob(7, "COMPLETED", "gb[01-02]"))
+        with capture_logs() as logs:
+            out = prolog(self._new_job(conf), rt)
+        assert out.ok and out.setup.channel.endswith("/channel1")
+        (waited,) = [e for e in logs if e["event"] == "imex.channel.waited"]
+        assert (waited["channel"], waited["old_job_id"], waited["trays"]) == (1, 7, "gb02")
+        assert 3 <= waited["waited_s"] < 5 and "slurmctld says job 7 is COMPLETED" in waited["how"]
+        questions = [i for i, c in enumerate(host.calls) if c[0].endswith("squeue")]
+        (spawn,) = [i for i, c in enumerate(host.calls) if c[0] == "spawn" and "/jobs/8/" in c[-1]]
+        assert len(questions) >= 3 and all(c[5] == "--jobs=7" for c in (host.calls[i] for i in questions))
+        assert max(questions) < spawn, "the daemon started before the old domain was gone"
+
+    @pytest.mark.parametrize(
+        "record",
+        [SlurmJob(7, "COMPLETED", "gb[01-02]"), SlurmJob(7, "COMPLETING", "gb04"), SlurmJob(7, "PENDING", "")],
+        ids=["completed", "completing-elsewhere", "requeued"],
+    )
+    def test_goes_on_when_slurmctld_says_the_old_domain_is_gone(
+        self, host: FakeHost, make_settings: Callable[..., Settings], root: Path, record: SlurmJob
+    ) -> None:
+        """slurmctld says job 7 holds gb02 no more: one question, no wait."""
+        rt = self._rt(host, make_settings)
+        conf = self._old_job_ended_here(rt, root)
+        host.slurm_jobs[7] = record
+        with capture_logs() as logs:
+            assert prolog(self._new_job(conf), rt).ok
+        (waited,) = [e for e in logs if e["event"] == "imex.channel.waited"]
+        assert waited["waited_s"] == 0 and "slurmctld says job 7" in waited["how"]
+        assert [c[5] for c in host.calls if c[0].endswith("squeue")] == ["--jobs=7"]
+
+    def test_without_an_answer_waits_out_the_bound(
+        self, host: FakeHost, make_settings: Callable[..., Settings], root: Path
+    ) -> None:
+        """slurmctld does not answer: the prolog waits until the old domain's epilogs must have ended everywhere
+        (its epilog's deadline here plus the clock slack), then goes on."""
+        from imexctl.hooks import remnants
+
+        rt = self._rt(host, make_settings)
+        conf = self._old_job_ended_here(rt, root)
+        (old,) = remnants.load(rt)
+        host.now += old.until - rt.host.time() - 2.5  # 2.5 s before the bound
+        host.squeue_down_for = 100
+        with capture_logs() as logs:
+            assert prolog(self._new_job(conf), rt).ok
+        (waited,) = [e for e in logs if e["event"] == "imex.channel.waited"]
+        assert 2.5 <= waited["waited_s"] < 4 and "did not answer" in waited["how"]
+        assert rt.host.time() >= old.until
+
+    def test_the_deadline_first_fails_naming_the_old_job_and_its_trays(
+        self, host: FakeHost, make_settings: Callable[..., Settings], root: Path
+    ) -> None:
+        """Job 7 stays COMPLETING on gb02 past the readiness deadline: the prolog fails (domain_busy) naming job 7,
+        gb02 and the channel, with nothing started and nothing left."""
+        rt = self._rt(host, make_settings)
+        conf = self._old_job_ended_here(rt, root)
+        host.slurm_jobs[7] = SlurmJob(7, "COMPLETING", "gb02")
+        with pytest.raises(DomainBusyError) as info:
+            prolog(self._new_job(conf), rt)
+        why = str(info.value)
+        assert "channel 1" in why and "job 7's IMEX domain on gb02" in why and "COMPLETING on gb02" in why
+        assert not [c for c in host.calls if c[0] == "spawn" and "/jobs/8/" in c[-1]] and leftovers(root) == []
+
+    def test_a_new_domain_on_the_old_trays_waits_for_nothing(
+        self, host: FakeHost, make_settings: Callable[..., Settings], root: Path
+    ) -> None:
+        """The next job on the very trays of the old domain: its trays were given to the new job, so the old domain
+        has ended on all of them: nothing asked, nothing waited for (the common case)."""
+        rt = self._rt(host, make_settings)
+        conf = self._old_job_ended_here(rt, root)
+        host.slurm_jobs[7] = SlurmJob(7, "COMPLETING", "gb02")  # would hold the prolog, were it asked
+        with capture_logs() as logs:
+            assert prolog(job_env(job_id=8, nodelist="gb[01-02]", SLURM_CONF=conf), rt).ok
+        assert not [e for e in logs if e["event"] == "imex.channel.waited"]
+        assert not [c for c in host.calls if c[0].endswith("squeue")]
+
+    def test_another_number_waits_for_nothing(
+        self, host: FakeHost, make_settings: Callable[..., Settings], root: Path
+    ) -> None:
+        """channel_count 9: T = 2, job 8's number (5) is not job 7's (1): no question, no wait."""
+        rt = self._rt(host, make_settings, channel_count=9)
+        conf = root / "slurm.conf"
+        conf.write_text(self.CONF)
+        env = job_env(job_id=7, nodelist="gb[01-02]", SLURM_CONF=str(conf))
+        assert prolog(env, rt).setup.channel.endswith("/channel5")  # 1 + 0 + 4 * (7 % 2)
+        epilog(env, rt)
+        host.slurm_jobs[7] = SlurmJob(7, "COMPLETING", "gb02")
+        out = prolog(self._new_job(str(conf)), rt)
+        assert out.setup.channel.endswith("/channel1") and not [c for c in host.calls if c[0].endswith("squeue")]

@@ -18,12 +18,13 @@ from typing import Any, Callable
 
 import pytest
 import structlog
+from structlog.testing import capture_logs
 
 from imexctl.config.settings import Settings
 from imexctl.hooks import readiness
 from imexctl.platform.errors import CommandError, HealthTimeout
 from tests.hooks.test_readiness import make_probe
-from tests.support.fakes import FakeGpu, FakeHost, job_env
+from tests.support.fakes import FakeGpu, FakeHost, domain_json, job_env
 from tests.support.racks import rack_addresses
 from tests.support.slurmjobs import SlurmJob
 
@@ -129,25 +130,49 @@ def test_a_peer_that_reaches_nobody_is_not_blamed_on_this_tray(
     assert _kind(_verdict(host, probe, make_settings)) == "peers"
 
 
-def test_the_blocked_tray_drains_itself_without_asking_slurmctld(
-    root: Path, make_settings: Callable[..., Settings]
-) -> None:
-    """Through the prolog: the tray whose incoming ports are blocked fails although the job was requeued,
-    naming the peers it reaches by node name; slurmctld is not asked whether the job went away."""
+def _gb04_prolog(host: FakeHost, root: Path, make_settings: Callable[..., Settings], job: SlurmJob) -> Any:
+    """gb04's prolog in gb[01-04] (job 42, restart count 0) over ``host``, slurmctld holding ``job``; the result,
+    or the HealthTimeout raised."""
     from imexctl.hooks.prolog import prolog
     from imexctl.hooks.runtime import Runtime
 
-    host, _ = _tray(root, 4, 3, {3})
     host.slurm_nodes["gb04"] = {"state": "ALLOCATED"}
-    host.slurm_jobs[42] = SlurmJob(42, "PENDING", reason="launch_failed_requeued_held", restarts=1)
+    host.slurm_jobs[42] = job
     conf = root / "slurm.conf"
-    conf.write_text("ClusterName=x\nPrologFlags=Alloc,DeferBatch\n")
+    conf.write_text("ClusterName=x\nNodeName=gb[01-04]\nPrologFlags=Alloc,DeferBatch\n")
     rt = Runtime(host, FakeGpu(), make_settings(node="gb04", readiness={"deadline_s": 2}), structlog.get_logger())
-    env = job_env(job_id=42, nodelist="gb[01-04]", node="gb04", SLURM_CONF=str(conf), SLURM_JOB_OVERSUBSCRIBE="NO")
-    with pytest.raises(HealthTimeout) as info:
-        prolog(env, rt)
-    assert info.value.isolated
-    assert not [c for c in host.calls if c[0].endswith("squeue")]
+    env = job_env(job_id=42, nodelist="gb[01-04]", node="gb04", SLURM_CONF=str(conf), SLURM_JOB_OVERSUBSCRIBE="NO",
+                  SLURM_JOB_RESTART_COUNT="0")  # fmt: skip
+    try:
+        return prolog(env, rt)
+    except HealthTimeout as exc:
+        return exc
+
+
+@pytest.mark.parametrize(
+    ("job", "drained"),
+    [
+        pytest.param(SlurmJob(42, "PENDING", reason="launch_failed_requeued_held", restarts=1), True, id="requeued"),
+        pytest.param(SlurmJob(42, "COMPLETING", "gb[01-04]", restarts=1), True, id="requeued-completing"),
+        pytest.param(SlurmJob(42, "COMPLETING", "gb[01-04]"), False, id="cancelled-completing"),
+        pytest.param(SlurmJob(42, "CANCELLED", "gb[01-04]"), False, id="cancelled"),
+    ],
+)
+def test_the_blocked_tray_drains_itself_unless_the_job_is_over(
+    root: Path, make_settings: Callable[..., Settings], job: SlurmJob, drained: bool
+) -> None:
+    """Through the prolog: the tray whose incoming ports are blocked asks slurmctld once, and fails although the
+    job was requeued (a requeue is no end), naming the peers it reaches by node name; for a job that is over
+    (cancelled: COMPLETING with the restart count this run started with) it exits 0, drained for nothing."""
+    host, _ = _tray(root, 4, 3, {3})
+    out = _gb04_prolog(host, root, make_settings, job)
+    assert len([c for c in host.calls if c[0].endswith("squeue")]) == 1
+    assert host.now - 1000.0 <= 2 + 0.5, "the tray sure of its own fault waited for slurmctld"
+    if not drained:
+        assert not isinstance(out, HealthTimeout) and out.job_ended == job.state, str(out)
+        assert "DRAIN" not in host.slurm_nodes["gb04"]["state"]
+        return
+    assert isinstance(out, HealthTimeout) and out.isolated, str(out)
     reason = host.slurm_nodes["gb04"]["reason"]
     assert reason.startswith("imex:not_ready gb04: peers gb01,gb02,gb03 never connect to it"), reason
 
@@ -165,7 +190,7 @@ def test_an_unsure_tray_waits_half_the_window(root: Path, make_settings: Callabl
     host = Slurmctld(addresses=plain.addresses, domain=plain.domain, reach=plain.reach, incoming=plain.incoming)
     host.slurm_nodes["gb01"] = {"state": "ALLOCATED"}
     conf = root / "slurm.conf"
-    conf.write_text("ClusterName=x\nPrologFlags=Alloc,DeferBatch\n")
+    conf.write_text("ClusterName=x\nNodeName=gb[01-04]\nPrologFlags=Alloc,DeferBatch\n")
     s = make_settings(readiness={"deadline_s": 2}, slurm={"timeout_margin_s": 6})
     host.requeue_at = 1000.0 + 2 + requeue_after
     env = job_env(job_id=42, nodelist="gb[01-04]", SLURM_CONF=str(conf), SLURM_JOB_OVERSUBSCRIBE="NO")
@@ -224,3 +249,56 @@ def test_a_peer_not_ready_yet_is_no_evidence_against_this_tray(root: Path,
     host.domain = lambda _hosts: (0, json.dumps(doc))
     host.incoming, host.outgoing = frozenset(), frozenset({"10.0.0.2"})
     assert _kind(_verdict(host, probe, make_settings)) == "peers"
+
+
+def _cut_off_gb04(root: Path) -> FakeHost:
+    """gb04 never reached gb01-gb03's command services (their ports time out) and no connection of theirs arrives."""
+    host, _ = _tray(root, 4, 3, set())
+    host.domain = lambda hosts: (0, domain_json(hosts, status="DEGRADED", node_status=dict.fromkeys(range(3),
+                                                "UNAVAILABLE"), conn_status="INVALID"))  # fmt: skip
+    host.reach = {f"10.0.0.{i}": "timeout" for i in (1, 2, 3)}
+    host.incoming = frozenset()
+    return host
+
+
+def _socket_table_gb04(root: Path) -> FakeHost:
+    """gb03 and gb04 drop incoming job ports and every -N hangs: gb04's socket table is all it has."""
+    host, _ = _tray(root, 4, 3, {2, 3})
+    _ctl_hangs_on_n(host)
+    return host
+
+
+#: the evidence of each own-fault verdict, as gb04 of gb[01-04] sees it (verdict.py)
+OWN_FAULT = {
+    "rows": lambda root: _tray(root, 4, 3, {3})[0],
+    "socket-table": _socket_table_gb04,
+    "cut-off": _cut_off_gb04,
+}
+
+
+@pytest.mark.parametrize("evidence", sorted(OWN_FAULT))
+@pytest.mark.parametrize(
+    ("job", "exits_0"),
+    [
+        pytest.param(SlurmJob(42, "COMPLETING", "gb[01-04]"), True, id="cancelled-completing"),
+        pytest.param(SlurmJob(42, "COMPLETING", "gb[01-04]", restarts=1), False, id="requeued-completing"),
+        pytest.param(SlurmJob(42, "RUNNING", "gb[01-04]"), False, id="running"),
+    ],
+)
+def test_no_own_fault_verdict_drains_the_tray_of_a_job_that_is_over(
+    root: Path, make_settings: Callable[..., Settings], evidence: str, job: SlurmJob, exits_0: bool
+) -> None:
+    """Issue 41: every verdict that blames the tray itself (its incoming ports from the rows or its socket table,
+    cut off) first asks slurmctld once; a job that is over lets it exit 0, and what it logs blames no port of
+    its; a job that may run again (requeued, still starting) does not."""
+    host = OWN_FAULT[evidence](root)
+    with capture_logs() as logs:
+        out = _gb04_prolog(host, root, make_settings, job)
+    assert len([c for c in host.calls if c[0].endswith("squeue")]) == 1
+    if not exits_0:
+        assert isinstance(out, HealthTimeout) and out.isolated and "DRAIN" in host.slurm_nodes["gb04"]["state"]
+        return
+    assert not isinstance(out, HealthTimeout) and out.job_ended == "COMPLETING", str(out)
+    assert "DRAIN" not in host.slurm_nodes["gb04"]["state"]
+    (ended,) = [e for e in logs if e["event"] == "prolog.job_ended"]
+    assert not any(w in ended["reason"] for w in ("firewall", "incoming", "connects to it", "interfaces")), ended

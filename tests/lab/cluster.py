@@ -176,10 +176,11 @@ def slurm_conf(
     nodes: Sequence[tuple[str, str]],
     first_job_id: int = 1,
     extra: str = "",
+    prolog_flags: str = "Alloc,DeferBatch",
 ) -> str:
     """Return a lab's slurm.conf: ``ctl`` and ``nodes`` are (name, address); ``files`` has every SLURM_FILES key.
 
-    ``extra`` (lines such as ``TaskProlog=...``) goes at the end.
+    ``extra`` (lines such as ``TaskProlog=...``) goes at the end; ``prolog_flags`` is ``PrologFlags`` (the README's).
     """
     node_lines = "\n".join(f"NodeName={n} NodeAddr={a} NodeHostname={n}" for n, a in nodes)
     file_lines = "\n".join(f"{k}={files[k]}" for k in SLURM_FILES)
@@ -213,7 +214,7 @@ SlurmdDebug={slurmd_debug}
 SlurmdParameters=config_overrides
 Prolog={prolog}
 Epilog={epilog}
-PrologFlags=Alloc,DeferBatch
+PrologFlags={prolog_flags}
 PrologEpilogTimeout={prolog_epilog_timeout}
 SlurmdTimeout=30
 SlurmctldTimeout=30
@@ -258,6 +259,8 @@ class SlurmLab:
         #: slurm.conf lines beyond the defaults (set by :meth:`restart`), and files beside slurm.conf
         self.extra_conf = ""
         self.extra_etc: dict[str, str] = {}
+        #: slurm.conf's PrologFlags (set by :meth:`restart`)
+        self.prolog_flags = "Alloc,DeferBatch"
         self.state: dict[str, Any] = {}
         self._popens: list[subprocess.Popen[bytes]] = []
 
@@ -649,6 +652,7 @@ class SlurmLab:
             nodes=[(n, self.addr(n)) for n in self.nodes],
             first_job_id=self.names.first_job_id,
             extra=self._extra_lines(),
+            prolog_flags=self.prolog_flags,
         )
 
     def _extra_lines(self) -> str:
@@ -737,10 +741,11 @@ deadline_s = 15
         etc: Mapping[str, str] | None = None,
         prolog_epilog_timeout: int | None = None,
         timeout: float = 60,
+        prolog_flags: str | None = None,
     ) -> None:
         """Stop every Slurm daemon, rewrite slurm.conf with ``extra_conf`` appended and ``etc`` files beside it
-        (and ``PrologEpilogTimeout`` when given), start the daemons again and wait until every node is idle
-        (the queue should be empty)."""
+        (and ``PrologEpilogTimeout`` and ``PrologFlags`` when given), start the daemons again and wait until every
+        node is idle (the queue should be empty)."""
         pids = self.state["pids"]
         self._stop("slurmds", [pids.pop(n) for n in self.nodes], 2.0)
         self._stop("slurmctld", [pids.pop("slurmctld")])
@@ -750,6 +755,8 @@ deadline_s = 15
         self.extra_conf, self.extra_etc = extra_conf, dict(etc or {})
         if prolog_epilog_timeout is not None:
             self.prolog_epilog_timeout = prolog_epilog_timeout
+        if prolog_flags is not None:
+            self.prolog_flags = prolog_flags
         for name, text in self.extra_etc.items():
             atomic_write(self.dir / "etc" / name, text, mode=0o644)
         atomic_write(self.conf, self._slurm_conf(), mode=0o644)

@@ -92,6 +92,9 @@ PACKAGE = (
     "built for, and none is built here for the nodes' Debian 13 Python 3.13): install_imexctl is where it would go"
 )
 #: the page's other commands for a node (trailing comments dropped), and why the lab does not run them
+#: the port guard needs bpf(), which nspawn's default filter refuses: tests/systemd/test_port_guard.py boots nodes
+#: of its own that allow it and installs the guard there
+GUARD = "the port guard: tests/systemd/test_port_guard.py, on nodes that may load BPF programs"
 NOT_RUN = {
     "apt-get install ./imexctl_0.1.0_arm64.deb": PACKAGE,
     "dnf install ./imexctl-0.1.0-1.aarch64.rpm": "the RPM, for RHEL and Rocky; the nodes are Debian",
@@ -120,6 +123,9 @@ NOT_RUN = {
     ),
     "exec /opt/imexctl/bin/imexctl prolog": "what hooks/prolog runs, not a command (tests/test_docs.py checks it)",
     "exec /opt/imexctl/bin/imexctl epilog": "what hooks/epilog runs, not a command (tests/test_docs.py checks it)",
+    "install -D -m 0644 /usr/share/imexctl/systemd/port-guard.slice.conf \\": GUARD,
+    "/etc/systemd/system/user.slice.d/imexctl-port-guard.conf": GUARD,
+    "systemd-run --slice=user.slice --wait --quiet --collect /bin/true": GUARD,
     "nft add rule inet filter input ip saddr <rack subnet> tcp dport 61000-62999 accept": (
         "opens the ports between trays; the lab's network namespaces have no firewall"
     ),

@@ -18,7 +18,8 @@ from imexctl.config.settings import Settings
 from imexctl.hooks.prolog import prolog
 from imexctl.hooks.runtime import Runtime
 from imexctl.hooks.teardown import epilog
-from imexctl.platform.errors import DaemonLostError, DomainBusyError, HealthTimeout
+from imexctl.platform.errors import DaemonLostError, HealthTimeout, PortHeldError
+from imexctl.platform.host import TcpSocket
 from imexctl.slurm import drain
 from tests.support.fakes import FakeGpu, FakeHost, SlurmJob, domain_json, job_env
 
@@ -33,7 +34,7 @@ def _env(root: Path, **extra: str) -> dict[str, str]:
     Tests that expect a drain tell the fake slurmctld about gb01 (``_known``): an unknown node is refused.
     """
     conf = root / "slurm.conf"
-    conf.write_text("ClusterName=x\n")
+    conf.write_text("ClusterName=x\nNodeName=gb[01-18]\n")  # the trays: the channel's clique
     return job_env(job_id=42, nodelist="gb[01-03]", SLURM_CONF=str(conf), SLURM_JOB_OVERSUBSCRIBE="NO", **extra)
 
 
@@ -133,12 +134,19 @@ class TestProlog:
     def test_other_faults_of_the_tray_set_their_own_code(self, host: FakeHost,
                                                          make_settings: Callable[..., Settings],
                                                          root: Path) -> None:  # fmt: skip
-        """A port taken on this tray: ``imex:domain_busy`` with what was found."""
+        """A port taken on this tray by a local user's listener: ``imex:port_held`` naming the holder (issue 41:
+        ``imex:domain_busy ... is in use (a stale IMEX daemon?)`` before, whoever held it)."""
         host.ports_in_use.add(("10.0.0.1", 61042))
+        user = host.add_process(["python3", "-m", "http.server", "61042"], uid=1501)
+        host.sockets = [TcpSocket("10.0.0.1", 61042, "LISTEN", 1501, 1, user, "imexlab")]
         rt = _rt(_known(host), make_settings)
-        with pytest.raises(DomainBusyError):
+        with pytest.raises(PortHeldError):
             prolog(_env(root), rt)
-        assert _reason(host) == "imex:domain_busy gb01: SERVER_PORT gb01:61042 is in use (a stale IMEX daemon?)"
+        assert _reason(host) == (
+            f"imex:port_held gb01: SERVER_PORT gb01:61042 is held by pid {user.pid} (uid 1501 imexlab: python3 -m "
+            "http.server 61042), not an IMEX daemon: a local user's; end it, and keep users off the [ports] ranges "
+            "with the port guard, docs/security.md"
+        )
 
     def test_off_or_outside_slurmd_nothing_is_asked(self, host: FakeHost, make_settings: Callable[..., Settings],
                                                     root: Path) -> None:  # fmt: skip

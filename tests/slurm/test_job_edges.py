@@ -17,7 +17,7 @@ from imexctl.config.settings import Settings
 from imexctl.hooks.prolog import prolog
 from imexctl.hooks.runtime import Runtime
 from imexctl.hooks.teardown import epilog
-from imexctl.platform.errors import DomainBusyError, HealthTimeout, SlurmQueryError, Terminated
+from imexctl.platform.errors import ConfigError, DomainBusyError, HealthTimeout, SlurmQueryError, Terminated
 from tests.support.fakes import FakeGpu, FakeHost, SlurmJob, domain_json, job_env
 
 
@@ -28,8 +28,9 @@ def leftovers(root: Path) -> list[str]:
 
 
 def slurm_conf(root: Path, text: str) -> str:
+    """slurm.conf with ``text``; it lists the trays gb[01-04] (the channel's clique) unless ``text`` has node lines."""
     path = root / "slurm.conf"
-    path.write_text(text)
+    path.write_text(text if "NodeName=" in text else text + "NodeName=gb[01-04]\n")
     return str(path)
 
 
@@ -82,8 +83,9 @@ class TestDeadlineFromSlurmConf:
 
     def test_unreadable_slurm_conf_is_a_warning(self, host: FakeHost, make_settings: Callable[..., Settings],
                                                 root: Path) -> None:  # fmt: skip
-        """A slurm.conf that cannot be read leaves the deadline as configured and says why."""
-        rt = runtime(host, make_settings)
+        """A slurm.conf that cannot be read leaves the deadline as configured and says why (without a channel: one
+        would have no place, TestChannelWithoutTopology)."""
+        rt = runtime(host, make_settings, policy={"channels": "none"})
         with capture_logs() as logs:
             assert prolog(job_env(SLURM_CONF=str(root / "missing.conf")), rt).ok
         (warning,) = [e for e in logs if e["event"] == "prolog.deadline"]
@@ -151,13 +153,14 @@ class TestCancelledWhileWaiting:
     def test_a_tray_whose_own_daemon_never_got_ready_is_drained(self, host: FakeHost,
                                                                  make_settings: Callable[..., Settings],
                                                                  root: Path) -> None:  # fmt: skip
-        """The broken tray itself (its daemon never READY) fails whatever became of the job: no question asked."""
+        """The broken tray itself (its daemon never READY) fails although the job went back to the queue: it asks
+        once whether the job is over (issue 41), and a requeue is no end."""
         host.ready_after = 10**6
         rt = runtime(host, make_settings, readiness={"deadline_s": 3})
         host.slurm_jobs[42] = SlurmJob(42, "PENDING", reason="launch_failed_requeued_held")
         with pytest.raises(HealthTimeout) as info:
             prolog(job_env(job_id=42, SLURM_CONF=slurm_conf(root, "ClusterName=x\n"), SLURM_JOB_OVERSUBSCRIBE="NO"), rt)
-        assert info.value.local_ready is False and not asked(host)
+        assert info.value.local_ready is False and asked(host) == [question(42)]
 
     def test_check_off_asks_nobody(self, host: FakeHost, make_settings: Callable[..., Settings], root: Path) -> None:
         """[slurm] check_cancelled = no: slurmctld is not asked, the prolog fails."""
@@ -376,16 +379,39 @@ class TestChannelWithoutTopology:
         assert (created["clique"], created["clique_trays"]) == ("slurm.conf", 5)
         assert not [e for e in logs if e["event"] == "imex.channel.unplaced"]
 
-    def test_a_tray_slurm_conf_does_not_list_falls_back_to_the_job_id(self, host: FakeHost,
-                                                                      make_settings: Callable[..., Settings],
-                                                                      root: Path) -> None:  # fmt: skip
-        """A dynamic node (not in slurm.conf): the job-id rule, and a warning that says why."""
-        env = job_env(job_id=42, SLURM_CONF=slurm_conf(root, "NodeName=gb01\n"))
+    @pytest.mark.parametrize(
+        ("conf", "why"),
+        [
+            ("NodeName=gb01\n", "slurm.conf does not list gb02"),
+            (None, "could not be read"),
+            ("NodeName=gb[01-\n", "NodeName=gb[01-: invalid node list"),
+        ],
+        ids=["dynamic-node", "unreadable", "bad-node-line"],
+    )
+    def test_under_slurmd_a_domain_without_a_place_is_refused(self, host: FakeHost,
+                                                              make_settings: Callable[..., Settings], root: Path,
+                                                              conf: str | None, why: str) -> None:  # fmt: skip
+        """A tray slurm.conf does not list (a dynamic node), or a slurm.conf that cannot say: the job-id rule would
+        give a number a placed domain of the clique can hold, so the prolog refuses IMEX before anything starts,
+        naming the trays and the fix."""
+        path = slurm_conf(root, conf) if conf is not None else str(root / "missing.conf")
+        env = job_env(job_id=42, SLURM_CONF=path)
+        with pytest.raises(ConfigError) as info:
+            prolog(env, runtime(host, make_settings))
+        assert "this domain (gb[01-02])" in str(info.value) and why in str(info.value)
+        assert "has no place in its NVLink clique" in str(info.value) and "imexctl topology blocks" in str(info.value)
+        assert host.mknods == [] and not [c for c in host.calls if c[0] == "spawn"] and leftovers(root) == []
+
+    def test_outside_slurmd_a_domain_without_a_place_gets_the_job_id_rule(self, host: FakeHost,
+                                                                          make_settings: Callable[..., Settings],
+                                                                          root: Path) -> None:  # fmt: skip
+        """No SLURM_CONF (imexctl demo, the simulator): no clique to place the domain in, the job-id rule, silently."""
         with capture_logs() as logs:
-            out = prolog(env, runtime(host, make_settings))
+            out = prolog(job_env(job_id=42), runtime(host, make_settings))
         assert out.setup.channel.endswith("channel43")
-        (warned,) = [e for e in logs if e["event"] == "imex.channel.unplaced"]
-        assert warned["log_level"] == "warning" and "slurm.conf does not list gb02" in warned["reason"]
+        (created,) = [e for e in logs if e["event"] == "device.channel.created"]
+        assert (created["clique"], created["position"], created["clique_trays"]) == ("none", 0, 1)
+        assert not [e for e in logs if e["log_level"] == "warning"]
 
 
 class TestSharingUnderSlurm2205:

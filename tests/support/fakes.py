@@ -21,7 +21,7 @@ from typing import Callable
 
 from imexctl.gpu.fabric import FabricInfo
 from imexctl.platform.errors import CommandError
-from imexctl.platform.host import Completed, ProcInfo
+from imexctl.platform.host import Completed, ProcInfo, TcpSocket, select_sockets
 from tests.support.slurmjobs import SlurmJob, squeue
 
 __all__ = ["JOB_GID", "FakeGpu", "FakeHost", "SlurmJob", "domain_json", "job_env"]
@@ -182,6 +182,13 @@ class FakeHost:
     imex_version_output: str = "IMEX version is: 580.95.05\n"
     #: what ``nvidia-ctk --version`` prints (imexctl doctor's container checks)
     ctk_version_output: str = "NVIDIA Container Toolkit CLI version 1.16.2\ncommit: 0123abc\n"
+    #: the kernel's TCP table as ``tcp_sockets`` reads it, each socket with its holder; None: the test gave none,
+    #: and asking is an error
+    sockets: list[TcpSocket] | None = None
+    #: what ``systemctl --version`` prints (Debian 13's 257, with the BPF framework SocketBindDeny= needs)
+    systemd_version_output: str = "systemd 257 (257.9-1~deb13u1)\n+PAM +AUDIT +SECCOMP +BPF_FRAMEWORK +BTF +SYSVINIT\n"
+    #: properties ``systemctl show`` prints once per value (``SocketBindDeny=``), by unit: name -> values
+    unit_lists: dict[str, dict[str, list[str]]] = dataclasses.field(default_factory=dict)
     #: what ``scontrol version`` prints (Debian's build says slurm-wlm); 25.11: PrologTimeout is known, and
     #: DeferBatch does not imply Alloc yet
     slurm_version_output: str = "slurm-wlm 25.11.2\n"
@@ -298,6 +305,8 @@ class FakeHost:
 
     def _systemctl(self, argv: tuple[str, ...]) -> Completed:
         verb, units = argv[1], [a for a in argv[2:] if not a.startswith("-")]
+        if verb == "--version":
+            return Completed(argv, 0, self.systemd_version_output, "")
         if verb in self.fail_verbs:
             return Completed(argv, 1, "", f"Job for {units[0]} failed.")
         for unit in units:
@@ -364,7 +373,8 @@ class FakeHost:
             "ExecStart": "",
             **{k: v for k, v in st.items() if k != "pid"},
         }
-        return "\n".join(f"{k}={v}" for k, v in props.items())
+        lists = [f"{k}={v}" for k, values in self.unit_lists.get(unit, {}).items() for v in values]
+        return "\n".join([*(f"{k}={v}" for k, v in props.items()), *lists])
 
     # -- processes
     def spawn_detached(self, argv: Sequence[str], *, log_path: Path, env: Mapping[str, str] | None = None) -> ProcInfo:
@@ -472,6 +482,13 @@ class FakeHost:
         """``(incoming, outgoing)``, None when ``incoming`` is (the question is recorded)."""
         self.calls.append(("tcp_links", address, str(port)))
         return None if self.incoming is None else (self.incoming, self.outgoing)
+
+    def tcp_sockets(self, ports: Collection[int], address: str | None = None) -> list[TcpSocket] | None:
+        """The sockets of ``sockets`` on ``ports`` (bound to ``address`` or a wildcard), as RealHost selects them."""
+        self.calls.append(("tcp_sockets", address or "", *map(str, sorted(ports)[:2])))
+        if self.sockets is None:
+            raise AssertionError("FakeHost: tcp_sockets asked, but the test gave no socket table (FakeHost.sockets)")
+        return select_sockets(self.sockets, ports, address)
 
     def is_local_address(self, address: str) -> bool:
         return self.local_addresses is None or address in self.local_addresses
