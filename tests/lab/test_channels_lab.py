@@ -27,13 +27,13 @@ from tests.lab.conftest import NODES
 from tests.lab.jobs import (
     JOB_TIMEOUT,
     UID,
+    consume_steps,
     diagnose,
     events,
     hold_script,
     imexctl_settings,
     iso_time,
     leftovers,
-    read_steps,
     release,
     sbatch,
     wait_done,
@@ -57,8 +57,8 @@ def _steps(lab: SlurmLab, job: int, nodes: list[str]) -> dict[str, dict[str, Any
             "/usr/bin/python3", "-I", str(lab.dir / "bin" / "stepcheck.py"), str(lab.dir)]  # fmt: skip
     res = lab.run(argv, user=UID, timeout=JOB_TIMEOUT, check=False)
     assert res.returncode == 0, f"step of job {job} failed:\n{res.stdout}\n{res.stderr}\n{diagnose(lab, job)}"
-    found = read_steps(lab, nodes)
-    assert found is not None and all(r["job"] == job for r in found.values()), found
+    found = consume_steps(lab, nodes)  # removed, so that no later test reads them as its own
+    assert found and all(r["job"] == job for r in found.values()), found
     return found
 
 
