@@ -14,10 +14,10 @@ a prolog about to take a channel number waits, before its daemon starts
 (:func:`wait_gone`), until every remembered domain of that number that may
 still live on trays outside the new domain is gone.
 
-Gone is slurmctld's word, asked only in this case (design.md source
-slurm-no-commands): the old job holds none of those trays any more (a
-COMPLETING job's node list names only the trays whose epilog has not ended).
-Without an answer (no slurmd, slurmctld silent), the time by which the old
+Gone is slurmctld's word, asked only in this case and only under slurmd
+(design.md source slurm-no-commands): the old job holds none of those trays
+any more (a COMPLETING job's node list names only the trays whose epilog has
+not ended).  While slurmctld does not answer, the time by which the old
 domain's epilogs must have ended, by this tray's clock, decides.  A prolog
 whose deadline comes first fails with a reason that names the old job and
 its trays.
@@ -121,11 +121,16 @@ def wait_gone(
     waited for until slurmctld says it is gone (asked each ``[readiness]
     poll_max_s``, only under slurmd: ``slurm_conf``) or, while slurmctld
     does not answer, until its bound.  ``imex.channel.waited`` says how long
-    and why it ended.
+    and why it ended.  Outside slurmd (no ``slurm_conf``: ``imexctl demo``,
+    the simulator) nothing is waited for: there a domain has no clique (the
+    job-id rule) and no Slurm ends jobs, so no overlap is Slurm's, and a
+    crashed run's leftovers would hold the next prolog for the whole bound.
 
     Raises:
         DomainBusyError: ``deadline`` (the host's monotonic clock) came first; naming the old job and its trays.
     """
+    if not slurm_conf:
+        return
     now = rt.host.time()
     for old in load(rt):
         away = tuple(t for t in old.trays if t not in trays)

@@ -162,12 +162,13 @@ class TestWaitGone:
         else:
             remnants.wait_gone(8, 3, ("gb01", "gb03"), rt, slurm_conf="/s.conf", deadline=host.now)
 
-    def test_outside_slurmd_nobody_is_asked(self, rt: Runtime, host: FakeHost) -> None:
-        """No slurm.conf (imexctl demo, the simulator): the bound alone decides; squeue is never run."""
+    def test_outside_slurmd_nothing_is_waited_for(self, rt: Runtime, host: FakeHost) -> None:
+        """No slurm.conf (imexctl demo, the simulator's fault cycles): no Slurm ends jobs there, so the remembered
+        domain holds nothing back and squeue is never run (a crashed run's leftovers held the next prolog for the
+        whole bound and drained its tray)."""
         self._remember(rt)
-        with pytest.raises(DomainBusyError, match="slurmctld did not answer"):
-            remnants.wait_gone(8, 3, ("gb01", "gb03"), rt, slurm_conf="", deadline=host.now + 2)
-        assert not host.calls and host.slept
+        remnants.wait_gone(8, 3, ("gb01", "gb03"), rt, slurm_conf="", deadline=host.now + 2)
+        assert not host.calls and not host.slept
 
 
 # ---------------------------------------------------------------- the property
