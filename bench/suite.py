@@ -613,8 +613,10 @@ class _HealthTray:
         p = subprocess.Popen(self.argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/")
         _, status, usage = os.wait4(p.pid, 0)
         wall = time.monotonic() - t0
-        if os.waitstatus_to_exitcode(status) != 0:
-            raise SystemExit(f"bench: imexctl health on an idle tray exited {os.waitstatus_to_exitcode(status)}")
+        code = os.waitstatus_to_exitcode(status)
+        # the first run, left out, reads the whole kernel log: an older checkout may take a line there for a fault
+        if code != 0 and (keep or code != 1):
+            raise SystemExit(f"bench: imexctl health on an idle tray exited {code}")
         if keep:
             self.walls.append(wall)
             self.cpus.append(usage.ru_utime + usage.ru_stime)
