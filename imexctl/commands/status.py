@@ -143,7 +143,7 @@ class JobView(Record):
 
 
 class ChannelView(Record):
-    """One channel node in ``[paths] channel_dir``; ``stale`` when no job claims it (and it is not channel0)."""
+    """One channel node in ``[paths] channel_dir``; ``stale`` when no job claims it or may (not channel0)."""
 
     path: str
     minor: int
@@ -192,7 +192,9 @@ def collect(rt: Runtime, node: str, *, nvml: bool = True) -> Status:
     paths = rt.settings.paths
     jobs = tuple(_job(jid, rt) for jid in known_jobs(rt))
     claimed = {j.state.channel_minor for j in jobs if j.state is not None and j.state.channel_minor is not None}
-    channels = tuple(_channel(c, claimed) for c in devices.list_channels(paths.channel_dir))
+    # a job that may still run here with a state that cannot be read may claim any channel: cleanup's rule
+    unread = any(j.state is None and j.running for j in jobs)
+    channels = tuple(_channel(c, claimed, unread) for c in devices.list_channels(paths.channel_dir))
     stale = [f"job {j.job_id}: {why}" for j in jobs for why in j.stale]
     stale += [f"channel {c.path}: not owned by any job" for c in channels if c.stale]
     return Status(
@@ -280,14 +282,16 @@ def _domain(config: Path, rt: Runtime) -> DomainView:
         return DomainView(None, str(exc))
 
 
-def _channel(c: devices.Channel, claimed: set[int]) -> ChannelView:
+def _channel(c: devices.Channel, claimed: set[int], unread: bool) -> ChannelView:
+    """The channel as status shows it; stale only when no job claims it and none may (``unread``: see ``collect``)."""
     import pwd
 
     try:
         owner = pwd.getpwuid(c.uid).pw_name
     except KeyError:
         owner = str(c.uid)
-    return ChannelView(str(c.path), c.minor, owner, c.uid, f"{c.mode:04o}", c.minor not in claimed and c.minor != 0)
+    stale = c.minor not in claimed and c.minor != 0 and not unread
+    return ChannelView(str(c.path), c.minor, owner, c.uid, f"{c.mode:04o}", stale)
 
 
 def _read(path: Path) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any, Callable
 
@@ -138,6 +139,25 @@ def test_leftovers_of_ended_jobs_and_stray_channels_are_stale(
     assert mark_state(JobDir(42, root / "run/imexctl/jobs/42"), ended=1.0)
     text = refresh(cfg, host, prom_dir)
     assert value(text, "imexctl_live_stale", kind="job") == 1 and value(text, "imexctl_live_daemon_lost") == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: a real channel device node (CAP_MKNOD)")
+def test_no_channel_is_stale_while_a_running_jobs_state_cannot_be_read(
+    cfg: str, host: FakeHost, root: Path, prom_dir: Path
+) -> None:
+    """Job 42 runs and its state.json is spoiled: it may claim any channel, so neither its own nor a stray one
+    counts as stale (cleanup removes none then); once it reads again, only the stray does."""
+    assert run(cfg, "prolog", host=host) == 0
+    host.running_jobs.add(42)
+    stray = root / "dev/nvidia-caps-imex-channels/channel9"
+    os.mknod(stray, stat.S_IFCHR | 0o600, os.makedev(234, 9))
+    state = root / "run/imexctl/jobs/42/state.json"
+    good = state.read_text()
+    assert value(refresh(cfg, host, prom_dir), "imexctl_live_stale", kind="channel") == 1
+    state.write_text("{")
+    assert value(refresh(cfg, host, prom_dir), "imexctl_live_stale", kind="channel") == 0
+    state.write_text(good)
+    assert value(refresh(cfg, host, prom_dir), "imexctl_live_stale", kind="channel") == 1
 
 
 def test_no_domain(cfg: str, host: FakeHost, prom_dir: Path) -> None:
