@@ -137,7 +137,11 @@ class EpilogResult(Record):
 
 
 class CleanupResult(Record):
-    """One ``imexctl cleanup``: what was done (or would be), jobs left because they may still run, failures."""
+    """One ``imexctl cleanup``: what was done (or would be), what was left and why, failures.
+
+    ``skipped`` names the jobs left because they may still run, and the stray
+    channels left while a job's state cannot be read.
+    """
 
     dry_run: bool
     actions: tuple[Action, ...] = ()
