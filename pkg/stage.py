@@ -3,11 +3,13 @@
 
 The layout (docs/install.md, "What the packages install"):
 
-    /opt/imexctl/packaged/<version>/  a virtual environment for the target's /usr/bin/python3, as shipped:
+    /opt/imexctl/packaged/<version>/  a virtual environment for the target's /usr/bin/python3, as shipped, <version>
+      being the package's whole version (``--package-version``: the Debian revision or the RPM release with it):
       pyvenv.cfg, bin/python3 -> /usr/bin/python3, bin/imexctl, BUILD (the tree's digest),
       lib/pythonX.Y/site-packages/ imexctl (without the simulator and the demo) and its dependencies;
       its scripts name /opt/imexctl/versions/<version>/bin/python3, where libexec/imexctl-switch puts
-      its copy (never run from here: the package manager removes it at the next upgrade)
+      its copy (never run from here: the package manager removes it at the next upgrade); two builds of
+      one upstream version (a new Debian revision) never share a directory
     /opt/imexctl/libexec/imexctl-switch  judges the tray with the new version, then switches the link
                                    /opt/imexctl/current to versions/<version> by one rename (pkg/imexctl-switch)
     /opt/imexctl/bin/imexctl -> ../current/bin/imexctl   what the hooks and units run
@@ -21,6 +23,8 @@ The layout (docs/install.md, "What the packages install"):
                                    user.slice and slurmstepd.scope (docs/security.md; installed by the admin)
     /usr/share/imexctl/prometheus/ imexctl.rules.yml (alert rules for the metrics, docs/operations.md),
                                    alertmanager.yml (their route, grouped by block), imexctl.dashboard.json (Grafana)
+    /usr/share/imexctl/dcgm/       dcgmi-health.txt, dcgm-exporter-counters.csv, nvsentinel-values.yaml: DCGM's health
+                                   watches with NVLink kept and IMEX left out, per DCGM version (docs/metrics.md)
     /etc/imexctl/imexctl.conf      pkg/imexctl.conf: sets nothing, the same text in every release
     /etc/nhc/scripts/imexctl.nhc   LBNL NHC's check_imexctl_health (the same text in every release)
     /usr/share/imexctl/imexctl.conf.example  every key commented out (python3 -m imexctl.cli.reference config)
@@ -79,7 +83,23 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--wheels", type=Path, help="install only from the wheels in this directory (offline; pkg/wheels.py)"
     )
+    p.add_argument(
+        "--package-version",
+        type=_package_version,
+        help="the package's whole version, which names its directories (default: imexctl's own version)",
+    )
     return p.parse_args(argv)
+
+
+#: a Debian version ([epoch:]upstream[-revision]) or an RPM version-release: what a directory name may hold
+_PACKAGE_VERSION = re.compile(r"[0-9][0-9A-Za-z.+~:_-]*")
+
+
+def _package_version(text: str) -> str:
+    """``--package-version``: a package version that is safe as a directory name and in a shebang line."""
+    if not _PACKAGE_VERSION.fullmatch(text) or len(text) > 100:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a package version (digits, letters and .+~:_- only)")
+    return text
 
 
 def build_wheel(out: Path) -> Path:
@@ -217,6 +237,9 @@ def install_files(dest: Path, unitdir: str) -> None:
     _put(dest / "etc/logrotate.d/imexctl", (SRC / "pkg/logrotate").read_text(), 0o644)
     for name in ("imexctl.rules.yml", "alertmanager.yml", "imexctl.dashboard.json"):
         _put(dest / "usr/share/imexctl/prometheus" / name, (SRC / "pkg/prometheus" / name).read_text(), 0o644)
+    # DCGM's health watches with IMEX left out and NVLink kept, per DCGM version (docs/metrics.md; doctor's imex.dcgm)
+    for name in ("dcgmi-health.txt", "dcgm-exporter-counters.csv", "nvsentinel-values.yaml"):
+        _put(dest / "usr/share/imexctl/dcgm" / name, (SRC / "pkg/dcgm" / name).read_text(), 0o644)
     # LBNL NHC's check (docs/operations.md): NHC sources /etc/nhc/scripts/*.nhc; harmless where NHC is absent
     _put(dest / "etc/nhc/scripts/imexctl.nhc", (SRC / "pkg/nhc/imexctl.nhc").read_text(), 0o644)
     _put(dest / "usr/share/man/man8/imexctl.8", reference.man_page(), 0o644)
@@ -234,7 +257,7 @@ def install_files(dest: Path, unitdir: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Stage everything under ``--destdir``."""
     args = _args(argv)
-    ver = version()
+    ver = args.package_version or version()
     top = args.destdir / PREFIX.lstrip("/")
     if top.exists():
         shutil.rmtree(top)

@@ -89,7 +89,7 @@ def test_the_first_finding_is_the_nhc_message_with_quotes_made_safe(root: Path, 
     done = _nhc(tmp_path, "gb* || check_imexctl_health", _imexctl(tmp_path, root))
     assert done.returncode == 1, done.stderr
     offline = done.stdout.splitlines()[-1]
-    assert offline.startswith("offline gb01 NHC: imexctl:imex_shutdown gb01: kernel:  Abrupt nvidia-imex daemon")
+    assert offline.startswith("offline gb01 NHC: imexn:imex_shutdown gb01: kernel:  Abrupt nvidia-imex daemon")
     assert "'" not in offline and len(offline) <= len("offline gb01 NHC: ") + 200
 
 
@@ -116,7 +116,7 @@ def test_the_drivers_line_stays_reported_until_an_admin_acknowledges_it(root: Pa
     for _ in range(2):
         done = _nhc(tmp_path, "* || check_imexctl_health", imexctl)
         assert done.returncode == 1, done.stdout + done.stderr
-        assert done.stdout.splitlines()[-1].startswith("offline gb01 NHC: imexctl:imex_shutdown gb01: kernel: ")
+        assert done.stdout.splitlines()[-1].startswith("offline gb01 NHC: imexn:imex_shutdown gb01: kernel: ")
     ack = subprocess.run(
         [str(imexctl), "health", "--acknowledge", "--node", "gb01"], capture_output=True, text=True, timeout=60
     )
@@ -131,7 +131,7 @@ def test_a_config_that_does_not_load(root: Path, tmp_path: Path) -> None:
     (root / "imexctl.conf").write_text("[readiness]\ndeadline_s = soon\n")
     done = _nhc(tmp_path, "* || check_imexctl_health", _imexctl(tmp_path, root))
     assert done.returncode == 1
-    assert done.stdout.splitlines()[-1].startswith("offline gb01 NHC: imexctl:config_invalid gb01: ")
+    assert done.stdout.splitlines()[-1].startswith("offline gb01 NHC: imexn:config_invalid gb01: ")
 
 
 def test_a_hang_ends_at_the_checks_limit_not_nhcs(tmp_path: Path) -> None:
@@ -140,7 +140,9 @@ def test_a_hang_ends_at_the_checks_limit_not_nhcs(tmp_path: Path) -> None:
     # the check's 1 s limit ended it (the line below says so), not NHC's TIMEOUT (30 s) nor the stub's 60 s: the
     # rest of the 20 s is a loaded machine's margin
     assert time.monotonic() - started < 20
-    assert done.stdout.splitlines()[-1] == "offline gb01 NHC: imexctl:timeout no verdict from imexctl health within 1s"
+    assert (
+        done.stdout.splitlines()[-1] == "offline gb01 NHC: imexn:timeout gb01: no verdict from imexctl health within 1s"
+    )
 
 
 @pytest.mark.parametrize("limit", ["30", "45"])
@@ -156,11 +158,11 @@ def test_a_limit_at_or_above_nhcs_timeout_is_refused(tmp_path: Path, limit: str)
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ("exit 69", "imexctl:exit_69 imexctl health --check-only exited 69"),
-        ("echo 'Traceback (most recent call last):'; exit 1", "imexctl:unknown exit 1 without a verdict"),
+        ("exit 69", "imexn:exit_69 gb01: imexctl health --check-only exited 69"),
+        ("echo 'Traceback (most recent call last):'; exit 1", "imexn:unknown gb01: exit 1 without a verdict"),
         (
             'echo "unhealthy gb01: stale_daemon: it\'s pid 7 \\$(reboot) \\`id\\`"; exit 1',
-            "imexctl:stale_daemon gb01: it s pid 7  (reboot)  id ",
+            "imexn:stale_daemon gb01: it s pid 7  (reboot)  id ",
         ),
     ],
 )
@@ -168,6 +170,28 @@ def test_anything_else_fails_with_a_safe_message(tmp_path: Path, body: str, mess
     done = _nhc(tmp_path, "* || check_imexctl_health", _stub(tmp_path, body))
     assert done.returncode == 1
     assert done.stdout.splitlines()[-1] == f"offline gb01 NHC: {message}"
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        ("exec sleep 60", "timeout"),
+        ("exit 69", "exit_69"),
+        ("exit 1", "unknown"),
+        ('echo "unhealthy gb01: gpu_failed: NVML: x"; exit 1', "gpu_failed"),
+    ],
+)
+def test_every_message_is_ncs_own_reason_of_ours(tmp_path: Path, body: str, code: str) -> None:
+    """Each way the check fails leaves 'NHC: ' and then a reason of the NHC check's own prefix, naming the node:
+    regex tools classify it, and imexctl health never takes it for its own (it resumes only imexh:)."""
+    from imexctl.slurm import drain
+
+    done = _nhc(tmp_path, "* || check_imexctl_health -t 1", _stub(tmp_path, body))
+    reason = done.stdout.splitlines()[-1].removeprefix("offline gb01 ")
+    ours = drain.parse(reason)
+    assert reason.startswith("NHC: imexn:") and ours is not None, reason
+    assert (ours.owner, ours.code, ours.node) == ("nhc", code, "gb01")
+    assert drain.parse(reason, (drain.HEALTH, drain.LEGACY_HEALTH)) is None
 
 
 def test_imexctl_missing(tmp_path: Path) -> None:

@@ -41,8 +41,10 @@ ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "HOME": os.en
 SUITE = "bookworm"
 ROOT_PACKAGES = ("python3",)
 #: what both packages install (pkg/stage.py), besides the units (Debian: /lib, EL9: /usr/lib) and the man page
-#: (the Python environment in packaged/<version>, the entry points that lead to the version in use)
+#: (the Python environment in packaged/<version>, the entry points that lead to the version in use); <version> is
+#: the package's whole version: the .deb's (debian/changelog, native: imexctl's own), the RPM's with its release
 PACKAGED = f"/opt/imexctl/packaged/{__version__}"
+RPM_PACKAGED = f"/opt/imexctl/packaged/{__version__}-1"
 LAYOUT = (
     "/opt/imexctl/bin/imexctl",
     "/opt/imexctl/bin/python3",
@@ -65,6 +67,9 @@ LAYOUT = (
     "/usr/share/imexctl/prometheus/imexctl.rules.yml",
     "/usr/share/imexctl/prometheus/alertmanager.yml",
     "/usr/share/imexctl/prometheus/imexctl.dashboard.json",
+    "/usr/share/imexctl/dcgm/dcgmi-health.txt",
+    "/usr/share/imexctl/dcgm/dcgm-exporter-counters.csv",
+    "/usr/share/imexctl/dcgm/nvsentinel-values.yaml",
     "/usr/share/doc/imexctl/README.md",
     "/usr/share/doc/imexctl/docs/install.md",
     "/usr/share/doc/imexctl/docs/configuration.md",
@@ -304,11 +309,46 @@ def deb_next(dist: Path) -> Path:
     version and ``readiness`` from the other fails (ImportError, exit 70).
     """
     src = _next_tree(_unpacked_sdist(dist, "deb-next"))
+    _changelog(src, NEXT, "The next release (a test build).")
+    return _build_deb(src, NEXT)
+
+
+def _changelog(src: Path, version: str, what: str) -> None:
+    """A debian/changelog entry of ``version`` on top of the unpacked sdist's."""
     changelog = (src / "debian/changelog").read_text()
     trailer = next(line for line in changelog.splitlines() if line.startswith(" -- "))
-    entry = f"imexctl ({NEXT}) unstable; urgency=medium\n\n  * The next release (a test build).\n\n{trailer}\n\n"
+    entry = f"imexctl ({version}) unstable; urgency=medium\n\n  * {what}\n\n{trailer}\n\n"
     (src / "debian/changelog").write_text(entry + changelog)
-    return _build_deb(src, NEXT)
+
+
+#: a new Debian revision (an RPM release) of imexctl's own version, whose reader takes [readiness] deadline_s up to
+#: 60 only, as a revision that carries a fix may: the config ``deadline_s = 90``, which the version in use reads,
+#: is one it refuses
+REVISION = f"{__version__}-2"
+CAPPED = ('"deadline_s": ("60", _number(float, 0.1, 3600)),', '"deadline_s": ("60", _number(float, 0.1, 60)),')
+
+
+def _capped_tree(src: Path) -> Path:
+    """An unpacked sdist whose reader refuses ``[readiness] deadline_s`` above 60 (:data:`REVISION`)."""
+    schema = src / "imexctl/config/schema.py"
+    text = schema.read_text()
+    assert CAPPED[0] in text
+    schema.write_text(text.replace(*CAPPED))
+    return src
+
+
+@pytest.fixture(scope="module")
+def deb_rev(dist: Path) -> Path:
+    """A .deb of :data:`REVISION`: imexctl's own version, a new Debian revision, the capped reader."""
+    src = _capped_tree(_unpacked_sdist(dist, "deb-rev"))
+    _changelog(src, REVISION, "A new revision: [readiness] deadline_s up to 60 (a test build).")
+    return _build_deb(src, REVISION)
+
+
+@pytest.fixture(scope="module")
+def deb_rebuilt(dist: Path) -> Path:
+    """A .deb of imexctl's own version again, built from other contents (the capped reader)."""
+    return _build_deb(_capped_tree(_unpacked_sdist(dist, "deb-rebuilt")), __version__)
 
 
 def _next_tree(src: Path) -> Path:
@@ -784,15 +824,49 @@ def _opened_by_another(path: Path) -> bool:
     return False
 
 
-def _switch_line(done: subprocess.CompletedProcess[str]) -> list[str]:
-    """The lines the switch of NEXT printed."""
-    return [ln for ln in (done.stdout + done.stderr).splitlines() if ln.startswith(f"imexctl {NEXT}:")]
+def _switch_line(done: subprocess.CompletedProcess[str], version: str = NEXT) -> list[str]:
+    """The lines the switch of ``version`` printed."""
+    return [ln for ln in (done.stdout + done.stderr).splitlines() if ln.startswith(f"imexctl {version}:")]
+
+
+def _other_deb(root: Path) -> str:
+    """A package of nothing, with no dependency, in the root's /tmp for apt-get to install; its path there."""
+    tree = root / "tmp/other"
+    (tree / "DEBIAN").mkdir(parents=True)
+    (tree / "DEBIAN/control").write_text(
+        "Package: imexctl-test-other\nVersion: 1\nArchitecture: all\nMaintainer: test <test@localhost>\n"
+        "Description: another package (tests/test_packaging.py)\n"
+    )
+    sh(["dpkg-deb", "--root-owner-group", "--build", str(tree), str(root / "tmp/other.deb")])
+    return "/tmp/other.deb"
+
+
+def _apt_installs_another_package(root: Path) -> None:
+    """apt-get installs another package and exits 0: dpkg has nothing half-configured."""
+    other = _other_deb(root)
+    done = chroot(root, f"DEBIAN_FRONTEND=noninteractive apt-get install -y {other}", check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert chroot(root, "dpkg --audit").stdout == "", "dpkg has a package to finish"
+
+
+def _version_check(root: Path) -> dict[str, str]:
+    """imexctl doctor's imexctl.version in the root (the version in use runs it)."""
+    doctor = chroot(root, "imexctl doctor --json", check=False)
+    (check,) = [c for c in json.loads(doctor.stdout)["data"] if c["name"] == "imexctl.version"]
+    return dict(check)
+
+
+def _refused(root: Path) -> dict[str, str]:
+    """The switch's record of a refusal, /opt/imexctl/refused, as key -> value."""
+    lines = (root / "opt/imexctl/refused").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines)
 
 
 def test_deb_refuses_to_switch_to_a_version_that_cannot_read_the_config(deb: Path, deb_next: Path, root: Path) -> None:
-    """A config the new version's reader refuses (configparser's 'key: value'): dpkg -i fails with the switch's one
-    line, the old version stays in use and dpkg shows NEXT half-configured; once the file is fixed,
-    dpkg --configure -a switches."""
+    """A config the new version's reader refuses (configparser's 'key: value'): dpkg -i installs NEXT and exits 0
+    with the switch's one line; the old version stays in use, apt-get installs another package, doctor, --version
+    and the record name NEXT and why; the switch by hand refuses again (exit 1) until the file is fixed, then
+    switches."""
     shutil.copy(deb, root / "tmp/old.deb")
     shutil.copy(deb_next, root / "tmp/new.deb")
     chroot(root, "dpkg -i /tmp/old.deb")
@@ -800,19 +874,65 @@ def test_deb_refuses_to_switch_to_a_version_that_cannot_read_the_config(deb: Pat
     shipped = conf.read_text()
     conf.write_text(shipped + "\n[readiness]\ndeadline_s: 90\n")
     done = chroot(root, "DEBIAN_FRONTEND=noninteractive dpkg -i /tmp/new.deb", check=False)
-    assert done.returncode == 1
+    assert done.returncode == 0, done.stdout + done.stderr
     (line,) = _switch_line(done)
     assert line.startswith(f"imexctl {NEXT}: not switched to; the hooks keep running versions/{__version__} (")
     assert "/etc/imexctl/imexctl.conf: line " in line and "'deadline_s: 90'" in line
-    assert line.endswith("); fix it, then: dpkg --configure -a"), line
+    assert line.endswith("); fix it, then run /opt/imexctl/libexec/imexctl-switch"), line
     assert _active(root) == f"versions/{__version__}"
-    assert chroot(root, "imexctl --version").stdout.strip() == f"imexctl {__version__}"
     status = chroot(root, "dpkg-query -W -f '${Status} ${Version}' imexctl").stdout
-    assert status == f"install ok half-configured {NEXT}"
+    assert status == f"install ok installed {NEXT}", "configured: dpkg and apt go on"
+    _apt_installs_another_package(root)
+    reason = line.split(" (", 1)[1].removesuffix("); fix it, then run /opt/imexctl/libexec/imexctl-switch")
+    record = _refused(root)
+    assert [record[k] for k in ("version", "active", "why", "reason")] == [NEXT, __version__, "config", reason]
+    version = chroot(root, "imexctl --version").stdout.strip()
+    assert version == f"imexctl {__version__} (active; {NEXT} installed, refused: {reason})"
+    check = _version_check(root)
+    assert check["status"] == "FAIL" and check["message"].startswith(f"{NEXT} is installed but not in use: ")
+    assert f"the new version cannot read the tray's config ({reason}); the hooks run {__version__}" in check["message"]
+    again = chroot(root, "/opt/imexctl/libexec/imexctl-switch", check=False)
+    assert again.returncode == 1 and _switch_line(again) == [line], "by hand it still refuses, and says so"
     conf.write_text(shipped + "\n[readiness]\ndeadline_s = 90\n")
-    chroot(root, "dpkg --configure -a")
-    assert _active(root) == f"versions/{NEXT}"
+    done = chroot(root, "/opt/imexctl/libexec/imexctl-switch")
+    assert done.stdout == f"imexctl {NEXT}: in use (the hooks ran versions/{__version__})\n"
+    assert _active(root) == f"versions/{NEXT}" and not (root / "opt/imexctl/refused").exists()
     assert chroot(root, "imexctl --version").stdout.strip() == f"imexctl {NEXT}"
+    assert _version_check(root)["status"] == "OK"
+
+
+def test_a_refused_revision_never_touches_the_version_in_use(
+    deb: Path, deb_rev: Path, deb_rebuilt: Path, root: Path
+) -> None:
+    """A new Debian revision of the same upstream version, whose reader refuses the config the version in use reads:
+    installed beside it (versions/<revision>), refused, and the version in use is untouched, its files and its
+    verdict (preflight 0); another build under the version in use's own name is refused as rebuilt, touching
+    nothing either."""
+    shutil.copy(deb, root / "tmp/old.deb")
+    shutil.copy(deb_rev, root / "tmp/rev.deb")
+    shutil.copy(deb_rebuilt, root / "tmp/rebuilt.deb")
+    chroot(root, "dpkg -i /tmp/old.deb")
+    conf = root / "etc/imexctl/imexctl.conf"
+    conf.write_text(conf.read_text() + "\n[readiness]\ndeadline_s = 90\n")
+    in_use = root / f"opt/imexctl/versions/{__version__}"
+    before = _digests(in_use)
+    done = chroot(root, "DEBIAN_FRONTEND=noninteractive dpkg -i /tmp/rev.deb", check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (line,) = _switch_line(done, REVISION)
+    assert "not switched to" in line and "deadline_s" in line, line
+    assert _active(root) == f"versions/{__version__}" and _digests(in_use) == before
+    assert (root / f"opt/imexctl/versions/{REVISION}/BUILD").is_file(), "the revision has a directory of its own"
+    assert chroot(root, "/opt/imexctl/bin/imexctl preflight", check=False).returncode == 0, "the code in use runs"
+    assert _refused(root)["why"] == "config"
+    _apt_installs_another_package(root)
+    done = chroot(root, "DEBIAN_FRONTEND=noninteractive dpkg -i /tmp/rebuilt.deb", check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (line,) = _switch_line(done, __version__)
+    assert f"versions/{__version__} holds another build of {__version__}, which is in use" in line
+    assert _active(root) == f"versions/{__version__}" and _digests(in_use) == before
+    assert _refused(root)["why"] == "rebuilt"
+    check = _version_check(root)
+    assert check["status"] == "FAIL" and check["message"].startswith(f"another build of {__version__} is installed")
 
 
 def _booted(root: Path, script: str, driver: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -840,8 +960,8 @@ def test_deb_refuses_to_switch_when_nvidia_imex_is_not_the_drivers_version(
     deb: Path, deb_next: Path, root: Path
 ) -> None:
     """On a booted tray: with nvidia-imex at the loaded driver's version the install switches; after an
-    unattended driver update (580.95.05 loaded as 580.105.08) the upgrade is refused in one line naming both,
-    the old version stays; with matching versions again, dpkg --configure -a switches."""
+    unattended driver update (580.95.05 loaded as 580.105.08) the upgrade is refused in one line naming both
+    and dpkg exits 0, the old version stays; with matching versions again, dpkg-reconfigure switches."""
     shutil.copy(deb, root / "tmp/old.deb")
     shutil.copy(deb_next, root / "tmp/new.deb")
     imex = root / "usr/bin/nvidia-imex"
@@ -851,12 +971,12 @@ def test_deb_refuses_to_switch_when_nvidia_imex_is_not_the_drivers_version(
     assert _active(root) == f"versions/{__version__}"
     assert "nvidia-imex 580.95.05 matches the driver" in _booted(root, "imexctl preflight", "580.95.05").stdout
     done = _booted(root, "DEBIAN_FRONTEND=noninteractive dpkg -i /tmp/new.deb", "580.105.08", check=False)
-    assert done.returncode == 1
+    assert done.returncode == 0, done.stdout + done.stderr
     (line,) = _switch_line(done)
     assert "(nvidia-imex 580.95.05 but the driver is 580.105.08: every job's daemon would refuse to start)" in line
-    assert _active(root) == f"versions/{__version__}"
-    _booted(root, "dpkg --configure -a", "580.95.05")
-    assert _active(root) == f"versions/{NEXT}"
+    assert _active(root) == f"versions/{__version__}" and _refused(root)["why"] == "nvidia_imex"
+    _booted(root, "DEBIAN_FRONTEND=noninteractive dpkg-reconfigure imexctl", "580.95.05")
+    assert _active(root) == f"versions/{NEXT}" and not (root / "opt/imexctl/refused").exists()
 
 
 # ---------------------------------------------------------------- the .rpm
@@ -933,8 +1053,9 @@ def test_rpm_metadata_files_and_configs(rpms: dict[str, Path]) -> None:
     requires = _rpm(rpm, "-R").splitlines()
     assert "python(abi) = 3.9" in requires and "python3 >= 3.9" in requires
     files = set(_rpm(rpm, "-l").splitlines())
-    wanted = {*LAYOUT, "/usr/share/man/man8/imexctl.8", "/usr/share/man/man5/imexctl.conf.5"}
-    wanted |= {f"{PACKAGED}/lib/python3.9/site-packages/imexctl/cli/__init__.py"}
+    layout = {p.replace(PACKAGED, RPM_PACKAGED) for p in LAYOUT}
+    wanted = {*layout, "/usr/share/man/man8/imexctl.8", "/usr/share/man/man5/imexctl.conf.5"}
+    wanted |= {f"{RPM_PACKAGED}/lib/python3.9/site-packages/imexctl/cli/__init__.py"}
     wanted |= {f"/usr/lib/systemd/system/{unit}" for unit in UNITS}
     assert wanted <= files
     assert not [f for f in files if f.startswith(("/usr/lib/.build-id", "/etc/systemd")) or f.endswith(".pyc")]
@@ -954,8 +1075,8 @@ def test_rpm_metadata_files_and_configs(rpms: dict[str, Path]) -> None:
 
 
 def test_rpm_scriptlets_switch_and_enable_nothing(rpms: dict[str, Path]) -> None:
-    """%post switches to the new version (and fails with it), %preun's erase removes the versions; none enables
-    or starts a unit; every scriptlet is valid shell."""
+    """%post switches to the new version (a refusal is recorded and exits 0), %preun's erase removes the versions;
+    none enables or starts a unit; every scriptlet is valid shell."""
     scripts = _rpm(rpms["x86_64"], "--scripts")
     assert "daemon-reload" in scripts
     assert " enable" not in scripts and " start" not in scripts and "preset" not in scripts
@@ -963,7 +1084,7 @@ def test_rpm_scriptlets_switch_and_enable_nothing(rpms: dict[str, Path]) -> None
         body = _rpm(rpms["x86_64"], "--qf", f"%{{{tag}}}")
         sh(["sh", "-n", "-c", body])  # valid shell
     postin = _rpm(rpms["x86_64"], "--qf", "%{POSTIN}")
-    assert "/opt/imexctl/libexec/imexctl-switch || exit 1" in postin, "a refused switch fails the scriptlet"
+    assert "/opt/imexctl/libexec/imexctl-switch --package || exit 1\n" in postin, "a refusal is recorded, rpm goes on"
     preun = _rpm(rpms["x86_64"], "--qf", "%{PREUN}")
     erase = preun.split('if [ "$1" -eq 0 ]; then', 1)[1].split("fi", 1)[0]
     assert "systemctl --no-reload disable imexctl-cleanup.service" in erase, "erase removes the enable links"
@@ -974,7 +1095,8 @@ def test_rpm_scriptlets_switch_and_enable_nothing(rpms: dict[str, Path]) -> None
 
 @pytest.fixture(scope="module")
 def rpms_here(dist: Path) -> dict[str, Path]:
-    """RPMs of __version__ and NEXT for this machine and the clean root's Python (``python_target``), to install."""
+    """RPMs for this machine and the clean root's Python (``python_target``), to install, by their whole version:
+    __version__-1, NEXT-1, and __version__-2, a new release of the same version with the capped reader."""
     if os.geteuid() != 0:
         unavailable("the RPM build runs as root here (bash .ci/setup test)")
     _need("rpmbuild", "rpm")
@@ -991,54 +1113,80 @@ def rpms_here(dist: Path) -> dict[str, Path]:
     (nxt / "pkg/rpm/imexctl.spec").write_text(spec)
     with tarfile.open(top / "SOURCES" / f"imexctl-{NEXT}.tar.gz", "w:gz") as tar:
         tar.add(nxt, arcname=nxt.name)
+    # the release: its own _sourcedir, since its tarball has the same name as __version__'s
+    rev = _capped_tree(_unpacked_sdist(dist, "rpm-rev"))
+    (rev / "pkg/rpm/imexctl.spec").write_text(
+        (rev / "pkg/rpm/imexctl.spec").read_text().replace("Release:        1%{?dist}\n", "Release:        2%{?dist}\n")
+    )
+    (dist / "rpm-rev-src").mkdir()
+    with tarfile.open(dist / "rpm-rev-src" / f"imexctl-{__version__}.tar.gz", "w:gz") as tar:
+        tar.add(rev, arcname=rev.name)
     arch = os.uname().machine
     out = {}
-    for version, spec_path in ((__version__, REPO / "pkg/rpm/imexctl.spec"), (NEXT, nxt / "pkg/rpm/imexctl.spec")):
+    for version, spec_path, sources in (
+        (f"{__version__}-1", REPO / "pkg/rpm/imexctl.spec", top / "SOURCES"),
+        (f"{NEXT}-1", nxt / "pkg/rpm/imexctl.spec", top / "SOURCES"),
+        (f"{__version__}-2", rev / "pkg/rpm/imexctl.spec", dist / "rpm-rev-src"),
+    ):
         argv = ["rpmbuild", "-bb", "--nodeps", "--define", f"_topdir {top}", "--define", f"python_target {pyver}"]
+        argv += ["--define", f"_sourcedir {sources}"]
         done = subprocess.run(
             [*argv, str(spec_path)], capture_output=True, text=True, timeout=900, env=ENV, check=False
         )
         if done.returncode != 0 and _pip_problem(done.stdout + done.stderr):
             unavailable(f"pip cannot reach the package index: {_pip_problem(done.stdout + done.stderr)}")
         assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-        out[version] = top / "RPMS" / arch / f"imexctl-{version}-1.{arch}.rpm"
+        out[version] = top / "RPMS" / arch / f"imexctl-{version}.{arch}.rpm"
     return out
 
 
 def test_rpm_scriptlets_run_under_rpm(rpms_here: dict[str, Path], root: Path) -> None:
     """Debian's rpm installs the RPMs into the clean root and runs their scriptlets there: %post switches to
     the new version (rpm removes the old package's files only after it, never the version in use); a %post
-    whose version cannot read the config switches nothing, rpm reports it and records the package while the
-    hooks keep their version; the switch run by hand once fixed; erase leaves nothing under /opt/imexctl."""
+    whose version cannot read the config switches nothing, records it and exits 0 (rpm says nothing of a
+    scriptlet), while the hooks keep their version; the switch run by hand once fixed; a new release of the same
+    version refused beside the version in use, which it never touches; erase leaves nothing under /opt/imexctl."""
+    old, nxt, rev = f"{__version__}-1", f"{NEXT}-1", f"{__version__}-2"
     db = ["rpm", f"--root={root}", "--dbpath=/var/lib/rpm"]
     rpm = [*db, "--nodeps"]  # the root's packages are dpkg's: rpm's database knows none of them
     for version, path in rpms_here.items():
         shutil.copy(path, root / f"tmp/{version}.rpm")
     sh([*db, "--initdb"])
-    sh([*rpm, "-i", f"{root}/tmp/{__version__}.rpm"])
-    assert _active(root) == f"versions/{__version__}"
-    assert chroot(root, "/opt/imexctl/bin/imexctl --version").stdout.strip() == f"imexctl {__version__}"
-    sh([*rpm, "-U", f"{root}/tmp/{NEXT}.rpm"])
-    assert _active(root) == f"versions/{NEXT}"
-    assert sorted(os.listdir(root / "opt/imexctl/packaged")) == [NEXT], "rpm removed the old package's files"
-    assert sorted(os.listdir(root / "opt/imexctl/versions")) == sorted([__version__, NEXT])
+    sh([*rpm, "-i", f"{root}/tmp/{old}.rpm"])
+    assert _active(root) == f"versions/{old}"
+    assert chroot(root, "/opt/imexctl/bin/imexctl --version").stdout.strip() == f"imexctl {old}"
+    sh([*rpm, "-U", f"{root}/tmp/{nxt}.rpm"])
+    assert _active(root) == f"versions/{nxt}"
+    assert sorted(os.listdir(root / "opt/imexctl/packaged")) == [nxt], "rpm removed the old package's files"
+    assert sorted(os.listdir(root / "opt/imexctl/versions")) == sorted([old, nxt])
     conf = root / "etc/imexctl/imexctl.conf"
     shipped = conf.read_text()
     conf.write_text(shipped + "\n[readiness]\ndeadline_s: 90\n")
     done = subprocess.run(
-        [*rpm, "-U", "--oldpackage", f"{root}/tmp/{__version__}.rpm"], capture_output=True, text=True, timeout=300,
+        [*rpm, "-U", "--oldpackage", f"{root}/tmp/{old}.rpm"], capture_output=True, text=True, timeout=300,
         env=ENV, check=False,
     )  # fmt: skip
-    ours = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.startswith(f"imexctl {__version__}:")]
-    assert len(ours) == 1 and f"the hooks keep running versions/{NEXT} (" in ours[0], done.stdout + done.stderr
-    # rpm goes on and exits 0: its warning and the switch's line are all an unattended run shows
-    assert done.returncode == 0 and f"warning: %post(imexctl-{__version__}-1." in done.stderr, done.stderr
-    assert "scriptlet failed, exit status 1" in done.stderr, done.stderr
-    assert _active(root) == f"versions/{NEXT}", "the hooks keep the version they ran"
-    assert sh([*db, "-q", "imexctl"]).strip() == f"imexctl-{__version__}-1.{os.uname().machine}", "rpm recorded it"
+    (line,) = _switch_line(done, old)
+    assert f"the hooks keep running versions/{nxt} (" in line, done.stdout + done.stderr
+    assert done.returncode == 0 and "scriptlet failed" not in done.stderr, done.stderr
+    assert _active(root) == f"versions/{nxt}", "the hooks keep the version they ran"
+    assert sh([*db, "-q", "imexctl"]).strip() == f"imexctl-{old}.{os.uname().machine}", "rpm recorded it"
+    assert _refused(root)["version"] == old and _refused(root)["why"] == "config"
+    said = chroot(root, "/opt/imexctl/bin/imexctl --version").stdout.strip()
+    assert said.startswith(f"imexctl {nxt} (active; {old} installed, refused: "), said
     conf.write_text(shipped)
     chroot(root, "/opt/imexctl/libexec/imexctl-switch")
-    assert _active(root) == f"versions/{__version__}"
+    assert _active(root) == f"versions/{old}" and not (root / "opt/imexctl/refused").exists()
+    conf.write_text(shipped + "\n[readiness]\ndeadline_s = 90\n")  # read by old, refused by the new release
+    in_use = root / f"opt/imexctl/versions/{old}"
+    before = _digests(in_use)
+    done = subprocess.run(
+        [*rpm, "-U", f"{root}/tmp/{rev}.rpm"], capture_output=True, text=True, timeout=300, env=ENV, check=False
+    )
+    (line,) = _switch_line(done, rev)
+    assert done.returncode == 0 and "deadline_s" in line, done.stdout + done.stderr
+    assert _active(root) == f"versions/{old}" and _digests(in_use) == before
+    assert chroot(root, "/opt/imexctl/bin/imexctl preflight", check=False).returncode == 0, "the code in use runs"
     sh([*rpm, "-e", "imexctl"])
     assert not (root / "opt/imexctl").exists()
 
@@ -1050,9 +1198,9 @@ def test_rpm_payload_matches_its_architecture(rpms: dict[str, Path], tmp_path: P
         dest.mkdir()
         cpio = subprocess.run(["rpm2cpio", str(rpms[arch])], capture_output=True, check=True, timeout=120)
         subprocess.run(["cpio", "-idm", "--quiet"], input=cpio.stdout, cwd=dest, check=True, timeout=120)
-        (so,) = (dest / f"{PACKAGED.lstrip('/')}/lib/python3.9/site-packages/psutil").glob("*.so")
+        (so,) = (dest / f"{RPM_PACKAGED.lstrip('/')}/lib/python3.9/site-packages/psutil").glob("*.so")
         assert int.from_bytes(so.read_bytes()[18:20], "little") == machine
-    site = tmp_path / f"x86_64{PACKAGED}/lib/python3.9/site-packages"
+    site = tmp_path / f"x86_64{RPM_PACKAGED}/lib/python3.9/site-packages"
     python39 = _python39()
     if python39 is None:
         pytest.skip("no working Python 3.9 on this machine to run the RPM's payload with")

@@ -86,6 +86,7 @@ _HANDLERS = {
     "topology": "imexctl.commands.topology",
     "doctor": "imexctl.doctor.run",
     "health": "imexctl.commands.health",
+    "drains": "imexctl.commands.drains",
     "why": "imexctl.commands.why",
     "status": "imexctl.commands.status",
     "preflight": "imexctl.commands.preflight",

@@ -36,10 +36,17 @@ def _top_parser() -> argparse.ArgumentParser:
     return _Parser(prog="imexctl", description="Per-job NVIDIA IMEX domains for Slurm.", epilog=epilog)
 
 
+def _version() -> str:
+    """``--version``'s line, as the fast tier prints it: the package's version in use and one installed beside it."""
+    from imexctl.platform import versions
+
+    return versions.version_line(versions.read(), __version__)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Every command and option of ``imexctl`` (``cli.main`` parses with it, imexctl(8) is generated from it)."""
     p = _top_parser()
-    p.add_argument("--version", action="version", version=f"imexctl {__version__}")
+    p.add_argument("--version", action="version", version=_version())
     p.add_argument(
         "--config",
         metavar="FILE",
@@ -55,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--slurm-conf", metavar="FILE", help="slurm.conf to check (default: $SLURM_CONF, /etc/slurm)")
     dr.add_argument("--nodes", metavar="LIST", default="", help="also resolve these trays (a host list, e.g. a rack)")
     _health_parser(sub)
+    _drains_parser(sub)
     _preflight_parser(sub)
     _netcheck_parser(sub)
     cl = sub.add_parser("cleanup", help="reset the node after failed jobs")
@@ -102,6 +110,15 @@ def _health_parser(sub: Any) -> None:
     _why_parser(sub)
 
 
+def _drains_parser(sub: Any) -> None:
+    dr = sub.add_parser(
+        "drains",
+        help="the cluster's drained trays by reason code and block, and the command that says why (sinfo; any user)",
+        description="reads sinfo, and the topology source the hooks read for the blocks (docs/troubleshooting.md)",
+    )
+    dr.add_argument("--json", action="store_true", help="every drained tray, the groups and the commands, as JSON")
+
+
 def _status_parser(sub: Any) -> None:
     st = sub.add_parser("status", help="show this node's IMEX domain, channels and stale state")
     form = st.add_mutually_exclusive_group()
@@ -118,10 +135,19 @@ def _status_parser(sub: Any) -> None:
 
 def _why_parser(sub: Any) -> None:
     wh = sub.add_parser(
-        "why", help="what happened to a job on this tray, from imexctl's log (skipped, set up, failed, ...)"
+        "why",
+        help="what happened to a job on this tray, from imexctl's log (skipped, set up, failed, ...), or on each tray"
+        " from a log host's files (--log)",
     )
     wh.add_argument("job", type=_job_id, metavar="JOBID", help="the Slurm job id")
     wh.add_argument("--json", action="store_true", help="the job's events and outcomes as JSON")
+    wh.add_argument(
+        "--log",
+        action="append",
+        metavar="FILE",
+        help="read FILE instead of this tray's log, no config needed ('-': stdin; gzip; again for more files):"
+        " forwarded syslog (RFC 3164, RFC 5424), journalctl -o json or -o cat, imexctl.log; told per tray",
+    )
 
 
 def _netcheck_parser(sub: Any) -> None:

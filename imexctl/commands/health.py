@@ -17,8 +17,10 @@ It judges only faults of the tray (docs/operations.md "In a node health check"):
 
 "Idle, no daemon" is healthy.  Unless ``--check-only``, it then makes Slurm
 agree: it drains the node with a reason of its own prefix
-(``imex-health:<code> <node>: ...``), and resumes only a node whose reason
-carries that prefix, once the fault is gone (never for ``imex_shutdown``:
+(``imexh:<code> <node>: ...``, :mod:`imexctl.slurm.drain`), and resumes only a
+node whose reason holds one of its own, found by that prefix wherever a tag
+another tool added leaves it (or by the ``imex-health:`` of earlier
+versions), once the fault is gone (never for ``imex_shutdown``:
 :data:`~imexctl.imex.driverlog.RESUME`).  It asks
 slurmctld (``scontrol show node``) only when slurmd did not say what
 slurmctld thinks (``SLURM_NODE_IS_HEALTHY``) and the answer matters; an
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
     from imexctl.hooks.runtime import Runtime
     from imexctl.platform.host import Host
     from imexctl.platform.output import JsonObject
+    from imexctl.slurm.drain import Ours
     from imexctl.slurm.node import NodeView
 
 __all__ = [
@@ -66,10 +69,12 @@ __all__ = [
     "command",
     "judge",
     "reason_of",
+    "render_gauges",
+    "write_gauges",
 ]
 
-#: the start of every reason ``imexctl health`` gives a node; it resumes no other (the hooks' is ``imex:``)
-PREFIX: Final = "imex-health:"
+#: the start of every reason ``imexctl health`` gives a node (``slurm.drain.HEALTH``); the hooks' is ``imex:``
+PREFIX: Final = "imexh:"
 #: every finding's code, with the fix it prints (docs/troubleshooting.md has a section for each)
 CODES: Final = {
     "stale_daemon": "imexctl cleanup (imexctl cleanup --dry-run shows what it removes)",
@@ -413,17 +418,34 @@ def _remember(cursor: Any, text: str, notes: list[str]) -> None:
 
 
 def reason_of(verdict: Verdict) -> str:
-    """The node reason for the findings: ``imex-health:<code> <node>: <message>``, the first finding first."""
+    """The node reason for the findings: ``imexh:<code> <node>: <message>``, the first finding first, 255 bytes.
+
+    ``(+N more)`` for the other findings stays whole when the message is cut.
+    """
+    from imexctl.slurm import drain
+
     first = verdict.findings[0]
-    more = f" (+{len(verdict.findings) - 1} more)" if len(verdict.findings) > 1 else ""
-    return f"{PREFIX}{first.code} {verdict.node}: {first.message}{more}"
+    more = f"(+{len(verdict.findings) - 1} more)" if len(verdict.findings) > 1 else ""
+    return drain.reason(first.code, verdict.node, first.message, prefix=PREFIX, suffix=more)
+
+
+def _own(reason: str) -> Ours | None:
+    """Health's own reason in a node's reason, wherever a tag left it (``slurm.drain.parse``); None for others'."""
+    from imexctl.slurm import drain
+
+    return drain.parse(reason, (drain.HEALTH, drain.LEGACY_HEALTH))
 
 
 def _ours(reason: str) -> str:
     """The finding code of a reason of ours ('' for anyone else's)."""
-    if not reason.startswith(PREFIX):
-        return ""
-    return reason[len(PREFIX) :].split(" ", 1)[0]
+    own = _own(reason)
+    return own.code if own is not None else ""
+
+
+def _same(own: Ours, want: str) -> bool:
+    """Whether the drain of ours says what health would say now: code, node and message, tags aside."""
+    now = _own(want)
+    return now is not None and (own.code, own.node) == (now.code, now.node) and own.detail.startswith(now.detail)
 
 
 class SlurmDone(Record):
@@ -489,8 +511,8 @@ def _drain(verdict: Verdict, view: NodeView | None, rt: Runtime, conf: str) -> t
 
     want = reason_of(verdict)
     if view is not None and slurmnode.unhealthy_state(view.state):
-        mine = bool(_ours(view.reason)) and view.drained
-        if not mine or slurmnode.clean_reason(want) == view.reason:  # ours with other findings: updated
+        own = _own(view.reason) if view.drained else None
+        if own is None or _same(own, slurmnode.clean_reason(want)):  # ours with other findings: updated
             return "kept", "already out of service: reason kept"
     failed = slurmnode.drain(verdict.node, want, rt.host, rt.settings, conf)
     if failed:
@@ -601,6 +623,8 @@ def command(args: argparse.Namespace, env: Mapping[str, str], host: Host | None,
     slurm_done = None if judge_only else reconcile(verdict, env, rt)
     verdict = _keep_kernel(verdict, slurm_done, acknowledged=bool(acknowledged))
     _log(rt, verdict, slurm_done, acknowledged)
+    if root:
+        write_gauges(rt, verdict, config_problem=problem)
     _print(args, Report(verdict, slurm_done, acknowledged))
     return 0 if verdict.healthy else int(TrayUnhealthy.exit_code)
 
@@ -643,3 +667,53 @@ def _log(rt: Runtime, verdict: Verdict, slurm_done: SlurmDone | None, acknowledg
         rt.log.info("health.done", **fields)
     else:
         rt.log.warning("health.done", **fields)
+
+
+# ---------------------------------------------------------------- the gauges
+
+#: the file of health's gauges in ``[metrics] textfile_dir``, beside the hooks' and the live ones (docs/metrics.md)
+GAUGES_FILE: Final = "imexctl-health.prom"
+#: name -> (type, help); docs/metrics.md lists exactly these (tests/commands/test_health_gauges.py)
+GAUGES: Final[dict[str, tuple[str, str]]] = {
+    "imexctl_health_finding": ("gauge", "imexctl health's last verdict, by finding code: 1 found, 0 not."),
+    "imexctl_health_run_timestamp_seconds": ("gauge", "When imexctl health last judged this tray (Unix time)."),
+}
+
+
+def render_gauges(verdict: Verdict, now: float, block: str) -> str:
+    """The text of ``imexctl-health.prom``: one ``imexctl_health_finding`` per code of :data:`CODES`, and when."""
+    from imexctl.hooks.metrics import with_block
+
+    found = {f.code for f in verdict.findings}
+    finding, when = GAUGES
+    lines = [f"# HELP {finding} {GAUGES[finding][1]}", f"# TYPE {finding} {GAUGES[finding][0]}"]
+    lines += [f'{finding}{{code="{code}"}} {int(code in found)}' for code in CODES]
+    lines += [f"# HELP {when} {GAUGES[when][1]}", f"# TYPE {when} {GAUGES[when][0]}", f"{when} {round(now, 3)!r}"]
+    return "\n".join(with_block(lines, block)) + "\n"
+
+
+def write_gauges(rt: Runtime, verdict: Verdict, *, config_problem: str = "") -> Path | None:
+    """Replace ``<textfile_dir>/imexctl-health.prom`` with the verdict's gauges; the file, None when metrics are off.
+
+    A config file that does not load (``config_problem``) is itself a
+    finding: its gauges go where the hooks then count their failures
+    (``metrics.fallback``).  The block is the tray's in the topology source,
+    else the one the hooks' totals remember.  A file that cannot be written
+    is a warning (``metrics.failed``), never the check's verdict.
+    """
+    from imexctl.hooks import metrics
+    from imexctl.platform.fsutil import atomic_write
+
+    settings = metrics.fallback(verdict.node) if config_problem else rt.settings
+    directory = settings.metrics.textfile_dir if settings is not None else ""
+    if settings is None or not directory:
+        return None
+    target = settings.paths.root / directory.lstrip("/") / GAUGES_FILE
+    try:
+        block = metrics.tray_block(settings, verdict.node) or metrics.remembered(settings)[1]
+        metrics.check_textfile_dir(target.parent)
+        atomic_write(target, render_gauges(verdict, rt.host.time(), block), mode=0o644)
+    except OSError as exc:
+        rt.log.warning("metrics.failed", reason=f"{type(exc).__name__}: {exc}")
+        return None
+    return target

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from imexctl.imex.daemon import DaemonInfo
     from imexctl.platform.host import Host
     from imexctl.platform.output import JsonObject
+    from imexctl.platform.versions import Pending
 
 __all__ = [
     "ChannelView",
@@ -348,8 +349,11 @@ def render_text(st: Status) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _live(rt: Runtime, node: str) -> str:
-    """The live gauges' text (``--prometheus``, ``--textfile``): NVML is asked only when no topology names the block."""
+def _live(rt: Runtime, node: str) -> tuple[str, str]:
+    """The live gauges' text (``--prometheus``, ``--textfile``) and the tray's block.
+
+    NVML is asked only when no topology names the block.
+    """
     from imexctl.commands import live
     from imexctl.hooks import members
 
@@ -361,7 +365,17 @@ def _live(rt: Runtime, node: str) -> str:
     found = collect(rt, node, nvml=not block)
     if not block and found.fabric is not None:
         block = members.block_label(node, None, found.fabric.key)
-    return live.render(live_of(found, block), rt.host.time())
+    gauges = live_of(found, block)._replace(version=_versions(rt))
+    return live.render(gauges, rt.host.time()), block
+
+
+def _versions(rt: Runtime) -> tuple[Pending, ...]:
+    """The package's version in use and one installed beside it, under ``[paths] root`` (a live gauge)."""
+    from imexctl import __version__
+    from imexctl.platform import versions
+
+    top = rt.settings.paths.root / versions.TOP.lstrip("/")
+    return versions.pending(versions.read(str(top)), __version__)
 
 
 def live_of(found: Status, block: str) -> Live:
@@ -421,28 +435,67 @@ def write_textfile(rt: Runtime, node: str) -> Path:
     target = live.textfile(rt.settings)
     if target is None:
         raise ConfigError("status --textfile: [metrics] textfile_dir is not set (docs/metrics.md)")
-    text = _live(rt, node)
-    try:
-        from imexctl.hooks.metrics import check_textfile_dir
+    text, block = _live(rt, node)
+    from imexctl.hooks import metrics
 
-        check_textfile_dir(target.parent)
+    try:
+        metrics.check_textfile_dir(target.parent)
         atomic_write(target, text, mode=0o644)
     except OSError as exc:
         raise FileError(f"{target}: {exc.strerror or exc}") from exc
+    try:  # where a hook or a refresh whose config does not load writes (metrics.fallback), and the block
+        metrics.remember(rt.settings, block)
+    except OSError as exc:
+        rt.log.warning("metrics.failed", reason=f"{type(exc).__name__}: {exc}")
     return target
+
+
+def _unloaded(env: Mapping[str, str], host: Host | None, *, textfile: bool) -> None:
+    """The live gauges of a config file that does not load (``live.render_unloaded``): written or printed.
+
+    ``--textfile`` writes them into the fallback's directory (``metrics.fallback``);
+    a file that cannot be written is a warning, the command's failure the config's.
+    """
+    import time
+
+    import structlog
+
+    from imexctl.commands import live
+    from imexctl.slurm.job import node_name
+
+    now = host.time() if host is not None else time.time()
+    try:
+        node = node_name(env, or_host=True)
+        if not textfile:
+            from imexctl.hooks.metrics import fallback, remembered
+
+            settings = fallback(node)
+            sys.stdout.write(live.render_unloaded(remembered(settings)[1] if settings is not None else "", now))
+            return
+        live.write_unloaded(node, now)
+    except (OSError, ImexctlError) as exc:
+        structlog.get_logger().warning("metrics.failed", reason=f"{type(exc).__name__}: {exc}")
 
 
 def command(args: argparse.Namespace, env: Mapping[str, str], host: Host | None, gpu: Gpu | None) -> int:
     """``imexctl status``: text, ``--json`` (the result envelope), ``--prometheus`` or ``--textfile`` (live gauges)."""
     from imexctl.hooks.runtime import Needs, build
+    from imexctl.platform.errors import ConfigError
 
-    built = build("status", env, Needs(logs="command"), config=args.config, verbose=args.verbose, host=host, gpu=gpu)
+    textfile = getattr(args, "textfile", False)
+    try:
+        built = build("status", env, Needs(logs="command"), config=args.config, verbose=args.verbose, host=host,
+                      gpu=gpu)  # fmt: skip
+    except ConfigError:
+        if textfile or args.prometheus:  # the live gauges say so, where the hooks count it (docs/metrics.md)
+            _unloaded(env, host, textfile=textfile)
+        raise
     rt, node = built.rt, built.node
-    if getattr(args, "textfile", False):
+    if textfile:
         write_textfile(rt, node)
         return 0
     if args.prometheus:
-        sys.stdout.write(_live(rt, node))
+        sys.stdout.write(_live(rt, node)[0])
         return 0
     found = collect(rt, node)
     if args.json:

@@ -56,13 +56,23 @@ __all__ = [
     "read_config",
     "read_trusted",
     "validate",
+    "where",
 ]
 
 DEFAULT_CONFIG = "/etc/imexctl/imexctl.conf"
 
 
 class SchemaError(Exception):
-    """An invalid or unreadable config file; the message names file, section and key."""
+    """An invalid or unreadable config file; the message names file, section and key.
+
+    ``line`` is the file's line of a line that does not parse; ``section`` and
+    ``key`` what a value's check names (``key`` None for a whole section): where
+    the file gives it, :func:`where` finds its line.
+    """
+
+    line: int | None = None
+    section: str | None = None
+    key: str | None = None
 
 
 # config.cfg's peer-authentication keys: imexctl writes them from [auth] (imexctl/imex/peerauth.py), which
@@ -530,7 +540,9 @@ def parse_ini_subset(text: str, path: str | None = None) -> dict[str, dict[str, 
             out[section][key] = value.strip()
         if why:
             shown = line if len(line) <= 80 else line[:77] + "..."
-            raise SchemaError(f"{path or '<config>'}: line {number}: {why}: {shown!r}")
+            error = SchemaError(f"{path or '<config>'}: line {number}: {why}: {shown!r}")
+            error.line = number
+            raise error
     return out
 
 
@@ -707,4 +719,36 @@ def _topology_source(path: str | None, topo: Mapping[str, str], paths: Mapping[s
 
 def _fail(path: str | None, section: str, key: str | None, reason: str) -> Any:
     where = f"{path or '<defaults>'}: [{section}]" + (f" {key}" if key else "")
-    raise SchemaError(f"{where}: {reason}")
+    error = SchemaError(f"{where}: {reason}")
+    error.section, error.key = section, key
+    raise error
+
+
+def where(path: str, text: str | None, error: SchemaError) -> str:
+    """``<file>:<line>`` of what ``error`` is about in the file ``text`` was read from, else ``<file>`` alone.
+
+    ``<file>`` alone where no line of it is to blame: an unreadable file, a
+    key left at its default.  A line that does not parse names itself; a bad
+    value, an unknown key or section, the line that gives it (the grammar of
+    :func:`parse_ini_subset`, which read the file whole before the check failed).
+    """
+    line = error.line
+    if line is None and text is not None and error.section is not None:
+        line = _line_of(text, error.section, error.key)
+    return f"{path}:{line}" if line else path
+
+
+def _line_of(text: str, section: str, key: str | None) -> int | None:
+    """The line that gives ``[section] key`` (``key`` None: the section's header) in a file that parses."""
+    current = None
+    for number, raw in enumerate(text.split("\n"), 1):
+        stripped = raw.strip()
+        if not stripped or stripped[0] in "#;":
+            continue
+        if stripped[0] == "[":
+            current = stripped[1:-1]
+            if key is None and current == section:
+                return number
+        elif current == section and key is not None and stripped.partition("=")[0].rstrip() == key:
+            return number
+    return None

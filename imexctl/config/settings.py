@@ -223,10 +223,12 @@ def load(path: str | Path | None, *, node: str, required: bool = True, euid: int
         euid: the effective uid (default: this process's); the file must be owned by root or by it.
 
     Raises:
-        ConfigError: naming file, section and key, or file and line (:func:`imexctl.config.schema.parse_ini_subset`).
+        ConfigError: naming file, section and key, or file and line (:func:`imexctl.config.schema.parse_ini_subset`);
+            its ``where`` is ``<file>:<line>`` (:func:`imexctl.config.schema.where`).
     """
     raw: dict[str, dict[str, str]] = {}
     source: Path | None = None
+    text: str | None = None
     try:
         if path is not None:
             text = schema.read_config(str(path), required=required, euid=os.geteuid() if euid is None else euid)
@@ -234,7 +236,9 @@ def load(path: str | Path | None, *, node: str, required: bool = True, euid: int
                 raw, source = schema.parse_ini_subset(text, str(path)), Path(path)
         values, imex = schema.validate(None if path is None else str(path), raw)
     except schema.SchemaError as exc:
-        raise ConfigError(str(exc)) from exc.__cause__
+        error = ConfigError(str(exc))
+        error.where = schema.where(str(path), text, exc) if path is not None else ""
+        raise error from exc.__cause__
     return from_values(values, imex, node=node, source=source)
 
 

@@ -20,6 +20,7 @@ from imexctl.channels import devices
 from imexctl.doctor.framework import FAIL, OK, WARN, Check, Context, under_root
 from imexctl.hooks.runtime import Runtime
 from imexctl.hooks.state import job_ids, read_state
+from imexctl.platform import versions
 
 __all__ = [
     "auth_checks",
@@ -28,6 +29,7 @@ __all__ = [
     "log_checks",
     "mount_fs",
     "stale_checks",
+    "version_checks",
     "writable_dir_checks",
 ]
 
@@ -499,3 +501,50 @@ def _stale_channels(rt: Runtime, ended: set[int]) -> Check:
         f"channel nodes that no job claims: {names}; their owners can still open them",
         "imexctl cleanup removes them (channel0 is left alone)",
     )
+
+
+def version_checks(ctx: Context) -> list[Check]:
+    """``imexctl.version``: the package's version in use, and an installed one that is not (a refused switch).
+
+    A switch that the new version refused keeps the old version in use and
+    lets the package manager finish (pkg/imexctl-switch): the tray works, on
+    the version it ran, until the cause is fixed and the switch run again.
+    Read from ``/opt/imexctl`` under ``[paths] root`` (imexctl/platform/versions.py).
+    """
+    import sys
+
+    from imexctl import __version__
+
+    top = under_root(ctx, versions.TOP)
+    found = versions.read(str(top))
+    if not found.packaged:
+        said = f"imexctl {__version__} from {sys.prefix}: no package's versions in {top}"
+        return [Check("imexctl.version", OK, said)]
+    active = found.active
+    if active is None:
+        why = f"no version in use: {top}/current is missing or leads to no version: every hook fails"
+        return [Check("imexctl.version", FAIL, why, f"run {versions.SWITCH}")]
+    if not found.pending:
+        return [Check("imexctl.version", OK, f"{active.version} installed and in use ({top}/current)")]
+    return [_pending(found, build, active) for build in found.pending]
+
+
+def _pending(found: versions.Versions, build: versions.Build, active: versions.Build) -> Check:
+    """The FAIL of one installed build that is not in use: which, why, and how the switch is completed."""
+    import time
+
+    refusal = found.refused(build)
+    name = f"another build of {build.version}" if build.version == active.version else build.version
+    if refusal is None:
+        why = f"{name} is installed but not in use: {versions.WHYS['not_switched']}; the hooks run {active.version}"
+        return Check("imexctl.version", FAIL, why, f"run {versions.SWITCH}")
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(refusal.time)) if refusal.time else "at an unknown time"
+    why = (
+        f"{name} is installed but not in use: its switch was refused {when}, {versions.WHYS[refusal.why]} "
+        f"({refusal.reason}); the hooks run {active.version}"
+    )
+    if refusal.why == "rebuilt":
+        fix = "install that build under a version of its own (a new Debian revision or RPM release)"
+    else:
+        fix = f"fix what it names, then run {versions.SWITCH} (or dpkg-reconfigure imexctl); jobs run on meanwhile"
+    return Check("imexctl.version", FAIL, why, fix)

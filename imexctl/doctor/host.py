@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from imexctl.channels import devices
+from imexctl.doctor import dcgm
 from imexctl.doctor.framework import FAIL, OK, WARN, Check, Context, under_root
 from imexctl.hooks.state import job_ids, read_state
 from imexctl.imex import daemon
@@ -224,6 +225,18 @@ DEFAULT_NODES: Final = "/etc/nvidia-imex/nodes_config.cfg"
 
 
 def _dcgm(ctx: Context) -> Check:
+    """What DCGM makes of IMEX here: its IMEX fields (``_dcgm_imex``), and the settings of its version.
+
+    The DCGM part (:mod:`imexctl.doctor.dcgm`) names the installed version and the shipped settings of its
+    range; it WARNs only when several versions leave it unknown which one runs.  The IMEX part's fix comes first.
+    """
+    imex = _dcgm_imex(ctx)
+    status, said, fix = dcgm.judge(dcgm.find(ctx.rt.settings.paths.root))
+    worst = FAIL if FAIL in (imex.status, status) else WARN if WARN in (imex.status, status) else OK
+    return Check("imex.dcgm", worst, f"{imex.message}; {said}", imex.fix or fix)
+
+
+def _dcgm_imex(ctx: Context) -> Check:
     """What DCGM's IMEX fields read on this tray: it runs ``nvidia-imex-ctl -N -j`` and ``-q`` without ``-c``.
 
     Against the default config, with no nodes file it can read, the ctl exits
@@ -259,8 +272,8 @@ def _dcgm(ctx: Context) -> Check:
 
 
 _DCGM_IDLE = (
-    "DCGM reads the IMEX domain UNAVAILABLE (field 1502, passes) and the daemon -3 (field 1503, incident 122 on "
-    "every tray without the stock daemon: docs/metrics.md)"
+    "DCGM reads the IMEX domain UNAVAILABLE (field 1502, passes) and the daemon -3 (field 1503, incident 122 from "
+    "DCGM 4.5 on, on every tray without the stock daemon: docs/metrics.md)"
 )
 
 

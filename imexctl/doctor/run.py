@@ -34,6 +34,7 @@ __all__ = ["CHECK_NAMES", "command", "run"]
 
 #: every check's name, in report order (``nvml.gpu<N>`` stands for one per GPU); docs/operations.md lists them
 CHECK_NAMES: Final = (
+    "imexctl.version",
     "imexctl.config",
     "imexctl.config_files",
     "imexctl.auth",
@@ -90,6 +91,7 @@ _COMMAND_TIMEOUT_S: Final = 10.0
 def run(ctx: Context) -> list[Check]:
     """Every check, in a fixed order; a check that breaks is reported as a FAIL, never raised."""
     groups: list[tuple[str, CheckFn]] = [
+        ("imexctl.version", itself.version_checks),
         ("imexctl.config", itself.config_checks),
         ("imexctl.auth", itself.auth_checks),
         ("imexctl.dirs", itself.dir_checks),

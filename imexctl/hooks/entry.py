@@ -18,9 +18,10 @@ before could not finish it, each deciding with the same gates
 3. the full hook: :func:`imexctl.hooks.prolog.prolog` or
    :func:`imexctl.hooks.teardown.epilog` (``cleanup`` comes here directly);
 
-and then the metrics of whatever ran (``metrics.count``).  :mod:`imexctl.cli`
-keeps the parsing, the dispatch and the one place that maps errors to exit
-codes.
+and then the metrics of whatever ran (``metrics.count``); a hook whose config
+file does not load is counted too, in the fallback (``metrics.fallback``,
+docs/metrics.md).  :mod:`imexctl.cli` keeps the parsing, the dispatch and the
+one place that maps errors to exit codes.
 
 The fast tier is a way of calling the same code early, not a second copy of
 it.  It answers only when it is sure, with the same checks, lines and exit
@@ -48,7 +49,8 @@ Each module a hook loads costs it about 0.1 ms before it runs a line
 (docs/performance.md), so the fast tier lives here, in the module ``cli``
 imports for every hook run, and loads only what its answer needs: at module
 level this module imports only ``os``, ``sys``, ``time`` and
-:mod:`imexctl`; ``--version`` loads nothing more, a skipped prolog and an idle
+:mod:`imexctl`; ``--version`` loads only :mod:`imexctl.platform.versions` (the
+package's version in use, and one installed beside it), a skipped prolog and an idle
 epilog the light modules the gates and the log need (``config.schema``,
 ``slurm.job``, ``hooks.gate``, ``platform.log``, and for
 the epilog ``channels.notes`` and ``platform.procscan``), none of which
@@ -164,7 +166,9 @@ def first(argv: Sequence[str], env: Mapping[str, str]) -> tuple[int | None, Read
 def fast(argv: Sequence[str], env: Mapping[str, str]) -> tuple[int | None, Read | None]:
     """The fast tier, unguarded (the tests call it to see a bug): :func:`first`'s answer."""
     if list(argv) == ["--version"]:
-        sys.stdout.write(f"imexctl {__version__}\n")
+        from imexctl.platform import versions
+
+        sys.stdout.write(versions.version_line(versions.read(), __version__) + "\n")
         return 0, None
     parsed = hook_line(argv)
     if parsed is None or os.geteuid() != 0:
@@ -290,21 +294,65 @@ def run(
         ImexctlError: the hook failed (it logged its summary line); ``cli`` maps it to the exit code.
     """
     from imexctl.hooks.runtime import Needs, build, with_gpu
-    from imexctl.platform.errors import NotPrivilegedError
+    from imexctl.platform.errors import ConfigError, NotPrivilegedError
 
     hook = args.command in ("prolog", "epilog")
     # the early paths never ask NVML: with no GPU given, none is made
     needs = Needs(logs="hook", gpu="none", hook_lookup=True) if hook else Needs(logs="command", gpu="none")
-    rt = build(args.command, env, needs, config=args.config, verbose=args.verbose, host=host, gpu=gpu, read=read).rt
+    t0 = time.monotonic()
+    try:
+        built = build(args.command, env, needs, config=args.config, verbose=args.verbose, host=host, gpu=gpu, read=read)
+    except ConfigError as exc:
+        if hook:
+            _count_unloaded(args.command, env, exc, time.monotonic() - t0)
+            _drain_unloaded(env, host, exc)
+        raise
+    rt, node = built.rt, built.node
     job = _job(args.command, env, read) if hook else None
     if job is not None and rt.host.euid() == 0 and _settings_tier(args.command, job, rt):
         return 0
     if rt.host.euid() != 0:
-        raise NotPrivilegedError(f"imexctl {args.command} must run as root")
+        refused = NotPrivilegedError(f"imexctl {args.command} must run as root")
+        if hook:
+            _drain_refused(env, rt, refused.code, str(refused))
+        raise refused
     rt = with_gpu(rt)
     if on_step:
         rt = rt._replace(on_step=on_step)
-    return _full(args, env, rt, job)
+    return _full(args, env, rt, job, node)
+
+
+def _drain_unloaded(env: Mapping[str, str], host: Host | None, exc: Any) -> None:
+    """Drain the tray with the reason of a config file that did not load, by the built-in settings (``slurm.drain``).
+
+    So ``sinfo -R`` reads ``imex:config_invalid <tray> job <id>: <file>:<line>: ...``
+    rather than ``Prolog error``; its lines go where ``runtime.build`` pointed
+    the log before it raised (stderr: slurmd's log).  Never the hook's failure.
+    """
+    try:
+        import structlog
+
+        from imexctl.hooks.runtime import Needs, build
+        from imexctl.slurm import drain
+
+        rt = build("drain", env, Needs(logs="none", gpu="none", config="none"), host=host).rt
+        drain.leave_unconfigured(rt.host, rt.settings, env, structlog.get_logger(), exc)
+    except Exception:  # the reason is best effort: Slurm's own stands
+        return
+
+
+def _drain_refused(env: Mapping[str, str], rt: Runtime, code: str, message: str) -> None:
+    """Drain the tray of a hook that may not run here (``not_root``) with its reason, by the settings that loaded."""
+    from imexctl.platform.errors import ImexctlError
+    from imexctl.slurm import drain
+    from imexctl.slurm.job import JobContext
+
+    try:
+        job = JobContext.from_env(env, need_nodes=False)
+    except ImexctlError:
+        return
+    text = drain.reason(code, job.node, message, job=job.job_id)
+    drain.leave(rt.host, rt.settings, rt.log, node=job.node, slurm_conf=job.slurm_conf, text=text)
 
 
 def _job(command: str, env: Mapping[str, str], read: Read | None) -> JobContext | None:
@@ -341,7 +389,7 @@ def _settings_tier(command: str, job: JobContext, rt: Runtime) -> bool:
         result = idle_epilog(job, rt)
     if result is None:
         return False
-    _count(rt, command, result, None, rt.host.monotonic() - t0)
+    _count(rt, command, result, None, rt.host.monotonic() - t0, job.node)
     return True
 
 
@@ -367,7 +415,7 @@ def _idle_prolog(job: JobContext, rt: Runtime) -> PrologResult | None:
     return result
 
 
-def _full(args: argparse.Namespace, env: Mapping[str, str], rt: Runtime, job: JobContext | None) -> int:
+def _full(args: argparse.Namespace, env: Mapping[str, str], rt: Runtime, job: JobContext | None, node: str) -> int:
     """Run the prolog, the epilog or cleanup, then count it in the metrics (the one place that does)."""
     t0 = rt.host.monotonic()
     result: Any = None
@@ -388,7 +436,7 @@ def _full(args: argparse.Namespace, env: Mapping[str, str], rt: Runtime, job: Jo
         raise
     finally:
         if not getattr(args, "dry_run", False):
-            _count(rt, args.command, result, error, rt.host.monotonic() - t0)
+            _count(rt, args.command, result, error, rt.host.monotonic() - t0, node)
     return 0
 
 
@@ -406,14 +454,37 @@ def _cleanup(args: argparse.Namespace, rt: Runtime) -> Any:
     return result
 
 
-def _count(rt: Runtime, command: str, result: Any, error: BaseException | None, duration_s: float) -> None:
-    """Update the Prometheus text file ([metrics] textfile_dir); a failure is a warning, never the run's."""
+def _count(rt: Runtime, command: str, result: Any, error: BaseException | None, duration_s: float, node: str) -> None:
+    """Update the Prometheus text file ([metrics] textfile_dir); a failure is a warning, never the run's.
+
+    ``node`` names the tray's block in the topology source until a prolog sets up a domain (``metrics.record``).
+    """
     if not rt.settings.metrics.textfile_dir:
         return
     try:
         from imexctl.hooks import metrics
 
         counted = metrics.run_of(command, result, error, duration_s, rt.settings.readiness.level)
-        metrics.record(rt.settings, counted, rt.host.time())
+        metrics.record(rt.settings, counted, rt.host.time(), node)
     except Exception as exc:  # metrics must never fail a hook
         rt.log.warning("metrics.failed", reason=f"{type(exc).__name__}: {exc}")
+
+
+def _count_unloaded(command: str, env: Mapping[str, str], error: BaseException, duration_s: float) -> None:
+    """Count a hook whose config file does not load, in the fallback (``metrics.fallback``, docs/metrics.md).
+
+    No setting of the file that failed is used; the failure's line is the
+    hook's (``cli.main``), a failure to count it a warning on stderr (where
+    ``runtime.build`` pointed the log before it raised), never the run's.
+    """
+    try:
+        from imexctl.hooks import metrics
+        from imexctl.slurm.job import node_name
+
+        settings = metrics.fallback(node_name(env, or_host=True))
+        if settings is not None:  # None: this tray never had metrics
+            metrics.record(settings, metrics.run_of(command, None, error, duration_s, "domain"), time.time())
+    except Exception as exc:  # metrics must never fail a hook
+        import structlog
+
+        structlog.get_logger().warning("metrics.failed", reason=f"{type(exc).__name__}: {exc}")

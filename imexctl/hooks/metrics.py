@@ -8,6 +8,12 @@ library adds 50-90 ms of imports to every prolog, which is on every job's
 critical path, and it has no way to carry counters from one short-lived
 process to the next (docs/design.md).  The counters restart at zero after a
 reboot (``run_dir`` is a tmpfs), which Prometheus' ``rate()`` handles.
+
+A run whose config file does not load still counts, in the fallback
+(:func:`fallback`): the built-in paths, and the ``textfile_dir`` that the
+totals there remember from the last run that read a config (else
+:data:`FALLBACK_TEXTFILE_DIR`), so that a bad config pushed to a rack shows as
+counted ``config_invalid`` failures, with the block the totals remember.
 """
 
 from __future__ import annotations
@@ -27,16 +33,23 @@ from imexctl.platform.fsutil import atomic_write, read_text_nofollow
 
 __all__ = [
     "BUCKETS",
+    "FALLBACK_ROOT",
+    "FALLBACK_TEXTFILE_DIR",
     "FILE_NAME",
     "METRICS",
     "STATES",
     "Domain",
     "Run",
+    "build_version",
     "check_textfile_dir",
+    "fallback",
     "record",
+    "remember",
+    "remembered",
     "render",
     "run_of",
     "textfile",
+    "tray_block",
     "with_block",
 ]
 
@@ -47,6 +60,10 @@ BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 #: values of the ``state`` label of imexctl_domain_state
 STATES: Final = ("none", "up", "degraded", "down", "not_ready", "unknown")
 _LOCK_WAIT_S: Final = 2.0
+#: where a run whose config does not load finds the built-in paths (``[paths] root``; the tests' own root)
+FALLBACK_ROOT = "/"
+#: the textfile directory of such a run when the totals remember none: the one docs/metrics.md sets
+FALLBACK_TEXTFILE_DIR: Final = "/var/lib/node_exporter/textfile_collector"
 #: what a prolog, an epilog or cleanup returns
 Result = Union[PrologResult, EpilogResult, CleanupResult]
 
@@ -168,8 +185,13 @@ def check_textfile_dir(directory: Path) -> None:
         raise OSError(errno.EPERM, f"[metrics] textfile_dir: {problem}", str(directory))
 
 
-def record(settings: Settings, run: Run, now: float) -> bool:
+def record(settings: Settings, run: Run, now: float, node: str = "") -> bool:
     """Add ``run`` to the totals and rewrite the text file; False when metrics are off.
+
+    The block: the one ``run`` learned (a prolog that set up a domain), else
+    the one the totals keep, else this ``node``'s in the topology source
+    (:func:`tray_block`), so that the first failures after a boot carry it.
+    The totals also keep the textfile directory, for :func:`fallback`.
 
     Raises:
         OSError: the state or the text file could not be written (the caller logs it; a hook never fails for it).
@@ -183,11 +205,86 @@ def record(settings: Settings, run: Run, now: float) -> bool:
         totals = _load(run_dir / STATE_FILE)
         _count(totals, run, now)
         totals["domain"] = _domain_after(settings, run, totals.get("domain"))._asdict()
-        if run.block:
-            totals["block"] = run.block
+        block = run.block or totals.get("block") or (tray_block(settings, node) if node else "")
+        if block:
+            totals["block"] = block
+        totals["textfile_dir"] = settings.metrics.textfile_dir
         atomic_write(run_dir / STATE_FILE, json.dumps(totals, sort_keys=True) + "\n", mode=0o644)
         atomic_write(target, render(totals), mode=0o644)
     return True
+
+
+def tray_block(settings: Settings, node: str) -> str:
+    """``node``'s block in the topology source the prolog reads (``members.block_label``); '' without one.
+
+    No NVML: a tray without a topology file learns its block from the prolog
+    that sets up a domain, or from the live gauges' refresh (:func:`remember`).
+    A source that does not load names no block (the prolog reports it).
+    """
+    if settings.topology.source == "none" or settings.paths.topology_file is None:
+        return ""
+    from imexctl.hooks import members
+    from imexctl.platform.errors import ImexctlError
+
+    try:
+        return members.block_label(node, members.load_source(settings), None)
+    except ImexctlError:
+        return ""
+
+
+def remembered(settings: Settings) -> tuple[str, str]:
+    """``(textfile_dir, block)`` that the totals of ``settings``' run directory keep ('' for what they do not).
+
+    They decide where root writes: totals that are not root's own, or that
+    others may write, keep nothing.
+    """
+    totals = _load(settings.paths.run_dir / STATE_FILE, trusted=True)
+    directory, block = totals.get("textfile_dir"), totals.get("block")
+    return (directory if isinstance(directory, str) else ""), (block if isinstance(block, str) else "")
+
+
+def remember(settings: Settings, block: str) -> bool:
+    """Keep ``settings``' textfile directory and ``block`` in the totals, for :func:`fallback` and the hooks.
+
+    The live gauges' refresh calls it: a tray that ran no hook since its boot
+    then knows both.  Written only when they change; False when nothing was.
+
+    Raises:
+        OSError: the totals could not be written (the caller says so; the refresh goes on).
+    """
+    directory = settings.metrics.textfile_dir
+    kept_dir, kept_block = remembered(settings)
+    if not directory or (kept_dir == directory and block in ("", kept_block)):
+        return False
+    run_dir = settings.paths.run_dir
+    with _locked(run_dir / "metrics.lock"):
+        totals = _load(run_dir / STATE_FILE)
+        totals["textfile_dir"] = directory
+        if block:
+            totals["block"] = block
+        atomic_write(run_dir / STATE_FILE, json.dumps(totals, sort_keys=True) + "\n", mode=0o644)
+    return True
+
+
+def fallback(node: str) -> Settings | None:
+    """The settings a run whose config file does not load writes its metrics with (docs/metrics.md).
+
+    The built-in defaults under :data:`FALLBACK_ROOT` (``run_dir``
+    ``/run/imexctl``), with the ``textfile_dir`` that the totals there
+    remember from the last run that read a config, else
+    :data:`FALLBACK_TEXTFILE_DIR` where that exists.  None when neither is:
+    a tray that never had metrics counts nothing.  Nothing of the file that
+    failed is used.
+    """
+    from imexctl.config import schema
+    from imexctl.config.settings import from_values
+
+    values, imex = schema.validate(None, {"paths": {"root": FALLBACK_ROOT}})
+    settings = from_values(values, imex, node=node, source=None)
+    directory = remembered(settings)[0]
+    if not directory and (settings.paths.root / FALLBACK_TEXTFILE_DIR.lstrip("/")).is_dir():
+        directory = FALLBACK_TEXTFILE_DIR
+    return settings.replace(metrics__textfile_dir=directory) if directory else None
 
 
 @contextlib.contextmanager
@@ -204,10 +301,13 @@ def _locked(path: Path) -> Iterator[None]:
         yield
 
 
-def _load(path: Path) -> dict[str, Any]:
-    """The totals so far; a missing or unreadable file starts them again (counters may reset)."""
+def _load(path: Path, *, trusted: bool = False) -> dict[str, Any]:
+    """The totals so far; a missing or unreadable file starts them again (counters may reset).
+
+    ``trusted``: a file that is not root's own, or that others may write, is none (``read_text_nofollow``).
+    """
     try:
-        data = json.loads(read_text_nofollow(path))
+        data = json.loads(read_text_nofollow(path, trusted=trusted))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -356,5 +456,18 @@ def _gauge_lines(domain: Domain) -> list[str]:
     if domain.connected is not None:
         lines.append(f"imexctl_domain_peers_connected {domain.connected}")
     lines += [*_head("imexctl_domain_owner_job"), f"imexctl_domain_owner_job {domain.owner_job}"]
-    lines += [*_head("imexctl_build_info"), f"imexctl_build_info{_labels(version=__version__)} 1"]
+    lines += [*_head("imexctl_build_info"), f"imexctl_build_info{_labels(version=build_version())} 1"]
     return lines
+
+
+def build_version() -> str:
+    """The ``version`` label of the build info: what ``imexctl --version`` names.
+
+    The package's whole version (``0.1.0-2``: a rebuild of the same upstream
+    version differs) where this process runs from the packages' versions
+    (``platform.versions``), else imexctl's own.
+    """
+    from imexctl.platform import versions
+
+    running = versions.read().running
+    return running.version if running is not None else __version__

@@ -151,7 +151,7 @@ def _leave_reason(exc: ImexctlError, run: _Run, rt: Runtime, env: Mapping[str, s
     except ImexctlError:  # SLURMD_NODENAME unusable: Slurm's "Prolog error" stands
         return
     detail = (exc.summary if isinstance(exc, HealthTimeout) else "") or str(exc)
-    text = drain.reason(exc.code, node, detail, run.names)
+    text = drain.reason(exc.code, node, detail, run.names, job=run.job.job_id if run.job is not None else None)
     slurm_conf = run.job.slurm_conf if run.job is not None else var.value(env, var.CONF).strip()
     drain.leave(rt.host, rt.settings, rt.log, node=node, slurm_conf=slurm_conf, text=text)
 

@@ -203,7 +203,7 @@ def epilog(env: Mapping[str, str], rt: Runtime, job: JobContext | None = None) -
     except ImexctlError as exc:
         log_failed("epilog.done", exc, rt, t0)
         if job is not None:  # the node is drained with its own reason, not "Epilog error" (slurm.drain)
-            text = drain.reason(exc.code, job.node, str(exc))
+            text = drain.reason(exc.code, job.node, str(exc), job=job.job_id)
             drain.leave(rt.host, rt.settings, rt.log, node=job.node, slurm_conf=job.slurm_conf, text=text)
         raise
     return _epilog_done(rt, t0, tuple(actions), tuple(lost), tuple(busy))

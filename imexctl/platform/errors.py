@@ -99,6 +99,8 @@ class ConfigError(ImexctlError):
 
     code = "config_invalid"
     exit_code = ExitCode.CONFIG
+    #: ``<file>:<line>`` of what is wrong, ``<file>`` where no line is ('' when no file is to blame)
+    where: str = ""
 
 
 class TopologyMismatch(ImexctlError):
@@ -261,7 +263,7 @@ class HealthTimeout(ImexctlError):
 
 
 class SlurmQueryError(ImexctlError):
-    """slurmctld could not be asked what a het job's prolog needs to know."""
+    """slurmctld could not be asked what a het job's prolog needs to know, or ``imexctl drains`` what sinfo says."""
 
     code = "slurm_query_failed"
     exit_code = ExitCode.UNAVAILABLE

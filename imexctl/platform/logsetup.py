@@ -79,6 +79,9 @@ EVENTS: dict[str, str] = {
     "metrics.failed": "the Prometheus text file could not be updated; the run itself is not affected",
     "health.done": "imexctl health found a fault of the tray, or drained or resumed the node in Slurm",
     "health.acknowledged": "an admin let go of the kernel evidence imexctl health kept pending (--acknowledge)",
+    # logged by the packages' switch (pkg/imexctl-switch), a shell script, to syslog
+    "package.switched": "the packages' switch put the installed version into use",
+    "package.switch_refused": "the packages' switch kept the version in use: the installed one judged this tray unfit",
     "imexctl.failed": "a command failed with an expected error (error_code, exit_code)",
     "imexctl.crashed": "a command failed with an unexpected exception (a bug)",
 }

@@ -6,8 +6,9 @@ the same from 22.05 to 26.05; design.md source slurm-healthcheck).  ``State=`` o
 admin writes; ``Reason=`` opens the line of the reason, whose further lines (a
 reason with newlines) are indented by ten blanks, and the reason's first line
 ends with `` [user@time]``.  A reason is an admin's (or a hook's, or another
-health checker's) free text: it is read as one field, its start compared with
-a prefix, never searched for other fields.
+health checker's, or another tool's that tagged it) free text: it is read as
+one field, searched only for a reason of ours (``slurm.drain.parse``), never
+for other fields.
 
 Every command is bounded by ``[slurm] query_timeout_s``; ``scontrol update``
 is given its arguments as separate words, never through a shell.

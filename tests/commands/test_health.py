@@ -145,7 +145,7 @@ def test_a_gone_jobs_daemon_drains_with_our_prefix(tray: Path, host: FakeHost, g
     daemon_of(tray, host, 44, set_up=5.0, ended=9.0)
     pid = max(host.procs)
     assert run(tray, host, gpu, SLURM_NODE_IS_HEALTHY="yes") == 1
-    reason = f"imex-health:stale_daemon gb01: IMEX daemon pid {pid} of job 44, which no longer runs here"
+    reason = f"imexh:stale_daemon gb01: IMEX daemon pid {pid} of job 44, which no longer runs here"
     assert host.slurm_nodes["gb01"] == {"state": "IDLE+DRAIN", "reason": reason}
     assert scontrols(host) == [("update", "NodeName=gb01", "State=DRAIN", f"Reason={reason}")]
     out = capsys.readouterr().out
@@ -172,8 +172,10 @@ def test_cleanup_brings_it_back(tray: Path, host: FakeHost, gpu: FakeGpu, capsys
 @pytest.mark.parametrize(
     "reason",
     [
-        "imex:not_ready gb01: peers gb02 unreachable",  # a hook's
+        "imex:not_ready gb01 job 7: peers gb02 unreachable",  # a hook's
         "NHC: check_fs_mount: /scratch not mounted",  # another health checker's
+        "NHC: imexn:stale_daemon gb01: IMEX daemon pid 7 of job 9, which no longer runs here",  # NHC's, of our check
+        "bad DIMM; noimexh:stale_daemon gb01: not a prefix inside a word",
         "bad DIMM, ticket 4711",  # an admin's
         "imex-healthy? no: an admin who chose a close name",
     ],
@@ -192,9 +194,50 @@ def test_another_reason_is_never_resumed_nor_replaced(
 
 
 def test_a_down_node_is_left_to_slurmctld(tray: Path, host: FakeHost, gpu: FakeGpu) -> None:
-    host.slurm_nodes["gb01"] = {"state": "DOWN+DRAIN", "reason": "imex-health:stock_unit gb01: old"}
+    host.slurm_nodes["gb01"] = {"state": "DOWN+DRAIN", "reason": "imexh:stock_unit gb01: old"}
     assert run(tray, host, gpu) == 0
     assert host.slurm_nodes["gb01"]["state"] == "DOWN+DRAIN"
+
+
+@pytest.mark.parametrize(
+    "tagged",
+    [
+        pytest.param("[ticket 4711] {}", id="tag-before"),
+        pytest.param("{} [RO:reboot-pending]", id="tag-after"),
+        pytest.param("RO: reboot; {} (seen 2x)", id="tags-both-sides"),
+        pytest.param("{legacy} [RO:reboot-pending]", id="older-version-tag-after"),
+    ],
+)
+def test_its_own_drain_is_known_by_its_prefix_with_a_tag_added(
+    tray: Path, host: FakeHost, gpu: FakeGpu, tagged: str, capsys: Any
+) -> None:
+    """Another tool added a tag before or after health's reason (NVIDIA's Remediation Orchestrator, a ticket
+    system), or an older imexctl drained the tray with ``imex-health:``: while the fault lasts the drain is
+    health's and kept as it is, tag and all; once the fault is gone health resumes the tray."""
+    daemon_of(tray, host, 44, set_up=5.0, ended=9.0)
+    assert run(tray, host, gpu, SLURM_NODE_IS_HEALTHY="yes") == 1
+    ours = host.slurm_nodes["gb01"]["reason"]
+    assert ours.startswith("imexh:stale_daemon gb01: "), ours
+    reason = tagged.format(ours, legacy=ours.replace("imexh:", "imex-health:", 1))
+    host.slurm_nodes["gb01"]["reason"] = reason
+    capsys.readouterr()
+    assert run(tray, host, gpu) == 1  # slurmd did not say: slurmctld is asked, and the reason is health's
+    assert host.slurm_nodes["gb01"] == {"state": "IDLE+DRAIN", "reason": reason}
+    assert "slurm: kept: already out of service: reason kept" in capsys.readouterr().out
+    for p in host.procs.values():
+        p.alive = False  # imexctl cleanup
+    assert run(tray, host, gpu, SLURM_NODE_IS_HEALTHY="no") == 0
+    assert host.slurm_nodes["gb01"] == {"state": "IDLE"}
+    assert "slurm: resumed: the fault (stale_daemon) is gone" in capsys.readouterr().out
+
+
+def test_its_own_drain_for_other_findings_is_updated(tray: Path, host: FakeHost, gpu: FakeGpu) -> None:
+    """A tagged drain of health's for a fault that is gone, another fault found now: the reason is replaced with
+    the one for what is found now (the tag was about the old fault)."""
+    host.slurm_nodes["gb01"] = {"state": "IDLE+DRAIN", "reason": "[ticket 7] imexh:stale_daemon gb01: old"}
+    host.units["nvidia-imex.service"] = {"LoadState": "loaded", "ActiveState": "active"}
+    assert run(tray, host, gpu) == 1
+    assert host.slurm_nodes["gb01"]["reason"].startswith("imexh:stock_unit gb01: nvidia-imex.service is active")
 
 
 def test_check_only_never_asks_or_changes_slurm(tray: Path, host: FakeHost, gpu: FakeGpu, capsys: Any) -> None:
@@ -239,7 +282,7 @@ def test_limited_capacity_drains_only_when_the_policy_refuses_it(
     policy = {"fabric": "nvml", "fabric_limited": "refuse"}
     write_config(tray, {"paths": {"root": str(tray)}, "daemon": {"backend": "exec"}, "policy": policy})
     assert run(tray, host, gpu, SLURM_NODE_IS_HEALTHY="yes") == 1
-    assert host.slurm_nodes["gb01"]["reason"].startswith("imex-health:gpu_failed gb01: NVLink fabric: GPU 2: ")
+    assert host.slurm_nodes["gb01"]["reason"].startswith("imexh:gpu_failed gb01: NVLink fabric: GPU 2: ")
 
 
 def test_health_never_waits_for_the_node_lock(tray: Path, host: FakeHost, gpu: FakeGpu, capsys: Any) -> None:
@@ -304,7 +347,7 @@ def test_kernel_line_drains_once_and_only_an_admin_resumes(
         " (docs/troubleshooting.md#imex_shutdown)"
     )
     assert host.slurm_nodes["gb01"]["reason"].startswith(
-        f"imex-health:imex_shutdown gb01: kernel: '{driverlog.DISABLED}' (1x, "
+        f"imexh:imex_shutdown gb01: kernel: '{driverlog.DISABLED}' (1x, "
     )
     assert cursor(tray) == f"{BOOT} 3\n"  # Slurm holds it: nothing pending
     assert run(tray, host, gpu, SLURM_NODE_IS_HEALTHY="no") == 0
@@ -396,7 +439,7 @@ def test_a_drain_that_fails_keeps_the_evidence(tray: Path, host: FakeHost, gpu: 
     assert cursor(tray) == f"{BOOT} 3\nimex_shutdown 1 {BOOT} 3 3000\n"
     host.slurm_nodes["gb01"] = known
     assert run(tray, host, gpu, SLURM_NODE_IS_HEALTHY="yes") == 1
-    assert host.slurm_nodes["gb01"]["reason"].startswith("imex-health:imex_shutdown gb01: kernel: ")
+    assert host.slurm_nodes["gb01"]["reason"].startswith("imexh:imex_shutdown gb01: kernel: ")
     assert cursor(tray) == f"{BOOT} 3\n"
 
 
@@ -414,7 +457,7 @@ def test_out_of_service_for_another_reason_keeps_the_evidence_until_slurm_holds_
     assert scontrols(host) == [("show", "node", "gb01")] * 2
     host.slurm_nodes["gb01"] = {"state": "IDLE"}  # the admin's resume
     assert run(tray, host, gpu, SLURM_NODE_IS_HEALTHY="yes") == 1
-    assert host.slurm_nodes["gb01"]["reason"].startswith("imex-health:imex_shutdown gb01: ")
+    assert host.slurm_nodes["gb01"]["reason"].startswith("imexh:imex_shutdown gb01: ")
     assert cursor(tray) == f"{BOOT} 3\n"
 
 
@@ -427,7 +470,7 @@ def test_the_evidence_leads_the_reason_so_no_auto_resume_clears_it(
     kernel_log(tray, (3, ABRUPT, DRIVER), append=True)
     assert run(tray, host, gpu, SLURM_NODE_IS_HEALTHY="yes") == 1
     reason = host.slurm_nodes["gb01"]["reason"]
-    assert reason.startswith("imex-health:imex_shutdown gb01: ") and reason.endswith("(+1 more)"), reason
+    assert reason.startswith("imexh:imex_shutdown gb01: ") and reason.endswith("(+1 more)"), reason
     for p in host.procs.values():
         p.alive = False  # imexctl cleanup
     capsys.readouterr()
@@ -562,11 +605,11 @@ def test_json_envelope(tray: Path, host: FakeHost, gpu: FakeGpu, capsys: Any) ->
 
 
 def test_a_reason_read_back_is_printed_escaped(tray: Path, host: FakeHost, gpu: FakeGpu, capsys: Any) -> None:
-    host.slurm_nodes["gb01"] = {"state": "IDLE+DRAIN", "reason": "imex-health:stale_daemon gb01: \x1b[31mred"}
+    host.slurm_nodes["gb01"] = {"state": "IDLE+DRAIN", "reason": "imexh:stale_daemon gb01: \x1b[31mred"}
     host.units["nvidia-imex.service"] = {"LoadState": "loaded", "ActiveState": "active"}
     run(tray, host, gpu)
     out = capsys.readouterr().out
-    assert "slurm: gb01 is IDLE+DRAIN: imex-health:stale_daemon gb01: \\x1b[31mred" in out and "\x1b" not in out
+    assert "slurm: gb01 is IDLE+DRAIN: imexh:stale_daemon gb01: \\x1b[31mred" in out and "\x1b" not in out
 
 
 def test_show_node_is_read_as_fields() -> None:
@@ -592,12 +635,13 @@ def test_show_node_is_read_as_fields() -> None:
 
 
 def test_reason_is_capped_and_ascii() -> None:
-    finding = health.Finding("stale_daemon", "é" * 400 + "\n")
+    finding = health.Finding("stale_daemon", "é" + "x" * 400 + "\n")
     verdict = health.Verdict("gb01", (finding, finding), False, False, ())
     from imexctl.slurm.node import clean_reason
 
     reason = clean_reason(health.reason_of(verdict))
-    assert len(reason) <= 255 and reason.isascii() and reason.startswith("imex-health:stale_daemon gb01: ")
+    assert len(reason) <= 255 and reason.isascii() and reason.startswith("imexh:stale_daemon gb01: ")
+    assert reason.endswith("... (+1 more)"), reason
 
 
 def test_not_root_judges_no_job_and_touches_nothing(tray: Path, host: FakeHost, gpu: FakeGpu, capsys: Any) -> None:
@@ -653,7 +697,7 @@ def test_a_gone_jobs_daemon_that_proc_misses_but_its_backend_runs_is_stale(
         "/proc does not show it as [commands] nvidia_imex) of job 44, which no longer runs here"
     ), first
     reason = host.slurm_nodes["gb01"]["reason"]
-    assert reason.startswith("imex-health:stale_daemon gb01: IMEX daemon (") and "of job 44" in reason
+    assert reason.startswith("imexh:stale_daemon gb01: IMEX daemon (") and "of job 44" in reason
 
 
 def test_a_gone_jobs_daemon_that_is_gone_by_its_backend_too_is_no_fault(

@@ -12,6 +12,7 @@ from typing import Any, Callable
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from imexctl import __version__
 from imexctl.cli import main
 from imexctl.commands import live
 from imexctl.config.paths import JobDir
@@ -246,3 +247,68 @@ def test_the_hooks_import_no_live_code() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
                           env={**os.environ, "PYTHONPATH": str(DOCS.parent)})  # fmt: skip
     assert done.stdout.strip() == "False"
+
+
+# ---- the version, and a config file that does not load (issue 42)
+
+BAD_CONFIG = "[policy]\njobs = everything\n"
+
+
+@pytest.fixture
+def fallback_root(root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The fallback's built-in paths under the test's root (production: /)."""
+    monkeypatch.setattr(metrics, "FALLBACK_ROOT", str(root))
+    return root
+
+
+def test_every_refresh_says_its_version_and_that_the_config_loaded(cfg: str, host: FakeHost, prom_dir: Path) -> None:
+    """imexctl_live_build_info carries the version that refreshed; imexctl_live_config_invalid is 0."""
+    text = refresh(cfg, host, prom_dir)
+    assert value(text, "imexctl_live_build_info", version=__version__) == 1
+    assert value(text, "imexctl_live_config_invalid") == 0
+
+
+def test_a_config_that_does_not_load_is_written_as_such_not_left_stale(
+    make_settings: Callable[..., Settings],
+    host: FakeHost,
+    root: Path,
+    prom_dir: Path,
+    fallback_root: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """After a good refresh (topology block r01), the config is broken: the next refresh still exits 78, and the
+    file in the same directory now says config_invalid 1, when, the version and the block, and nothing of a domain
+    that nobody asked."""
+    topo = root / "etc/slurm/topology.conf"
+    topo.parent.mkdir(parents=True)
+    topo.write_text("BlockName=r01 Nodes=gb[01-18]\n")
+    cfg = str(make_settings(metrics={"textfile_dir": "/var/lib/node_exporter"},
+                            paths={"topology_file": "/etc/slurm/topology.conf"}).source)  # fmt: skip
+    host.now = 1000.0
+    refresh(cfg, host, prom_dir)
+    Path(cfg).write_text(BAD_CONFIG)
+    host.now = 1015.0
+    assert run(cfg, "status", "--textfile", host=host, env=NODE) == 78
+    assert "config_invalid, exit 78" in capsys.readouterr().err
+    text = (prom_dir / live.FILE_NAME).read_text()
+    assert parse(text) == {
+        ("imexctl_live_refresh_timestamp_seconds", ()): host.time(),
+        ("imexctl_live_config_invalid", ()): 1.0,
+        ("imexctl_live_build_info", (("version", __version__),)): 1.0,
+    }
+    assert {s.labels.get("block") for f in text_string_to_metric_families(text) for s in f.samples} == {"r01"}
+    assert run(cfg, "status", "--prometheus", host=host, env=NODE) == 78
+    assert capsys.readouterr().out == text
+
+
+def test_a_refresh_keeps_the_block_for_the_hooks_first_failure(
+    cfg: str, host: FakeHost, prom_dir: Path, root: Path
+) -> None:
+    """Without a topology file the refresh names the block from NVML and keeps it, with its directory, in the
+    hooks' totals: an epilog on a tray that set up no domain since its boot counts with that block."""
+    refresh(cfg, host, prom_dir)
+    assert run(cfg, "epilog", host=host) == 0
+    text = (prom_dir / metrics.FILE_NAME).read_text()
+    assert {s.labels.get("block") for f in text_string_to_metric_families(text) for s in f.samples} == {
+        "nvl-11111111-7"
+    }

@@ -153,7 +153,8 @@ FAST_MODULES_HOOK = (
 #: test runs without it, -S), and ``__future__`` (every module's first line); ``errno`` (0.07 ms), say, is not
 STDLIB = ("__future__", "_collections_abc", "_stat", "genericpath", "os", "os.path", "posixpath", "stat")
 LOADS = {
-    "version": FAST_MODULES,
+    # the packages' versions under /opt/imexctl: the one in use, one installed beside it (imexctl/platform/versions.py)
+    "version": (*FAST_MODULES, "imexctl.platform", "imexctl.platform.versions"),
     "prolog": (*FAST_MODULES_HOOK, "imexctl.slurm.nodelist"),  # the node list: the epilog never reads it
     "epilog": (*FAST_MODULES_HOOK, "imexctl.channels", "imexctl.channels.notes", "imexctl.platform.procscan"),
 }

@@ -246,10 +246,12 @@ def test_without_a_block_the_series_have_no_block_label(
 
 
 def test_docs_metrics_page_lists_every_metric_with_its_type() -> None:
-    """docs/metrics.md has one table row per metric (the hooks' and the live ones): name, type; and names no other."""
+    """docs/metrics.md has one table row per metric (the hooks', the live and health's ones): name, type; and names
+    no other."""
+    from imexctl.commands.health import GAUGES
     from imexctl.commands.live import LIVE_METRICS
 
-    every = {**metrics.METRICS, **LIVE_METRICS}
+    every = {**metrics.METRICS, **LIVE_METRICS, **GAUGES}
     text = (DOCS / "metrics.md").read_text(encoding="utf-8")
     rows = re.findall(r"^\| `(imexctl_[a-z_]+)` \| (\w+) \|", text, flags=re.MULTILINE)
     assert dict(rows) == {name: kind for name, (kind, _help) in every.items()}
@@ -268,3 +270,140 @@ def test_hooks_do_not_import_metrics_when_off() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert done.stdout.strip() == "[]"
+
+
+# ---- a config file that does not load, and the block before any domain (issue 42)
+
+BAD_CONFIG = "[policy]\njobs = everything\n"
+
+
+@pytest.fixture
+def fallback_root(root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The fallback's built-in paths under the test's root (production: /)."""
+    monkeypatch.setattr(metrics, "FALLBACK_ROOT", str(root))
+    return root
+
+
+def topology_cfg(
+    make_settings: Callable[..., Settings], root: Path, textfile_dir: str = "/var/lib/node_exporter"
+) -> str:
+    """Metrics on, and a topology file that puts gb01 and gb02 in block r01."""
+    topo = root / "etc/slurm/topology.conf"
+    topo.parent.mkdir(parents=True, exist_ok=True)
+    topo.write_text("BlockName=r01 Nodes=gb[01-02]\n")
+    cfg = make_settings(metrics={"textfile_dir": textfile_dir}, paths={"topology_file": "/etc/slurm/topology.conf"})
+    return str(cfg.source)
+
+
+def break_config(cfg: str) -> None:
+    """The config file, replaced by one whose value does not validate (root's, 0644)."""
+    Path(cfg).write_text(BAD_CONFIG)
+
+
+def test_a_config_that_does_not_load_is_counted_where_the_last_run_counted(
+    make_settings: Callable[..., Settings], host: FakeHost, prom_dir: Path, fallback_root: Path
+) -> None:
+    """A bad config pushed to a working tray: its prologs and epilogs exit 78 and are counted as failed with
+    config_invalid in the directory the last good run wrote (not the documented default), with the block that run
+    learned; the earlier counts go on."""
+    cfg = topology_cfg(make_settings, fallback_root)
+    assert run(cfg, "epilog", host=host) == 0
+    break_config(cfg)
+    assert run(cfg, "prolog", host=host) == 78
+    assert run(cfg, "prolog", host=host) == 78
+    assert run(cfg, "epilog", host=host) == 78
+    fams = families(prom_dir)
+    assert sample(fams, "imexctl_hook_runs_total", hook="prolog", outcome="failed", error_code="config_invalid") == 2
+    assert sample(fams, "imexctl_hook_runs_total", hook="epilog", outcome="failed", error_code="config_invalid") == 1
+    assert sample(fams, "imexctl_hook_runs_total", hook="epilog", outcome="ok", error_code="none") == 1
+    assert {s.labels.get("block") for f in fams.values() for s in f.samples} == {"r01"}
+    assert not (fallback_root / metrics.FALLBACK_TEXTFILE_DIR.lstrip("/")).exists()
+
+
+def test_with_nothing_remembered_the_fallback_is_the_documented_directory(
+    root: Path, host: FakeHost, fallback_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """After a reboot with a config that never loaded: a tray without FALLBACK_TEXTFILE_DIR never had metrics,
+    and counts nothing (exit 78, no warning); where that directory exists, the failure is counted there."""
+    cfg = root / "imexctl.conf"
+    cfg.write_text(BAD_CONFIG)
+    cfg.chmod(0o644)
+    assert run(str(cfg), "prolog", host=host) == 78
+    assert '"metrics.failed"' not in capsys.readouterr().err
+    assert not list(root.rglob("*.prom")) and not (root / "run").exists()
+    default = root / metrics.FALLBACK_TEXTFILE_DIR.lstrip("/")
+    default.mkdir(parents=True)
+    assert run(str(cfg), "prolog", host=host) == 78
+    fams = families(default)
+    assert sample(fams, "imexctl_hook_runs_total", hook="prolog", outcome="failed", error_code="config_invalid") == 1
+    assert "block=" not in (default / metrics.FILE_NAME).read_text()
+
+
+def test_a_remembered_directory_that_is_gone_is_a_warning(
+    make_settings: Callable[..., Settings],
+    host: FakeHost,
+    prom_dir: Path,
+    fallback_root: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The totals remember a directory that no longer exists: the hook exits 78 all the same, and says
+    metrics.failed on stderr (slurmd's log) with the reason."""
+    cfg = topology_cfg(make_settings, fallback_root)
+    assert run(cfg, "epilog", host=host) == 0
+    break_config(cfg)
+    (prom_dir / metrics.FILE_NAME).unlink()
+    prom_dir.rmdir()
+    capsys.readouterr()
+    assert run(cfg, "prolog", host=host) == 78
+    failed = [json.loads(x) for x in capsys.readouterr().err.splitlines() if '"metrics.failed"' in x]
+    assert len(failed) == 1 and "No such file or directory" in failed[0]["reason"], failed
+
+
+def test_the_first_failure_after_a_boot_carries_the_block_of_the_topology(
+    make_settings: Callable[..., Settings], host: FakeHost, prom_dir: Path, root: Path
+) -> None:
+    """A tray just booted (no totals) whose first prolog fails before any domain (its fabric registration
+    failed): the failure is counted with the block the topology file gives the tray, without a domain."""
+    from imexctl.gpu.fabric import FabricInfo
+
+    cfg = topology_cfg(make_settings, root)
+    broken = FakeGpu([FabricInfo(i, b"\x00" * 16, 0, 3, 23) for i in range(4)])
+    assert run(cfg, "prolog", host=host, gpu=broken) == 69
+    fams = families(prom_dir)
+    assert sample(fams, "imexctl_hook_runs_total", hook="prolog", outcome="failed", error_code="gpu_failed") == 1
+    assert sample(fams, "imexctl_domain_owner_job") == 0
+    assert {s.labels.get("block") for f in fams.values() for s in f.samples} == {"r01"}
+
+
+def test_the_totals_remember_the_textfile_directory_and_the_block(
+    make_settings: Callable[..., Settings], host: FakeHost, prom_dir: Path, root: Path
+) -> None:
+    """What the fallback reads back: the last run's textfile directory and block."""
+    cfg = topology_cfg(make_settings, root)
+    assert run(cfg, "epilog", host=host) == 0
+    assert metrics.remembered(make_settings()) == ("/var/lib/node_exporter", "r01")
+
+
+def test_the_build_info_names_the_packages_whole_version(
+    cfg: str, host: FakeHost, prom_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run from a package's version directory, imexctl_build_info's version is the package's whole version
+    (a rebuild of the same upstream version differs, for ImexctlVersionSkew); outside them, imexctl's own."""
+    from imexctl import __version__
+    from imexctl.platform import versions
+
+    assert run(cfg, "epilog", host=host) == 0
+    assert sample(families(prom_dir), "imexctl_build_info", version=__version__) == 1
+    monkeypatch.setattr(versions, "read", lambda: versions.Versions(running=versions.Build("0.1.0-3", "abc123")))
+    assert run(cfg, "epilog", host=host) == 0
+    assert sample(families(prom_dir), "imexctl_build_info", version="0.1.0-3") == 1
+
+
+def test_totals_that_others_may_write_remember_nothing(
+    make_settings: Callable[..., Settings], host: FakeHost, prom_dir: Path, root: Path
+) -> None:
+    """The remembered directory decides where root writes: totals writable by others keep none."""
+    cfg = topology_cfg(make_settings, root)
+    assert run(cfg, "epilog", host=host) == 0
+    (root / "run/imexctl/metrics.json").chmod(0o666)
+    assert metrics.remembered(make_settings()) == ("", "")

@@ -103,7 +103,7 @@ def test_without_deferbatch_one_question_as_before(ctld: Slurmctld, make_setting
     ctld.requeue_at = 1000.0 + DEADLINE_S + 3
     out = _prolog(ctld, make_settings, root, "Alloc")
     assert isinstance(out, HealthTimeout)
-    assert len(_asked(ctld)) == 1 and _drained(ctld) == "imex:not_ready gb01: peers gb02 not ready"
+    assert len(_asked(ctld)) == 1 and _drained(ctld) == "imex:not_ready gb01 job 42: peers gb02 not ready"
 
 
 @pytest.mark.parametrize(
@@ -144,7 +144,7 @@ def test_the_hook_timeout_bounds_the_window(ctld: Slurmctld, make_settings: Call
 
 #: the slow tray of a 4-tray job; every -N answer after the first two finds its peers' daemons stopped
 SLOW_TRAY, PEERS = "gb04", "gb01,gb02,gb03"
-LEFT_OUT = "imex:not_ready gb04: peers gb01,gb02,gb03 connected to each other, none to this tray"
+LEFT_OUT = "imex:not_ready gb04 job 42: peers gb01,gb02,gb03 connected to each other, none to this tray"
 
 
 def _left_behind(hosts: Sequence[str]) -> str:
@@ -299,7 +299,7 @@ def test_an_own_daemon_waiting_for_peers_that_left_asks_too(slow: FakeHost, make
     assert len(_asked(slow)) == 1
     if not exits_0:
         assert isinstance(out, HealthTimeout) and not out.local_ready
-        assert _slow_drained(slow) == "imex:not_ready gb04: own daemon not ready (WAITING_FOR_PEERS)"
+        assert _slow_drained(slow) == "imex:not_ready gb04 job 42: own daemon not ready (WAITING_FOR_PEERS)"
 
 
 #: every word squeue prints for a job's state (``job_state_string()``, src/common/slurm_protocol_defs.c; flags

@@ -174,7 +174,7 @@ def test_the_blocked_tray_drains_itself_unless_the_job_is_over(
         return
     assert isinstance(out, HealthTimeout) and out.isolated, str(out)
     reason = host.slurm_nodes["gb04"]["reason"]
-    assert reason.startswith("imex:not_ready gb04: peers gb01,gb02,gb03 never connect to it"), reason
+    assert reason.startswith("imex:not_ready gb04 job 42: peers gb01,gb02,gb03 never connect to it"), reason
 
 
 @pytest.mark.parametrize(("requeue_after", "exits_0"), [(2.0, True), (4.0, False)])
@@ -201,7 +201,7 @@ def test_an_unsure_tray_waits_half_the_window(root: Path, make_settings: Callabl
     assert (not isinstance(out, HealthTimeout) and out.job_ended == "PENDING") is exits_0, str(out)
     assert host.now - 1000.0 <= 2 + 3 + 0.1  # half the 6 s window
     if not exits_0:
-        assert host.slurm_nodes["gb01"]["reason"].startswith("imex:not_ready gb01: reaches none of its 3 peers")
+        assert host.slurm_nodes["gb01"]["reason"].startswith("imex:not_ready gb01 job 42: reaches none of its 3 peers")
 
 
 def _ctl_hangs_on_n(plain: FakeHost) -> None:

@@ -1,6 +1,7 @@
 """Record what a real slurmctld answers about jobs, hostile ones included, as tests/data/slurm/<version>.json.
 
     /opt/imexctl/bin/python -m tests.lab.answers --slurm 24.11 [--out tests/data/slurm]
+    /opt/imexctl/bin/python -m tests.lab.answers --slurm 24.11 --drains  # drains-<version>.json
 
 Not a test: run it as root from the repository root, one lab at a time on the machine (as the lab's
 tests are run), with /opt/imexctl pointing at this checkout.
@@ -18,6 +19,13 @@ what was printed: imexctl's own question (slurm/slurmctld.py ``squeue_argv``), `
 ``scontrol --json show job`` and ``squeue --json --jobs``; a JSON answer is kept whole for the jobs in
 :data:`WHOLE_JSON`, else as the job ids it lists (``json_job_ids``, ``stdout`` null).
 tests/slurm/test_slurmctld.py reads them.
+
+With ``--drains`` it records instead what ``imexctl drains`` asks (commands/drains.py ``sinfo_argv``, with
+and without the reasons) while the six trays of a lab carry the reasons of :data:`DRAINS`: two hooks' with
+one code, another hook's, health's with a tag before and after it, NHC's, an admin's holding the separator;
+then again with the admin's reason holding a newline and a forged record (:data:`FORGED`); and with no tray
+drained.
+tests/commands/test_drains.py reads them.
 """
 
 from __future__ import annotations
@@ -30,6 +38,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from imexctl.commands.drains import TIME_ENV as SINFO_TIME_ENV
+from imexctl.commands.drains import sinfo_argv
 from imexctl.slurm.slurmctld import squeue_argv
 from tests.lab import debroot
 from tests.lab.cluster import SlurmLab
@@ -37,7 +47,7 @@ from tests.lab.jobs import UID, hold_script, release, wait_state
 from tests.lab.versions import HostSlurm, RootSlurm, SlurmInstall
 from tests.simhelpers import wait_for
 
-__all__ = ["INJECTED", "capture", "main"]
+__all__ = ["DRAINS", "FORGED", "INJECTED", "capture", "capture_drains", "main"]
 
 #: what a hostile job writes into every field it sets: a Key=value for each field imexctl ever read from
 #: scontrol's text, squeue's separator with a forged line, and (in the comment) a newline with a forged record
@@ -48,6 +58,18 @@ INJECTED = (
 TIME_ENV = {"SLURM_TIME_FORMAT": "%s"}
 #: the answers whose JSON is kept whole (10-35 KB each); of the others only the job ids listed are kept
 WHOLE_JSON = ("hostile running", "het leader running")
+#: the reason each tray is drained with for ``--drains``: two hooks' with one code, a hook's with another,
+#: health's with a tag before and after it, NHC's, an admin's holding the separator
+DRAINS = {
+    "node1": "imex:config_invalid node1 job 12: /etc/imexctl/imexctl.conf:3: [readiness] deadline_s: not a number",
+    "node2": "imex:config_invalid node2 job 12: /etc/imexctl/imexctl.conf:3: [readiness] deadline_s: not a number",
+    "node3": "imex:not_ready node3 job 13: peers node1,node2 not ready (WAITING_FOR_PEERS)",
+    "node4": "[ticket-7] imexh:stale_daemon node4: IMEX daemon pid 4242 of job 9, which no longer runs here [RO:reboot]",
+    "node5": "NHC: imexn:config_invalid node5: /etc/imexctl/imexctl.conf:3: [readiness] deadline_s: not a number",
+    "node6": "bad DIMM | ticket 4711",
+}
+#: node6's second reason: a newline, then a line shaped like node1's record with another reason
+FORGED = "maintenance\nnode1|idle+drain|0|imexh:stock_unit node1: forged"
 
 
 def _install(version: str) -> SlurmInstall:
@@ -167,14 +189,49 @@ def capture(version: str) -> dict[str, Any]:
         lab.down()
 
 
+def _sinfo(lab: SlurmLab, what: str) -> list[dict[str, Any]]:
+    """Both of ``imexctl drains``' questions, as sinfo answers them now."""
+    out = []
+    for reasons in (False, True):
+        argv = list(sinfo_argv("sinfo", reasons=reasons))
+        res = lab.run(argv, check=False, env=SINFO_TIME_ENV, timeout=30)
+        out.append({"what": what, "argv": argv, "env": SINFO_TIME_ENV, "rc": res.returncode, "stdout": res.stdout,
+                    "stderr": res.stderr})  # fmt: skip
+    return out
+
+
+def _drain(lab: SlurmLab, node: str, reason: str) -> None:
+    lab.run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"], timeout=30)
+
+
+def capture_drains(version: str) -> dict[str, Any]:
+    """Bring a lab of ``version`` up, drain its trays with :data:`DRAINS` (then :data:`FORGED`), record sinfo."""
+    lab = SlurmLab(_install(version), nodes=len(DRAINS), owner_pid=os.getpid())
+    lab.up()
+    try:
+        data: dict[str, Any] = {"slurm": lab.version, "drains": DRAINS, "forged": FORGED, "answers": []}
+        data["answers"] += _sinfo(lab, "none drained")
+        for node, reason in DRAINS.items():
+            _drain(lab, node, reason)
+        data["answers"] += _sinfo(lab, "drained")
+        _drain(lab, "node6", FORGED)
+        data["answers"] += _sinfo(lab, "forged")
+        for node in DRAINS:
+            lab.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], timeout=30)
+        return data
+    finally:
+        lab.down()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m tests.lab.answers --slurm VERSION [--out DIR]``."""
+    """``python -m tests.lab.answers --slurm VERSION [--out DIR] [--drains]``."""
     ap = argparse.ArgumentParser(prog="python -m tests.lab.answers", description=__doc__.split("\n", 1)[0])
     ap.add_argument("--slurm", required=True, choices=("22.05", "24.11", "26.05"))
     ap.add_argument("--out", default="tests/data/slurm")
+    ap.add_argument("--drains", action="store_true", help="record imexctl drains' sinfo answers instead")
     args = ap.parse_args(argv)
-    data = capture(args.slurm)
-    path = Path(args.out) / f"{args.slurm}.json"
+    data = capture_drains(args.slurm) if args.drains else capture(args.slurm)
+    path = Path(args.out) / f"{'drains-' if args.drains else ''}{args.slurm}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     print(f"wrote {path}: Slurm {data['slurm']}, {len(data['answers'])} answers", file=sys.stderr)

@@ -17,6 +17,10 @@ console scripts, the user, :data:`BUILD_STEPS`), so a change to any of them buil
 old one. ``python -m tests.lab
 root --prune`` removes the roots of other keys (about 300 MB each).
 
+A *flavour* of the default suite's root (:data:`FLAVOURS`, ``ensure_root(flavour=...)``) is a root of its own
+key beside it with more packages, whose units named there are left disabled: ``firewalld`` boots nodes that a
+test gives firewalld (tests/ansible/test_role.py). Without a flavour every key is what it was.
+
 ``plain_root()`` is the same cache for a bare ``debootstrap --variant=minbase`` root and nothing else (the
 clean Debian 12 of the packaging tests and of the fresh-machine test, tests/test_freshroot.py).
 """
@@ -41,6 +45,7 @@ from tests.lab.procs import SYS_PATH, LabError, sh
 
 __all__ = [
     "CACHE",
+    "FLAVOURS",
     "PACKAGES",
     "SRC",
     "SUITE_PACKAGES",
@@ -87,9 +92,17 @@ PACKAGES = (
 SUITE_PACKAGES = {"sid": ("apptainer",), "trixie": ("openssh-server", "python3-apt", "nftables")}
 
 
-def packages(suite: str) -> tuple[str, ...]:
-    """The packages debootstrap installs into the root of ``suite``."""
-    return PACKAGES + SUITE_PACKAGES.get(suite, ())
+#: flavour -> (more packages, their units left disabled): every machine of a lab boots the same root, so a
+#: unit such as firewalld starts only where a test starts it (the role's test: one node's firewall).
+#: firewalld needs polkitd, which needs "default-logind | logind": debootstrap takes no alternative by itself
+FLAVOURS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "firewalld": (("firewalld", "libpam-systemd"), ("firewalld.service",)),
+}
+
+
+def packages(suite: str, flavour: str = "") -> tuple[str, ...]:
+    """The packages debootstrap installs into the root of ``suite`` (and of its ``flavour``, FLAVOURS)."""
+    return PACKAGES + SUITE_PACKAGES.get(suite, ()) + (FLAVOURS[flavour][0] if flavour else ())
 
 
 CACHE = Path("/var/cache/imexctl-lab")
@@ -133,21 +146,26 @@ def _install_requires(repo: Path) -> list[str]:
     return _setup_cfg(repo, "options", "install_requires")
 
 
-def root_key(repo: Path = REPO, suite: str = SUITE) -> str:
-    """Return the cache key of the root of ``suite`` this checkout needs (e.g. ``trixie-<12 hex digits>``)."""
-    spec = {
+def root_key(repo: Path = REPO, suite: str = SUITE, flavour: str = "") -> str:
+    """Return the cache key of the root of ``suite`` this checkout needs (e.g. ``trixie-<12 hex digits>``).
+
+    A flavour's key names it (``trixie-firewalld-<12 hex digits>``); without one the key is what it always was.
+    """
+    spec: dict[str, Any] = {
         "suite": suite,
         "mirror": MIRROR,
         "variant": "minbase",
-        "packages": sorted(packages(suite)),
+        "packages": sorted(packages(suite, flavour)),
         "requires": _install_requires(repo),
         "user": [TEST_USER, TEST_UID, TEST_GROUP, TEST_GID],
         "steps": BUILD_STEPS,
         # the editable install fixes the console scripts; the code itself comes from the checkout
         "scripts": _setup_cfg(repo, "options.entry_points", "console_scripts"),
     }
+    if flavour:
+        spec["disabled"] = list(FLAVOURS[flavour][1])
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
-    return f"{suite}-{digest}"
+    return f"{suite}-{flavour}-{digest}" if flavour else f"{suite}-{digest}"
 
 
 def build_problems() -> list[str]:
@@ -161,9 +179,9 @@ def build_problems() -> list[str]:
     return problems
 
 
-def cached_root(repo: Path = REPO, suite: str = SUITE) -> DebRoot | None:
-    """Return the root of ``suite`` this checkout needs if it is already built, else None."""
-    final = CACHE / root_key(repo, suite)
+def cached_root(repo: Path = REPO, suite: str = SUITE, flavour: str = "") -> DebRoot | None:
+    """Return the root of ``suite`` (and ``flavour``) this checkout needs if it is already built, else None."""
+    final = CACHE / root_key(repo, suite, flavour)
     try:
         info = json.loads((final / INFO).read_text())
     except (OSError, ValueError):
@@ -195,19 +213,23 @@ def _locked(path: Path, timeout: float, log: Callable[[str], None]) -> Iterator[
 
 
 def ensure_root(
-    repo: Path = REPO, log: Callable[[str], None] = print, lock_timeout: float = 1800, suite: str = SUITE
+    repo: Path = REPO,
+    log: Callable[[str], None] = print,
+    lock_timeout: float = 1800,
+    suite: str = SUITE,
+    flavour: str = "",
 ) -> DebRoot:
-    """Return the root of ``suite`` this checkout needs, building it first if no process has yet."""
-    found = cached_root(repo, suite)
+    """Return the root of ``suite`` (and ``flavour``) this checkout needs, building it first if no process has yet."""
+    found = cached_root(repo, suite, flavour)
     if found:
         return found
     problems = build_problems()
     if problems:
         raise LabError("cannot build the Debian root: " + "; ".join(problems))
     CACHE.mkdir(mode=0o755, parents=True, exist_ok=True)
-    key = root_key(repo, suite)
+    key = root_key(repo, suite, flavour)
     with _locked(CACHE / f"{key}.lock", lock_timeout, log):
-        found = cached_root(repo, suite)
+        found = cached_root(repo, suite, flavour)
         if found:
             return found
         partial = CACHE / f"{key}.partial"
@@ -215,12 +237,12 @@ def ensure_root(
             shutil.rmtree(partial)  # a build that died; we hold the lock, so nobody else uses it
         partial.mkdir(mode=0o755)
         t0 = time.monotonic()
-        info = _build(partial, repo, suite, log)
+        info = _build(partial, repo, suite, log, flavour)
         info["build_s"] = round(time.monotonic() - t0, 1)
         (partial / INFO).write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
         os.rename(partial, CACHE / key)
         log(f"built {CACHE / key} in {info['build_s']:.0f}s (Slurm {info['slurm_version']})")
-    found = cached_root(repo, suite)
+    found = cached_root(repo, suite, flavour)
     if found is None:
         raise LabError(f"{CACHE / key} has no {INFO} right after its build")
     return found
@@ -293,7 +315,7 @@ def ensure_wheelhouse(
 
 def prune(repo: Path = REPO, log: Callable[[str], None] = print) -> list[Path]:
     """Remove the cached roots of other keys (older checkouts), except any a lab in sight still mounts."""
-    keep = {root_key(repo, suite) for suite in SUITES.values()}
+    keep = {root_key(repo, suite) for suite in SUITES.values()} | {root_key(repo, SUITE, f) for f in FLAVOURS}
     mounted = Path("/proc/self/mountinfo").read_text()
     removed = []
     for path in sorted(p for suite in sorted(set(SUITES.values())) for p in CACHE.glob(f"{suite}-*")):
@@ -320,7 +342,7 @@ def _chroot(root: Path, *argv: str, timeout: float = 300) -> str:
     return sh(["chroot", str(root), *argv], env=env, timeout=timeout).stdout
 
 
-def _build(partial: Path, repo: Path, suite: str, log: Callable[[str], None]) -> dict[str, Any]:
+def _build(partial: Path, repo: Path, suite: str, log: Callable[[str], None], flavour: str = "") -> dict[str, Any]:
     """Run the build steps into ``partial/root`` and return what to record."""
     root = partial / "root"
     # one package cache per suite: sid and trixie share package names and versions that differ
@@ -331,7 +353,7 @@ def _build(partial: Path, repo: Path, suite: str, log: Callable[[str], None]) ->
         [
             "debootstrap",
             "--variant=minbase",
-            f"--include={','.join(packages(suite))}",
+            f"--include={','.join(packages(suite, flavour))}",
             f"--cache-dir={debs}",
             suite,
             str(root),
@@ -352,14 +374,16 @@ def _build(partial: Path, repo: Path, suite: str, log: Callable[[str], None]) ->
     if not (root / "etc/munge/munge.key").exists():
         _chroot(root, "mungekey", "--create")
         _chroot(root, "chown", "munge:munge", "/etc/munge/munge.key")
+    for unit in FLAVOURS[flavour][1] if flavour else ():
+        _chroot(root, "systemctl", "disable", unit)  # offline in a chroot: only the unit's links go
     _install_imexctl(root, repo, log)
     shutil.rmtree(root / "var/cache/apt/archives", ignore_errors=True)
     (root / "var/cache/apt/archives/partial").mkdir(parents=True)
     return {
-        "key": root_key(repo, suite),
+        "key": root_key(repo, suite, flavour),
         "suite": suite,
         "mirror": MIRROR,
-        "packages": sorted(packages(suite)),
+        "packages": sorted(packages(suite, flavour)),
         "slurm_version": _chroot(root, "slurmd", "-V").split()[-1],
         "python": _chroot(root, "/usr/bin/python3", "-c", "import sys; print(sys.version.split()[0])").strip(),
         "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

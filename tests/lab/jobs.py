@@ -41,6 +41,7 @@ __all__ = [
     "consume_steps",
     "ctl_domain",
     "diagnose",
+    "drains_view",
     "events",
     "hold_script",
     "imexctl_admin",
@@ -539,3 +540,19 @@ class SlurmdLogs:
                     out[node] = when - start
                     start = None
         return out
+
+
+#: the blocks an admin's login node knows the lab's trays by (its topology.conf)
+LOGIN_TOPOLOGY = "BlockName=b1 Nodes=node[1-2]\nBlockName=b2 Nodes=node[3-4]\nBlockSizes=2\n"
+
+
+def drains_view(lab: SlurmLab) -> dict[str, Any]:
+    """``imexctl drains --json`` as an admin runs it on a login node: its own config, whose topology has blocks."""
+    topology = lab.dir / "etc" / "topology-login.conf"
+    topology.write_text(LOGIN_TOPOLOGY)
+    config = lab.dir / "etc" / "imexctl-login.conf"
+    config.write_text(f"[paths]\ntopology_file = {topology}\n")
+    for path in (topology, config):
+        path.chmod(0o644)
+    res = lab.node_exec(lab.nodes[0], [str(IMEXCTL), "--config", str(config), "drains", "--json"], timeout=60)
+    return dict(json.loads(res.stdout)["data"])

@@ -1,4 +1,5 @@
-"""Which tray Slurm drains when a tray is cut off from its peers, or refuses them, under the real slurmd (issue 22).
+"""Which tray Slurm drains when a tray is cut off from its peers, or refuses them, under the real slurmd (issue 22);
+and the reason a config that does not load leaves, which ``imexctl drains`` folds by block (issue 42).
 
 node3's network namespace gets an nftables table that drops every TCP packet to or from the two per-job
 port ranges (61000-62999) on its link to the others (its own traffic on ``lo`` passes): a tray whose firewall lets through only what a site opened for the stock
@@ -21,7 +22,7 @@ import pytest
 
 from tests.lab.cluster import SlurmLab
 from tests.lab.conftest import NODES
-from tests.lab.jobs import JOB_TIMEOUT, events, imexctl_settings, leftovers, sbatch
+from tests.lab.jobs import JOB_TIMEOUT, drains_view, events, imexctl_settings, leftovers, sbatch
 from tests.lab.procs import SYS_PATH
 from tests.simhelpers import wait_for
 from tests.support.ci import unavailable
@@ -81,7 +82,7 @@ def test_tray_cut_off_by_its_firewall_is_the_one_drained(lab: SlurmLab, cut_off:
     wait_for(lambda: lab.node_states()[cut_off]["state"].startswith("drain"), 30, 0.5, what=f"{cut_off} drained")
     # Slurm shows the hook's own reason, code first, naming the tray (not Slurm's "Prolog error")
     shown = lab.node_states()[cut_off]["reason"]
-    assert shown.startswith(f"imex:not_ready {cut_off}: "), shown
+    assert shown.startswith(f"imex:not_ready {cut_off} job {job}: "), shown
     for node in TRAYS:
         if node == cut_off:
             continue
@@ -111,7 +112,7 @@ def test_peer_that_refuses_connections_is_drained_and_named(lab: SlurmLab) -> No
     assert "the other trays connected to each other but none of them to this tray" in str(done[CUT]["reason"])
     wait_for(lambda: lab.node_states()[CUT]["state"].startswith("drain"), 30, 0.5, what=f"{CUT} drained")
     shown = lab.node_states()[CUT]["reason"]
-    assert shown.startswith(f"imex:not_ready {CUT}: "), shown
+    assert shown.startswith(f"imex:not_ready {CUT} job {job}: "), shown
     for node in TRAYS:
         if node == CUT:
             continue
@@ -175,7 +176,7 @@ def test_trays_that_drop_incoming_job_ports_are_the_ones_drained(lab: SlurmLab, 
     for node in NODES:
         if node in blocked:
             reached = ",".join(n for n in NODES if n not in blocked)
-            want = f"imex:not_ready {node}: peers {reached}"
+            want = f"imex:not_ready {node} job {job}: peers {reached}"
             assert states[node]["reason"].startswith(want) and "never connect to it" in states[node]["reason"], states
         else:
             assert states[node]["state"] == "idle", states
@@ -184,5 +185,32 @@ def test_trays_that_drop_incoming_job_ports_are_the_ones_drained(lab: SlurmLab, 
     for node in NODES:
         assert leftovers(lab, node, job) == [], f"{node} not rolled back"
     for node in blocked:
+        lab.run(["scontrol", "update", f"nodename={node}", "state=resume"])
+    lab.wait_idle()
+
+
+def test_a_config_that_does_not_load_drains_each_tray_with_its_line(lab: SlurmLab) -> None:
+    """Issue 42: a config pushed to every tray that does not load: each prolog exits 78 and drains its own tray
+    with ``imex:config_invalid <tray> job <id>: <file>:<line>: ...`` (Slurm's would be ``Prolog error``), by the
+    built-in settings; ``imexctl drains`` folds the four trays into one line per block, with the command that
+    says why on each."""
+    with imexctl_settings(lab, {"readiness": {"soon": "1"}}):
+        line = lab.imexctl_conf.read_text().splitlines().index("soon = 1") + 1
+        job = sbatch(lab, "true", NODES)
+        want = {n: f"imex:config_invalid {n} job {job}: {lab.imexctl_conf}:{line}: [readiness] soon: unknown key"
+                for n in NODES}  # fmt: skip
+        wait_for(lambda: {n: st["reason"] for n, st in lab.node_states().items()} == want, 60, 0.5,
+                 what="every tray drained with the config's file and line")  # fmt: skip
+        shown = lab.run(["sinfo", "-R", "-h"]).stdout  # the 20 columns an admin sees first
+        assert shown.count("imex:config_invalid ") == len(NODES), shown
+        view = drains_view(lab)
+    groups = [(g["label"], g["block"], g["trays"], g["nodes"]) for g in view["groups"]]
+    assert groups == [("imex:config_invalid", "b1", 2, "node[1-2]"), ("imex:config_invalid", "b2", 2, "node[3-4]")]
+    assert view["commands"] == [{"nodes": "node[1-4]", "command": "imexctl doctor"}]
+    assert {t["job"] for t in view["trays"]} == {job}
+    print(f"drained: {want[NODES[0]]!r}; drains: {groups}")
+    lab.run(["scancel", str(job)], check=False)
+    wait_for(lambda: not lab.run(["squeue", "-h"], check=False).stdout.strip(), 60, 0.5, what="the queue")
+    for node in NODES:
         lab.run(["scontrol", "update", f"nodename={node}", "state=resume"])
     lab.wait_idle()

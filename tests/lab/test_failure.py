@@ -39,7 +39,7 @@ def test_prolog_failure_rolls_back_drains_requeues_and_recovers(lab: SlurmLab) -
     assert info["JobState"] == "PENDING" and info.get("Restarts") == "1", info
     states = lab.node_states()
     # the tray drained itself with its own reason first, and slurmctld kept it (issue 34)
-    want = f"imex:not_ready {bad}: own daemon not ready (WAITING_FOR_PEERS)"
+    want = f"imex:not_ready {bad} job {job}: own daemon not ready (WAITING_FOR_PEERS)"
     assert states[bad]["state"].startswith("drain") and states[bad]["reason"] == want, states
     # by default ([readiness] blame_peers = no) every tray fails, so the batch script never starts
     assert not list(marker.parent.glob(marker.name + ".*")), "the batch script ran on a domain that was not UP"
@@ -59,7 +59,7 @@ def test_prolog_failure_rolls_back_drains_requeues_and_recovers(lab: SlurmLab) -
     assert not [n for n in NODES if n not in drained and lab.node_states()[n]["state"].startswith("drain")]
     states = lab.node_states()
     for node in drained[1:]:  # a healthy tray that failed names the broken one by its node name
-        assert states[node]["reason"].startswith(f"imex:not_ready {node}: peers {bad} not ready"), states
+        assert states[node]["reason"].startswith(f"imex:not_ready {node} job {job}: peers {bad} not ready"), states
     # the epilog runs too after a failed prolog; wait for the nodes to stop completing, then nothing may remain
     wait_for(lambda: not lab.run(["squeue", "-h", "-t", "CG"], check=False).stdout.strip(), 30, what="epilogs")
     for node in NODES:

@@ -6,7 +6,9 @@ epilogs hold the node lock for seconds at a time.  First an admin's loop on node
 doctor's job checks never FAIL.  Then slurmd itself runs the health check (``HealthCheckProgram``,
 ``HealthCheckInterval=2``; on 26.05 with ``SlurmctldParameters=health_check_report``, so slurmd passes
 ``SLURM_NODE_IS_HEALTHY``) while jobs run: every run healthy, no node drained; then a config that does not
-load drains every tray with health's own reason, and once it loads again health resumes them itself.
+load drains every tray with health's own reason (``imexh:``, issue 42), which ``imexctl drains`` folds by
+block; a tag another tool adds to one tray's reason leaves it health's, an admin's reason on another is never
+health's; once the config loads again health resumes its own trays, the tagged one included, and only those.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import pytest
 
 from tests.lab.cluster import SlurmLab
 from tests.lab.conftest import NODES
-from tests.lab.jobs import IMEXCTL, imexctl_admin, sbatch, wait_done
+from tests.lab.jobs import IMEXCTL, drains_view, imexctl_admin, sbatch, wait_done
 from tests.simhelpers import wait_for
 
 pytestmark = pytest.mark.slurm
@@ -157,16 +159,36 @@ def test_slurmds_health_check_drains_only_a_fault_and_resumes_it(lab: SlurmLab, 
 
     def drained() -> bool:
         states = lab.node_states()
-        return all(
-            states[n]["state"].startswith("drain") and states[n]["reason"].startswith("imex-health:") for n in NODES
-        )
+        return all(states[n]["state"].startswith("drain") and states[n]["reason"].startswith("imexh:") for n in NODES)
 
     wait_for(drained, 60, 0.5, what="every tray drained by imexctl health")
     reasons = {n: st["reason"] for n, st in lab.node_states().items()}
-    assert all(reasons[n].startswith(f"imex-health:config_invalid {n}: ") for n in NODES), reasons
+    assert all(reasons[n].startswith(f"imexh:config_invalid {n}: ") for n in NODES), reasons
+    shown = lab.run(["sinfo", "-R", "-h"]).stdout  # sinfo -R's 20 columns hold the whole code
+    assert shown.count("imexh:config_invalid ") == len(NODES), shown
+    # another tool tags node1's reason (NVIDIA's Remediation Orchestrator, a ticket); an admin takes node4 over
+    tagged = f"[ticket-7] {reasons[TRAY]} [RO:reboot]"
+    admin = "bad DIMM, ticket 4711"
+    lab.run(["scontrol", "update", f"nodename={TRAY}", f"reason={tagged}"])
+    lab.run(["scontrol", "update", f"nodename={NODES[3]}", "state=drain", f"reason={admin}"])
+    runs = len(_runs(lab, TRAY))
+    wait_for(lambda: len(_runs(lab, TRAY)) >= runs + 2, 60, 0.5, what=f"two more health checks on {TRAY}")
+    assert lab.node_states()[TRAY]["reason"] == tagged, "health replaced its own reason with a tag added"
+    view = drains_view(lab)
+    groups = [(g["label"], g["block"], g["trays"], g["nodes"]) for g in view["groups"]]
+    assert groups == [
+        ("imexh:config_invalid", "b1", 2, "node[1-2]"),
+        ("imexh:config_invalid", "b2", 1, "node3"),
+        (f"other: {admin}", "b2", 1, "node4"),
+    ], groups
     lab.imexctl_conf.write_text(good)
     started = time.monotonic()
-    lab.wait_idle(timeout=60)
+    lab.wait_idle(NODES[:3], timeout=60)
     resumed = [r for n in NODES for r in _runs(lab, n) if "slurm: resumed: the fault (config_invalid) is gone" in r]
-    assert len(resumed) >= len(NODES), f"resumed by health: {len(resumed)} in {time.monotonic() - started:.0f} s"
-    print(f"drained: {reasons[TRAY]!r}; resumed by health within {time.monotonic() - started:.0f} s")
+    assert len(resumed) >= 3, f"resumed by health: {len(resumed)} in {time.monotonic() - started:.0f} s"
+    runs = len(_runs(lab, NODES[3]))
+    wait_for(lambda: len(_runs(lab, NODES[3])) >= runs + 2, 60, 0.5, what=f"two more health checks on {NODES[3]}")
+    assert lab.node_states()[NODES[3]] == {"state": "drain", "reason": admin}, lab.node_states()
+    lab.run(["scontrol", "update", f"nodename={NODES[3]}", "state=resume"])
+    lab.wait_idle(timeout=30)
+    print(f"drained: {reasons[TRAY]!r}; tagged and resumed by health within {time.monotonic() - started:.0f} s")

@@ -66,9 +66,9 @@ def _only_the_bad_tray_drained(lab: SlurmLab, job: int, nodes: list[str]) -> Non
     wait_for(lambda: not lab.run(["squeue", "-h", "-t", "CG"], check=False).stdout.strip(), 30, 0.5, what="epilogs")
     states = lab.node_states()
     assert states[BAD]["state"].startswith("drain"), states
-    assert states[BAD]["reason"] == f"imex:not_ready {BAD}: own daemon not ready (WAITING_FOR_PEERS)", states
+    assert states[BAD]["reason"] == f"imex:not_ready {BAD} job {job}: own daemon not ready (WAITING_FOR_PEERS)", states
     shown = lab.run(["scontrol", "show", "node", BAD]).stdout  # what slurmdbd gets too: the whole reason
-    assert f"Reason=imex:not_ready {BAD}: own daemon not ready (WAITING_FOR_PEERS) [root@" in shown, shown
+    assert f"Reason=imex:not_ready {BAD} job {job}: own daemon not ready (WAITING_FOR_PEERS) [root@" in shown, shown
     assert all(states[n]["state"] == "idle" for n in NODES if n != BAD), states
     for node in nodes:
         assert leftovers(lab, node, job) == [], f"{node} not rolled back"

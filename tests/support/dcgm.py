@@ -14,17 +14,42 @@ v4.6.0, commit 72fa3fe), no code copied:
 - ``common/DcgmUtilities.cpp`` ``CheckChildExitStatus``: a non-zero exit (or a signal) is
   ``DCGM_ST_INIT_ERROR`` (common/ChildProcess/tests: "Non-zero exit returns INIT_ERROR").  So the real ctl's
   exit 255 with "Failed to read node configuration file" reads as a command error, not as NOT_CONFIGURED.
-- ``modules/health/DcgmHealthWatch.cpp`` ``MonitorImex`` (the NVLINK watch): the domain passes when UP,
+- ``modules/health/DcgmHealthWatch.cpp`` ``MonitorImex`` (the NVLINK watch up to 4.6, the IMEX watch from
+  4.7: ``health.json`` below): the domain passes when UP,
   NOT_INSTALLED, NOT_CONFIGURED or UNAVAILABLE; the daemon passes when UNAVAILABLE (7), READY (5),
   NOT_INSTALLED (-1) or NOT_CONFIGURED (-2); anything else is incident 122 (``DCGM_FR_IMEX_UNHEALTHY``,
   "IMEX %s status is %s (%s)").
+
+Which health system carries that check, by DCGM version, what ``dcgmi health -s`` selects, the
+dcgm-exporter counters and the NVSentinel keys are recorded in ``tests/data/dcgm/health.json`` (each
+block names its source); ``letters_mask``, ``imex_system`` and ``raises_122`` read them.  ``install_dpkg``
+and ``install_library`` make a fake DCGM install under a tray root, as doctor reads one.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import json
+from pathlib import Path
+from typing import Any, NamedTuple
 
-__all__ = ["DAEMON", "Reading", "daemon_status", "domain_status", "incidents", "read"]
+__all__ = [
+    "DAEMON",
+    "HEALTH",
+    "Reading",
+    "daemon_status",
+    "domain_status",
+    "imex_system",
+    "incidents",
+    "install_dpkg",
+    "install_library",
+    "letters_mask",
+    "raises_122",
+    "read",
+    "version",
+]
+
+#: the recorded facts (tests/data/README.md, ``dcgm/``)
+HEALTH: dict[str, Any] = json.loads((Path(__file__).resolve().parents[1] / "data/dcgm/health.json").read_text())
 
 NOT_CONFIGURED_TEXT = "Failed to read node configuration file"
 #: DcgmImexDaemonStatus (dcgmlib/src/DcgmImexManager.h)
@@ -46,7 +71,7 @@ _DAEMON_PASS = frozenset({DAEMON[s] for s in ("UNAVAILABLE", "READY", "NOT_INSTA
 
 
 class Reading(NamedTuple):
-    """Field 1502 (domain, a string), field 1503 (daemon, an int) and the incidents of the NVLINK watch."""
+    """Field 1502 (domain, a string), field 1503 (daemon, an int) and the incidents of the IMEX check."""
 
     domain: str
     daemon: int
@@ -86,7 +111,7 @@ def daemon_status(returncode: int | None, output: str) -> int:
 
 
 def incidents(domain: str, daemon: int) -> tuple[str, ...]:
-    """The NVLINK watch's incident 122 messages for the two fields (none: the tray passes)."""
+    """The IMEX check's incident 122 messages for the two fields (none: the tray passes; ``raises_122``: where)."""
     out = []
     if domain and domain not in _DOMAIN_PASS:
         out.append(f"DCGM_FR_IMEX_UNHEALTHY: IMEX domain status is {domain} (unhealthy)")
@@ -100,3 +125,70 @@ def read(domain_run: tuple[int | None, str], daemon_run: tuple[int | None, str])
     domain = domain_status(*domain_run)
     daemon = daemon_status(*daemon_run)
     return Reading(domain, daemon, incidents(domain, daemon))
+
+
+# ---------------------------------------------------------------- the health systems, by version
+
+
+def version(text: str) -> tuple[int, ...]:
+    """``"4.6.0"`` as ``(4, 6, 0)``."""
+    return tuple(int(part) for part in text.split("."))
+
+
+def letters_mask(tag: str, letters: str) -> int:
+    """The systems ``dcgmi health -s LETTERS`` sets with the dcgmi of ``tag`` (a recorded one), as dcgmi parses.
+
+    Refuses what that dcgmi refuses: a letter it does not know, a repeated letter, ``a`` with another.
+    """
+    table: dict[str, list[str]] = HEALTH["dcgmi_set_letters"][tag]
+    bits: dict[str, int] = HEALTH["systems"]["bits"]
+    mask = 0
+    for i, letter in enumerate(letters):
+        if letter not in table or (letter == "a" and len(letters) > 1):
+            raise ValueError(f"dcgmi {tag}: Invalid flags detected ({letters!r})")
+        if letter in letters[i + 1 :]:
+            raise ValueError(f"dcgmi {tag}: Duplicate flags detected ({letters!r})")
+        for system in table[letter]:
+            mask |= bits[system]
+    if not mask:
+        raise ValueError(f"dcgmi {tag}: No flags detected")
+    return mask
+
+
+def imex_system(of: tuple[int, ...]) -> str | None:
+    """The health system that runs DCGM's IMEX check in that version (None: no IMEX check)."""
+    for span in HEALTH["imex_check"]["spans"]:
+        until = span["until"]
+        if version(span["from"]) <= of and (until is None or of < version(until)):
+            return str(span["system"]) if span["system"] else None
+    raise AssertionError(f"no recorded span holds {of}")
+
+
+def raises_122(of: tuple[int, ...], mask: int, reading: Reading) -> str | None:
+    """The system incident 122 is filed under, for that version, watch mask and reading (None: no incident)."""
+    system = imex_system(of)
+    if system is None or not mask & HEALTH["systems"]["bits"][system] or not reading.incidents:
+        return None
+    return system
+
+
+# ---------------------------------------------------------------- a fake DCGM install under a tray root
+
+
+def install_dpkg(root: Path, package: str, version_field: str, status: str = "install ok installed") -> None:
+    """Add a stanza for ``package`` to dpkg's status file under ``root`` (as dpkg writes one)."""
+    path = root / "var/lib/dpkg/status"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    before = path.read_text() if path.exists() else ""
+    stanza = f"Package: {package}\nStatus: {status}\nArchitecture: arm64\nVersion: {version_field}\n"
+    path.write_text(before + ("\n" if before else "") + stanza)
+
+
+def install_library(root: Path, libdir: str, full: str) -> Path:
+    """The library a DCGM core package installs, ``libdcgm.so.<full>``, and its soname link, under ``root``."""
+    where = root / libdir.lstrip("/")
+    where.mkdir(parents=True, exist_ok=True)
+    library = where / f"libdcgm.so.{full}"
+    library.write_bytes(b"\x7fELF")
+    (where / f"libdcgm.so.{full.split('.', maxsplit=1)[0]}").symlink_to(library.name)
+    return library

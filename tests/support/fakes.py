@@ -4,7 +4,9 @@ They live in tests/, never in the package: the .deb and the .rpm ship no test co
 
 ``FakeHost`` answers only ``systemctl`` (show/start/stop/reset-failed),
 ``nvidia-imex-ctl`` (``-q``, ``-N -j``), ``squeue`` about jobs (slurmctld's
-``slurm_jobs``, tests/support/slurmjobs.py) and ``scontrol version``; any other
+``slurm_jobs``, tests/support/slurmjobs.py), ``scontrol version``, and ``sinfo``
+with the arguments of an answer recorded from a real slurmctld
+(``sinfo_answers``, tests/data/slurm/drains-<version>.json); any other
 command raises ``AssertionError``.  Files stay real, under a temporary root.
 """
 
@@ -17,7 +19,7 @@ import signal
 import stat
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from imexctl.gpu.fabric import FabricInfo
 from imexctl.platform.errors import CommandError
@@ -175,6 +177,11 @@ class FakeHost:
     squeue_down_for: int = 0
     #: every ``scontrol show node`` / ``update`` times out
     scontrol_hangs: bool = False
+    #: ``sinfo`` as a real slurmctld answered it: recorded answers (``argv``, ``env``, ``rc``, ``stdout``,
+    #: ``stderr``; tests/lab/answers.py --drains), each given for exactly its arguments and environment
+    sinfo_answers: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    #: every ``sinfo`` times out
+    sinfo_hangs: bool = False
     #: slurmctld's nodes for ``scontrol show node NAME`` and ``scontrol update NodeName=...``: name ->
     #: ``{"state": "IDLE+DRAIN", "reason": "...", "comment": "..."}`` (absent: "Invalid node name specified")
     slurm_nodes: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
@@ -212,6 +219,8 @@ class FakeHost:
             return self._scontrol(argv, timeout_s)
         if name == "squeue":
             return self._squeue(argv, timeout_s, env or {})
+        if name == "sinfo":
+            return self._sinfo(argv, timeout_s, env or {})
         if name == "systemctl":
             return self._systemctl(argv)
         if name == "nvidia-imex" and argv[1:] == ("--version",):
@@ -274,6 +283,17 @@ class FakeHost:
                 argv, 1, "", "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n"
             )
         return squeue(self.slurm_jobs, argv, env)
+
+    def _sinfo(self, argv: tuple[str, ...], timeout_s: float, env: Mapping[str, str]) -> Completed:
+        """The recorded answer to exactly these arguments and this environment (``SLURM_CONF`` aside)."""
+        if self.sinfo_hangs:
+            self.now += timeout_s
+            raise CommandError(argv, f"no answer within {timeout_s:g}s")
+        asked = {k: v for k, v in env.items() if k != "SLURM_CONF"}
+        for answer in self.sinfo_answers:
+            if list(argv[1:]) == answer["argv"][1:] and asked == answer["env"]:
+                return Completed(argv, answer["rc"], answer["stdout"], answer["stderr"])
+        raise AssertionError(f"FakeHost: no recorded sinfo answer for {argv} with {dict(env)}")
 
     def _scontrol_node(self, argv: tuple[str, ...]) -> Completed:
         """``scontrol show node NAME`` as src/api/node_info.c prints it; ``scontrol update NodeName=N State=...``."""

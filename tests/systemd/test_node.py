@@ -264,7 +264,7 @@ def test_running_stock_unit_makes_the_prolog_refuse_and_leave_nothing(sysd: Syst
         assert list((sysd.node_root("node1") / "dev/nvidia-caps-imex-channels").glob("channel*")) == []
         assert STOCK in show(sysd, "node1", sysd.unit(job), "Conflicts")["Conflicts"].split()
         # the prolog drains its node with its own reason first, which slurmctld keeps (issue 34 §1)
-        want = f"imex:domain_busy node1: {STOCK} is running: disable it"
+        want = f"imex:domain_busy node1 job {job}: {STOCK} is running: disable it"
         wait_for(lambda: sysd.node_states()["node1"]["reason"].startswith(want), 30, what="node1 drained")
     finally:
         restore(sysd, "node1")
