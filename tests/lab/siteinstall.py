@@ -95,6 +95,11 @@ PACKAGE = (
 #: the port guard needs bpf(), which nspawn's default filter refuses: tests/systemd/test_port_guard.py boots nodes
 #: of its own that allow it and installs the guard there
 GUARD = "the port guard: tests/systemd/test_port_guard.py, on nodes that may load BPF programs"
+#: firewalld's branch of the same: the lab's nodes have no firewall; tests/ansible/test_role.py opens the ranges
+#: with firewalld on a booted node of its own (the role's service, the same rule)
+FIREWALLD = (
+    "opens the ports with firewalld; the lab's nodes have none (tests/ansible/test_role.py has a firewalld node)"
+)
 NOT_RUN = {
     "apt-get install ./imexctl_0.1.0_arm64.deb": PACKAGE,
     "dnf install ./imexctl-0.1.0-1.aarch64.rpm": "the RPM, for RHEL and Rocky; the nodes are Debian",
@@ -126,6 +131,12 @@ NOT_RUN = {
     "install -D -m 0644 /usr/share/imexctl/systemd/port-guard.slice.conf \\": GUARD,
     "/etc/systemd/system/user.slice.d/imexctl-port-guard.conf": GUARD,
     "systemd-run --slice=user.slice --wait --quiet --collect /bin/true": GUARD,
+    'for opt in --permanent ""; do': FIREWALLD,
+    (
+        'firewall-cmd $opt --add-rich-rule=\'rule family="ipv4" source address="<rack subnet>" '
+        'port port="61000-62999" protocol="tcp" accept\''
+    ): FIREWALLD,
+    "done": FIREWALLD,
     "nft add rule inet filter input ip saddr <rack subnet> tcp dport 61000-62999 accept": (
         "opens the ports between trays; the lab's network namespaces have no firewall"
     ),

@@ -170,7 +170,8 @@ def test_a_bad_config_on_every_tray_is_one_alert_per_block_within_one_scrape(
     """With the live-gauge timer on and good configs, each tray's live file names its block. A config whose value
     the check refuses is pushed to both trays: within 30 s each live file says config_invalid 1 (it does not go
     stale, though the refresh fails with 78); a job submitted to both fails its prologs, each counted as
-    config_invalid in the same directory with the tray's block. One scrape of those files, through promtool's rule test with the
+    config_invalid in the same directory with the tray's block, each tray drained with the hooks' reason naming
+    the file and line (``sinfo -R``), and ``imexctl drains`` folds them into one line per block. One scrape of those files, through promtool's rule test with the
     shipped rules, fires ImexctlConfigInvalid and ImexctlPrologFailures{error_code=config_invalid} on each tray at
     the first evaluation; posted to a real Alertmanager with the shipped route they are one group per block."""
     for n in NODES:
@@ -197,6 +198,14 @@ def test_a_bad_config_on_every_tray_is_one_alert_per_block_within_one_scrape(
         wait_for(lambda n=n: value(samples(sysd, n, "imexctl.prom"), "imexctl_hook_runs_total", hook="prolog",
                                    outcome="failed", error_code="config_invalid"),
                  90, 0.5, what=f"{n}'s prolog of job {job} to be counted")  # fmt: skip
+    # Slurm shows the hooks' own reason with the file and line, and imexctl drains folds the trays by block
+    shown = wait_for(lambda: _reasons(sysd, every=True), 60, 0.5, what="both trays drained with the hooks' reason")
+    assert shown is not None
+    for n in NODES:
+        assert shown[n].startswith(f"imex:config_invalid {n} job {job}: /{CONF}:"), shown
+    view = _drains(sysd)
+    groups = [(g["label"], g["block"], g["trays"]) for g in view["groups"]]
+    assert groups == [("imex:config_invalid", BLOCKS[n], 1) for n in NODES], view
     scrape = {n: {f: samples(sysd, n, f) for f in FILES} for n in NODES}
     for n, files in scrape.items():
         assert all(blocks(found) == {BLOCKS[n]} for found in files.values() if found), (n, files)
@@ -217,6 +226,25 @@ def test_a_bad_config_on_every_tray_is_one_alert_per_block_within_one_scrape(
         for n in NODES
     ]
     assert am.groups(alertmanager, fired) == {BLOCKS[n]: [n] for n in NODES}
+
+
+def _reasons(lab: SystemdLab, *, every: bool = False) -> dict[str, str] | None:
+    """Each drained node's reason, as ``sinfo -R`` prints it whole (``%E``); ``every``: None until both have one."""
+    out = lab.run(["sinfo", "-h", "-R", "-o", "%n|%E"]).stdout
+    found = dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
+    return None if every and not all(n in found for n in NODES) else found
+
+
+def _drains(lab: SystemdLab) -> dict[str, Any]:
+    """``imexctl drains --json`` on node1 as an admin runs it, with a config of its own naming the topology."""
+    m = lab.node("node1")
+    login = "etc/imexctl/login.conf"
+    atomic_write(m.merged / login, f"[paths]\ntopology_file = {TOPOLOGY}\n", mode=0o644)
+    try:
+        res = m.exec(["/opt/imexctl/bin/imexctl", "--config", f"/{login}", "drains", "--json"])
+    finally:
+        (m.merged / login).unlink()
+    return dict(json.loads(res.stdout)["data"])
 
 
 def test_a_tray_just_booted_labels_its_first_failure_with_its_block(sysd: SystemdLab, site: dict[str, str]) -> None:
