@@ -175,6 +175,11 @@ class SystemdLab:
         """A node's slurmd log file."""
         return self.node_root(node) / SLURM_FILES["SlurmdLogFile"].lstrip("/")
 
+    @property
+    def slurmctld_log(self) -> Path:
+        """The controller's slurmctld log file (what jobs.diagnose reads on a failure)."""
+        return self.node_root(CTL) / SLURM_FILES["SlurmctldLogFile"].lstrip("/")
+
     @staticmethod
     def unit(job: int) -> str:
         """The job's IMEX unit."""
