@@ -21,7 +21,8 @@ splits or restarts"):
   is not broken itself, as far as it can tell: a peer is.  If that peer's
   prolog fails, Slurm requeues the job (or cancels it), and this tray
   should exit 0 rather than be drained for the peer's fault: it asks
-  whether the job was *taken back* (``wants_to_start``: requeues count).
+  whether its run was *taken back* (``left_run``: requeues count, and so
+  does a next run of the job, already running again).
   Whether the requeue has landed when this tray asks is a matter of
   timing: all trays reach their deadline together, and the broken tray's
   failure reaches slurmctld only after its own roll-back and its one
@@ -57,8 +58,13 @@ from __future__ import annotations
 
 from imexctl.hooks.runtime import Runtime
 from imexctl.platform.errors import HealthTimeout
+from imexctl.slurm import nodefold
 from imexctl.slurm import slurmctld as slurmctl
 from imexctl.slurm.job import JobContext
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from imexctl.slurm.slurmctld import JobRecord
 
 __all__ = [
     "FIRST_PAUSE_S",
@@ -66,6 +72,7 @@ __all__ = [
     "ended_reason",
     "job_gone",
     "job_over",
+    "left_run",
     "own_fault",
     "taken_back",
     "window_s",
@@ -100,7 +107,7 @@ def job_gone(
     if own_fault(exc):
         return job_over(rt, job)
     window = window_s(rt, exc, elapsed_s=elapsed_s, hook_timeout_s=hook_timeout_s, defer_batch=defer_batch)
-    return taken_back(rt, job.job_id, job.slurm_conf, window)
+    return taken_back(rt, job, window)
 
 
 def job_over(rt: Runtime, job: JobContext) -> str | None:
@@ -150,19 +157,43 @@ def window_s(
     return full / 2 if exc.unsure else full
 
 
-def taken_back(rt: Runtime, job_id: int, slurm_conf: str, window: float) -> str | None:
-    """The job's state, as slurmctld reports it, once it will not run on this allocation; asked until ``window`` ends.
+def taken_back(rt: Runtime, job: JobContext, window: float) -> str | None:
+    """What slurmctld says once this run of the job will not go on on this tray; asked until ``window`` ends.
 
-    None when it still wants to start (or cannot be asked) at the last question.
+    None when it still may (or cannot be asked) at the last question.  See
+    :func:`left_run` for what counts.
     """
     until = rt.host.monotonic() + window
     pause = FIRST_PAUSE_S
     while True:
-        state = slurmctl.job_state(job_id, rt.host, rt.settings, slurm_conf)
-        if state is not None and not slurmctl.wants_to_start(state):
-            return state
+        found = slurmctl.job_record(job.job_id, rt.host, rt.settings, job.slurm_conf)
+        gone = left_run(found, job) if found is not None else ""
+        if gone:
+            return gone
         left = until - rt.host.monotonic()
         if left <= 0:
             return None
         rt.host.sleep(min(pause, left))
         pause = min(2 * pause, MAX_PAUSE_S)
+
+
+def left_run(found: JobRecord, job: JobContext) -> str:
+    """Why slurmctld's record ``found`` shows that ``job``'s run will not go on on this tray; '' when it may.
+
+    The state, when the job will not run on its allocation (ended, or back in
+    the queue: :func:`imexctl.slurm.slurmctld.wants_to_start`).  A job
+    requeued while this prolog waited can run again before it asks (another
+    tray's failure, or slurmctld declaring a tray whose slurmd never got the
+    prolog failed: issue 43): RUNNING or CONFIGURING then names the *next*
+    run.  Every requeue counts one more restart first (``restart_cnt++``,
+    src/slurmctld/job_mgr.c), so a restart count other than this run's
+    (``SLURM_JOB_RESTART_COUNT``) is another run; so is a node list without
+    this tray.  Unknown values decide nothing.
+    """
+    if not found.wants_to_start:
+        return found.state
+    if job.restarts is not None and found.restarts != job.restarts:
+        return f"{found.state} (requeued: restart count {found.restarts}, this run's {job.restarts})"
+    if found.trays and not found.holds(job.node):
+        return f"{found.state} on {nodefold.fold(list(found.trays))}, not on this tray"
+    return ""

@@ -62,13 +62,15 @@ def ctld() -> Slurmctld:
 
 
 def _prolog(host: FakeHost, make_settings: Callable[..., Settings], root: Path, flags: str,
-            timeout: str = "", **sections: dict[str, Any]) -> Any:  # fmt: skip
-    """Run gb01's prolog under a slurm.conf with these PrologFlags; the result, or the HealthTimeout raised."""
+            timeout: str = "", restarts: str | None = None, **sections: dict[str, Any]) -> Any:  # fmt: skip
+    """Run gb01's prolog under a slurm.conf with these PrologFlags (SLURM_JOB_RESTART_COUNT ``restarts``); the
+    result, or the HealthTimeout raised."""
     conf = root / "slurm.conf"
     conf.write_text(f"ClusterName=x\n{NODES}PrologFlags={flags}\n{timeout}")
     rt = Runtime(host, FakeGpu(), make_settings(readiness={"deadline_s": DEADLINE_S}, **sections),
                  structlog.get_logger())  # fmt: skip
-    env = job_env(job_id=42, nodelist="gb[01-03]", SLURM_CONF=str(conf), SLURM_JOB_OVERSUBSCRIBE="NO")
+    env = job_env(job_id=42, nodelist="gb[01-03]", SLURM_CONF=str(conf), SLURM_JOB_OVERSUBSCRIBE="NO",
+                  SLURM_JOB_RESTART_COUNT=restarts)  # fmt: skip
     try:
         return prolog(env, rt)
     except HealthTimeout as exc:
@@ -104,6 +106,46 @@ def test_without_deferbatch_one_question_as_before(ctld: Slurmctld, make_setting
     out = _prolog(ctld, make_settings, root, "Alloc")
     assert isinstance(out, HealthTimeout)
     assert len(_asked(ctld)) == 1 and _drained(ctld) == "imex:not_ready gb01 job 42: peers gb02 not ready"
+
+
+@pytest.mark.parametrize("flags", ["Alloc,DeferBatch", "Alloc"])
+@pytest.mark.parametrize(
+    ("restarts", "job", "said"),
+    [
+        # a peer's slurmd never got the prolog: slurmctld declared it failed, requeued the job, and started
+        # its next run before the deadline, elsewhere or on these very trays
+        pytest.param("0", SlurmJob(42, "RUNNING", "gb[05-07]", restarts=1),
+                     "RUNNING (requeued: restart count 1, this run's 0)", id="next-run-elsewhere"),
+        pytest.param("0", SlurmJob(42, "CONFIGURING", "gb[01-03]", restarts=1),
+                     "CONFIGURING (requeued: restart count 1, this run's 0)", id="next-run-here"),
+        # slurmd did not say which run this is: the node list still tells
+        pytest.param(None, SlurmJob(42, "RUNNING", "gb[05-07]", restarts=1),
+                     "RUNNING on gb[05-07], not on this tray", id="no-count-elsewhere"),
+    ],
+)  # fmt: skip
+def test_a_job_already_running_again_has_taken_this_run_back(make_settings: Callable[..., Settings], root: Path,
+                                                              flags: str, restarts: str | None, job: SlurmJob,
+                                                              said: str) -> None:  # fmt: skip
+    """Issue 43: at the deadline, a healthy tray's peer was never set up because slurmctld had already requeued
+    the job, which runs again (RUNNING or CONFIGURING: the next run). That run is not this prolog's: it exits 0
+    at its first question, drains nothing and leaves nothing, whatever PrologFlags say."""
+    host = _healthy(FakeHost(addresses=rack_addresses()))
+    host.slurm_jobs[42] = job
+    out = _prolog(host, make_settings, root, flags, restarts=restarts)
+    assert not isinstance(out, HealthTimeout), str(out)
+    assert out.job_ended == said and _drained(host) is None and _left_in(root) == []
+    assert len(_asked(host)) == 1
+
+
+@pytest.mark.parametrize("flags", ["Alloc,DeferBatch", "Alloc"])
+def test_this_run_still_starting_keeps_the_failure(make_settings: Callable[..., Settings], root: Path,
+                                                    flags: str) -> None:  # fmt: skip
+    """The same run (restart count 0) on this tray, still CONFIGURING: the peer's fault is not yet Slurm's
+    answer, so the tray fails as before (asked over the window under DeferBatch)."""
+    host = _healthy(FakeHost(addresses=rack_addresses()))
+    host.slurm_jobs[42] = SlurmJob(42, "CONFIGURING", "gb[01-03]", restarts=0)
+    out = _prolog(host, make_settings, root, flags, restarts="0", slurm={"timeout_margin_s": 2})
+    assert isinstance(out, HealthTimeout) and _drained(host)
 
 
 @pytest.mark.parametrize(
