@@ -9,6 +9,7 @@ See docs/performance.md for the figures and what they mean.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import re
@@ -64,14 +65,16 @@ class Mode(NamedTuple):
     drift_cycles: int
     #: ``--set SECTION.KEY=VALUE``: written into every simulated tray's imexctl config
     overrides: tuple[tuple[str, str, str], ...] = ()
-    #: ``--against DIR``: another checkout whose hooks run alternated with this one's (startup, readiness)
+    #: ``--against DIR``: another checkout whose hooks run alternated with this one's (startup, readiness, growth)
     against: Path | None = None
+    #: growth: at least this many runs of each hook per job size
+    growth_samples: int = 1
 
 
 MODES = {
-    "full": Mode(41, 7, (20, 20, 20), 100),
-    "quick": Mode(15, 3, (8, 5, 1), 16),
-    "smoke": Mode(3, 1, (2, 2, 1), 4),
+    "full": Mode(41, 7, (20, 20, 20), 100, growth_samples=216),
+    "quick": Mode(15, 3, (8, 5, 1), 16, growth_samples=72),
+    "smoke": Mode(3, 1, (2, 2, 1), 4, growth_samples=1),
 }
 
 
@@ -772,6 +775,100 @@ def bench_crowd(mode: Mode, tmp: Path) -> list[Figure]:
     ]
 
 
+#: job sizes of the growth section, in trays: one NVL72 rack is one NVLink domain of 18
+GROWTH_SIZES = (1, 2, 4, 9, 18, 36, 72)
+#: the growth section's targets, per tray and hook run (docs/performance.md "How the cost grows")
+GROWTH_TARGETS: dict[str, dict[str, float]] = {
+    "prolog": {"cpu_p50": 10, "cpu_p99": 20, "subprocesses": 4, "slurmctld_requests": 0, "peak_mem": 512},
+    "epilog": {"cpu_p50": 5, "cpu_p99": 10, "subprocesses": 3, "slurmctld_requests": 0, "peak_mem": 128},
+}
+#: what the 72-tray figure may be over the 1-tray figure
+GROWTH_RATIO_TARGETS: dict[str, float] = {"cpu_p50": 2, "subprocesses": 1, "slurmctld_requests": 1, "peak_mem": 8}
+GROWTH_UNITS = {"cpu_p50": "ms", "cpu_p99": "ms", "wall_p50": "ms", "wall_p99": "ms", "subprocesses": "count",
+                "slurmctld_requests": "count", "peak_mem": "KiB"}  # fmt: skip
+
+
+def bench_growth(mode: Mode, tmp: Path) -> list[Figure]:
+    """imexctl's own cost per tray by job size (1 to 72 trays): the prolog and the epilog in-process over FakeHost.
+
+    ``bench/bench_growth.py`` runs them in a process of its own, importing the
+    checkout it measures: ``growth.<n>trays.<hook>.*`` per size, then
+    ``growth.<hook>.<figure>.72_over_1``.  With ``--against DIR`` that
+    checkout's runs alternate with this one's, two batches each:
+    ``growth.<n>trays.<hook>.cpu_*.against`` are its figures, ``.vs_against``
+    this checkout's minus them (ms).
+    """
+    repos = {"this": REPO, **({"against": mode.against} if mode.against else {})}
+    batches = 2 if mode.against else 1
+    found: dict[str, list[dict[str, Any]]] = {who: [] for who in repos}
+    for batch in range(batches):
+        for who, repo in repos.items():
+            out = tmp / f"growth-{who}-{batch}.json"
+            found[who].append(_growth_run(repo, mode, out, (mode.growth_samples + batches - 1) // batches))
+    ours = _growth_values(found["this"])
+    figures = _growth_figures(ours)
+    if mode.against:
+        theirs = _growth_values(found["against"])
+        for (size, hook, name), value in ours.items():
+            if name.startswith("cpu_"):
+                other = theirs[size, hook, name]
+                figures.append(Figure(f"growth.{size}trays.{hook}.{name}.against", other, "ms"))
+                figures.append(Figure(f"growth.{size}trays.{hook}.{name}.vs_against", value - other, "ms"))
+    return figures
+
+
+def _growth_run(repo: Path, mode: Mode, out: Path, samples: int) -> dict[str, Any]:
+    """One run of bench/bench_growth.py over ``repo``'s imexctl: its JSON document."""
+    argv = [PY, "-I", str(REPO / "bench/bench_growth.py"), "--repo", str(repo), "--out", str(out)]
+    argv += ["--samples", str(samples), "--sizes", ",".join(map(str, GROWTH_SIZES))]
+    argv += [f"--set={section}.{key}={value}" for section, key, value in mode.overrides]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, cwd="/")
+    if done.returncode != 0:
+        raise SystemExit(f"bench: growth over {repo} exited {done.returncode}: {done.stderr[-2000:]}")
+    found: dict[str, Any] = json.loads(out.read_text())
+    return found
+
+
+def _growth_values(runs: Sequence[dict[str, Any]]) -> dict[tuple[int, str, str], float]:
+    """Each size's figures from the runs' samples: CPU and wall p50/p99 (ms), the most commands, the largest peak."""
+    values: dict[tuple[int, str, str], float] = {}
+    for size in GROWTH_SIZES:
+        for hook in ("prolog", "epilog"):
+            got = {
+                k: [x for r in runs for x in r["sizes"][str(size)][hook][k]] for k in runs[0]["sizes"][str(size)][hook]
+            }
+            for clock in ("cpu", "wall"):
+                for q in (0.5, 0.99):
+                    values[size, hook, f"{clock}_p{round(q * 100)}"] = _pct(got[clock], q) * 1000
+            values[size, hook, "subprocesses"] = max(got["subprocesses"])
+            values[size, hook, "slurmctld_requests"] = max(got["slurmctld"])
+            values[size, hook, "peak_mem"] = max(got["peak_kib"])
+    return values
+
+
+def _growth_figures(values: dict[tuple[int, str, str], float]) -> list[Figure]:
+    """The lines of each size, each judged by ``GROWTH_TARGETS``; then the 72-tray value over the 1-tray one."""
+    out = []
+    for (size, hook, name), value in values.items():
+        out.append(
+            _judged(f"growth.{size}trays.{hook}.{name}", value, GROWTH_UNITS[name], GROWTH_TARGETS[hook].get(name))
+        )
+    big, small = max(GROWTH_SIZES), min(GROWTH_SIZES)
+    for hook in ("prolog", "epilog"):
+        for name in GROWTH_UNITS:
+            a, b = values[big, hook, name], values[small, hook, name]
+            ratio = a / b if b else (1.0 if a == b else float("inf"))  # none at either size: no growth
+            out.append(_judged(f"growth.{hook}.{name}.{big}_over_{small}", ratio, "x", GROWTH_RATIO_TARGETS.get(name)))
+    return out
+
+
+def _judged(name: str, value: float, unit: str, limit: float | None) -> Figure:
+    """A figure with the target ``<= limit`` (``0`` for none at all; no target when ``limit`` is None)."""
+    if limit is None:
+        return Figure(name, value, unit)
+    return Figure(name, value, unit, f"<={limit:g}" if limit else "0", value <= limit)
+
+
 SECTIONS = {
     "startup": bench_startup,
     "crowd": bench_crowd,
@@ -779,6 +876,7 @@ SECTIONS = {
     "readiness": bench_readiness,
     "drift": bench_drift,
     "health": bench_health,
+    "growth": bench_growth,
 }
 
 
@@ -793,14 +891,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="SECTION.KEY=VALUE",
-        help="an imexctl setting for every simulated tray, e.g. readiness.poll_max_s=0.1 (readiness, drift)",
+        help="an imexctl setting for every simulated tray, e.g. readiness.poll_max_s=0.1 (readiness, drift, growth)",
     )
     p.add_argument(
         "--against",
         type=Path,
         metavar="DIR",
         help="another checkout (e.g. git worktree add /tmp/prev HEAD~1) whose hooks run alternated with this"
-        " one's: start-up and own CPU per hook, side by side in one run (startup, readiness)",
+        " one's: start-up and own CPU per hook, side by side in one run (startup, readiness, health, growth)",
     )
     args = p.parse_args(argv)
     if args.against and not (args.against / "imexctl/cli/__init__.py").is_file():

@@ -54,6 +54,17 @@ FIGURES = [
     "drift.4trays.leaks",
     *(f"health.idle.{k}" for k in ("wall_p50", "wall_p95", "cpu_p50", "cpu_p95", "slurmctld_queries")),
 ]
+GROWTH_KINDS = ("cpu_p50", "cpu_p99", "wall_p50", "wall_p99", "subprocesses", "slurmctld_requests", "peak_mem")
+GROWTH = [
+    *(
+        f"growth.{n}trays.{hook}.{kind}"
+        for n in (1, 2, 4, 9, 18, 36, 72)
+        for hook in ("prolog", "epilog")
+        for kind in GROWTH_KINDS
+    ),
+    *(f"growth.{hook}.{kind}.72_over_1" for hook in ("prolog", "epilog") for kind in GROWTH_KINDS),
+]
+FIGURES += GROWTH
 
 
 def test_smoke_prints_every_figure() -> None:
@@ -134,3 +145,88 @@ def test_against_figures_pair_own_cpu_figures() -> None:
         fig("cpu.prolog.2trays.p50.against", 54.0, "ms"),
         fig("cpu.prolog.2trays.p50.vs_against", -4.0, "ms"),
     ]
+
+
+def _module(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, REPO / f"bench/{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_growth_runs_alone_and_against_another_checkout() -> None:
+    """``--only growth`` prints every size's figures and the growth lines; ``--against`` adds the CPU pairs."""
+    done = _bench("--smoke", "--only", "growth")
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert [line.split()[0] for line in lines[:-1]] == GROWTH
+    # a plain exclusive job under 23.02+ asks slurmctld nothing, at any size, in either hook
+    assert [line for line in lines if ".slurmctld_requests " in line and "trays." in line] == [
+        f"growth.{n}trays.{hook}.slurmctld_requests 0 count 0"
+        for n in (1, 2, 4, 9, 18, 36, 72)
+        for hook in ("prolog", "epilog")
+    ]
+    against = _bench("--smoke", "--only", "growth", "--against", str(REPO))
+    assert against.returncode == 0, against.stderr[-2000:]
+    pairs = [
+        f"growth.{n}trays.{hook}.{kind}.{what}"
+        for n in (1, 2, 4, 9, 18, 36, 72)
+        for hook in ("prolog", "epilog")
+        for kind in ("cpu_p50", "cpu_p99")
+        for what in ("against", "vs_against")
+    ]
+    assert [line.split()[0] for line in against.stdout.splitlines()[:-1]] == GROWTH + pairs
+
+
+def test_growth_counts_what_asks_slurmctld(tmp_path: Path) -> None:
+    """The stand-in counts a prolog's question to slurmctld: none for 23.02+, one squeue under 22.05 (no
+    SLURM_JOB_OVERSUBSCRIBE: the prolog asks whether the job shares its trays); the epilog asks nothing."""
+    growth = _module("bench_growth")
+    fleet = growth.Fleet(tmp_path, growth._modules(REPO), [], 2)
+    runs = list(growth._runs(fleet, 2, 1, 500))
+    assert [(hook, r["subprocesses"], r["slurmctld"]) for hook, r in runs] == [
+        ("prolog", 4, 0),
+        ("prolog", 4, 0),
+        ("epilog", 3, 0),
+        ("epilog", 3, 0),
+    ]
+    fleet.env_changes = {"SLURM_JOB_OVERSUBSCRIBE": None}
+    runs = list(growth._runs(fleet, 2, 1, 501))
+    assert [(hook, r["subprocesses"], r["slurmctld"]) for hook, r in runs] == [
+        ("prolog", 5, 1),
+        ("prolog", 5, 1),
+        ("epilog", 3, 0),
+        ("epilog", 3, 0),
+    ]
+
+
+def test_growth_figures_judge_each_size_and_the_growth() -> None:
+    """A prolog that asks slurmctld at 72 trays misses that figure and its growth line (none at 1 tray: infinite
+    growth); none at either size is no growth; the CPU's growth is the 72-tray p50 over the 1-tray one."""
+    suite = _suite()
+    values = {
+        (n, hook, kind): {"cpu_p50": 2.0 + n / 72, "subprocesses": 3.0, "slurmctld_requests": 0.0}.get(kind, 1.0)
+        for n in suite.GROWTH_SIZES
+        for hook in ("prolog", "epilog")
+        for kind in GROWTH_KINDS
+    }
+    values[72, "prolog", "slurmctld_requests"] = 1.0
+    figures = suite._growth_figures(values)
+    assert [f.name for f in figures] == GROWTH
+    missed = [f for f in figures if not f.ok]
+    assert missed == [
+        suite.Figure("growth.72trays.prolog.slurmctld_requests", 1.0, "count", "0", False),
+        suite.Figure("growth.prolog.slurmctld_requests.72_over_1", float("inf"), "x", "<=1", False),
+    ]
+    by_name = {f.name: f for f in figures}
+    assert by_name["growth.epilog.slurmctld_requests.72_over_1"] == suite.Figure(
+        "growth.epilog.slurmctld_requests.72_over_1", 1.0, "x", "<=1", True
+    )
+    assert by_name["growth.prolog.cpu_p50.72_over_1"] == suite.Figure(
+        "growth.prolog.cpu_p50.72_over_1", 3.0 / (2.0 + 1 / 72), "x", "<=2", True
+    )
+    assert by_name["growth.18trays.prolog.cpu_p50"] == suite.Figure(
+        "growth.18trays.prolog.cpu_p50", 2.25, "ms", "<=10", True
+    )
+    assert by_name["growth.18trays.prolog.wall_p99"] == suite.Figure("growth.18trays.prolog.wall_p99", 1.0, "ms")
