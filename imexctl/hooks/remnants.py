@@ -17,7 +17,8 @@ still live on trays outside the new domain is gone.
 Gone is slurmctld's word, asked only in this case and only under slurmd
 (design.md source slurm-no-commands): the old job holds none of those trays
 any more (a COMPLETING job's node list names only the trays whose epilog has
-not ended).  While slurmctld does not answer, the time by which the old
+not ended), or it holds no record of the job (it purges one only after its
+last epilog).  While slurmctld does not answer, the time by which the old
 domain's epilogs must have ended, by this tray's clock, decides.  A prolog
 whose deadline comes first fails with a reason that names the old job and
 its trays.
@@ -33,7 +34,7 @@ from imexctl.hooks.jobs import CLOCK_SLACK_S, epilog_waits
 from imexctl.hooks.runtime import Runtime
 from imexctl.hooks.state import JobState
 from imexctl.platform import Record
-from imexctl.platform.errors import DomainBusyError
+from imexctl.platform.errors import DomainBusyError, SlurmQueryError
 from imexctl.platform.fsutil import atomic_write, read_text_nofollow
 from imexctl.slurm import nodefold
 
@@ -178,14 +179,21 @@ def _slurmctld_says(old: Remnant, away: tuple[str, ...], rt: Runtime, slurm_conf
     list of a COMPLETING job names the trays whose epilog has not ended), or
     still runs there in the same run (a job that gave up this tray and kept
     others).  An ended, pending or requeued job, or a later run of it
-    (another restart count or start time: another domain), holds none.
+    (another restart count or start time: another domain), holds none; nor
+    does a job slurmctld no longer holds (``UnknownJob``: it ran here, so it
+    was purged, ``MinJobAge`` after its last epilog; issue 43: read as no
+    answer, it kept a new domain of the same channel waiting until its
+    deadline, and drained every tray of it).
     """
     if not slurm_conf:
         return None
     from imexctl.slurm import slurmctld
 
-    found = slurmctld.job_record(old.job_id, rt.host, rt.settings, slurm_conf)
-    if found is None:
+    try:
+        found = slurmctld.ask_job(old.job_id, rt.host, rt.settings, slurm_conf)
+    except slurmctld.UnknownJob:  # it ran here, so slurmctld purged it: after every epilog of it ended
+        return False, f"slurmctld no longer holds job {old.job_id}: it purges a job once all its epilogs have ended"
+    except SlurmQueryError:
         return None
     holds = [t for t in away if found.holds(t)]
     if found.state != "COMPLETING" and not found.wants_to_start:

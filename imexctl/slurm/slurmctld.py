@@ -50,6 +50,7 @@ __all__ = [
     "FIELDS",
     "OVER_STATES",
     "JobRecord",
+    "UnknownJob",
     "ask_job",
     "het_nodes",
     "job_record",
@@ -84,6 +85,23 @@ _ENV: Final = {var.TIME_FORMAT: "%s"}
 _NO_TIME: Final = frozenset({"N/A", "Unknown", "None"})
 _MAX_ID: Final = 2**32 - 1
 _STATE_CHARS: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ_")
+
+
+#: squeue's whole answer, exit 1, for a job id slurmctld does not hold (``ESLURM_INVALID_JOB_ID``; recorded from
+#: 22.05, 24.11 and 26.05 in tests/data/slurm/)
+_INVALID_ID: Final = "slurm_load_jobs error: Invalid job id specified\n"
+
+
+class UnknownJob(SlurmQueryError):
+    """slurmctld answered, and holds no record of the job: never submitted, or purged.
+
+    slurmctld purges a job's record only once the job is over, no tray is
+    COMPLETING it and ``MinJobAge`` has passed since it ended
+    (src/slurmctld/job_mgr.c ``_list_find_job_old``): for a job known to have
+    run, every epilog of it has ended.  Only a caller that knows the job ran
+    on this cluster may read it so (``hooks/remnants.py``); for any other it
+    is "cannot tell", as every :class:`SlurmQueryError`.
+    """
 
 
 class JobRecord(Record):
@@ -224,7 +242,8 @@ def _ask(job_id: int, host: Host, settings: Settings, slurm_conf: str) -> list[_
         raise SlurmQueryError(f"cannot ask slurmctld about job {job_id}: {exc}") from exc
     if done.returncode != 0:
         said = (done.stderr.strip() or done.stdout.strip())[-300:]
-        raise SlurmQueryError(f"squeue --jobs={job_id}: exit {done.returncode}: {said}")
+        cls = UnknownJob if done.returncode == 1 and done.stderr == _INVALID_ID and not done.stdout else SlurmQueryError
+        raise cls(f"squeue --jobs={job_id}: exit {done.returncode}: {said}")
     return parse_answer(done.stdout)
 
 

@@ -162,6 +162,26 @@ class TestWaitGone:
         else:
             remnants.wait_gone(8, 3, ("gb01", "gb03"), rt, slurm_conf="/s.conf", deadline=host.now)
 
+    def test_a_job_slurmctld_purged_is_gone_at_once(self, rt: Runtime, host: FakeHost) -> None:
+        """Issue 43: slurmctld forgets a job MinJobAge (300 s by default) after its last epilog, well within the
+        remembered bound (its epilog's deadline plus the clock slack). Its "Invalid job id" is an answer: one
+        question, no wait, and the log says why (it was read as no answer: the new domain waited until its
+        deadline and every tray of it drained)."""
+        self._remember(rt)
+        with capture_logs() as logs:
+            remnants.wait_gone(8, 3, ("gb01", "gb03"), rt, slurm_conf="/s.conf", deadline=host.now + 30)
+        assert len(host.calls) == 1 and host.calls[0][0].endswith("squeue") and not host.slept
+        (waited,) = [e for e in logs if e["event"] == "imex.channel.waited"]
+        assert waited["old_job_id"] == 7 and "no longer holds job 7" in waited["how"], waited
+
+    def test_slurmctld_unreachable_is_no_answer(self, rt: Runtime, host: FakeHost) -> None:
+        """squeue cannot reach slurmctld (exit 1 too, another message): no answer, so the bound decides and the
+        prolog's deadline comes first."""
+        self._remember(rt)
+        host.squeue_down_for = 10**6
+        with pytest.raises(DomainBusyError, match=r"job 7's IMEX domain on gb02, .*slurmctld did not answer"):
+            remnants.wait_gone(8, 3, ("gb01", "gb03"), rt, slurm_conf="/s.conf", deadline=host.now + 5)
+
     def test_outside_slurmd_nothing_is_waited_for(self, rt: Runtime, host: FakeHost) -> None:
         """No slurm.conf (imexctl demo, the simulator's fault cycles): no Slurm ends jobs there, so the remembered
         domain holds nothing back and squeue is never run (a crashed run's leftovers held the next prolog for the

@@ -135,9 +135,32 @@ def test_an_arrays_own_id_lists_every_task_and_only_its_task_is_taken(version: s
 @pytest.mark.parametrize("version", VERSIONS)
 def test_an_unknown_job_is_cannot_tell(version: str, make_settings: Callable[..., Settings]) -> None:
     """squeue exits 1 'Invalid job id specified': never a job that ended, never one that shares."""
-    with pytest.raises(SlurmQueryError, match="Invalid job id specified"):
+    with pytest.raises(slurmctld.UnknownJob, match="Invalid job id specified"):
         ask(version, 99999, make_settings())
     assert slurmctld.job_record(99999, Replay(version), make_settings(), "") is None  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("rc", "stdout", "stderr"),
+    [
+        (1, "", "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n"),
+        (1, "", "slurm_load_jobs error: Invalid job id specified\nand more\n"),
+        (2, "", "slurm_load_jobs error: Invalid job id specified\n"),
+        (1, "7|RUNNING|", "slurm_load_jobs error: Invalid job id specified\n"),
+    ],
+    ids=["unreachable", "more-lines", "other-exit", "with-output"],
+)
+def test_only_squeues_exact_unknown_job_answer_is_unknown(rc: int, stdout: str, stderr: str,
+                                                          make_settings: Callable[..., Settings]) -> None:  # fmt: skip
+    """Anything but the recorded whole answer (exit 1, that one line, nothing printed) is "cannot tell" only."""
+
+    class Host:
+        def run(self, argv: Sequence[str], *, timeout_s: float, env: Mapping[str, str] | None = None) -> Completed:
+            return Completed(tuple(argv), rc, stdout, stderr)
+
+    with pytest.raises(SlurmQueryError) as raised:
+        slurmctld.ask_job(7, Host(), make_settings(), "")  # type: ignore[arg-type]
+    assert not isinstance(raised.value, slurmctld.UnknownJob)
 
 
 @pytest.mark.parametrize("version", VERSIONS)
