@@ -14,7 +14,8 @@ Its tests are ``pytest -m systemd`` (tests/systemd/).
 
 Modules: ``procs`` (processes and commands), ``debroot`` (the cached Debian 13 root and its wheelhouse),
 ``versions`` (how each Slurm runs), ``cluster`` (:class:`~tests.lab.cluster.SlurmLab`: bring-up, teardown,
-queries), ``jobs`` (job and check helpers for tests and benchmarks), ``conftest`` (the pytest fixtures),
+queries), ``jobs`` (job and check helpers for tests and benchmarks), ``churn`` (a seeded job churn with faults
+on a lab of its own, and the oracle that checks it: issue 43's soaks), ``conftest`` (the pytest fixtures),
 ``test_*`` (the tests, ``pytest -m slurm``), ``nspawn`` (a booted container), ``sysd``
 (:class:`~tests.lab.sysd.SystemdLab`), ``siteinstall`` (docs/install.md's commands), ``__main__``
 (``python3 -m tests.lab`` for humans, ``--systemd`` for the booted nodes).

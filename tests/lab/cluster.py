@@ -256,7 +256,7 @@ class SlurmLab:
         self.prolog_epilog_timeout = prolog_epilog_timeout
         self.owner_pid = owner_pid
         self.task_prolog = Path(task_prolog) if task_prolog else None
-        #: slurm.conf lines beyond the defaults (set by :meth:`restart`), and files beside slurm.conf
+        #: slurm.conf lines beyond the defaults and files beside slurm.conf (set before :meth:`up`, or :meth:`restart`)
         self.extra_conf = ""
         self.extra_etc: dict[str, str] = {}
         #: slurm.conf's PrologFlags (set by :meth:`restart`)
@@ -615,7 +615,8 @@ class SlurmLab:
             )
         self.faults.write_text("")
         self.conf.write_text(self._slurm_conf())
-        for name, text in self.slurm.extra_files().items():
+        # the files set before ``up`` (``extra_etc``, e.g. a topology.conf) beside slurm.conf, as restart writes them
+        for name, text in {**self.slurm.extra_files(), **self.extra_etc}.items():
             (d / "etc" / name).write_text(text)
         self.imexctl_conf.write_text(self._imexctl_conf())
         for f in d.rglob("*"):

@@ -395,10 +395,11 @@ SLURMD_RETRY_DELAY_S = 15.0
 _RETRY_LINE = re.compile(r"^\[(\S+)\] .*Retrying prolog complete RPC for (?:JobId=|StepId=)?(\d+)\b")
 
 
-def prolog_rpc_retries(lab: SlurmLab, job: int) -> list[datetime]:
-    """When each slurmd logged that it will send ``job``'s failed prolog's completion again, in 15 s."""
+def prolog_rpc_retries(lab: SlurmLab, job: int, nodes: Sequence[str] | None = None) -> list[datetime]:
+    """When each slurmd (of ``nodes``, default all) logged that it will send ``job``'s failed prolog's completion
+    again, in 15 s."""
     out = []
-    for node in lab.nodes:
+    for node in lab.nodes if nodes is None else nodes:
         log = lab.slurmd_log(node)
         if log.exists():
             for line in log.read_text(errors="replace").splitlines():
