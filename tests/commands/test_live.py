@@ -25,18 +25,6 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 NODE = {"SLURMD_NODENAME": "gb01"}
 
 
-@pytest.fixture
-def prom_dir(root: Path) -> Path:
-    path = root / "var/lib/node_exporter"
-    path.mkdir(parents=True)
-    return path
-
-
-@pytest.fixture
-def cfg(make_settings: Callable[..., Settings], prom_dir: Path) -> str:
-    return str(make_settings(metrics={"textfile_dir": "/var/lib/node_exporter"}).source)
-
-
 def run(cfg: str, *argv: str, host: FakeHost, env: dict[str, str] | None = None, gpu: Any = None) -> int:
     return main(["--config", cfg, *argv], env=job_env() if env is None else env, host=host, gpu=gpu or FakeGpu())
 

@@ -4,30 +4,15 @@ was refused, at each refresh (``imexctl status --textfile``), for ImexctlUpgrade
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from imexctl import __version__
-from imexctl.config.settings import Settings
 from tests.commands.test_live import parse, refresh
 from tests.platform.test_versions import NEW, OLD, refuse, tray
 from tests.support.fakes import FakeHost
 
 NAME = "imexctl_live_version_pending"
-
-
-@pytest.fixture
-def prom_dir(root: Path) -> Path:
-    path = root / "var/lib/node_exporter"
-    path.mkdir(parents=True)
-    return path
-
-
-@pytest.fixture
-def cfg(make_settings: Callable[..., Settings], prom_dir: Path) -> str:
-    return str(make_settings(metrics={"textfile_dir": "/var/lib/node_exporter"}).source)
 
 
 def pending(text: str) -> dict[tuple[tuple[str, str], ...], float]:
